@@ -1,0 +1,33 @@
+//! `agent`: serves step requests for the configured agents, calling each
+//! one's remote service with retries until the step's complete-by.
+
+mod agent;
+mod remote;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use sas::service::{CommonArgs, Spec};
+
+/// sas agent.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Serve only this agent (repeatable); default: every configured agent.
+    #[arg(long = "agent", value_name = "NAME")]
+    agents: Vec<String>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let spec = Spec {
+        name: "agent",
+        default_port: 9103,
+        uses_store: false,
+    };
+    let only = args.agents;
+    sas::service::main(spec, args.common, |_| {}, move |ctx| agent::run(ctx, only)).await
+}

@@ -1,0 +1,202 @@
+//! One step's call to its remote service (contract §4): `POST <url>` with the
+//! step body, `Idempotency-Key` and `X-Complete-By`; transient failures
+//! (408, 429, 5xx, connection errors, timeouts) retried with exponential
+//! backoff and full jitter, honouring `Retry-After`, until complete-by.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use reqwest::StatusCode;
+use reqwest::header::{HeaderMap, RETRY_AFTER};
+use sas::config::{AgentSettings, AgentSpec};
+use sas::messages::{StepOutcome, StepRequest, rfc3339};
+use tokio_util::sync::CancellationToken;
+
+/// How a call ended.
+#[derive(Debug)]
+pub enum CallEnd {
+    /// Success or a permanent failure: answer the scheduler.
+    Answer(StepOutcome),
+    /// Complete-by passed: stop and send nothing; the supervisor takes over.
+    Expired,
+    /// Shutdown interrupted the call: hand the request back.
+    Interrupted,
+}
+
+/// One attempt's verdict.
+enum Attempt {
+    Done(StepOutcome),
+    Transient {
+        error: String,
+        retry_after: Option<Duration>,
+    },
+}
+
+/// Calls the remote service for `request` until it answers for good,
+/// complete-by passes, or `stop` is cancelled. `on_attempt` sees each attempt's outcome label.
+pub async fn call(
+    client: &reqwest::Client,
+    spec: &AgentSpec,
+    settings: &AgentSettings,
+    request: &StepRequest,
+    stop: &CancellationToken,
+    on_attempt: impl Fn(&'static str),
+) -> CallEnd {
+    let body = request.remote_body();
+    let key = request.idempotency_key();
+    let complete_by = rfc3339::format(&request.complete_by);
+    for retry in 0u32.. {
+        let Some(left) = remaining(request.complete_by) else {
+            return CallEnd::Expired;
+        };
+        let timeout = spec.timeout.map_or(left, |t| t.min(left));
+        let send = client
+            .post(&spec.url)
+            .header("Idempotency-Key", &key)
+            .header("X-Complete-By", &complete_by)
+            .timeout(timeout)
+            .json(&body)
+            .send();
+        let attempt = tokio::select! {
+            () = stop.cancelled() => return CallEnd::Interrupted,
+            sent = send => judge(sent).await,
+        };
+        let (error, retry_after) = match attempt {
+            Attempt::Done(outcome) => {
+                on_attempt(match outcome {
+                    StepOutcome::Succeeded { .. } => "succeeded",
+                    StepOutcome::Failed { .. } => "permanent",
+                });
+                return CallEnd::Answer(outcome);
+            }
+            Attempt::Transient { error, retry_after } => {
+                on_attempt("transient");
+                (error, retry_after)
+            }
+        };
+        let wait = retry_after.unwrap_or_else(|| backoff(settings, retry));
+        let Some(left) = remaining(request.complete_by) else {
+            return CallEnd::Expired;
+        };
+        // A wait that ends past complete-by would only lead to silence.
+        if wait >= left {
+            tracing::info!(%error, ?wait, "transient failure and no time left to retry");
+            return CallEnd::Expired;
+        }
+        tracing::info!(%error, ?wait, retry = retry + 1, "transient failure; retrying");
+        tokio::select! {
+            () = stop.cancelled() => return CallEnd::Interrupted,
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+    CallEnd::Expired
+}
+
+/// Time left until complete-by, if any.
+fn remaining(complete_by: DateTime<Utc>) -> Option<Duration> {
+    (complete_by - Utc::now())
+        .to_std()
+        .ok()
+        .filter(|d| !d.is_zero())
+}
+
+/// Exponential backoff with full jitter: uniform in [0, min(max, initial·2^retry)].
+fn backoff(settings: &AgentSettings, retry: u32) -> Duration {
+    let ceiling = settings
+        .backoff_initial
+        .saturating_mul(2u32.saturating_pow(retry.min(20)))
+        .min(settings.backoff_max);
+    ceiling.mul_f64(fastrand::f64())
+}
+
+async fn judge(sent: Result<reqwest::Response, reqwest::Error>) -> Attempt {
+    let response = match sent {
+        Ok(r) => r,
+        Err(e) => {
+            return Attempt::Transient {
+                error: format!("request failed: {e}"),
+                retry_after: None,
+            };
+        }
+    };
+    let status = response.status();
+    let retry_after = retry_after(response.headers());
+    let bytes = response.bytes().await;
+    if status.is_success() {
+        return match bytes {
+            Ok(b) => Attempt::Done(StepOutcome::Succeeded {
+                result: serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null),
+            }),
+            Err(e) => Attempt::Transient {
+                error: format!("reading the answer failed: {e}"),
+                retry_after: None,
+            },
+        };
+    }
+    let text = bytes
+        .map(|b| String::from_utf8_lossy(&b[..b.len().min(512)]).into_owned())
+        .unwrap_or_default();
+    let error = format!("HTTP {}: {}", status.as_u16(), text.trim());
+    if is_transient(status) {
+        Attempt::Transient { error, retry_after }
+    } else {
+        Attempt::Done(StepOutcome::Failed { error })
+    }
+}
+
+/// 408, 429 and 5xx are worth retrying; any other non-2xx answer is final.
+fn is_transient(status: StatusCode) -> bool {
+    status == StatusCode::REQUEST_TIMEOUT
+        || status == StatusCode::TOO_MANY_REQUESTS
+        || status.is_server_error()
+}
+
+/// `Retry-After` as seconds or an HTTP date.
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(
+        at.duration_since(std::time::SystemTime::now())
+            .unwrap_or_default(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_are_classified_as_the_contract_says() {
+        for s in [408, 429, 500, 502, 503, 504] {
+            assert!(is_transient(StatusCode::from_u16(s).unwrap()), "{s}");
+        }
+        for s in [400, 401, 404, 409, 422] {
+            assert!(!is_transient(StatusCode::from_u16(s).unwrap()), "{s}");
+        }
+    }
+
+    #[test]
+    fn backoff_grows_and_stays_under_the_cap() {
+        let settings = AgentSettings::default();
+        for retry in 0..30 {
+            assert!(backoff(&settings, retry) <= settings.backoff_max);
+        }
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates() {
+        let mut h = HeaderMap::new();
+        h.insert(RETRY_AFTER, "3".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(3)));
+        let later = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(60));
+        h.insert(RETRY_AFTER, later.parse().unwrap());
+        let d = retry_after(&h).unwrap();
+        assert!(
+            d > Duration::from_secs(50) && d <= Duration::from_secs(60),
+            "{d:?}"
+        );
+    }
+}

@@ -1,0 +1,150 @@
+//! HTTP layer: the axum router with the control API and the catch-all
+//! handler for simulated endpoints.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::header::{ALLOW, RETRY_AFTER};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Json, Response};
+use axum::routing::get;
+use serde_json::json;
+
+use crate::knobs::{Knobs, is_control_path};
+use crate::sim::{RemoteSim, Reply};
+
+/// Largest accepted request body (1 MiB); larger bodies answer 413.
+pub const BODY_LIMIT: usize = 1024 * 1024;
+
+/// Header carrying the idempotency key of a call.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// Header set to `true` on answers replayed from the deduplication store.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// Builds the router: control API plus every other path as a simulated endpoint (POST).
+pub fn router(sim: Arc<RemoteSim>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/stats", get(get_stats).delete(reset_stats))
+        .route("/_sim/knobs", get(list_knobs).delete(reset_knobs))
+        .route(
+            "/_sim/knobs/{*path}",
+            get(get_knobs).put(put_knobs).delete(delete_knobs),
+        )
+        .fallback(simulated_endpoint)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(sim)
+}
+
+impl IntoResponse for Reply {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, Json(self.body)).into_response();
+        let headers = response.headers_mut();
+        if let Some(seconds) = self.retry_after {
+            headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if self.replayed {
+            headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+        }
+        response
+    }
+}
+
+/// A JSON error answer for the control API and malformed requests.
+fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
+    let body = json!({ "ok": false, "error": message.to_string() });
+    (status, Json(body)).into_response()
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn get_stats(State(sim): State<Arc<RemoteSim>>) -> Response {
+    Json(sim.stats()).into_response()
+}
+
+async fn reset_stats(State(sim): State<Arc<RemoteSim>>) -> StatusCode {
+    sim.reset_stats();
+    tracing::info!("stats and deduplication store reset");
+    StatusCode::NO_CONTENT
+}
+
+async fn list_knobs(State(sim): State<Arc<RemoteSim>>) -> Response {
+    Json(sim.all_knobs()).into_response()
+}
+
+async fn reset_knobs(State(sim): State<Arc<RemoteSim>>) -> StatusCode {
+    sim.reset_knobs();
+    tracing::info!("all knobs reset to defaults");
+    StatusCode::NO_CONTENT
+}
+
+async fn get_knobs(State(sim): State<Arc<RemoteSim>>, Path(path): Path<String>) -> Response {
+    Json(sim.knobs(&format!("/{path}"))).into_response()
+}
+
+async fn put_knobs(
+    State(sim): State<Arc<RemoteSim>>,
+    Path(path): Path<String>,
+    body: Bytes,
+) -> Response {
+    let path = format!("/{path}");
+    let knobs = match serde_json::from_slice::<Knobs>(&body) {
+        Ok(knobs) => knobs,
+        Err(err) => return error(StatusCode::BAD_REQUEST, format!("invalid knobs: {err}")),
+    };
+    if let Err(err) = sim.set_knobs(&path, knobs.clone()) {
+        return error(StatusCode::BAD_REQUEST, format!("{err:#}"));
+    }
+    tracing::info!(endpoint = %path, ?knobs, "knobs set");
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn delete_knobs(State(sim): State<Arc<RemoteSim>>, Path(path): Path<String>) -> StatusCode {
+    let path = format!("/{path}");
+    sim.remove_knobs(&path);
+    tracing::info!(endpoint = %path, "knobs reset to defaults");
+    StatusCode::NO_CONTENT
+}
+
+/// Every path that is not part of the control API is a simulated endpoint.
+async fn simulated_endpoint(
+    State(sim): State<Arc<RemoteSim>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let endpoint = uri.path();
+    if is_control_path(endpoint) {
+        return error(StatusCode::NOT_FOUND, format!("no control path {endpoint}"));
+    }
+    if method != Method::POST {
+        let mut response = error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "simulated endpoints accept POST only",
+        );
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("POST"));
+        return response;
+    }
+    let key = headers
+        .get(&IDEMPOTENCY_KEY)
+        .and_then(|value| value.to_str().ok())
+        .map(str::trim)
+        .filter(|key| !key.is_empty());
+    let reply = sim.call(endpoint, key, &body).await;
+    tracing::info!(
+        endpoint,
+        key = key.unwrap_or("-"),
+        status = reply.status.as_u16(),
+        replayed = reply.replayed,
+        "call"
+    );
+    reply.into_response()
+}

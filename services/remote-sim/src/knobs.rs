@@ -1,0 +1,162 @@
+//! Fault knobs: per-endpoint settings that decide how the simulator answers a call.
+//!
+//! Knobs are plain JSON; every field is optional and falls back to the
+//! well-behaved default (answer immediately, apply once per idempotency key).
+
+use std::collections::HashMap;
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+
+/// Default duration of a simulated hang: one hour, i.e. "until the client gives up".
+pub const DEFAULT_HANG_MS: u64 = 3_600_000;
+
+/// Path prefix reserved for the control API; it can never be a simulated endpoint.
+pub const CONTROL_PREFIX: &str = "/_sim";
+
+/// Fault knobs for one endpoint path.
+///
+/// Evaluation order per call (see the crate docs): count the call → `permanent`
+/// → `status` → `hang` / `hang_first` → `fail_first` → `transient_rate` →
+/// replay when already applied (if `idempotent`) → `latency_ms` → apply.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Knobs {
+    /// Sleep this long before answering a call that will be applied.
+    pub latency_ms: u64,
+    /// Probability (0..=1) of answering 503 without applying.
+    pub transient_rate: f64,
+    /// The first N calls per idempotency key answer 503 without applying.
+    pub fail_first: u32,
+    /// The first N calls per idempotency key hang (see `hang_ms`) and are never applied.
+    pub hang_first: u32,
+    /// Every call hangs and is never applied.
+    pub hang: bool,
+    /// How long a hanging call sleeps before it answers 504 (never applied).
+    pub hang_ms: u64,
+    /// Every call answers 422 with a JSON error body, without applying.
+    pub permanent: bool,
+    /// Every call answers this HTTP status, without applying (e.g. 408, 429, 400).
+    pub status: Option<u16>,
+    /// Seconds to announce in a `Retry-After` header on 503 and 429 answers.
+    pub retry_after: Option<u64>,
+    /// When false, deduplication is off: every successful call applies again.
+    pub idempotent: bool,
+}
+
+impl Default for Knobs {
+    fn default() -> Self {
+        Self {
+            latency_ms: 0,
+            transient_rate: 0.0,
+            fail_first: 0,
+            hang_first: 0,
+            hang: false,
+            hang_ms: DEFAULT_HANG_MS,
+            permanent: false,
+            status: None,
+            retry_after: None,
+            idempotent: true,
+        }
+    }
+}
+
+impl Knobs {
+    /// Checks value ranges: `transient_rate` in 0..=1 and `status` a valid HTTP status.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if !(0.0..=1.0).contains(&self.transient_rate) {
+            bail!(
+                "transient_rate must be within 0..=1, got {}",
+                self.transient_rate
+            );
+        }
+        if let Some(status) = self.status
+            && !(100..=999).contains(&status)
+        {
+            bail!("status must be an HTTP status code (100..=999), got {status}");
+        }
+        Ok(())
+    }
+}
+
+/// Checks that `path` can carry knobs: it starts with `/` and is not a control path.
+pub fn validate_endpoint_path(path: &str) -> anyhow::Result<()> {
+    if !path.starts_with('/') {
+        bail!("endpoint path must start with '/': {path:?}");
+    }
+    if is_control_path(path) {
+        bail!("{path:?} is a control path of the simulator, not an endpoint");
+    }
+    Ok(())
+}
+
+/// True for the paths served by the control API (`/healthz`, `/stats`, `/_sim/...`).
+pub fn is_control_path(path: &str) -> bool {
+    path == "/healthz" || path == "/stats" || path == CONTROL_PREFIX || path.starts_with("/_sim/")
+}
+
+/// Parses a knobs file: a JSON object mapping endpoint path to [`Knobs`].
+///
+/// Every path and every set of knobs is validated.
+pub fn parse_knobs_map(json: &str) -> anyhow::Result<HashMap<String, Knobs>> {
+    let map: HashMap<String, Knobs> =
+        serde_json::from_str(json).context("knobs must be a JSON object: path -> knobs")?;
+    for (path, knobs) in &map {
+        validate_endpoint_path(path)?;
+        knobs
+            .validate()
+            .with_context(|| format!("invalid knobs for {path}"))?;
+    }
+    Ok(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_object_gives_defaults() {
+        let knobs: Knobs = serde_json::from_str("{}").unwrap();
+        assert_eq!(knobs, Knobs::default());
+        assert!(knobs.idempotent);
+        assert_eq!(knobs.hang_ms, DEFAULT_HANG_MS);
+    }
+
+    #[test]
+    fn partial_object_keeps_other_defaults() {
+        let knobs: Knobs = serde_json::from_str(r#"{"fail_first":2,"retry_after":1}"#).unwrap();
+        assert_eq!(knobs.fail_first, 2);
+        assert_eq!(knobs.retry_after, Some(1));
+        assert!(knobs.idempotent);
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        assert!(serde_json::from_str::<Knobs>(r#"{"fail_frist":2}"#).is_err());
+    }
+
+    #[test]
+    fn validation() {
+        let bad_rate = Knobs {
+            transient_rate: 1.5,
+            ..Knobs::default()
+        };
+        assert!(bad_rate.validate().is_err());
+        let bad_status = Knobs {
+            status: Some(42),
+            ..Knobs::default()
+        };
+        assert!(bad_status.validate().is_err());
+        assert!(Knobs::default().validate().is_ok());
+    }
+
+    #[test]
+    fn knobs_map_checks_paths() {
+        let map = parse_knobs_map(r#"{"/payments/charge":{"fail_first":1}}"#).unwrap();
+        assert_eq!(map["/payments/charge"].fail_first, 1);
+        assert!(parse_knobs_map(r#"{"payments":{}}"#).is_err());
+        assert!(parse_knobs_map(r#"{"/_sim/knobs":{}}"#).is_err());
+        assert!(parse_knobs_map(r#"{"/x":{"transient_rate":-1}}"#).is_err());
+        assert!(parse_knobs_map("[]").is_err());
+    }
+}

@@ -1,0 +1,83 @@
+//! `remote-sim`: plays the *remote services* of the sas demo workflow
+//! (`POST /inventory/reserve`, `/inventory/release`, `/payments/charge`,
+//! `/payments/refund`, `/shipping/ship`, ... — every path is a valid endpoint)
+//! for demos and tests.
+//!
+//! # Calls
+//!
+//! Agents call `POST <path>` with a JSON body
+//! `{"order_id","step","attempt","payload","results"}` and the headers
+//! `Idempotency-Key: <order_id>:<step>[:compensate]` and `X-Complete-By`.
+//! An applied call answers 200 with
+//! `{"ok":true,"endpoint","idempotency_key","effect_id","order_id","step"}`
+//! (`order_id` and `step` copied from the body when present).
+//! A call without `Idempotency-Key` or with a body that is not JSON answers 400.
+//! A key may only be used on one endpoint; reusing it on another answers 422.
+//!
+//! # Faults
+//!
+//! Each endpoint has [`Knobs`], evaluated per call in this order:
+//! count the call → `permanent` (422) → `status` (that status) →
+//! `hang` / `hang_first` (sleep `hang_ms`, then 504) → `fail_first` (503) →
+//! `transient_rate` (503) → if `idempotent` and the key was already applied:
+//! replay the stored response (200, `Idempotent-Replayed: true`) →
+//! `latency_ms` → apply. Only the last step applies an effect.
+//! `hang_first` and `fail_first` both count calls per key from the first call,
+//! so `hang_first: 1, fail_first: 2` hangs call 1, fails call 2, applies call 3.
+//! Calls on one key are serialised from the replay check on, so concurrent
+//! calls with the same key apply at most once.
+//!
+//! # Control API
+//!
+//! - `GET /healthz` → `ok`.
+//! - `GET /_sim/knobs` → all set knobs (path → [`Knobs`]);
+//!   `DELETE /_sim/knobs` resets all knobs (204).
+//! - `GET|PUT|DELETE /_sim/knobs/{*path}` → effective knobs of `/<path>`,
+//!   set them (JSON [`Knobs`] body; 204), reset them (204).
+//! - `GET /stats` → [`Stats`]; `DELETE /stats` resets counters and the
+//!   deduplication store (204).
+//!
+//! Request bodies are limited to [`BODY_LIMIT`] (413 beyond).
+
+mod http;
+mod knobs;
+mod sim;
+mod stats;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+pub use http::{BODY_LIMIT, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, router};
+pub use knobs::{DEFAULT_HANG_MS, Knobs, parse_knobs_map};
+pub use sim::RemoteSim;
+pub use stats::{EndpointStats, KeyStats, Stats};
+
+/// Serves the simulator on `listener` with `initial` knobs (path → knobs)
+/// until `shutdown` completes, then drains in-flight calls (hanging calls
+/// are woken and answer 503).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    initial: HashMap<String, Knobs>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let sim = Arc::new(RemoteSim::new(initial)?);
+    serve_with(listener, sim, shutdown).await
+}
+
+/// Like [`serve`], with caller-owned state (so tests can inspect it directly).
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    sim: Arc<RemoteSim>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let app = router(Arc::clone(&sim));
+    let signal = async move {
+        shutdown.await;
+        tracing::info!("shutting down");
+        sim.shutdown();
+    };
+    axum::serve(listener, app)
+        .with_graceful_shutdown(signal)
+        .await?;
+    Ok(())
+}

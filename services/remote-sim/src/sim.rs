@@ -1,0 +1,285 @@
+//! Simulator state and the decision logic for one call to a simulated endpoint.
+//!
+//! [`RemoteSim`] owns the knobs, the counters and the deduplication store
+//! (idempotency key → stored response). The HTTP layer in `http.rs` only
+//! translates requests into [`RemoteSim::call`] and its [`Reply`] back into a
+//! response.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use serde_json::{Map, Value, json};
+use tokio::sync::{Mutex as AsyncMutex, watch};
+
+use crate::knobs::{Knobs, validate_endpoint_path};
+use crate::stats::{Outcome, Stats};
+
+/// Stored response of an applied call; `None` until the key is applied.
+type Slot = Arc<AsyncMutex<Option<Value>>>;
+
+/// Shared state of the simulator; wrap it in an [`Arc`] and hand it to [`crate::router`].
+pub struct RemoteSim {
+    knobs: RwLock<HashMap<String, Knobs>>,
+    inner: Mutex<Inner>,
+    shutdown: watch::Sender<bool>,
+}
+
+/// Counters and the deduplication store, reset together by [`RemoteSim::reset_stats`].
+#[derive(Default)]
+struct Inner {
+    stats: Stats,
+    /// One slot per idempotency key; its async mutex serialises calls on that key.
+    slots: HashMap<String, Slot>,
+}
+
+/// What to answer to a call on a simulated endpoint.
+#[derive(Debug, Clone)]
+pub(crate) struct Reply {
+    pub(crate) status: StatusCode,
+    pub(crate) body: Value,
+    /// Seconds for a `Retry-After` header.
+    pub(crate) retry_after: Option<u64>,
+    /// Adds `Idempotent-Replayed: true`.
+    pub(crate) replayed: bool,
+}
+
+impl Reply {
+    fn error(status: StatusCode, endpoint: &str, key: Option<&str>, error: &str) -> Self {
+        Self {
+            status,
+            body: json!({
+                "ok": false,
+                "error": error,
+                "endpoint": endpoint,
+                "idempotency_key": key,
+            }),
+            retry_after: None,
+            replayed: false,
+        }
+    }
+
+    fn with_retry_after(mut self, retry_after: Option<u64>) -> Self {
+        if matches!(
+            self.status,
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
+        ) {
+            self.retry_after = retry_after;
+        }
+        self
+    }
+}
+
+impl RemoteSim {
+    /// Creates the state with `initial` knobs (path → knobs); fails on invalid paths or knobs.
+    pub fn new(initial: HashMap<String, Knobs>) -> anyhow::Result<Self> {
+        for (path, knobs) in &initial {
+            validate_endpoint_path(path)?;
+            knobs.validate()?;
+        }
+        Ok(Self {
+            knobs: RwLock::new(initial),
+            inner: Mutex::new(Inner::default()),
+            shutdown: watch::Sender::new(false),
+        })
+    }
+
+    /// Effective knobs of `path` (the defaults when none were set).
+    pub fn knobs(&self, path: &str) -> Knobs {
+        self.read_knobs().get(path).cloned().unwrap_or_default()
+    }
+
+    /// All explicitly set knobs, by path.
+    pub fn all_knobs(&self) -> BTreeMap<String, Knobs> {
+        self.read_knobs()
+            .iter()
+            .map(|(path, knobs)| (path.clone(), knobs.clone()))
+            .collect()
+    }
+
+    /// Sets the knobs of `path`; fails on an invalid path or invalid knobs.
+    pub fn set_knobs(&self, path: &str, knobs: Knobs) -> anyhow::Result<()> {
+        validate_endpoint_path(path)?;
+        knobs.validate()?;
+        self.write_knobs().insert(path.to_owned(), knobs);
+        Ok(())
+    }
+
+    /// Resets the knobs of `path` to the defaults.
+    pub fn remove_knobs(&self, path: &str) {
+        self.write_knobs().remove(path);
+    }
+
+    /// Resets the knobs of every path to the defaults.
+    pub fn reset_knobs(&self) {
+        self.write_knobs().clear();
+    }
+
+    /// Snapshot of the counters.
+    pub fn stats(&self) -> Stats {
+        self.lock_inner().stats.clone()
+    }
+
+    /// Resets the counters and the deduplication store.
+    pub fn reset_stats(&self) {
+        *self.lock_inner() = Inner::default();
+    }
+
+    /// Wakes every hanging or sleeping call (they answer 503 without applying),
+    /// so a graceful shutdown does not wait for simulated hangs.
+    pub fn shutdown(&self) {
+        self.shutdown.send_replace(true);
+    }
+
+    /// Handles one call on the simulated `endpoint`.
+    ///
+    /// `key` is the `Idempotency-Key` header, `body` the raw request body.
+    pub(crate) async fn call(&self, endpoint: &str, key: Option<&str>, body: &[u8]) -> Reply {
+        let knobs = self.knobs(endpoint);
+        let parsed = serde_json::from_slice::<Value>(body);
+
+        // Count the call and find the key's slot, under one short lock.
+        let (key, calls_for_key, slot) = {
+            let mut inner = self.lock_inner();
+            inner.stats.count_call(endpoint);
+            let Some(key) = key else {
+                inner.stats.record(endpoint, None, Outcome::Permanent);
+                return Reply::error(
+                    StatusCode::BAD_REQUEST,
+                    endpoint,
+                    None,
+                    "missing Idempotency-Key header",
+                );
+            };
+            if parsed.is_err() {
+                inner.stats.record(endpoint, Some(key), Outcome::Permanent);
+                return Reply::error(
+                    StatusCode::BAD_REQUEST,
+                    endpoint,
+                    Some(key),
+                    "request body is not JSON",
+                );
+            }
+            if let Some(first) = inner.stats.key_endpoint(key)
+                && first != endpoint
+            {
+                let error = format!("Idempotency-Key already used on {first}");
+                inner.stats.record(endpoint, Some(key), Outcome::Permanent);
+                return Reply::error(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    endpoint,
+                    Some(key),
+                    &error,
+                );
+            }
+            let calls = inner.stats.count_key_call(key, endpoint);
+            let slot = inner.slots.entry(key.to_owned()).or_default().clone();
+            (key, calls, slot)
+        };
+        let record = |outcome| self.lock_inner().stats.record(endpoint, Some(key), outcome);
+
+        if knobs.permanent {
+            record(Outcome::Permanent);
+            let error = "simulated permanent failure";
+            return Reply::error(StatusCode::UNPROCESSABLE_ENTITY, endpoint, Some(key), error);
+        }
+        if let Some(status) = knobs.status {
+            record(Outcome::of_status(status));
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let error = format!("simulated status {}", status.as_u16());
+            return Reply::error(status, endpoint, Some(key), &error)
+                .with_retry_after(knobs.retry_after);
+        }
+        if knobs.hang || calls_for_key <= u64::from(knobs.hang_first) {
+            record(Outcome::Hung);
+            return if self.sleep_unless_shutdown(knobs.hang_ms).await {
+                let error = "simulated hang elapsed";
+                Reply::error(StatusCode::GATEWAY_TIMEOUT, endpoint, Some(key), error)
+            } else {
+                self.shutting_down(endpoint, key)
+            };
+        }
+        if calls_for_key <= u64::from(knobs.fail_first) {
+            record(Outcome::Transient);
+            let error = format!("simulated failure {calls_for_key} of {}", knobs.fail_first);
+            return Reply::error(StatusCode::SERVICE_UNAVAILABLE, endpoint, Some(key), &error)
+                .with_retry_after(knobs.retry_after);
+        }
+        if knobs.transient_rate > 0.0 && fastrand::f64() < knobs.transient_rate {
+            record(Outcome::Transient);
+            let error = "simulated transient failure";
+            return Reply::error(StatusCode::SERVICE_UNAVAILABLE, endpoint, Some(key), error)
+                .with_retry_after(knobs.retry_after);
+        }
+
+        // From here on, calls with the same key are serialised.
+        let mut stored = slot.lock().await;
+        if knobs.idempotent
+            && let Some(response) = stored.as_ref()
+        {
+            record(Outcome::Replayed);
+            return Reply {
+                status: StatusCode::OK,
+                body: response.clone(),
+                retry_after: None,
+                replayed: true,
+            };
+        }
+        if knobs.latency_ms > 0 && !self.sleep_unless_shutdown(knobs.latency_ms).await {
+            record(Outcome::Transient);
+            return self.shutting_down(endpoint, key);
+        }
+        let body = parsed.unwrap_or_default();
+        let response = applied_response(endpoint, key, &body);
+        *stored = Some(response.clone());
+        record(Outcome::Applied);
+        Reply {
+            status: StatusCode::OK,
+            body: response,
+            retry_after: None,
+            replayed: false,
+        }
+    }
+
+    fn shutting_down(&self, endpoint: &str, key: &str) -> Reply {
+        let status = StatusCode::SERVICE_UNAVAILABLE;
+        Reply::error(status, endpoint, Some(key), "simulator is shutting down")
+    }
+
+    /// Sleeps `ms` milliseconds; returns false early if [`Self::shutdown`] is called.
+    async fn sleep_unless_shutdown(&self, ms: u64) -> bool {
+        let mut shutdown = self.shutdown.subscribe();
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(ms)) => true,
+            _ = shutdown.wait_for(|down| *down) => false,
+        }
+    }
+
+    fn lock_inner(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn read_knobs(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Knobs>> {
+        self.knobs.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write_knobs(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Knobs>> {
+        self.knobs.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The JSON result of an applied call.
+fn applied_response(endpoint: &str, key: &str, body: &Value) -> Value {
+    let mut response = Map::new();
+    response.insert("ok".into(), Value::Bool(true));
+    response.insert("endpoint".into(), endpoint.into());
+    response.insert("idempotency_key".into(), key.into());
+    response.insert("effect_id".into(), uuid::Uuid::new_v4().to_string().into());
+    for field in ["order_id", "step"] {
+        if let Some(value) = body.get(field) {
+            response.insert(field.into(), value.clone());
+        }
+    }
+    Value::Object(response)
+}

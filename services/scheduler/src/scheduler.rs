@@ -1,0 +1,191 @@
+//! The Scheduler: claims orders atomically (`locked_by`, `complete_by`,
+//! `processing`), dispatches each step to its agent through the outbox, and
+//! applies the agents' replies from the shared reply queue, each in one
+//! transaction guarded by the order's state, lock holder, attempt and the
+//! step's dispatch id.
+//!
+//! New work is noticed at once through Postgres `LISTEN`; a slow poll beside
+//! it picks up orders whose `not_before` has come.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use sas::broker::{self, BrokerError, Delivery};
+use sas::messages::StepReply;
+use sas::metrics::labels;
+use sas::outbox::Relay;
+use sas::service::Context;
+use sas::state_store::{Actor, ReplyOutcome, Transitions};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+/// The scheduler's work, shared by its tasks.
+struct Scheduler {
+    me: Actor,
+    transitions: Transitions,
+    relay: Arc<Relay>,
+    ctx: Arc<Context>,
+}
+
+/// Runs a scheduler until shutdown.
+pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
+    let store = ctx.store()?.clone();
+    let me = match &ctx.settings.scheduler.instance_id {
+        Some(id) => Actor { name: id.clone() },
+        None => Actor::new_instance("scheduler"),
+    };
+    tracing::info!(instance = %me.name, "scheduler instance");
+    let scheduler = Arc::new(Scheduler {
+        me,
+        transitions: Transitions::new(store.clone(), ctx.queues.clone()),
+        relay: Relay::new(store, ctx.settings.outbox.clone(), ctx.metrics.clone()),
+        ctx: ctx.clone(),
+    });
+    let agents = ctx.settings.agent_names();
+    broker::run_sessions(
+        &ctx.settings.broker,
+        ctx.name,
+        &ctx.shutdown,
+        &ctx.health,
+        async |broker| {
+            broker
+                .declare_topology(&ctx.queues, &agents, ctx.settings.broker.delivery_limit)
+                .await?;
+            let relay = scheduler.relay.start(broker).await?;
+            let session = ctx.shutdown.child_token();
+            let claimer = tokio::spawn(scheduler.clone().claim_loop(session.clone()));
+            let consumer = broker
+                .consume(
+                    ctx.queues.replies(),
+                    ctx.settings.broker.prefetch,
+                    &scheduler.me.name,
+                )
+                .await?;
+            let end = broker::consume(
+                consumer,
+                &ctx.shutdown,
+                relay.lost(),
+                ctx.settings.shutdown.grace,
+                |delivery| {
+                    let scheduler = scheduler.clone();
+                    async move { scheduler.on_reply(delivery).await }
+                },
+            )
+            .await;
+            session.cancel();
+            claimer.await.ok();
+            relay.stop(end).await
+        },
+    )
+    .await
+    .context("RabbitMQ")?;
+    Ok(())
+}
+
+impl Scheduler {
+    /// Claims work whenever woken (a notification or the poll) until `stop`.
+    async fn claim_loop(self: Arc<Self>, stop: CancellationToken) {
+        let poll = self.ctx.settings.scheduler.poll_interval;
+        let mut listener = match self.transitions.store().listen().await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot LISTEN for new work; polling only");
+                None
+            }
+        };
+        loop {
+            self.claim_all(&stop).await;
+            let woken = async {
+                match listener.as_mut() {
+                    Some(l) => match tokio::time::timeout(poll, l.recv()).await {
+                        Ok(Err(e)) => {
+                            tracing::warn!(error = %e, "wake-up listener failed; polling");
+                            tokio::time::sleep(poll).await;
+                        }
+                        Ok(Ok(_)) | Err(_) => {}
+                    },
+                    None => tokio::time::sleep(poll).await,
+                }
+            };
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = woken => {}
+            }
+        }
+    }
+
+    /// Claims batches until there is nothing left to claim.
+    async fn claim_all(&self, stop: &CancellationToken) {
+        let batch = self.ctx.settings.scheduler.claim_batch;
+        while !stop.is_cancelled() {
+            match self.transitions.claim(&self.me, batch).await {
+                Ok(ids) => {
+                    let n = ids.len();
+                    if n > 0 {
+                        tracing::debug!(claimed = n, "claimed orders");
+                        self.ctx.metrics.orders_claimed.inc_by(n as u64);
+                        self.relay.push(ids);
+                    }
+                    // Fewer than a batch: caught up (or others hold the rest).
+                    if n < batch as usize {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "claim failed; will retry");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Applies one reply; an error means the broker is gone.
+    async fn on_reply(&self, delivery: Delivery) -> Result<(), BrokerError> {
+        let reply: StepReply = match serde_json::from_slice(&delivery.data) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "unreadable reply; dead-lettered");
+                self.count_reply("malformed");
+                return broker::dead_letter(&delivery).await;
+            }
+        };
+        let span = tracing::info_span!(
+            "reply",
+            order_id = %reply.order_id,
+            step = %reply.step,
+            attempt = reply.attempt,
+        );
+        async {
+            match self.transitions.apply_reply(&self.me, &reply).await {
+                Ok(ReplyOutcome::Applied) => {
+                    self.count_reply("applied");
+                    broker::ack(&delivery).await?;
+                    self.relay.push([reply.order_id]);
+                }
+                Ok(ReplyOutcome::Stale(why)) => {
+                    tracing::info!(%why, "stale reply ignored");
+                    self.count_reply("stale");
+                    broker::ack(&delivery).await?;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not apply the reply; handing it back");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    broker::requeue(&delivery).await?;
+                }
+            }
+            Ok(())
+        }
+        .instrument(span)
+        .await
+    }
+
+    fn count_reply(&self, outcome: &str) {
+        self.ctx
+            .metrics
+            .replies
+            .get_or_create(&labels(&[("outcome", outcome)]))
+            .inc();
+    }
+}

@@ -1,0 +1,192 @@
+//! The submission: `<prefix>.orders` → validate → one transaction (order,
+//! steps, `received` event, outbox) → ack. Bad messages are copied to
+//! `<prefix>.orders.dead` with the reason in `x-sas-reason`, answered with
+//! `rejected` where a reply queue is known, and only then acknowledged.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use chrono::Utc;
+use sas::broker::{self, BrokerError, Delivery, Outgoing, Publisher};
+use sas::messages::{RejectReason, RejectedHints, StatusEvent, Submission};
+use sas::metrics::labels;
+use sas::outbox::Relay;
+use sas::service::Context;
+use sas::state_store::{NewOrder, StoreError, Submitted, Transitions};
+use tracing::Instrument;
+use uuid::Uuid;
+
+/// Runs the submission until shutdown.
+pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
+    let store = ctx.store()?.clone();
+    let submission = Arc::new(Submitter {
+        transitions: Transitions::new(store.clone(), ctx.queues.clone()),
+        relay: Relay::new(store, ctx.settings.outbox.clone(), ctx.metrics.clone()),
+        ctx: ctx.clone(),
+    });
+    let agents = ctx.settings.agent_names();
+    broker::run_sessions(
+        &ctx.settings.broker,
+        ctx.name,
+        &ctx.shutdown,
+        &ctx.health,
+        async |broker| {
+            broker
+                .declare_topology(&ctx.queues, &agents, ctx.settings.broker.delivery_limit)
+                .await?;
+            let publisher = broker.publisher().await?;
+            let relay = submission.relay.start(broker).await?;
+            let consumer = broker
+                .consume(
+                    ctx.queues.orders(),
+                    ctx.settings.broker.prefetch,
+                    "submission",
+                )
+                .await?;
+            let end = broker::consume(
+                consumer,
+                &ctx.shutdown,
+                relay.lost(),
+                ctx.settings.shutdown.grace,
+                |delivery| {
+                    let submission = submission.clone();
+                    let publisher = publisher.clone();
+                    async move { submission.handle(&publisher, delivery).await }
+                },
+            )
+            .await;
+            relay.stop(end).await
+        },
+    )
+    .await
+    .context("RabbitMQ")?;
+    Ok(())
+}
+
+/// The submission's work, shared by its message handlers.
+struct Submitter {
+    transitions: Transitions,
+    relay: Arc<Relay>,
+    ctx: Arc<Context>,
+}
+
+impl Submitter {
+    /// Handles one delivery; an error means the broker is gone.
+    async fn handle(&self, publisher: &Publisher, delivery: Delivery) -> Result<(), BrokerError> {
+        let settings = &self.ctx.settings;
+        let decoded = Submission::decode(
+            &delivery.data,
+            broker::reply_to(&delivery),
+            settings.submission.max_body_bytes,
+        )
+        .and_then(|s| match settings.workflow(&s.workflow) {
+            Ok(wf) => Ok((s, wf)),
+            Err(_) => {
+                let hints = RejectedHints {
+                    order_id: s
+                        .order_id
+                        .map(|id| serde_json::Value::String(id.to_string())),
+                    reply_to: s.reply_to.clone(),
+                };
+                Err((RejectReason::UnknownWorkflow(s.workflow.clone()), hints))
+            }
+        });
+        let (order, workflow) = match decoded {
+            Ok(ok) => ok,
+            Err((reason, hints)) => {
+                return self.reject(publisher, &delivery, &reason, &hints).await;
+            }
+        };
+        let order_id = order
+            .order_id
+            .or_else(|| broker::message_id(&delivery).and_then(|m| Uuid::parse_str(m).ok()))
+            .unwrap_or_else(Uuid::new_v4);
+        let span = tracing::info_span!("submit", %order_id, workflow = %workflow.name);
+        async {
+            let new = NewOrder {
+                order_id,
+                workflow: workflow.name.clone(),
+                payload: serde_json::Value::Object(order.payload),
+                reply_to: order.reply_to,
+                priority: i16::from(order.priority.get()),
+                not_before: order.not_before,
+            };
+            match self.transitions.submit(&new, &workflow).await {
+                Ok(Submitted::Created) => {
+                    tracing::debug!("order stored");
+                    self.ctx.metrics.orders_received.inc();
+                    broker::ack(&delivery).await?;
+                    self.relay.push([order_id]);
+                }
+                Ok(Submitted::Duplicate) => {
+                    tracing::info!("order already exists; nothing to do");
+                    self.ctx.metrics.orders_duplicate.inc();
+                    broker::ack(&delivery).await?;
+                }
+                Err(e) => self.retry_later(&delivery, &e).await?,
+            }
+            Ok(())
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Copies the message to the dead-letter queue with the reason, tells the
+    /// sender, then acknowledges the original.
+    async fn reject(
+        &self,
+        publisher: &Publisher,
+        delivery: &Delivery,
+        reason: &RejectReason,
+        hints: &RejectedHints,
+    ) -> Result<(), BrokerError> {
+        let text = reason.to_string();
+        tracing::warn!(reason = %text, reply_to = ?hints.reply_to, "order rejected; dead-lettered");
+        publisher
+            .publish(&Outgoing {
+                routing_key: self.ctx.queues.orders_dead(),
+                body: &delivery.data,
+                reply_to: broker::reply_to(delivery),
+                message_id: broker::message_id(delivery),
+                headers: &[("x-sas-reason", &text)],
+                mandatory: true,
+                ..Outgoing::default()
+            })
+            .await?;
+        if let Some(queue) = &hints.reply_to {
+            let event = StatusEvent::rejected(hints, reason, Utc::now());
+            let body = serde_json::to_vec(&event).unwrap_or_default();
+            let correlation = event.order_id.map(|id| id.to_string());
+            let answered = publisher
+                .publish(&Outgoing {
+                    routing_key: queue,
+                    body: &body,
+                    correlation_id: correlation.as_deref(),
+                    mandatory: true,
+                    ..Outgoing::default()
+                })
+                .await;
+            match answered {
+                Ok(()) => {}
+                Err(broker::PublishError::Unroutable(q)) => {
+                    tracing::warn!(queue = %q, "reply queue does not exist; rejection not sent");
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.ctx
+            .metrics
+            .orders_rejected
+            .get_or_create(&labels(&[("reason", reason.label())]))
+            .inc();
+        broker::ack(delivery).await
+    }
+
+    /// The state store failed: hand the message back after a pause, so a
+    /// Postgres restart costs a delay, not an order.
+    async fn retry_later(&self, delivery: &Delivery, e: &StoreError) -> Result<(), BrokerError> {
+        tracing::warn!(error = %e, transient = e.is_transient(), "could not store the order; handing it back");
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        broker::requeue(delivery).await
+    }
+}

@@ -1,0 +1,28 @@
+//! `supervisor`: sweeps the state store for expired complete-by times and
+//! asks for a re-attempt or gives the order up.
+
+mod supervisor;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use sas::service::{CommonArgs, Spec};
+
+/// sas supervisor.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let spec = Spec {
+        name: "supervisor",
+        default_port: 9104,
+        uses_store: true,
+    };
+    sas::service::main(spec, args.common, |_| {}, supervisor::run).await
+}

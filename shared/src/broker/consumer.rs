@@ -1,0 +1,107 @@
+//! The consumer loop every service runs: take deliveries, work on each in its
+//! own task, and on shutdown stop taking, give in-flight work a grace period,
+//! then hand back (leave unacknowledged, so the broker redelivers) what is left.
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::{BrokerError, Consumer, SessionEnd};
+
+/// Consumes until `shutdown` (returning [`SessionEnd::Shutdown`]) or until the
+/// consumer, a handler or a companion task (`lost`) fails on the broker
+/// (returning the error, which ends the session). Concurrency is bounded by
+/// the consumer's prefetch.
+pub async fn consume<H, Fut>(
+    mut consumer: Consumer,
+    shutdown: &CancellationToken,
+    lost: &CancellationToken,
+    grace: Duration,
+    handler: H,
+) -> Result<SessionEnd, BrokerError>
+where
+    H: Fn(Delivery) -> Fut,
+    Fut: Future<Output = Result<(), BrokerError>> + Send + 'static,
+{
+    let queue = consumer.queue().to_string();
+    let mut tasks: JoinSet<Result<(), BrokerError>> = JoinSet::new();
+    let outcome = loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break Ok(SessionEnd::Shutdown),
+            () = lost.cancelled() => break Err(BrokerError::ConsumerEnded(format!("{queue} (a companion task lost the broker)"))),
+            Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                if let Some(e) = task_error(done) {
+                    break Err(e);
+                }
+            }
+            next = consumer.next() => match next {
+                Some(Ok(delivery)) => {
+                    tasks.spawn(handler(delivery));
+                }
+                Some(Err(e)) => break Err(e.into()),
+                None => break Err(BrokerError::ConsumerEnded(queue.clone())),
+            },
+        }
+    };
+    // Let in-flight work finish; what does not finish in time stays
+    // unacknowledged and is redelivered once the channel closes.
+    let drained = tokio::time::timeout(grace, async {
+        while let Some(done) = tasks.join_next().await {
+            if let Some(e) = task_error(done) {
+                tracing::warn!(error = %e, %queue, "in-flight work failed while draining");
+            }
+        }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(%queue, left = tasks.len(), "grace period over; handing back unfinished deliveries");
+        tasks.abort_all();
+    }
+    outcome
+}
+
+fn task_error(
+    done: Result<Result<(), BrokerError>, tokio::task::JoinError>,
+) -> Option<BrokerError> {
+    match done {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e),
+        Err(e) if e.is_cancelled() => None,
+        Err(e) => {
+            tracing::error!(error = %e, "a message handler panicked");
+            None
+        }
+    }
+}
+
+/// Acknowledges a delivery: the work is committed.
+pub async fn ack(delivery: &Delivery) -> Result<(), BrokerError> {
+    delivery.acker.ack(BasicAckOptions::default()).await?;
+    Ok(())
+}
+
+/// Hands a delivery back for redelivery (a transient failure, or shutdown).
+pub async fn requeue(delivery: &Delivery) -> Result<(), BrokerError> {
+    delivery
+        .acker
+        .nack(BasicNackOptions {
+            requeue: true,
+            ..BasicNackOptions::default()
+        })
+        .await?;
+    Ok(())
+}
+
+/// Rejects a delivery that can never be processed: the queue dead-letters it.
+pub async fn dead_letter(delivery: &Delivery) -> Result<(), BrokerError> {
+    delivery
+        .acker
+        .reject(BasicRejectOptions { requeue: false })
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,217 @@
+//! RabbitMQ through lapin: connecting with bounded retries, declaring the
+//! topology, confirmed publishing and consuming with manual acks. Only this
+//! module touches lapin.
+//!
+//! lapin does not reconnect by itself in a way we can rely on, so services run
+//! their work as *sessions* over one connection ([`run_sessions`]): when the
+//! connection is lost the session ends and a new one starts on a new connection,
+//! re-declaring the topology and resuming the consumers.
+
+mod consumer;
+mod publisher;
+mod session;
+
+use std::time::Duration;
+
+use lapin::options::{
+    BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Connection, ConnectionProperties};
+
+pub use consumer::{ack, consume, dead_letter, requeue};
+pub use lapin::Consumer;
+pub use lapin::message::Delivery;
+pub use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
+pub use publisher::{Outgoing, PendingConfirm, PublishError, Publisher};
+pub use session::{SessionEnd, run_sessions};
+
+use crate::config::BrokerSettings;
+use crate::topology::QueueNames;
+
+/// What went wrong with the broker.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("RabbitMQ error: {0}")]
+    Amqp(#[from] lapin::Error),
+    #[error("could not reach RabbitMQ within {waited:?}: {last}")]
+    Unreachable {
+        waited: Duration,
+        last: lapin::Error,
+    },
+    #[error("consumer of {0} stopped: the channel or the queue is gone")]
+    ConsumerEnded(String),
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+}
+
+/// One connection to RabbitMQ.
+pub struct Broker {
+    conn: Connection,
+}
+
+impl Broker {
+    /// Connects, retrying with backoff until `connect_timeout`.
+    pub async fn connect(settings: &BrokerSettings, app: &str) -> Result<Self, BrokerError> {
+        let started = std::time::Instant::now();
+        let mut wait = Duration::from_millis(100);
+        loop {
+            let props = ConnectionProperties::default().with_connection_name(app.into());
+            match Connection::connect(&settings.url, props).await {
+                Ok(conn) => return Ok(Self { conn }),
+                Err(e) if started.elapsed() < settings.connect_timeout => {
+                    tracing::warn!(error = %e, "RabbitMQ not reachable yet; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+                Err(last) => {
+                    return Err(BrokerError::Unreachable {
+                        waited: started.elapsed(),
+                        last,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Whether the connection is up.
+    pub fn is_connected(&self) -> bool {
+        self.conn.status().connected()
+    }
+
+    /// A plain channel.
+    pub async fn channel(&self) -> Result<Channel, BrokerError> {
+        Ok(self.conn.create_channel().await?)
+    }
+
+    /// A channel in confirm mode for publishing.
+    pub async fn publisher(&self) -> Result<Publisher, BrokerError> {
+        Publisher::new(self.channel().await?).await
+    }
+
+    /// Declares every queue of the deployment (idempotent): durable quorum
+    /// queues, each work queue dead-lettering to its `.dead` queue after
+    /// `delivery_limit` deliveries or a reject.
+    pub async fn declare_topology(
+        &self,
+        names: &QueueNames,
+        agents: &[String],
+        delivery_limit: u32,
+    ) -> Result<(), BrokerError> {
+        let channel = self.channel().await?;
+        for (queue, dead) in names.all(agents.iter().map(String::as_str)) {
+            channel
+                .queue_declare(
+                    queue.into(),
+                    QueueDeclareOptions::durable(),
+                    queue_arguments(dead.as_deref(), delivery_limit),
+                )
+                .await?;
+        }
+        channel.close(200, "topology declared".into()).await.ok();
+        Ok(())
+    }
+
+    /// Starts consuming `queue` with manual acks and at most `prefetch` unacknowledged deliveries.
+    pub async fn consume(
+        &self,
+        queue: &str,
+        prefetch: u16,
+        tag: &str,
+    ) -> Result<Consumer, BrokerError> {
+        let channel = self.channel().await?;
+        channel
+            .basic_qos(prefetch, BasicQosOptions::default())
+            .await?;
+        Ok(channel
+            .basic_consume(
+                queue.into(),
+                tag.into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?)
+    }
+
+    /// Deletes queues (for tests and teardown); missing queues are fine.
+    pub async fn delete_queues(&self, queues: &[String]) -> Result<(), BrokerError> {
+        for q in queues {
+            // A channel error (e.g. the queue is gone) closes the channel, so one per queue.
+            let channel = self.channel().await?;
+            channel
+                .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                .await
+                .ok();
+            channel.close(200, "deleted".into()).await.ok();
+        }
+        Ok(())
+    }
+
+    /// Declares an application's status queue (durable, classic), as an
+    /// application would; used by `sasctl` and tests.
+    pub async fn declare_status_queue(&self, queue: &str) -> Result<(), BrokerError> {
+        let channel = self.channel().await?;
+        channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions::durable(),
+                FieldTable::default(),
+            )
+            .await?;
+        channel.close(200, "declared".into()).await.ok();
+        Ok(())
+    }
+
+    /// Closes the connection cleanly.
+    pub async fn close(&self) {
+        self.conn.close(200, "bye".into()).await.ok();
+    }
+}
+
+/// Arguments of a sas queue: quorum, and for work queues a dead-letter route and delivery limit.
+fn queue_arguments(dead_letter: Option<&str>, delivery_limit: u32) -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    if let Some(dead) = dead_letter {
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString("".into()),
+        );
+        args.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(dead.into()),
+        );
+        args.insert(
+            "x-delivery-limit".into(),
+            AMQPValue::LongLongInt(i64::from(delivery_limit)),
+        );
+    }
+    args
+}
+
+/// A header of a delivery as text, if present.
+pub fn header_str(delivery: &Delivery, name: &str) -> Option<String> {
+    let headers = delivery.properties.headers().as_ref()?;
+    match headers.inner().get(name)? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        _ => None,
+    }
+}
+
+/// The AMQP `reply_to` of a delivery.
+pub fn reply_to(delivery: &Delivery) -> Option<&str> {
+    delivery.properties.reply_to().as_ref().map(|s| s.as_str())
+}
+
+/// The AMQP `message_id` of a delivery.
+pub fn message_id(delivery: &Delivery) -> Option<&str> {
+    delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .map(|s| s.as_str())
+}

@@ -1,0 +1,119 @@
+//! A confirm-mode channel. Publishes are pipelined: send a batch, then wait
+//! for its confirmations, rather than one round trip per message.
+
+use lapin::PublisherConfirm;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel};
+
+use super::BrokerError;
+
+/// Why a message was not accepted by the broker.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("broker refused the message (nack)")]
+    Nacked,
+    #[error("no queue named {0:?}: the message was returned")]
+    Unroutable(String),
+    #[error("RabbitMQ error: {0}")]
+    Amqp(#[from] lapin::Error),
+}
+
+/// One message to publish on the default exchange.
+#[derive(Debug, Clone, Default)]
+pub struct Outgoing<'a> {
+    pub routing_key: &'a str,
+    pub body: &'a [u8],
+    pub correlation_id: Option<&'a str>,
+    pub reply_to: Option<&'a str>,
+    pub message_id: Option<&'a str>,
+    /// Extra headers, as text.
+    pub headers: &'a [(&'a str, &'a str)],
+    /// Return the message (a failure) when no queue takes it.
+    pub mandatory: bool,
+}
+
+/// A channel in confirm mode.
+#[derive(Clone)]
+pub struct Publisher {
+    channel: Channel,
+}
+
+impl Publisher {
+    pub(super) async fn new(channel: Channel) -> Result<Self, BrokerError> {
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        Ok(Self { channel })
+    }
+
+    /// Sends a persistent JSON message; the returned future resolves on the broker's confirm.
+    pub async fn send(&self, msg: &Outgoing<'_>) -> Result<PendingConfirm, PublishError> {
+        let mut props = BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2);
+        if let Some(c) = msg.correlation_id {
+            props = props.with_correlation_id(c.into());
+        }
+        if let Some(r) = msg.reply_to {
+            props = props.with_reply_to(r.into());
+        }
+        if let Some(m) = msg.message_id {
+            props = props.with_message_id(m.into());
+        }
+        if !msg.headers.is_empty() {
+            let mut table = FieldTable::default();
+            for (k, v) in msg.headers {
+                table.insert((*k).into(), AMQPValue::LongString((*v).into()));
+            }
+            props = props.with_headers(table);
+        }
+        let confirm = self
+            .channel
+            .basic_publish(
+                "".into(),
+                msg.routing_key.into(),
+                BasicPublishOptions {
+                    mandatory: msg.mandatory,
+                    ..BasicPublishOptions::default()
+                },
+                msg.body,
+                props,
+            )
+            .await?;
+        Ok(PendingConfirm {
+            confirm,
+            routing_key: msg.routing_key.to_owned(),
+        })
+    }
+
+    /// Sends one message and waits for its confirm.
+    pub async fn publish(&self, msg: &Outgoing<'_>) -> Result<(), PublishError> {
+        self.send(msg).await?.wait().await
+    }
+
+    /// Whether the channel is still usable.
+    pub fn is_open(&self) -> bool {
+        self.channel.status().connected()
+    }
+}
+
+/// A published message whose confirmation has not been read yet.
+pub struct PendingConfirm {
+    confirm: PublisherConfirm,
+    routing_key: String,
+}
+
+impl PendingConfirm {
+    /// Waits for the broker: `Ok` only for an ack of a message a queue took.
+    pub async fn wait(self) -> Result<(), PublishError> {
+        let confirmation = self.confirm.await?;
+        if confirmation.is_nack() {
+            return Err(PublishError::Nacked);
+        }
+        if confirmation.take_message().is_some() {
+            return Err(PublishError::Unroutable(self.routing_key));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,532 @@
+//! Settings: built-in defaults, then the TOML file named by `--config` or
+//! `SAS_CONFIG`, then `SAS__SECTION__KEY` environment variables (contract §6).
+//!
+//! Every key has a working default except the workflows and agents, so a
+//! service starts against a local Postgres and RabbitMQ with no configuration.
+//! Durations are human strings (`"250ms"`, `"3s"`, `"5m"`), parsed once here.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::workflow::{Workflow, WorkflowError};
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The layers could not be read or did not fit the settings' shape.
+    #[error("bad configuration: {0}")]
+    Load(#[from] config::ConfigError),
+    /// The values are well-formed but make no sense together.
+    #[error("bad configuration: {0}")]
+    Invalid(String),
+    /// A workflow is malformed.
+    #[error("bad configuration: {0}")]
+    Workflow(#[from] WorkflowError),
+}
+
+/// All of sas's settings; each service reads the sections it needs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct Settings {
+    pub database: DatabaseSettings,
+    pub broker: BrokerSettings,
+    pub http: HttpSettings,
+    pub log: LogSettings,
+    pub submission: SubmissionSettings,
+    pub scheduler: SchedulerSettings,
+    pub agent: AgentSettings,
+    pub supervisor: SupervisorSettings,
+    pub outbox: OutboxSettings,
+    pub shutdown: ShutdownSettings,
+    /// Workflows by name: the steps an order of that workflow runs.
+    pub workflows: BTreeMap<String, WorkflowSpec>,
+    /// Agents by name: the remote endpoint each one wraps.
+    pub agents: BTreeMap<String, AgentSpec>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            database: DatabaseSettings::default(),
+            broker: BrokerSettings::default(),
+            http: HttpSettings::default(),
+            log: LogSettings::default(),
+            submission: SubmissionSettings::default(),
+            scheduler: SchedulerSettings::default(),
+            agent: AgentSettings::default(),
+            supervisor: SupervisorSettings::default(),
+            outbox: OutboxSettings::default(),
+            shutdown: ShutdownSettings::default(),
+            workflows: BTreeMap::new(),
+            agents: BTreeMap::new(),
+        }
+    }
+}
+
+/// `[database]`: the state store.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct DatabaseSettings {
+    /// Postgres URL; the database is created when it does not exist.
+    pub url: String,
+    /// Pool size per process.
+    pub max_connections: u32,
+    /// How long start-up keeps trying to reach Postgres before giving up.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Server-side bound on any one statement.
+    #[serde(with = "humantime_serde")]
+    pub statement_timeout: Duration,
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self {
+            url: "postgres://postgres@127.0.0.1:5432/sas".into(),
+            max_connections: 10,
+            connect_timeout: Duration::from_secs(30),
+            statement_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `[broker]`: RabbitMQ.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct BrokerSettings {
+    /// AMQP URL.
+    pub url: String,
+    /// Every queue is named under this prefix, so deployments can share a broker.
+    pub prefix: String,
+    /// Unacknowledged deliveries per consumer.
+    pub prefetch: u16,
+    /// Deliveries of one message before the broker dead-letters it (quorum queues).
+    pub delivery_limit: u32,
+    /// How long start-up keeps trying to reach RabbitMQ before giving up.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+}
+
+impl Default for BrokerSettings {
+    fn default() -> Self {
+        Self {
+            url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            prefix: "sas".into(),
+            prefetch: 64,
+            delivery_limit: 20,
+            connect_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `[http]`: the health and metrics endpoint of every service.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct HttpSettings {
+    pub host: String,
+    /// `None` means the service's own default port; `0` picks a free one.
+    pub port: Option<u16>,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: None,
+        }
+    }
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct LogSettings {
+    /// `pretty` or `json`.
+    pub format: LogFormat,
+    /// A `tracing` filter such as `info` or `sas=debug,info`; `RUST_LOG` wins.
+    pub level: String,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Pretty,
+            level: "info".into(),
+        }
+    }
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+/// `[submission]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct SubmissionSettings {
+    /// Bodies larger than this are dead-lettered unread.
+    pub max_body_bytes: usize,
+}
+
+impl Default for SubmissionSettings {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 1024 * 1024,
+        }
+    }
+}
+
+/// `[scheduler]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct SchedulerSettings {
+    /// The `locked_by` value of this instance; a fresh one per process when unset.
+    pub instance_id: Option<String>,
+    /// The slow poll beside the wake-up notifications (for `not_before` and re-attempts).
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// Orders claimed per claim transaction.
+    pub claim_batch: u32,
+}
+
+impl Default for SchedulerSettings {
+    fn default() -> Self {
+        Self {
+            instance_id: None,
+            poll_interval: Duration::from_millis(500),
+            claim_batch: 32,
+        }
+    }
+}
+
+/// `[agent]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct AgentSettings {
+    /// Requests worked on at once per agent (the consumer's prefetch).
+    pub concurrency: u16,
+    /// First retry wait; doubles per retry, with full jitter.
+    #[serde(with = "humantime_serde")]
+    pub backoff_initial: Duration,
+    /// Longest retry wait.
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
+    /// Time to establish a TCP connection to a remote service.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+}
+
+impl Default for AgentSettings {
+    fn default() -> Self {
+        Self {
+            concurrency: 64,
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// `[supervisor]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct SupervisorSettings {
+    /// Time between sweeps for expired complete-by times.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// The order gives up when `failure_count` reaches this.
+    pub max_failures: u32,
+    /// Wait before re-attempt n (the last entry repeats).
+    #[serde(deserialize_with = "durations")]
+    pub retry_schedule: Vec<Duration>,
+    /// Expired orders handled per sweep transaction.
+    pub batch: u32,
+}
+
+impl Default for SupervisorSettings {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(1),
+            max_failures: 5,
+            retry_schedule: [1, 5, 10, 30, 60]
+                .into_iter()
+                .map(|m| Duration::from_secs(m * 60))
+                .collect(),
+            batch: 100,
+        }
+    }
+}
+
+impl SupervisorSettings {
+    /// The wait before the re-attempt that follows failure number `failure_count` (1-based).
+    pub fn retry_delay(&self, failure_count: u32) -> Duration {
+        let i = (failure_count.max(1) - 1) as usize;
+        self.retry_schedule
+            .get(i)
+            .or(self.retry_schedule.last())
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
+/// `[outbox]`: the relay of status events, step requests and alerts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct OutboxSettings {
+    /// How often the relay looks for rows another process left behind.
+    #[serde(with = "humantime_serde")]
+    pub sweep_interval: Duration,
+    /// Age at which a row counts as left behind.
+    #[serde(with = "humantime_serde")]
+    pub sweep_age: Duration,
+    /// Orders relayed per transaction.
+    pub batch: usize,
+}
+
+impl Default for OutboxSettings {
+    fn default() -> Self {
+        Self {
+            sweep_interval: Duration::from_secs(1),
+            sweep_age: Duration::from_secs(2),
+            batch: 128,
+        }
+    }
+}
+
+/// `[shutdown]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct ShutdownSettings {
+    /// How long in-flight work may take to finish after SIGTERM before it is handed back.
+    #[serde(with = "humantime_serde")]
+    pub grace: Duration,
+}
+
+impl Default for ShutdownSettings {
+    fn default() -> Self {
+        Self {
+            grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// `[workflows.<name>]` as written in the configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkflowSpec {
+    pub steps: Vec<StepSpec>,
+}
+
+/// One step of a workflow as written in the configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepSpec {
+    pub name: String,
+    /// The agent that runs the step.
+    pub agent: String,
+    /// The step's complete-by, counted from its dispatch.
+    #[serde(with = "humantime_serde", default = "default_step_timeout")]
+    pub timeout: Duration,
+    /// The agent that undoes the step, if it can be undone.
+    #[serde(default)]
+    pub compensate: Option<String>,
+}
+
+/// A list of human durations, from TOML or from a comma-separated variable.
+fn durations<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Duration>, D::Error> {
+    let texts: Vec<String> = Vec::deserialize(d)?;
+    texts
+        .iter()
+        .map(|t| {
+            humantime::parse_duration(t.trim())
+                .map_err(|e| serde::de::Error::custom(format!("{t:?}: {e}")))
+        })
+        .collect()
+}
+
+fn default_step_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// `[agents.<name>]`: the remote endpoint an agent wraps.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSpec {
+    pub url: String,
+    /// Bound on one HTTP call; the step's complete-by bounds it anyway.
+    #[serde(with = "humantime_serde", default)]
+    pub timeout: Option<Duration>,
+}
+
+impl Settings {
+    /// Loads the layers: defaults, then `file` (or `SAS_CONFIG`), then `SAS__*` variables.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let file: Option<PathBuf> = file
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os("SAS_CONFIG").map(PathBuf::from));
+        let mut builder = config::Config::builder();
+        if let Some(file) = file {
+            if !file.exists() {
+                return Err(ConfigError::Invalid(format!(
+                    "configuration file {} does not exist",
+                    file.display()
+                )));
+            }
+            builder = builder.add_source(config::File::from(file).format(config::FileFormat::Toml));
+        }
+        builder = builder.add_source(
+            config::Environment::with_prefix("SAS")
+                .prefix_separator("__")
+                .separator("__")
+                .list_separator(",")
+                .with_list_parse_key("supervisor.retry_schedule")
+                .try_parsing(true),
+        );
+        let settings: Settings = builder.build()?.try_deserialize()?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks what serde cannot: names, ranges and references between sections.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if self.broker.prefix.is_empty()
+            || !self
+                .broker
+                .prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return invalid(format!(
+                "broker.prefix {:?} must be non-empty ASCII letters, digits, '-', '_' or '.'",
+                self.broker.prefix
+            ));
+        }
+        if self.broker.prefetch == 0 {
+            return invalid("broker.prefetch must be at least 1".into());
+        }
+        if self.agent.concurrency == 0 {
+            return invalid("agent.concurrency must be at least 1".into());
+        }
+        if self.supervisor.max_failures == 0 {
+            return invalid("supervisor.max_failures must be at least 1".into());
+        }
+        if self.supervisor.interval.is_zero() {
+            return invalid("supervisor.interval must be more than 0".into());
+        }
+        if self.scheduler.claim_batch == 0 {
+            return invalid("scheduler.claim_batch must be at least 1".into());
+        }
+        if self.database.max_connections == 0 {
+            return invalid("database.max_connections must be at least 1".into());
+        }
+        for (name, agent) in &self.agents {
+            if !(agent.url.starts_with("http://") || agent.url.starts_with("https://")) {
+                return invalid(format!(
+                    "agents.{name}.url {:?} must be an http:// or https:// URL",
+                    agent.url
+                ));
+            }
+        }
+        for name in self.workflows.keys() {
+            self.workflow(name)?;
+        }
+        Ok(())
+    }
+
+    /// The compiled workflow of that name, if configured.
+    pub fn workflow(&self, name: &str) -> Result<Workflow, WorkflowError> {
+        let spec = self
+            .workflows
+            .get(name)
+            .ok_or_else(|| WorkflowError::Unknown(name.to_owned()))?;
+        Workflow::compile(name, spec)
+    }
+
+    /// Every agent name that a workflow step or compensation refers to, plus the configured agents.
+    pub fn agent_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.agents.keys().cloned().collect();
+        for wf in self.workflows.values() {
+            for step in &wf.steps {
+                names.push(step.agent.clone());
+                names.extend(step.compensate.clone());
+            }
+        }
+        names.sort();
+        names.dedup();
+        names
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        Settings::default().validate().expect("defaults validate");
+    }
+
+    #[test]
+    fn retry_delay_repeats_the_last_entry() {
+        let s = SupervisorSettings::default();
+        assert_eq!(s.retry_delay(1), Duration::from_secs(60));
+        assert_eq!(s.retry_delay(5), Duration::from_secs(3600));
+        assert_eq!(s.retry_delay(9), Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn a_file_with_workflows_and_durations_loads() {
+        let dir = std::env::temp_dir().join(format!("sas-config-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sas.toml");
+        std::fs::write(
+            &path,
+            r#"
+[supervisor]
+interval = "250ms"
+max_failures = 3
+retry_schedule = ["1s", "5s"]
+
+[workflows.order]
+steps = [
+  { name = "reserve", agent = "inventory", timeout = "10s", compensate = "inventory-release" },
+  { name = "ship", agent = "shipping" },
+]
+
+[agents.inventory]
+url = "http://127.0.0.1:8081/inventory/reserve"
+"#,
+        )
+        .unwrap();
+        let s = Settings::load(Some(&path)).expect("loads");
+        assert_eq!(s.supervisor.interval, Duration::from_millis(250));
+        assert_eq!(s.supervisor.retry_schedule.len(), 2);
+        let wf = s.workflow("order").unwrap();
+        assert_eq!(wf.steps.len(), 2);
+        assert_eq!(wf.steps[1].timeout, Duration::from_secs(30));
+        assert_eq!(
+            s.agent_names(),
+            vec!["inventory", "inventory-release", "shipping"]
+        );
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn a_bad_duration_is_a_clear_error() {
+        let dir = std::env::temp_dir().join(format!("sas-config-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sas.toml");
+        std::fs::write(&path, "[supervisor]\ninterval = \"soon\"\n").unwrap();
+        let err = Settings::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("bad configuration"), "{err}");
+        std::fs::remove_dir_all(dir).ok();
+    }
+}

@@ -1,0 +1,110 @@
+//! `/healthz`, `/readyz` and `/metrics`, served by every service.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::HttpSettings;
+use crate::metrics::Metrics;
+use crate::state_store::StateStore;
+
+/// What `/readyz` reports: the service's connections.
+#[derive(Default)]
+pub struct Health {
+    broker: AtomicBool,
+    store: Option<StateStore>,
+}
+
+impl Health {
+    /// Health of a service that uses this state store (or none).
+    pub fn new(store: Option<StateStore>) -> Self {
+        Self {
+            broker: AtomicBool::new(false),
+            store,
+        }
+    }
+
+    /// Records whether the broker connection is up.
+    pub fn set_broker(&self, up: bool) {
+        self.broker.store(up, Ordering::Relaxed);
+    }
+
+    async fn report(&self) -> (bool, serde_json::Value) {
+        let rabbitmq = self.broker.load(Ordering::Relaxed);
+        let postgres = match &self.store {
+            Some(store) => Some(store.ping().await),
+            None => None,
+        };
+        let ready = rabbitmq && postgres.unwrap_or(true);
+        (
+            ready,
+            json!({ "ready": ready, "rabbitmq": rabbitmq, "postgres": postgres }),
+        )
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    health: Arc<Health>,
+    metrics: Arc<Metrics>,
+}
+
+/// Binds the HTTP port (`http.port`, else `default_port`) and serves until
+/// `shutdown`. Returns the bound address and the server task.
+pub async fn serve(
+    settings: &HttpSettings,
+    default_port: u16,
+    health: Arc<Health>,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
+    let port = settings.port.unwrap_or(default_port);
+    let listener = tokio::net::TcpListener::bind((settings.host.as_str(), port))
+        .await
+        .map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("cannot listen on {}:{port}: {e}", settings.host),
+            )
+        })?;
+    let addr = listener.local_addr()?;
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .with_state(AppState { health, metrics });
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await
+    });
+    Ok((addr, task))
+}
+
+async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    let (ready, body) = state.health.report().await;
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, axum::Json(body))
+}
+
+async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}

@@ -1,0 +1,28 @@
+//! # sas: the Scheduler Agent Supervisor pattern over RabbitMQ and Postgres
+//!
+//! The library every sas binary links. Which module owns what:
+//!
+//! - [`config`]: `Settings` from defaults, a TOML file and `SAS__*` variables.
+//! - [`workflow`]: workflows and the step plan (what runs next). Pure.
+//! - [`messages`]: the wire types of every queue and the submission's validation. Pure.
+//! - [`state`]: the states of orders and steps. Pure.
+//! - [`topology`]: the queue names of a deployment. Pure.
+//! - [`state_store`]: every SQL statement, and the guarded transitions.
+//! - [`broker`]: every lapin call: connect, topology, confirmed publish, consume.
+//! - [`outbox`]: the relay from committed outbox rows to confirmed publishes.
+//! - [`http`], [`metrics`], [`telemetry`], [`shutdown`], [`service`]: what
+//!   every service runs around its own work.
+
+pub mod broker;
+pub mod config;
+pub mod http;
+pub mod messages;
+pub mod metrics;
+pub mod outbox;
+pub mod service;
+pub mod shutdown;
+pub mod state;
+pub mod state_store;
+pub mod telemetry;
+pub mod topology;
+pub mod workflow;

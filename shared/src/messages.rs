@@ -1,0 +1,512 @@
+//! Wire types, one per queue, with their encoding and the submission's
+//! validation (contract §1, §2, §4, §5). No I/O.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use uuid::Uuid;
+
+/// Why a submitted message was not accepted; the text goes into `x-sas-reason`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RejectReason {
+    #[error("body of {size} bytes is larger than the limit of {limit} bytes")]
+    TooLarge { size: usize, limit: usize },
+    #[error("body is not valid UTF-8")]
+    NotUtf8,
+    #[error("body is not valid JSON: {0}")]
+    MalformedJson(String),
+    #[error("body must be a JSON object")]
+    NotAnObject,
+    #[error("missing required field `{0}`")]
+    MissingField(&'static str),
+    #[error("field `{field}` must be {expected}")]
+    WrongType {
+        field: &'static str,
+        expected: &'static str,
+    },
+    #[error("unknown workflow {0:?}")]
+    UnknownWorkflow(String),
+}
+
+impl RejectReason {
+    /// A short label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::TooLarge { .. } => "too_large",
+            Self::NotUtf8 => "not_utf8",
+            Self::MalformedJson(_) => "malformed_json",
+            Self::NotAnObject => "not_an_object",
+            Self::MissingField(_) => "missing_field",
+            Self::WrongType { .. } => "wrong_type",
+            Self::UnknownWorkflow(_) => "unknown_workflow",
+        }
+    }
+}
+
+/// An order's priority, 0 (default) to 9; higher is claimed first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Priority(u8);
+
+impl Priority {
+    /// The highest priority.
+    pub const MAX: u8 = 9;
+
+    /// The priority, if `n` is in 0..=9.
+    pub fn new(n: i64) -> Option<Self> {
+        u8::try_from(n).ok().filter(|n| *n <= Self::MAX).map(Self)
+    }
+
+    /// The value as stored.
+    pub fn get(self) -> u8 {
+        self.0
+    }
+}
+
+/// An order as the application submitted it, validated (contract §1).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Submission {
+    /// The order's identity; `None` until resolved from `message_id` or generated.
+    pub order_id: Option<Uuid>,
+    pub workflow: String,
+    pub payload: Map<String, Value>,
+    /// The private status queue (body field, else the AMQP property).
+    pub reply_to: Option<String>,
+    pub priority: Priority,
+    pub not_before: Option<DateTime<Utc>>,
+}
+
+/// What is known of a rejected message, to answer its sender.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RejectedHints {
+    pub order_id: Option<Value>,
+    pub reply_to: Option<String>,
+}
+
+impl Submission {
+    /// Decodes and validates a body. `reply_to_property` is the AMQP `reply_to`.
+    ///
+    /// On rejection also returns what could be read of the order id and the
+    /// reply queue, so the sender can be told.
+    pub fn decode(
+        body: &[u8],
+        reply_to_property: Option<&str>,
+        max_bytes: usize,
+    ) -> Result<Self, (RejectReason, RejectedHints)> {
+        let mut hints = RejectedHints {
+            order_id: None,
+            reply_to: reply_to_property.map(str::to_owned),
+        };
+        if body.len() > max_bytes {
+            return Err((
+                RejectReason::TooLarge {
+                    size: body.len(),
+                    limit: max_bytes,
+                },
+                hints,
+            ));
+        }
+        let text = std::str::from_utf8(body).map_err(|_| (RejectReason::NotUtf8, hints.clone()))?;
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| (RejectReason::MalformedJson(e.to_string()), hints.clone()))?;
+        let Value::Object(mut obj) = value else {
+            return Err((RejectReason::NotAnObject, hints));
+        };
+        // Read the reply queue and the id first, so even a wrong body can be answered.
+        match obj.get("reply_to") {
+            Some(Value::String(q)) if !q.is_empty() => hints.reply_to = Some(q.clone()),
+            _ => {}
+        }
+        hints.order_id = obj.get("order_id").filter(|v| !v.is_null()).cloned();
+        let fail = |r: RejectReason| Err((r, hints.clone()));
+
+        let order_id = match obj.remove("order_id") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => match Uuid::parse_str(&s) {
+                Ok(id) => Some(id),
+                Err(_) => return fail(wrong("order_id", "a UUID string")),
+            },
+            Some(_) => return fail(wrong("order_id", "a UUID string")),
+        };
+        let workflow = match obj.remove("workflow") {
+            None | Some(Value::Null) => return fail(RejectReason::MissingField("workflow")),
+            Some(Value::String(s)) if !s.is_empty() => s,
+            Some(_) => return fail(wrong("workflow", "a non-empty string")),
+        };
+        let payload = match obj.remove("payload") {
+            None | Some(Value::Null) => return fail(RejectReason::MissingField("payload")),
+            Some(Value::Object(m)) => m,
+            Some(_) => return fail(wrong("payload", "an object")),
+        };
+        let reply_to = match obj.remove("reply_to") {
+            None | Some(Value::Null) => reply_to_property
+                .filter(|q| !q.is_empty())
+                .map(str::to_owned),
+            Some(Value::String(s)) if !s.is_empty() && s.len() <= 255 => Some(s),
+            Some(_) => return fail(wrong("reply_to", "a queue name (1 to 255 bytes)")),
+        };
+        let priority = match obj.remove("priority") {
+            None | Some(Value::Null) => Priority::default(),
+            Some(Value::Number(n)) => match n.as_i64().and_then(Priority::new) {
+                Some(p) => p,
+                None => return fail(wrong("priority", "an integer from 0 to 9")),
+            },
+            Some(_) => return fail(wrong("priority", "an integer from 0 to 9")),
+        };
+        let not_before = match obj.remove("not_before") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => match DateTime::parse_from_rfc3339(&s) {
+                Ok(t) => Some(t.with_timezone(&Utc)),
+                Err(_) => return fail(wrong("not_before", "an RFC 3339 timestamp")),
+            },
+            Some(_) => return fail(wrong("not_before", "an RFC 3339 timestamp")),
+        };
+        Ok(Self {
+            order_id,
+            workflow,
+            payload,
+            reply_to,
+            priority,
+            not_before,
+        })
+    }
+}
+
+fn wrong(field: &'static str, expected: &'static str) -> RejectReason {
+    RejectReason::WrongType { field, expected }
+}
+
+/// The `state` of a status event (contract §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    Received,
+    Rejected,
+    Processing,
+    StepSucceeded,
+    RetryScheduled,
+    Processed,
+    Compensating,
+    Compensated,
+    Failed,
+}
+
+impl EventKind {
+    /// The name used on the wire and in the event log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Received => "received",
+            Self::Rejected => "rejected",
+            Self::Processing => "processing",
+            Self::StepSucceeded => "step_succeeded",
+            Self::RetryScheduled => "retry_scheduled",
+            Self::Processed => "processed",
+            Self::Compensating => "compensating",
+            Self::Compensated => "compensated",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// Whether the event ends the order.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Self::Processed | Self::Compensated | Self::Failed | Self::Rejected
+        )
+    }
+}
+
+impl std::str::FromStr for EventKind {
+    type Err = serde_json::Error;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        serde_json::from_value(Value::String(s.to_owned()))
+    }
+}
+
+/// A status event on the application's private queue (contract §2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusEvent {
+    pub order_id: Option<Uuid>,
+    pub seq: i64,
+    pub state: EventKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<i32>,
+    #[serde(with = "rfc3339")]
+    pub at: DateTime<Utc>,
+    #[serde(default)]
+    pub detail: Value,
+}
+
+impl StatusEvent {
+    /// The `rejected` event for a message that was not accepted (`seq` 0).
+    pub fn rejected(hints: &RejectedHints, reason: &RejectReason, at: DateTime<Utc>) -> Self {
+        let order_id = hints
+            .order_id
+            .as_ref()
+            .and_then(Value::as_str)
+            .and_then(|s| Uuid::parse_str(s).ok());
+        let mut detail = serde_json::json!({ "error": reason.to_string() });
+        if order_id.is_none() {
+            if let Some(given) = &hints.order_id {
+                detail["order_id_given"] = given.clone();
+            }
+        }
+        Self {
+            order_id,
+            seq: 0,
+            state: EventKind::Rejected,
+            step: None,
+            attempt: None,
+            at,
+            detail,
+        }
+    }
+}
+
+/// Whether a step request runs the step or undoes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    Forward,
+    Compensate,
+}
+
+/// A request from a scheduler to an agent, on `<prefix>.agent.<agent>.requests`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepRequest {
+    pub order_id: Uuid,
+    pub workflow: String,
+    pub step: String,
+    pub step_index: i32,
+    pub direction: Direction,
+    /// The order's attempt (1 + failure count).
+    pub attempt: i32,
+    /// Fences the reply: only the step's current dispatch may change it.
+    pub dispatch_id: Uuid,
+    /// The scheduler instance holding the order when this was dispatched.
+    pub locked_by: String,
+    /// After this the agent stops and sends nothing back.
+    #[serde(with = "rfc3339")]
+    pub complete_by: DateTime<Utc>,
+    pub payload: Value,
+    /// Earlier steps' results, by step name.
+    pub results: Map<String, Value>,
+}
+
+impl StepRequest {
+    /// The `Idempotency-Key` of this call: the same on every retry and re-attempt.
+    pub fn idempotency_key(&self) -> String {
+        match self.direction {
+            Direction::Forward => format!("{}:{}", self.order_id, self.step),
+            Direction::Compensate => format!("{}:{}:compensate", self.order_id, self.step),
+        }
+    }
+
+    /// The HTTP body sent to the remote service (contract §4).
+    pub fn remote_body(&self) -> Value {
+        serde_json::json!({
+            "order_id": self.order_id,
+            "step": self.step,
+            "attempt": self.attempt,
+            "payload": self.payload,
+            "results": self.results,
+        })
+    }
+}
+
+/// How a step ended at the agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum StepOutcome {
+    /// The remote answered 2xx; its JSON body (or null).
+    Succeeded { result: Value },
+    /// The remote answered a permanent error: no retry will help.
+    Failed { error: String },
+}
+
+/// An agent's answer to a [`StepRequest`], on the scheduler's reply queue.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepReply {
+    pub order_id: Uuid,
+    pub step: String,
+    pub step_index: i32,
+    pub direction: Direction,
+    pub attempt: i32,
+    pub dispatch_id: Uuid,
+    pub locked_by: String,
+    #[serde(flatten)]
+    pub outcome: StepOutcome,
+}
+
+impl StepReply {
+    /// The reply to `request` with that outcome.
+    pub fn to(request: &StepRequest, outcome: StepOutcome) -> Self {
+        Self {
+            order_id: request.order_id,
+            step: request.step.clone(),
+            step_index: request.step_index,
+            direction: request.direction,
+            attempt: request.attempt,
+            dispatch_id: request.dispatch_id,
+            locked_by: request.locked_by.clone(),
+            outcome,
+        }
+    }
+}
+
+/// An operator alert on `<prefix>.alerts` (contract §5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Alert {
+    pub order_id: Uuid,
+    pub workflow: String,
+    pub state: String,
+    pub reason: String,
+    pub failure_count: i32,
+    #[serde(with = "rfc3339")]
+    pub at: DateTime<Utc>,
+}
+
+/// RFC 3339 in UTC with microseconds and a `Z`, the form every sas message uses.
+pub mod rfc3339 {
+    use super::*;
+    use serde::{Deserializer, Serializer};
+
+    /// Formats a time the way sas writes it.
+    pub fn format(t: &DateTime<Utc>) -> String {
+        t.to_rfc3339_opts(SecondsFormat::Micros, true)
+    }
+
+    pub fn serialize<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format(t))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
+        let s = String::deserialize(d)?;
+        DateTime::parse_from_rfc3339(&s)
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(body: &str) -> Result<Submission, RejectReason> {
+        Submission::decode(body.as_bytes(), None, 1024).map_err(|(r, _)| r)
+    }
+
+    #[test]
+    fn a_minimal_order_decodes() {
+        let s = decode(r#"{"workflow":"order","payload":{}}"#).unwrap();
+        assert_eq!(s.workflow, "order");
+        assert_eq!(s.priority.get(), 0);
+        assert!(s.order_id.is_none());
+    }
+
+    #[test]
+    fn every_field_decodes() {
+        let id = Uuid::new_v4();
+        let s = decode(&format!(
+            r#"{{"order_id":"{id}","workflow":"w","payload":{{"a":1}},"reply_to":"q","priority":7,"not_before":"2030-01-01T00:00:00+01:00","extra":true}}"#
+        ))
+        .unwrap();
+        assert_eq!(s.order_id, Some(id));
+        assert_eq!(s.reply_to.as_deref(), Some("q"));
+        assert_eq!(s.priority.get(), 7);
+        assert_eq!(
+            s.not_before.unwrap().to_rfc3339(),
+            "2029-12-31T23:00:00+00:00"
+        );
+    }
+
+    #[test]
+    fn bad_bodies_get_precise_reasons() {
+        assert!(matches!(
+            decode("{nope"),
+            Err(RejectReason::MalformedJson(_))
+        ));
+        assert_eq!(decode("[1]"), Err(RejectReason::NotAnObject));
+        assert_eq!(
+            decode(r#"{"payload":{}}"#),
+            Err(RejectReason::MissingField("workflow"))
+        );
+        assert_eq!(
+            decode(r#"{"workflow":"w"}"#),
+            Err(RejectReason::MissingField("payload"))
+        );
+        assert_eq!(
+            decode(r#"{"workflow":"w","payload":{},"priority":"high"}"#)
+                .unwrap_err()
+                .label(),
+            "wrong_type"
+        );
+        assert_eq!(
+            decode(r#"{"workflow":"w","payload":{},"priority":10}"#)
+                .unwrap_err()
+                .label(),
+            "wrong_type"
+        );
+        assert_eq!(
+            decode(r#"{"order_id":"x","workflow":"w","payload":{}}"#)
+                .unwrap_err()
+                .label(),
+            "wrong_type"
+        );
+        assert_eq!(
+            decode(r#"{"workflow":5,"payload":{}}"#)
+                .unwrap_err()
+                .label(),
+            "wrong_type"
+        );
+        assert_eq!(
+            Submission::decode(&[0xff, 0xfe], None, 10).unwrap_err().0,
+            RejectReason::NotUtf8
+        );
+        assert!(matches!(
+            Submission::decode(&[b' '; 11], None, 10).unwrap_err().0,
+            RejectReason::TooLarge {
+                size: 11,
+                limit: 10
+            }
+        ));
+    }
+
+    #[test]
+    fn a_rejected_body_still_yields_its_reply_queue() {
+        let (_, hints) = Submission::decode(
+            br#"{"order_id":"nope","workflow":"w","payload":{},"reply_to":"mine"}"#,
+            Some("prop"),
+            1024,
+        )
+        .unwrap_err();
+        assert_eq!(hints.reply_to.as_deref(), Some("mine"));
+        let ev = StatusEvent::rejected(&hints, &RejectReason::NotAnObject, Utc::now());
+        assert_eq!(ev.seq, 0);
+        assert_eq!(ev.order_id, None);
+        assert_eq!(ev.detail["order_id_given"], "nope");
+    }
+
+    #[test]
+    fn replies_round_trip_with_a_flat_outcome() {
+        let req = StepRequest {
+            order_id: Uuid::new_v4(),
+            workflow: "w".into(),
+            step: "charge".into(),
+            step_index: 1,
+            direction: Direction::Compensate,
+            attempt: 2,
+            dispatch_id: Uuid::new_v4(),
+            locked_by: "s1".into(),
+            complete_by: Utc::now(),
+            payload: Value::Null,
+            results: Map::new(),
+        };
+        assert!(req.idempotency_key().ends_with(":charge:compensate"));
+        let reply = StepReply::to(&req, StepOutcome::Failed { error: "no".into() });
+        let json = serde_json::to_value(&reply).unwrap();
+        assert_eq!(json["outcome"], "failed");
+        assert_eq!(serde_json::from_value::<StepReply>(json).unwrap(), reply);
+    }
+}

@@ -1,0 +1,128 @@
+//! The Prometheus metrics of every service, in one registry. Each service
+//! moves the counters that concern it; the rest stay at zero.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+/// Label sets are small `(name, value)` lists.
+pub type Labels = Vec<(String, String)>;
+
+/// The counters of sas.
+pub struct Metrics {
+    registry: Registry,
+    /// Orders stored by the submission.
+    pub orders_received: Counter,
+    /// Submissions of an order id that already existed.
+    pub orders_duplicate: Counter,
+    /// Submissions dead-lettered, by `reason`.
+    pub orders_rejected: Family<Labels, Counter>,
+    /// Orders claimed by a scheduler.
+    pub orders_claimed: Counter,
+    /// Agent replies, by `outcome` (`applied`, `stale`, `malformed`).
+    pub replies: Family<Labels, Counter>,
+    /// Remote calls, by `agent` and `outcome`.
+    pub agent_calls: Family<Labels, Counter>,
+    /// Requests an agent worked on, by `agent` and `outcome`
+    /// (`succeeded`, `failed`, `expired`, `malformed`, `handed_back`).
+    pub agent_requests: Family<Labels, Counter>,
+    /// Expired orders the supervisor recovered, by `action` (`requeued`, `gave_up`).
+    pub supervisor_recoveries: Family<Labels, Counter>,
+    /// Supervisor sweeps.
+    pub supervisor_sweeps: Counter,
+    /// Outbox messages confirmed by the broker, by `kind`.
+    pub outbox_published: Family<Labels, Counter>,
+    /// Status events dropped because the application's queue does not exist.
+    pub outbox_unroutable: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("sas");
+        let m = Self {
+            orders_received: Counter::default(),
+            orders_duplicate: Counter::default(),
+            orders_rejected: Family::default(),
+            orders_claimed: Counter::default(),
+            replies: Family::default(),
+            agent_calls: Family::default(),
+            agent_requests: Family::default(),
+            supervisor_recoveries: Family::default(),
+            supervisor_sweeps: Counter::default(),
+            outbox_published: Family::default(),
+            outbox_unroutable: Counter::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "orders_received",
+            "Orders stored",
+            m.orders_received.clone(),
+        );
+        registry.register(
+            "orders_duplicate",
+            "Submissions of an existing order id",
+            m.orders_duplicate.clone(),
+        );
+        registry.register(
+            "orders_rejected",
+            "Submissions dead-lettered, by reason",
+            m.orders_rejected.clone(),
+        );
+        registry.register(
+            "orders_claimed",
+            "Orders claimed by a scheduler",
+            m.orders_claimed.clone(),
+        );
+        registry.register("replies", "Agent replies, by outcome", m.replies.clone());
+        registry.register(
+            "agent_calls",
+            "Remote calls, by agent and outcome",
+            m.agent_calls.clone(),
+        );
+        registry.register(
+            "agent_requests",
+            "Step requests handled, by agent and outcome",
+            m.agent_requests.clone(),
+        );
+        registry.register(
+            "supervisor_recoveries",
+            "Expired orders recovered, by action",
+            m.supervisor_recoveries.clone(),
+        );
+        registry.register(
+            "supervisor_sweeps",
+            "Supervisor sweeps",
+            m.supervisor_sweeps.clone(),
+        );
+        registry.register(
+            "outbox_published",
+            "Outbox messages confirmed, by kind",
+            m.outbox_published.clone(),
+        );
+        registry.register(
+            "outbox_unroutable",
+            "Status events dropped: no such status queue",
+            m.outbox_unroutable.clone(),
+        );
+        Self { registry, ..m }
+    }
+}
+
+impl Metrics {
+    /// The metrics in Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// A label set from pairs.
+pub fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}

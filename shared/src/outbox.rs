@@ -1,0 +1,250 @@
+//! The outbox relay: publishes the messages that transitions committed
+//! (status events, step requests, alerts) with publisher confirms, then deletes
+//! them. A process that dies between commit and publish loses nothing: its
+//! rows stay, and any relay's sweep publishes them.
+//!
+//! Per order, messages go out in the order they were written: a relay locks
+//! all of an order's rows and waits for rows another relay holds, which are
+//! gone (published) by the time the wait ends.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::broker::{BrokerError, Outgoing, PublishError, Publisher};
+use crate::config::OutboxSettings;
+use crate::metrics::{Metrics, labels};
+use crate::state_store::{OutboxRow, StateStore};
+
+/// The relay of one process; transitions tell it which orders have new rows.
+pub struct Relay {
+    store: StateStore,
+    settings: OutboxSettings,
+    metrics: Arc<Metrics>,
+    /// Orders with rows this process committed and has not yet relayed.
+    pending: Mutex<BTreeSet<Uuid>>,
+    wake: Notify,
+}
+
+impl Relay {
+    /// A relay over `store`.
+    pub fn new(store: StateStore, settings: OutboxSettings, metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            settings,
+            metrics,
+            pending: Mutex::new(BTreeSet::new()),
+            wake: Notify::new(),
+        })
+    }
+
+    /// Asks the relay to publish what these orders have queued.
+    pub fn push(&self, orders: impl IntoIterator<Item = Uuid>) {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        pending.extend(orders);
+        drop(pending);
+        self.wake.notify_one();
+    }
+
+    fn take(&self, max: usize) -> Vec<Uuid> {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut taken = Vec::with_capacity(max.min(pending.len()));
+        while taken.len() < max {
+            match pending.pop_first() {
+                Some(id) => taken.push(id),
+                None => break,
+            }
+        }
+        taken
+    }
+
+    /// Relays until `shutdown`, then flushes what this process queued and
+    /// returns. Returns an error when the broker connection is lost.
+    pub async fn run(
+        &self,
+        publisher: Publisher,
+        shutdown: CancellationToken,
+    ) -> Result<(), BrokerError> {
+        let mut sweep = tokio::time::interval(self.settings.sweep_interval);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let stop = tokio::select! {
+                () = self.wake.notified() => false,
+                _ = sweep.tick() => {
+                    self.sweep(&publisher).await?;
+                    false
+                }
+                () = shutdown.cancelled() => true,
+            };
+            self.drain(&publisher).await?;
+            if stop {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Relays every order pushed so far.
+    async fn drain(&self, publisher: &Publisher) -> Result<(), BrokerError> {
+        loop {
+            let batch = self.take(self.settings.batch);
+            if batch.is_empty() {
+                return Ok(());
+            }
+            if let Err(e) = self.relay(publisher, &batch).await {
+                self.push(batch);
+                return Err(e);
+            }
+        }
+    }
+
+    /// Relays rows that other (dead) processes left behind.
+    async fn sweep(&self, publisher: &Publisher) -> Result<(), BrokerError> {
+        let age = i64::try_from(self.settings.sweep_age.as_millis()).unwrap_or(i64::MAX);
+        let limit = i64::try_from(self.settings.batch).unwrap_or(i64::MAX);
+        match self.store.outbox_stale_orders(age, limit).await {
+            Ok(ids) if !ids.is_empty() => {
+                tracing::info!(orders = ids.len(), "relaying messages left behind");
+                self.relay(publisher, &ids).await
+            }
+            Ok(_) => Ok(()),
+            Err(e) => {
+                tracing::warn!(error = %e, "outbox sweep failed");
+                Ok(())
+            }
+        }
+    }
+
+    /// Publishes and deletes the rows of these orders in one transaction.
+    /// A database error keeps the rows for later; a broker error ends the session.
+    async fn relay(&self, publisher: &Publisher, orders: &[Uuid]) -> Result<(), BrokerError> {
+        let outcome = self
+            .store
+            .relay_outbox(orders, |rows| publish_rows(publisher, &self.metrics, rows))
+            .await;
+        match outcome {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e),
+            Err(e) => {
+                tracing::warn!(error = %e, "outbox relay failed; will retry");
+                self.push(orders.iter().copied());
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Publishes rows pipelined: every message first, then every confirmation.
+/// Returns the ids that may be deleted, and whether the broker is still usable.
+async fn publish_rows(
+    publisher: &Publisher,
+    metrics: &Metrics,
+    rows: Vec<OutboxRow>,
+) -> (Vec<i64>, Result<(), BrokerError>) {
+    let mut sent = Vec::with_capacity(rows.len());
+    let mut failure = None;
+    for row in &rows {
+        let body = match serde_json::to_vec(&row.body) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(id = row.id, error = %e, "outbox row cannot be encoded");
+                continue;
+            }
+        };
+        let msg = Outgoing {
+            routing_key: &row.routing_key,
+            body: &body,
+            correlation_id: row.correlation_id.as_deref(),
+            reply_to: row.reply_to.as_deref(),
+            mandatory: true,
+            ..Outgoing::default()
+        };
+        match publisher.send(&msg).await {
+            Ok(pending) => sent.push((row, pending)),
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    let mut done = Vec::with_capacity(sent.len());
+    for (row, pending) in sent {
+        match pending.wait().await {
+            Ok(()) => {
+                metrics
+                    .outbox_published
+                    .get_or_create(&labels(&[("kind", &row.kind)]))
+                    .inc();
+                done.push(row.id);
+            }
+            // The application's status queue does not exist: nobody can ever
+            // read the event, and holding it would block the order's later ones.
+            Err(PublishError::Unroutable(queue)) if row.kind == "status" => {
+                tracing::warn!(order_id = %row.order_id, %queue, "status queue does not exist; event dropped");
+                metrics.outbox_unroutable.inc();
+                done.push(row.id);
+            }
+            Err(PublishError::Unroutable(queue)) => {
+                tracing::error!(order_id = %row.order_id, %queue, kind = %row.kind, "no such queue; will retry");
+            }
+            Err(e) => {
+                failure.get_or_insert(e);
+            }
+        }
+    }
+    (done, failure.map_or(Ok(()), |e| Err(e.into())))
+}
+
+/// A relay running for one broker session.
+pub struct RelayTask {
+    stop: CancellationToken,
+    /// Cancelled when the relay fails on the broker: the session must end.
+    lost: CancellationToken,
+    handle: tokio::task::JoinHandle<Result<(), BrokerError>>,
+}
+
+impl Relay {
+    /// Starts relaying on its own confirm channel of `broker`.
+    pub async fn start(
+        self: &Arc<Self>,
+        broker: &crate::broker::Broker,
+    ) -> Result<RelayTask, BrokerError> {
+        let publisher = broker.publisher().await?;
+        let stop = CancellationToken::new();
+        let lost = CancellationToken::new();
+        let relay = self.clone();
+        let (token, lost_token) = (stop.clone(), lost.clone());
+        let handle = tokio::spawn(async move {
+            let outcome = relay.run(publisher, token).await;
+            if outcome.is_err() {
+                lost_token.cancel();
+            }
+            outcome
+        });
+        Ok(RelayTask { stop, lost, handle })
+    }
+}
+
+impl RelayTask {
+    /// Cancelled when the relay has failed on the broker.
+    pub fn lost(&self) -> &CancellationToken {
+        &self.lost
+    }
+
+    /// Flushes what this process queued and stops; combines with the session's
+    /// own outcome so that the first error wins.
+    pub async fn stop<T>(self, session: Result<T, BrokerError>) -> Result<T, BrokerError> {
+        self.stop.cancel();
+        let relayed = self.handle.await.unwrap_or_else(|e| {
+            Err(BrokerError::ConsumerEnded(format!(
+                "outbox relay task: {e}"
+            )))
+        });
+        let value = session?;
+        relayed?;
+        Ok(value)
+    }
+}

@@ -1,0 +1,150 @@
+//! What every service does around its own work: load the configuration,
+//! start telemetry, connect the state store, serve `/healthz`, `/readyz` and
+//! `/metrics`, stop on SIGTERM/SIGINT, and report a failure in one line with a
+//! non-zero exit.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Settings;
+use crate::http::{self, Health};
+use crate::metrics::Metrics;
+use crate::state_store::StateStore;
+use crate::telemetry;
+use crate::topology::QueueNames;
+
+/// Options every service takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CommonArgs {
+    /// TOML configuration file (layered over the defaults, under `SAS__*` variables).
+    #[arg(long, env = "SAS_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+/// What a service's work gets: settings, clients, metrics and the shutdown token.
+pub struct Context {
+    pub name: &'static str,
+    pub settings: Settings,
+    pub queues: QueueNames,
+    /// `None` for services that do not use the state store (the agent).
+    pub store: Option<StateStore>,
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+    pub shutdown: CancellationToken,
+}
+
+impl Context {
+    /// The state store; services that need it were started with one.
+    pub fn store(&self) -> anyhow::Result<&StateStore> {
+        self.store
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("{} runs without a state store", self.name))
+    }
+}
+
+/// How a service starts.
+pub struct Spec {
+    pub name: &'static str,
+    /// Its HTTP port unless `http.port` says otherwise.
+    pub default_port: u16,
+    /// Whether it connects to Postgres.
+    pub uses_store: bool,
+}
+
+/// Runs a service to completion and turns the outcome into an exit code:
+/// 0 after a clean shutdown, 2 for bad configuration, 1 for anything else,
+/// each failure reported in one line on stderr.
+pub async fn main<F, Fut>(
+    spec: Spec,
+    args: CommonArgs,
+    adjust: impl FnOnce(&mut Settings),
+    work: F,
+) -> ExitCode
+where
+    F: FnOnce(Arc<Context>) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let mut settings = match Settings::load(args.config.as_deref()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{}: {e}", spec.name);
+            return ExitCode::from(2);
+        }
+    };
+    adjust(&mut settings);
+    if let Err(e) = settings.validate() {
+        eprintln!("{}: {e}", spec.name);
+        return ExitCode::from(2);
+    }
+    telemetry::init(&settings.log);
+    match run(
+        spec.name,
+        spec.default_port,
+        spec.uses_store,
+        settings,
+        work,
+    )
+    .await
+    {
+        Ok(()) => {
+            tracing::info!("{} stopped", spec.name);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "{} failed", spec.name);
+            eprintln!("{}: {e:#}", spec.name);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run<F, Fut>(
+    name: &'static str,
+    default_port: u16,
+    uses_store: bool,
+    settings: Settings,
+    work: F,
+) -> anyhow::Result<()>
+where
+    F: FnOnce(Arc<Context>) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let shutdown = crate::shutdown::on_signal()?;
+    let store = if uses_store {
+        Some(StateStore::connect(&settings.database, name).await?)
+    } else {
+        None
+    };
+    let metrics = Arc::new(Metrics::default());
+    let health = Arc::new(Health::new(store.clone()));
+    let http_stop = CancellationToken::new();
+    let (addr, server) = http::serve(
+        &settings.http,
+        default_port,
+        health.clone(),
+        metrics.clone(),
+        http_stop.clone(),
+    )
+    .await?;
+    tracing::info!(%addr, prefix = %settings.broker.prefix, "{name} started");
+    let ctx = Arc::new(Context {
+        name,
+        queues: QueueNames::new(&settings.broker.prefix),
+        settings,
+        store: store.clone(),
+        metrics,
+        health,
+        shutdown,
+    });
+    let outcome = work(ctx).await;
+    http_stop.cancel();
+    server.await.ok();
+    if let Some(store) = store {
+        store.close().await;
+    }
+    outcome
+}

@@ -1,0 +1,190 @@
+//! The state store: every SQL statement sas issues, grouped by table, and the
+//! guarded transitions built from them.
+//!
+//! Each transition runs in one transaction whose statements name, in their
+//! `WHERE`, the state they expect, the lock holder and the dispatch they
+//! answer, so a stale actor changes nothing: the row count says so.
+
+mod events;
+mod orders;
+mod outbox;
+mod steps;
+mod transitions;
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgPool};
+
+pub use events::EventRow;
+pub use orders::{NewOrder, OrderRow};
+pub use outbox::OutboxRow;
+pub use steps::StepRow;
+pub use transitions::{Actor, Expired, ReplyOutcome, Submitted, Transitions};
+
+use crate::config::DatabaseSettings;
+
+/// The Postgres channel a transaction notifies when it makes work claimable now.
+pub const WAKE_CHANNEL: &str = "sas_work";
+
+/// What went wrong in the state store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("could not reach Postgres within {waited:?}: {last}")]
+    Unreachable { waited: Duration, last: sqlx::Error },
+    #[error("unexpected data in the state store: {0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    /// Whether running the same transaction again may succeed (a lost
+    /// connection, a serialization failure, a deadlock, a restart, a full pool).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Db(sqlx::Error::Database(e)) => e.code().is_some_and(|c| {
+                matches!(
+                    c.as_ref(),
+                    "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "55P03"
+                ) || c.starts_with("08")
+            }),
+            Self::Db(sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) => {
+                true
+            }
+            Self::Db(sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed) => true,
+            Self::Unreachable { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+/// Handle on the state store; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct StateStore {
+    pool: PgPool,
+}
+
+impl StateStore {
+    /// Connects (creating the database when missing), retrying until
+    /// `connect_timeout`, and applies the migrations.
+    pub async fn connect(settings: &DatabaseSettings, app: &str) -> Result<Self, StoreError> {
+        let options: PgConnectOptions = settings
+            .url
+            .parse::<PgConnectOptions>()?
+            .application_name(app)
+            .options([(
+                "statement_timeout",
+                settings.statement_timeout.as_millis().to_string(),
+            )])
+            .log_statements(tracing::log::LevelFilter::Trace);
+        let started = std::time::Instant::now();
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match Self::try_connect(&options, settings.max_connections).await {
+                Ok(pool) => {
+                    let store = Self { pool };
+                    store.migrate().await?;
+                    return Ok(store);
+                }
+                Err(e) if started.elapsed() < settings.connect_timeout => {
+                    tracing::warn!(error = %e, "Postgres not reachable yet; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+                Err(last) => {
+                    return Err(StoreError::Unreachable {
+                        waited: started.elapsed(),
+                        last,
+                    });
+                }
+            }
+        }
+    }
+
+    async fn try_connect(options: &PgConnectOptions, max: u32) -> Result<PgPool, sqlx::Error> {
+        ensure_database(options).await?;
+        PgPoolOptions::new()
+            .max_connections(max)
+            .min_connections(1)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options.clone())
+            .await
+    }
+
+    /// Applies the embedded migrations; safe when several services start at once
+    /// (sqlx takes an advisory lock).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        sqlx::migrate!("../migrations").run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// The connection pool, for callers in this crate's modules.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Whether Postgres answers now.
+    pub async fn ping(&self) -> bool {
+        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+    }
+
+    /// A listener for wake-up notifications on [`WAKE_CHANNEL`].
+    pub async fn listen(&self) -> Result<sqlx::postgres::PgListener, StoreError> {
+        let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
+        listener.listen(WAKE_CHANNEL).await?;
+        Ok(listener)
+    }
+
+    /// One order with its steps and event log, for operators.
+    pub async fn order_details(
+        &self,
+        order_id: uuid::Uuid,
+    ) -> Result<Option<(OrderRow, Vec<StepRow>, Vec<EventRow>)>, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let Some(order) = orders::get(&mut conn, order_id).await? else {
+            return Ok(None);
+        };
+        let steps = steps::for_orders(&mut conn, &[order_id]).await?;
+        let events = events::for_order(&mut conn, order_id).await?;
+        Ok(Some((order, steps, events)))
+    }
+
+    /// Closes the pool, waiting for connections in use to come back.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// Creates the database named in `options` when it does not exist, so a
+/// service starts against a bare Postgres. Races between services are fine.
+async fn ensure_database(options: &PgConnectOptions) -> Result<(), sqlx::Error> {
+    let Some(name) = options.get_database().map(str::to_owned) else {
+        return Ok(());
+    };
+    match options.connect().await {
+        Ok(conn) => {
+            conn.close().await.ok();
+            return Ok(());
+        }
+        // 3D000: invalid_catalog_name, the database does not exist.
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("3D000") => {}
+        Err(e) => return Err(e),
+    }
+    let mut admin = options.clone().database("postgres").connect().await?;
+    let create = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
+    let result = sqlx::raw_sql(sqlx::AssertSqlSafe(create))
+        .execute(&mut admin)
+        .await;
+    admin.close().await.ok();
+    match result {
+        Ok(_) => Ok(()),
+        // Another service created it first (duplicate_database, or the unique index).
+        Err(sqlx::Error::Database(e)) if matches!(e.code().as_deref(), Some("42P04" | "23505")) => {
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,85 @@
+//! The `outbox` table: messages committed with a transition, published by the
+//! relay ([`crate::outbox`]) and deleted once the broker confirmed them.
+
+use serde_json::Value;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+/// A message waiting to be published.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct OutboxRow {
+    pub id: i64,
+    pub order_id: Uuid,
+    /// `status`, `request` or `alert`.
+    pub kind: String,
+    pub routing_key: String,
+    pub correlation_id: Option<String>,
+    pub reply_to: Option<String>,
+    pub body: Value,
+}
+
+/// Queues a message other than a status event (those come with [`super::events::append`]).
+pub async fn enqueue(
+    conn: &mut PgConnection,
+    order_id: Uuid,
+    kind: &str,
+    routing_key: &str,
+    correlation_id: Option<&str>,
+    reply_to: Option<&str>,
+    body: &Value,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO outbox (order_id, kind, routing_key, correlation_id, reply_to, body) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(order_id)
+    .bind(kind)
+    .bind(routing_key)
+    .bind(correlation_id)
+    .bind(reply_to)
+    .bind(body)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Locks every queued message of these orders, in the order they were written.
+/// Waits for (does not skip) rows another relay holds, which keeps each order's
+/// messages in sequence: those rows are gone when the wait ends.
+pub async fn lock_for_orders(
+    conn: &mut PgConnection,
+    order_ids: &[Uuid],
+) -> Result<Vec<OutboxRow>, sqlx::Error> {
+    sqlx::query_as::<_, OutboxRow>(
+        "SELECT id, order_id, kind, routing_key, correlation_id, reply_to, body \
+         FROM outbox WHERE order_id = ANY($1) ORDER BY id FOR UPDATE",
+    )
+    .bind(order_ids)
+    .fetch_all(conn)
+    .await
+}
+
+/// Deletes published messages.
+pub async fn delete(conn: &mut PgConnection, ids: &[i64]) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM outbox WHERE id = ANY($1)")
+        .bind(ids)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Orders with messages older than `age_ms`: left behind by a process that died.
+pub async fn stale_orders(
+    conn: &mut PgConnection,
+    age_ms: i64,
+    limit: i64,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT order_id FROM outbox WHERE created_at < now() - $1 * interval '1 millisecond' \
+         GROUP BY order_id ORDER BY min(id) LIMIT $2",
+    )
+    .bind(age_ms)
+    .bind(limit)
+    .fetch_all(conn)
+    .await
+}
