@@ -1,1 +1,581 @@
+//! The test harness: [`TestApp::spawn`] gives each test its own database, its
+//! own broker prefix, an in-process remote-sim whose knobs the test turns, and
+//! the real service binaries, started and killed for real. Dropping the app
+//! kills the processes, deletes the queues and drops the database.
+//!
+//! The binaries come from the same target directory as the test binary, so
+//! run `cargo build --workspace` before the tests (`scripts/test.sh` does).
 
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use remote_sim::{Knobs, RemoteSim, Stats};
+use sas::broker::{Broker, Outgoing, Publisher};
+use sas::config::BrokerSettings;
+use sas::topology::QueueNames;
+use serde_json::{Value, json};
+use sqlx::{Connection, PgPool};
+use uuid::Uuid;
+
+/// Postgres as every test sees it.
+pub const PG_ADMIN: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+/// RabbitMQ as every test sees it.
+pub const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// The agents of the test workflows: `a`, `b`, `c` and their undos.
+pub const AGENTS: [&str; 6] = ["a", "b", "c", "a-undo", "b-undo", "c-undo"];
+
+/// How a test wants the suite configured.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Complete-by of each step.
+    pub step_timeout: &'static str,
+    pub max_failures: u32,
+    pub retry_schedule: &'static str,
+    pub supervisor_interval: &'static str,
+    /// Extra TOML appended to the configuration.
+    pub extra: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            step_timeout: "5s",
+            max_failures: 3,
+            retry_schedule: r#"["100ms"]"#,
+            supervisor_interval: "200ms",
+            extra: String::new(),
+        }
+    }
+}
+
+/// One test's deployment.
+pub struct TestApp {
+    pub prefix: String,
+    pub queues: QueueNames,
+    pub db_name: String,
+    pub db_url: String,
+    /// The configuration file every process reads.
+    pub config: PathBuf,
+    /// Where the processes' logs go.
+    pub dir: PathBuf,
+    pub sim: Arc<RemoteSim>,
+    pub sim_addr: std::net::SocketAddr,
+    pub db: PgPool,
+    broker: Broker,
+    publisher: Publisher,
+    processes: Mutex<BTreeMap<String, Proc>>,
+    extra_queues: Mutex<Vec<String>>,
+    /// Stops the in-process remote-sim.
+    sim_stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+struct Proc {
+    child: Child,
+    port: u16,
+}
+
+impl TestApp {
+    /// A fresh deployment with the default options, without processes yet.
+    pub async fn new() -> Self {
+        Self::with(Options::default()).await
+    }
+
+    /// A fresh deployment: database, prefix, remote-sim and configuration.
+    pub async fn with(options: Options) -> Self {
+        let id = Uuid::new_v4().simple().to_string();
+        let prefix = format!("t{}", &id[..12]);
+        let db_name = format!("sas_test_{}", &id[..12]);
+        let db_url = format!("postgres://postgres@127.0.0.1:5432/{db_name}");
+        let mut admin = sqlx::PgConnection::connect(PG_ADMIN).await.expect("Postgres is up");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db_name}")))
+            .execute(&mut admin)
+            .await
+            .expect("create test database");
+        admin.close().await.ok();
+        let db = PgPool::connect(&db_url).await.expect("connect test database");
+        sas::state_store::StateStore::connect(
+            &sas::config::DatabaseSettings {
+                url: db_url.clone(),
+                ..Default::default()
+            },
+            "test",
+        )
+        .await
+        .expect("migrate test database");
+
+        let sim = Arc::new(RemoteSim::new(Default::default()).expect("remote-sim"));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind remote-sim");
+        let sim_addr = listener.local_addr().expect("remote-sim address");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(remote_sim::serve_with(listener, sim.clone(), async move {
+            let _ = rx.await;
+        }));
+
+        let dir = std::env::temp_dir().join(format!("sas-test-{prefix}"));
+        std::fs::create_dir_all(&dir).expect("test dir");
+        let config = dir.join("sas.toml");
+        std::fs::write(&config, config_toml(&options, &db_url, &prefix, sim_addr)).expect("write config");
+
+        let broker = Broker::connect(&broker_settings(&prefix), "test").await.expect("RabbitMQ is up");
+        let publisher = broker.publisher().await.expect("publisher");
+        let queues = QueueNames::new(&prefix);
+        let agents: Vec<String> = AGENTS.iter().map(|s| s.to_string()).collect();
+        broker.declare_topology(&queues, &agents, 20).await.expect("topology");
+        Self {
+            prefix,
+            queues,
+            db_name,
+            db_url,
+            config,
+            dir,
+            sim,
+            sim_addr,
+            db,
+            broker,
+            publisher,
+            processes: Mutex::new(BTreeMap::new()),
+            extra_queues: Mutex::new(Vec::new()),
+            sim_stop: Some(tx),
+        }
+    }
+
+    /// A deployment with one of each service running and ready.
+    pub async fn spawn() -> Self {
+        let app = Self::new().await;
+        app.start_all().await;
+        app
+    }
+
+    /// Starts submission, scheduler, agent and supervisor and waits until each is ready.
+    pub async fn start_all(&self) {
+        for name in ["submission", "scheduler", "agent", "supervisor"] {
+            self.start(name, name, &[]).await;
+        }
+    }
+
+    /// Starts `binary` as process `name` with `args` and waits for `/readyz`.
+    pub async fn start(&self, name: &str, binary: &str, args: &[&str]) {
+        let port = free_port();
+        let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).expect("log file");
+        let child = Command::new(bin(binary))
+            .args(args)
+            .env("SAS_CONFIG", &self.config)
+            .env("SAS__HTTP__PORT", port.to_string())
+            .env("RUST_LOG", std::env::var("SAS_TEST_LOG").unwrap_or_else(|_| "info".into()))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {binary} (run `cargo build --workspace` first): {e}"));
+        self.processes
+            .lock()
+            .unwrap()
+            .insert(name.to_owned(), Proc { child, port });
+        self.wait_ready(name, port).await;
+    }
+
+    async fn wait_ready(&self, name: &str, port: u16) {
+        let url = format!("http://127.0.0.1:{port}/readyz");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if http_get(&url).await.is_some_and(|(code, _)| code == 200) {
+                return;
+            }
+            if let Some(status) = self.try_status(name) {
+                panic!("{name} exited with {status} before it was ready; log:\n{}", self.log(name));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{name} not ready within 30s; log:\n{}", self.log(name));
+    }
+
+    fn try_status(&self, name: &str) -> Option<ExitStatus> {
+        let mut procs = self.processes.lock().unwrap();
+        procs.get_mut(name)?.child.try_wait().ok().flatten()
+    }
+
+    /// A process's log so far.
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
+    }
+
+    /// The HTTP port of a running process.
+    pub fn port(&self, name: &str) -> u16 {
+        self.processes.lock().unwrap()[name].port
+    }
+
+    /// Kills a process with SIGKILL.
+    pub fn kill(&self, name: &str) {
+        if let Some(mut p) = self.processes.lock().unwrap().remove(name) {
+            p.child.kill().ok();
+            p.child.wait().ok();
+        }
+    }
+
+    /// Sends SIGTERM and waits (up to 30 s) for the exit status.
+    pub async fn terminate(&self, name: &str) -> ExitStatus {
+        let mut p = self.processes.lock().unwrap().remove(name).expect("process is running");
+        signal(&p.child, "TERM");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = p.child.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                p.child.kill().ok();
+                panic!("{name} did not stop within 30s of SIGTERM; log:\n{}", self.log(name));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Declares an application status queue under this test's prefix.
+    pub async fn status_queue(&self, name: &str) -> String {
+        let queue = format!("{}.app.{name}", self.prefix);
+        self.broker.declare_status_queue(&queue).await.expect("declare status queue");
+        self.extra_queues.lock().unwrap().push(queue.clone());
+        queue
+    }
+
+    /// Publishes a body to the orders queue as an application would.
+    pub async fn publish_raw(&self, body: &[u8], reply_to: Option<&str>, message_id: Option<&str>) {
+        self.publisher
+            .publish(&Outgoing {
+                routing_key: self.queues.orders(),
+                body,
+                reply_to,
+                message_id,
+                mandatory: true,
+                ..Outgoing::default()
+            })
+            .await
+            .expect("publish order");
+    }
+
+    /// Submits an order of `workflow`; returns its id.
+    pub async fn submit(&self, workflow: &str, reply_to: Option<&str>) -> Uuid {
+        let id = Uuid::new_v4();
+        let body = json!({ "order_id": id, "workflow": workflow, "payload": { "n": 1 } });
+        self.publish_raw(body.to_string().as_bytes(), reply_to, None).await;
+        id
+    }
+
+    /// Submits many orders, pipelining the confirms.
+    pub async fn submit_many(&self, workflow: &str, n: usize, reply_to: Option<&str>) -> Vec<Uuid> {
+        let ids: Vec<Uuid> = (0..n).map(|_| Uuid::new_v4()).collect();
+        for chunk in ids.chunks(100) {
+            let mut pending = Vec::new();
+            for id in chunk {
+                let body = json!({ "order_id": id, "workflow": workflow, "payload": {} }).to_string();
+                let msg = Outgoing {
+                    routing_key: self.queues.orders(),
+                    body: body.as_bytes(),
+                    reply_to,
+                    mandatory: true,
+                    ..Outgoing::default()
+                };
+                pending.push(self.publisher.send(&msg).await.expect("publish"));
+            }
+            for p in pending {
+                p.wait().await.expect("confirm");
+            }
+        }
+        ids
+    }
+
+    /// Reads messages from `queue` (acking them) until `done` says so; panics after `timeout`.
+    pub async fn collect(&self, queue: &str, timeout: Duration, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        let channel = self.broker.channel().await.expect("channel");
+        channel.basic_qos(500, BasicQosOptions::default()).await.expect("qos");
+        let mut consumer = channel
+            .basic_consume(queue.into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+            .await
+            .expect("consume");
+        let mut got = Vec::new();
+        let deadline = tokio::time::Instant::now() + timeout;
+        while !done(&got) {
+            match tokio::time::timeout_at(deadline, consumer.next()).await {
+                Ok(Some(Ok(d))) => {
+                    got.push(serde_json::from_slice(&d.data).unwrap_or_else(|_| {
+                        json!({ "raw": String::from_utf8_lossy(&d.data), "headers": format!("{:?}", d.properties.headers()) })
+                    }));
+                    d.acker.ack(BasicAckOptions::default()).await.expect("ack");
+                }
+                Ok(_) => panic!("consumer of {queue} ended"),
+                Err(_) => panic!(
+                    "timed out on {queue} after {} messages; last: {:?}",
+                    got.len(),
+                    got.iter().rev().take(3).collect::<Vec<_>>()
+                ),
+            }
+        }
+        channel.close(200, "done".into()).await.ok();
+        got
+    }
+
+    /// Takes one message from `queue`, if any: `(body, x-sas-reason)`.
+    pub async fn get(&self, queue: &str) -> Option<(Vec<u8>, Option<String>)> {
+        let channel = self.broker.channel().await.expect("channel");
+        let msg = channel
+            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+            .await
+            .expect("basic.get")?;
+        let reason = msg.delivery.properties.headers().as_ref().and_then(|h| {
+            h.inner().get("x-sas-reason").map(|v| match v {
+                lapin::types::AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+                other => format!("{other:?}"),
+            })
+        });
+        channel.close(200, "done".into()).await.ok();
+        Some((msg.delivery.data.clone(), reason))
+    }
+
+    /// Waits until `check` holds, polling; panics with `what` after `timeout`.
+    pub async fn eventually<F, Fut>(&self, what: &str, timeout: Duration, check: F)
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = Instant::now() + timeout;
+        while !check().await {
+            if Instant::now() > deadline {
+                panic!("not within {timeout:?}: {what}\n{}", self.logs_tail());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The last lines of every process's log, for failure messages.
+    pub fn logs_tail(&self) -> String {
+        let mut out = String::new();
+        for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "log") {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                out.push_str(&format!("--- {}\n", path.display()));
+                for l in &lines[lines.len().saturating_sub(15)..] {
+                    out.push_str(l);
+                    out.push('\n');
+                }
+            }
+        }
+        out
+    }
+
+    /// Counts orders per `process_state`.
+    pub async fn states(&self) -> BTreeMap<String, i64> {
+        sqlx::query_as::<_, (String, i64)>("SELECT process_state, count(*) FROM orders GROUP BY 1")
+            .fetch_all(&self.db)
+            .await
+            .expect("count states")
+            .into_iter()
+            .collect()
+    }
+
+    /// How many orders are in `state`.
+    pub async fn count_in(&self, state: &str) -> i64 {
+        self.states().await.get(state).copied().unwrap_or(0)
+    }
+
+    /// An order's `(process_state, failure_count)`.
+    pub async fn order(&self, id: Uuid) -> Option<(String, i32)> {
+        sqlx::query_as("SELECT process_state, failure_count FROM orders WHERE order_id = $1")
+            .bind(id)
+            .fetch_optional(&self.db)
+            .await
+            .expect("read order")
+    }
+
+    /// Waits until `n` orders are in `state`.
+    pub async fn wait_for_state(&self, state: &str, n: i64, timeout: Duration) {
+        self.eventually(&format!("{n} orders {state}"), timeout, || async {
+            self.count_in(state).await >= n
+        })
+        .await;
+    }
+
+    /// Sets the remote-sim knobs of `/svc/<agent>`.
+    pub fn knobs(&self, agent: &str, knobs: Knobs) {
+        self.sim.set_knobs(&format!("/svc/{agent}"), knobs).expect("knobs");
+    }
+
+    /// What remote-sim has seen.
+    pub fn stats(&self) -> Stats {
+        self.sim.stats()
+    }
+
+    /// Fetches `/metrics` of a process.
+    pub async fn metrics(&self, name: &str) -> String {
+        let url = format!("http://127.0.0.1:{}/metrics", self.port(name));
+        http_get(&url).await.map(|(_, body)| body).unwrap_or_default()
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        for (_, mut p) in std::mem::take(&mut *self.processes.lock().unwrap()) {
+            p.child.kill().ok();
+            p.child.wait().ok();
+        }
+        if let Some(tx) = self.sim_stop.take() {
+            tx.send(()).ok();
+        }
+        let mut queues: Vec<String> = self
+            .queues
+            .all(AGENTS)
+            .into_iter()
+            .map(|(q, _)| q)
+            .collect();
+        queues.extend(self.extra_queues.lock().unwrap().drain(..));
+        let (db_name, prefix, dir) = (self.db_name.clone(), self.prefix.clone(), self.dir.clone());
+        let keep_logs = std::thread::panicking();
+        // Async cleanup from Drop: a thread with its own runtime.
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                if let Ok(b) = Broker::connect(&broker_settings(&prefix), "test-cleanup").await {
+                    b.delete_queues(&queues).await.ok();
+                    b.close().await;
+                }
+                if let Ok(mut admin) = sqlx::PgConnection::connect(PG_ADMIN).await {
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {db_name} WITH (FORCE)")))
+                        .execute(&mut admin)
+                        .await
+                        .ok();
+                }
+            });
+            if keep_logs {
+                eprintln!("logs kept in {}", dir.display());
+            } else {
+                std::fs::remove_dir_all(&dir).ok();
+            }
+        })
+        .join()
+        .ok();
+    }
+}
+
+fn broker_settings(prefix: &str) -> BrokerSettings {
+    BrokerSettings {
+        url: AMQP.into(),
+        prefix: prefix.into(),
+        ..Default::default()
+    }
+}
+
+fn config_toml(o: &Options, db_url: &str, prefix: &str, sim: std::net::SocketAddr) -> String {
+    let step = |name: &str, comp: bool| {
+        let undo = if comp { format!(", compensate = \"{name}-undo\"") } else { String::new() };
+        format!("{{ name = \"{name}\", agent = \"{name}\", timeout = \"{}\"{undo} }}", o.step_timeout)
+    };
+    let mut agents = String::new();
+    for a in AGENTS {
+        agents.push_str(&format!("[agents.{a}]\nurl = \"http://{sim}/svc/{a}\"\n\n"));
+    }
+    format!(
+        r#"
+[database]
+url = "{db_url}"
+max_connections = 8
+
+[broker]
+url = "{AMQP}"
+prefix = "{prefix}"
+
+[scheduler]
+poll_interval = "200ms"
+
+[supervisor]
+interval = "{interval}"
+max_failures = {max}
+retry_schedule = {schedule}
+
+[outbox]
+sweep_interval = "300ms"
+sweep_age = "1s"
+
+[shutdown]
+grace = "5s"
+
+[agent]
+backoff_initial = "20ms"
+backoff_max = "200ms"
+
+[workflows.three]
+steps = [ {a}, {b}, {c} ]
+
+[workflows.one]
+steps = [ {solo} ]
+
+{agents}
+{extra}
+"#,
+        interval = o.supervisor_interval,
+        max = o.max_failures,
+        schedule = o.retry_schedule,
+        a = step("a", true),
+        b = step("b", true),
+        c = step("c", false),
+        solo = step("a", false),
+        extra = o.extra,
+    )
+}
+
+/// The path of a workspace binary next to the test binary.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    // target/<profile>/deps/<test> → target/<profile>/<name>
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target directory");
+    dir.join(name)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+fn signal(child: &Child, sig: &str) {
+    Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(child.id().to_string())
+        .status()
+        .expect("kill");
+}
+
+/// A tiny HTTP GET over a plain TCP stream: `(status, body)`.
+pub async fn http_get(url: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://")?;
+    let (host, path) = rest.split_once('/').map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
+    let mut stream = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(host))
+        .await
+        .ok()?
+        .ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    stream.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Some((code, body))
+}
