@@ -40,6 +40,8 @@ pub struct Options {
     pub max_failures: u32,
     pub retry_schedule: &'static str,
     pub supervisor_interval: &'static str,
+    /// The scheduler's slow poll beside its wake-ups.
+    pub scheduler_poll: &'static str,
     /// Extra TOML appended to the configuration.
     pub extra: String,
 }
@@ -51,6 +53,7 @@ impl Default for Options {
             max_failures: 3,
             retry_schedule: r#"["100ms"]"#,
             supervisor_interval: "200ms",
+            scheduler_poll: "200ms",
             extra: String::new(),
         }
     }
@@ -94,13 +97,17 @@ impl TestApp {
         let prefix = format!("t{}", &id[..12]);
         let db_name = format!("sas_test_{}", &id[..12]);
         let db_url = format!("postgres://postgres@127.0.0.1:5432/{db_name}");
-        let mut admin = sqlx::PgConnection::connect(PG_ADMIN).await.expect("Postgres is up");
+        let mut admin = sqlx::PgConnection::connect(PG_ADMIN)
+            .await
+            .expect("Postgres is up");
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db_name}")))
             .execute(&mut admin)
             .await
             .expect("create test database");
         admin.close().await.ok();
-        let db = PgPool::connect(&db_url).await.expect("connect test database");
+        let db = PgPool::connect(&db_url)
+            .await
+            .expect("connect test database");
         sas::state_store::StateStore::connect(
             &sas::config::DatabaseSettings {
                 url: db_url.clone(),
@@ -112,7 +119,9 @@ impl TestApp {
         .expect("migrate test database");
 
         let sim = Arc::new(RemoteSim::new(Default::default()).expect("remote-sim"));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind remote-sim");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind remote-sim");
         let sim_addr = listener.local_addr().expect("remote-sim address");
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(remote_sim::serve_with(listener, sim.clone(), async move {
@@ -122,13 +131,19 @@ impl TestApp {
         let dir = std::env::temp_dir().join(format!("sas-test-{prefix}"));
         std::fs::create_dir_all(&dir).expect("test dir");
         let config = dir.join("sas.toml");
-        std::fs::write(&config, config_toml(&options, &db_url, &prefix, sim_addr)).expect("write config");
+        std::fs::write(&config, config_toml(&options, &db_url, &prefix, sim_addr))
+            .expect("write config");
 
-        let broker = Broker::connect(&broker_settings(&prefix), "test").await.expect("RabbitMQ is up");
+        let broker = Broker::connect(&broker_settings(&prefix), "test")
+            .await
+            .expect("RabbitMQ is up");
         let publisher = broker.publisher().await.expect("publisher");
         let queues = QueueNames::new(&prefix);
         let agents: Vec<String> = AGENTS.iter().map(|s| s.to_string()).collect();
-        broker.declare_topology(&queues, &agents, 20).await.expect("topology");
+        broker
+            .declare_topology(&queues, &agents, 20)
+            .await
+            .expect("topology");
         Self {
             prefix,
             queues,
@@ -169,11 +184,16 @@ impl TestApp {
             .args(args)
             .env("SAS_CONFIG", &self.config)
             .env("SAS__HTTP__PORT", port.to_string())
-            .env("RUST_LOG", std::env::var("SAS_TEST_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("SAS_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {binary} (run `cargo build --workspace` first): {e}"));
+            .unwrap_or_else(|e| {
+                panic!("cannot start {binary} (run `cargo build --workspace` first): {e}")
+            });
         self.processes
             .lock()
             .unwrap()
@@ -189,7 +209,10 @@ impl TestApp {
                 return;
             }
             if let Some(status) = self.try_status(name) {
-                panic!("{name} exited with {status} before it was ready; log:\n{}", self.log(name));
+                panic!(
+                    "{name} exited with {status} before it was ready; log:\n{}",
+                    self.log(name)
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -221,7 +244,12 @@ impl TestApp {
 
     /// Sends SIGTERM and waits (up to 30 s) for the exit status.
     pub async fn terminate(&self, name: &str) -> ExitStatus {
-        let mut p = self.processes.lock().unwrap().remove(name).expect("process is running");
+        let mut p = self
+            .processes
+            .lock()
+            .unwrap()
+            .remove(name)
+            .expect("process is running");
         signal(&p.child, "TERM");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -230,7 +258,10 @@ impl TestApp {
             }
             if Instant::now() > deadline {
                 p.child.kill().ok();
-                panic!("{name} did not stop within 30s of SIGTERM; log:\n{}", self.log(name));
+                panic!(
+                    "{name} did not stop within 30s of SIGTERM; log:\n{}",
+                    self.log(name)
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -239,7 +270,10 @@ impl TestApp {
     /// Declares an application status queue under this test's prefix.
     pub async fn status_queue(&self, name: &str) -> String {
         let queue = format!("{}.app.{name}", self.prefix);
-        self.broker.declare_status_queue(&queue).await.expect("declare status queue");
+        self.broker
+            .declare_status_queue(&queue)
+            .await
+            .expect("declare status queue");
         self.extra_queues.lock().unwrap().push(queue.clone());
         queue
     }
@@ -263,7 +297,8 @@ impl TestApp {
     pub async fn submit(&self, workflow: &str, reply_to: Option<&str>) -> Uuid {
         let id = Uuid::new_v4();
         let body = json!({ "order_id": id, "workflow": workflow, "payload": { "n": 1 } });
-        self.publish_raw(body.to_string().as_bytes(), reply_to, None).await;
+        self.publish_raw(body.to_string().as_bytes(), reply_to, None)
+            .await;
         id
     }
 
@@ -273,7 +308,8 @@ impl TestApp {
         for chunk in ids.chunks(100) {
             let mut pending = Vec::new();
             for id in chunk {
-                let body = json!({ "order_id": id, "workflow": workflow, "payload": {} }).to_string();
+                let body =
+                    json!({ "order_id": id, "workflow": workflow, "payload": {} }).to_string();
                 let msg = Outgoing {
                     routing_key: self.queues.orders(),
                     body: body.as_bytes(),
@@ -291,11 +327,24 @@ impl TestApp {
     }
 
     /// Reads messages from `queue` (acking them) until `done` says so; panics after `timeout`.
-    pub async fn collect(&self, queue: &str, timeout: Duration, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    pub async fn collect(
+        &self,
+        queue: &str,
+        timeout: Duration,
+        done: impl Fn(&[Value]) -> bool,
+    ) -> Vec<Value> {
         let channel = self.broker.channel().await.expect("channel");
-        channel.basic_qos(500, BasicQosOptions::default()).await.expect("qos");
+        channel
+            .basic_qos(500, BasicQosOptions::default())
+            .await
+            .expect("qos");
         let mut consumer = channel
-            .basic_consume(queue.into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+            .basic_consume(
+                queue.into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
             .await
             .expect("consume");
         let mut got = Vec::new();
@@ -329,7 +378,9 @@ impl TestApp {
             .expect("basic.get")?;
         let reason = msg.delivery.properties.headers().as_ref().and_then(|h| {
             h.inner().get("x-sas-reason").map(|v| match v {
-                lapin::types::AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+                lapin::types::AMQPValue::LongString(s) => {
+                    String::from_utf8_lossy(s.as_bytes()).into_owned()
+                }
                 other => format!("{other:?}"),
             })
         });
@@ -404,7 +455,9 @@ impl TestApp {
 
     /// Sets the remote-sim knobs of `/svc/<agent>`.
     pub fn knobs(&self, agent: &str, knobs: Knobs) {
-        self.sim.set_knobs(&format!("/svc/{agent}"), knobs).expect("knobs");
+        self.sim
+            .set_knobs(&format!("/svc/{agent}"), knobs)
+            .expect("knobs");
     }
 
     /// What remote-sim has seen.
@@ -412,10 +465,34 @@ impl TestApp {
         self.sim.stats()
     }
 
+    /// The test's own confirm-mode publisher.
+    pub fn publisher(&self) -> &Publisher {
+        &self.publisher
+    }
+
+    /// Publishes a step reply to the schedulers' reply queue, as an agent would.
+    pub async fn publish_reply(&self, reply: &sas::messages::StepReply) {
+        let body = serde_json::to_vec(reply).expect("encode reply");
+        let correlation = reply.dispatch_id.to_string();
+        self.publisher
+            .publish(&Outgoing {
+                routing_key: self.queues.replies(),
+                body: &body,
+                correlation_id: Some(&correlation),
+                mandatory: true,
+                ..Outgoing::default()
+            })
+            .await
+            .expect("publish reply");
+    }
+
     /// Fetches `/metrics` of a process.
     pub async fn metrics(&self, name: &str) -> String {
         let url = format!("http://127.0.0.1:{}/metrics", self.port(name));
-        http_get(&url).await.map(|(_, body)| body).unwrap_or_default()
+        http_get(&url)
+            .await
+            .map(|(_, body)| body)
+            .unwrap_or_default()
     }
 }
 
@@ -449,10 +526,12 @@ impl Drop for TestApp {
                     b.close().await;
                 }
                 if let Ok(mut admin) = sqlx::PgConnection::connect(PG_ADMIN).await {
-                    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {db_name} WITH (FORCE)")))
-                        .execute(&mut admin)
-                        .await
-                        .ok();
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS {db_name} WITH (FORCE)"
+                    )))
+                    .execute(&mut admin)
+                    .await
+                    .ok();
                 }
             });
             if keep_logs {
@@ -476,8 +555,15 @@ fn broker_settings(prefix: &str) -> BrokerSettings {
 
 fn config_toml(o: &Options, db_url: &str, prefix: &str, sim: std::net::SocketAddr) -> String {
     let step = |name: &str, comp: bool| {
-        let undo = if comp { format!(", compensate = \"{name}-undo\"") } else { String::new() };
-        format!("{{ name = \"{name}\", agent = \"{name}\", timeout = \"{}\"{undo} }}", o.step_timeout)
+        let undo = if comp {
+            format!(", compensate = \"{name}-undo\"")
+        } else {
+            String::new()
+        };
+        format!(
+            "{{ name = \"{name}\", agent = \"{name}\", timeout = \"{}\"{undo} }}",
+            o.step_timeout
+        )
     };
     let mut agents = String::new();
     for a in AGENTS {
@@ -494,7 +580,7 @@ url = "{AMQP}"
 prefix = "{prefix}"
 
 [scheduler]
-poll_interval = "200ms"
+poll_interval = "{poll}"
 
 [supervisor]
 interval = "{interval}"
@@ -522,6 +608,7 @@ steps = [ {solo} ]
 {extra}
 "#,
         interval = o.supervisor_interval,
+        poll = o.scheduler_poll,
         max = o.max_failures,
         schedule = o.retry_schedule,
         a = step("a", true),
@@ -562,11 +649,14 @@ fn signal(child: &Child, sig: &str) {
 pub async fn http_get(url: &str) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let rest = url.strip_prefix("http://")?;
-    let (host, path) = rest.split_once('/').map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
-    let mut stream = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(host))
-        .await
-        .ok()?
-        .ok()?;
+    let (host, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
+    let mut stream =
+        tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(host))
+            .await
+            .ok()?
+            .ok()?;
     let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
     stream.write_all(req.as_bytes()).await.ok()?;
     let mut buf = Vec::new();
@@ -576,6 +666,9 @@ pub async fn http_get(url: &str) -> Option<(u16, String)> {
         .ok()?;
     let text = String::from_utf8_lossy(&buf).into_owned();
     let code = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
     Some((code, body))
 }

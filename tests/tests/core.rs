@@ -21,7 +21,10 @@ fn by_order(events: &[Value]) -> BTreeMap<String, Vec<Value>> {
 }
 
 fn states(events: &[Value]) -> Vec<&str> {
-    events.iter().map(|e| e["state"].as_str().unwrap_or("?")).collect()
+    events
+        .iter()
+        .map(|e| e["state"].as_str().unwrap_or("?"))
+        .collect()
 }
 
 fn terminal(e: &Value) -> bool {
@@ -37,11 +40,20 @@ async fn one_order_runs_three_steps_and_reports_each_transition() {
     let status = app.status_queue("status").await;
     let id = app.submit("three", Some(&status)).await;
     let events = app
-        .collect(&status, Duration::from_secs(30), |got| got.iter().any(terminal))
+        .collect(&status, Duration::from_secs(30), |got| {
+            got.iter().any(terminal)
+        })
         .await;
     assert_eq!(
         states(&events),
-        ["received", "processing", "step_succeeded", "step_succeeded", "step_succeeded", "processed"]
+        [
+            "received",
+            "processing",
+            "step_succeeded",
+            "step_succeeded",
+            "step_succeeded",
+            "processed"
+        ]
     );
     let seqs: Vec<i64> = events.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
     assert_eq!(seqs, [1, 2, 3, 4, 5, 6]);
@@ -65,8 +77,18 @@ fn assert_story(events: &[Value], ids: &[Uuid], last: &str) {
         let expected: Vec<i64> = (1..=evs.len() as i64).collect();
         assert_eq!(seqs, expected, "order {id}: {:?}", states(evs));
         assert_eq!(evs[0]["state"], "received", "order {id}");
-        assert_eq!(evs.iter().filter(|e| terminal(e)).count(), 1, "order {id}: {:?}", states(evs));
-        assert_eq!(evs.last().unwrap()["state"], last, "order {id}: {:?}", states(evs));
+        assert_eq!(
+            evs.iter().filter(|e| terminal(e)).count(),
+            1,
+            "order {id}: {:?}",
+            states(evs)
+        );
+        assert_eq!(
+            evs.last().unwrap()["state"],
+            last,
+            "order {id}: {:?}",
+            states(evs)
+        );
     }
 }
 
@@ -80,13 +102,22 @@ async fn five_hundred_orders_through_three_steps_all_end_processed_with_gapless_
     let status = app.status_queue("status").await;
     let ids = app.submit_many("three", 500, Some(&status)).await;
     let events = app
-        .collect(&status, Duration::from_secs(120), |got| count_terminal(got) >= 500)
+        .collect(&status, Duration::from_secs(120), |got| {
+            count_terminal(got) >= 500
+        })
         .await;
     assert_story(&events, &ids, "processed");
     for evs in by_order(&events).values() {
         assert_eq!(
             states(evs),
-            ["received", "processing", "step_succeeded", "step_succeeded", "step_succeeded", "processed"]
+            [
+                "received",
+                "processing",
+                "step_succeeded",
+                "step_succeeded",
+                "step_succeeded",
+                "processed"
+            ]
         );
     }
     assert_eq!(app.count_in("processed").await, 500);
@@ -100,27 +131,42 @@ async fn the_same_order_submitted_twice_is_stored_and_processed_once() {
     let app = TestApp::spawn().await;
     let status = app.status_queue("status").await;
     let id = Uuid::new_v4();
-    let body = serde_json::json!({ "order_id": id, "workflow": "three", "payload": {} }).to_string();
+    let body =
+        serde_json::json!({ "order_id": id, "workflow": "three", "payload": {} }).to_string();
     app.publish_raw(body.as_bytes(), Some(&status), None).await;
     app.publish_raw(body.as_bytes(), Some(&status), None).await;
     // And once more by AMQP message_id, with no order_id in the body.
     let by_message_id = Uuid::new_v4();
     let body2 = serde_json::json!({ "workflow": "three", "payload": {} }).to_string();
     let mid = by_message_id.to_string();
-    app.publish_raw(body2.as_bytes(), Some(&status), Some(&mid)).await;
-    app.publish_raw(body2.as_bytes(), Some(&status), Some(&mid)).await;
+    app.publish_raw(body2.as_bytes(), Some(&status), Some(&mid))
+        .await;
+    app.publish_raw(body2.as_bytes(), Some(&status), Some(&mid))
+        .await;
     let events = app
-        .collect(&status, Duration::from_secs(30), |got| count_terminal(got) >= 2)
+        .collect(&status, Duration::from_secs(30), |got| {
+            count_terminal(got) >= 2
+        })
         .await;
     assert_story(&events, &[id, by_message_id], "processed");
     // Nothing more arrives for the repeats.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(app.get(&status).await.is_none(), "a repeat produced an event");
-    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders").fetch_one(&app.db).await.unwrap();
+    assert!(
+        app.get(&status).await.is_none(),
+        "a repeat produced an event"
+    );
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
     assert_eq!(n, 2);
     let stats = app.stats();
     assert_eq!(stats.keys[&format!("{id}:a")].calls, 1);
-    assert!(app.metrics("submission").await.contains("sas_orders_duplicate_total 2"));
+    assert!(
+        app.metrics("submission")
+            .await
+            .contains("sas_orders_duplicate_total 2")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,10 +175,22 @@ async fn bad_messages_are_dead_lettered_with_a_reason_and_later_orders_still_flo
     let status = app.status_queue("status").await;
     let bad: Vec<(Vec<u8>, &str)> = vec![
         (b"{not json".to_vec(), "not valid JSON"),
-        (br#"{"payload":{}}"#.to_vec(), "missing required field `workflow`"),
-        (br#"{"workflow":"nope","payload":{}}"#.to_vec(), "unknown workflow \"nope\""),
-        (br#"{"workflow":"three","payload":{},"priority":"high"}"#.to_vec(), "field `priority` must be"),
-        (br#"{"order_id":42,"workflow":"three","payload":{}}"#.to_vec(), "field `order_id` must be"),
+        (
+            br#"{"payload":{}}"#.to_vec(),
+            "missing required field `workflow`",
+        ),
+        (
+            br#"{"workflow":"nope","payload":{}}"#.to_vec(),
+            "unknown workflow \"nope\"",
+        ),
+        (
+            br#"{"workflow":"three","payload":{},"priority":"high"}"#.to_vec(),
+            "field `priority` must be",
+        ),
+        (
+            br#"{"order_id":42,"workflow":"three","payload":{}}"#.to_vec(),
+            "field `order_id` must be",
+        ),
         (vec![0xff, 0xfe, 0x00], "not valid UTF-8"),
         (vec![b' '; 2 * 1024 * 1024], "larger than the limit"),
     ];
@@ -141,7 +199,9 @@ async fn bad_messages_are_dead_lettered_with_a_reason_and_later_orders_still_flo
     }
     let good = app.submit("three", Some(&status)).await;
     let events = app
-        .collect(&status, Duration::from_secs(30), |got| count_terminal(got) >= bad.len() + 1)
+        .collect(&status, Duration::from_secs(30), |got| {
+            count_terminal(got) >= bad.len() + 1
+        })
         .await;
     let rejected: Vec<&Value> = events.iter().filter(|e| e["state"] == "rejected").collect();
     assert_eq!(rejected.len(), bad.len());
@@ -152,13 +212,19 @@ async fn bad_messages_are_dead_lettered_with_a_reason_and_later_orders_still_flo
     }
     assert_story(&events, &[good], "processed");
     for (body, reason) in &bad {
-        let (dead, why) = app.get(app.queues.orders_dead()).await.expect("a dead letter");
+        let (dead, why) = app
+            .get(app.queues.orders_dead())
+            .await
+            .expect("a dead letter");
         assert_eq!(&dead, body, "the body is untouched");
         assert!(why.unwrap_or_default().contains(reason));
     }
     assert!(app.get(app.queues.orders_dead()).await.is_none());
     let metrics = app.metrics("submission").await;
-    assert!(metrics.contains(r#"sas_orders_rejected_total{reason="wrong_type"} 2"#), "{metrics}");
+    assert!(
+        metrics.contains(r#"sas_orders_rejected_total{reason="wrong_type"} 2"#),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -168,19 +234,33 @@ async fn a_hanging_step_is_reattempted_by_the_supervisor_and_ends_processed() {
         ..Options::default()
     })
     .await;
-    app.knobs("b", Knobs { hang_first: 1, ..Knobs::default() });
+    app.knobs(
+        "b",
+        Knobs {
+            hang_first: 1,
+            ..Knobs::default()
+        },
+    );
     app.start_all().await;
     let status = app.status_queue("status").await;
     let id = app.submit("three", Some(&status)).await;
     let events = app
-        .collect(&status, Duration::from_secs(30), |got| got.iter().any(terminal))
+        .collect(&status, Duration::from_secs(30), |got| {
+            got.iter().any(terminal)
+        })
         .await;
     assert_story(&events, &[id], "processed");
     assert_eq!(
         states(&events),
         [
-            "received", "processing", "step_succeeded", "retry_scheduled",
-            "processing", "step_succeeded", "step_succeeded", "processed"
+            "received",
+            "processing",
+            "step_succeeded",
+            "retry_scheduled",
+            "processing",
+            "step_succeeded",
+            "step_succeeded",
+            "processed"
         ]
     );
     assert_eq!(events[3]["attempt"], 2);
@@ -201,63 +281,124 @@ async fn a_step_that_keeps_failing_ends_in_error_with_an_alert_and_failed() {
         ..Options::default()
     })
     .await;
-    app.knobs("a", Knobs { status: Some(503), ..Knobs::default() });
+    app.knobs(
+        "a",
+        Knobs {
+            status: Some(503),
+            ..Knobs::default()
+        },
+    );
     app.start_all().await;
     let status = app.status_queue("status").await;
     let id = app.submit("one", Some(&status)).await;
     let events = app
-        .collect(&status, Duration::from_secs(30), |got| got.iter().any(terminal))
+        .collect(&status, Duration::from_secs(30), |got| {
+            got.iter().any(terminal)
+        })
         .await;
     assert_story(&events, &[id], "failed");
-    assert_eq!(states(&events).iter().filter(|s| **s == "retry_scheduled").count(), 2);
+    assert_eq!(
+        states(&events)
+            .iter()
+            .filter(|s| **s == "retry_scheduled")
+            .count(),
+        2
+    );
     assert_eq!(app.order(id).await, Some(("error".into(), 3)));
-    let alerts = app.collect(app.queues.alerts(), Duration::from_secs(10), |got| !got.is_empty()).await;
+    let alerts = app
+        .collect(app.queues.alerts(), Duration::from_secs(10), |got| {
+            !got.is_empty()
+        })
+        .await;
     assert_eq!(alerts[0]["order_id"], id.to_string());
     assert_eq!(alerts[0]["workflow"], "one");
     assert_eq!(alerts[0]["failure_count"], 3);
-    assert!(alerts[0]["reason"].as_str().unwrap().contains("complete-by"));
-    assert!(app.stats().keys[&format!("{id}:a")].calls >= 3, "the agent retried");
+    assert!(
+        alerts[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("complete-by")
+    );
+    assert!(
+        app.stats().keys[&format!("{id}:a")].calls >= 3,
+        "the agent retried"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permanent_failure_ends_the_order_without_retries() {
     let app = TestApp::new().await;
-    app.knobs("a", Knobs { permanent: true, ..Knobs::default() });
+    app.knobs(
+        "a",
+        Knobs {
+            permanent: true,
+            ..Knobs::default()
+        },
+    );
     app.start_all().await;
     let status = app.status_queue("status").await;
     let id = app.submit("one", Some(&status)).await;
     let events = app
-        .collect(&status, Duration::from_secs(30), |got| got.iter().any(terminal))
+        .collect(&status, Duration::from_secs(30), |got| {
+            got.iter().any(terminal)
+        })
         .await;
     assert_eq!(states(&events), ["received", "processing", "failed"]);
-    assert!(events[2]["detail"]["error"].as_str().unwrap().contains("HTTP 422"));
+    assert!(
+        events[2]["detail"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("HTTP 422")
+    );
     assert_eq!(app.order(id).await, Some(("error".into(), 0)));
     assert_eq!(app.stats().keys[&format!("{id}:a")].calls, 1);
-    let alerts = app.collect(app.queues.alerts(), Duration::from_secs(10), |got| !got.is_empty()).await;
+    let alerts = app
+        .collect(app.queues.alerts(), Duration::from_secs(10), |got| {
+            !got.is_empty()
+        })
+        .await;
     assert_eq!(alerts[0]["order_id"], id.to_string());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permanent_failure_of_the_third_step_compensates_the_first_two_in_reverse() {
     let app = TestApp::new().await;
-    app.knobs("c", Knobs { permanent: true, ..Knobs::default() });
+    app.knobs(
+        "c",
+        Knobs {
+            permanent: true,
+            ..Knobs::default()
+        },
+    );
     app.start_all().await;
     let status = app.status_queue("status").await;
     let id = app.submit("three", Some(&status)).await;
     let events = app
-        .collect(&status, Duration::from_secs(30), |got| got.iter().any(terminal))
+        .collect(&status, Duration::from_secs(30), |got| {
+            got.iter().any(terminal)
+        })
         .await;
     assert_story(&events, &[id], "compensated");
     assert_eq!(
         states(&events),
-        ["received", "processing", "step_succeeded", "step_succeeded", "compensating", "compensated"]
+        [
+            "received",
+            "processing",
+            "step_succeeded",
+            "step_succeeded",
+            "compensating",
+            "compensated"
+        ]
     );
     assert_eq!(app.order(id).await.unwrap().0, "compensated");
     let stats = app.stats();
     let undo_a = &stats.keys[&format!("{id}:a:compensate")];
     let undo_b = &stats.keys[&format!("{id}:b:compensate")];
     assert_eq!((undo_a.applied, undo_b.applied), (1, 1));
-    assert!(!stats.keys.contains_key(&format!("{id}:c:compensate")), "a failed step is not undone");
+    assert!(
+        !stats.keys.contains_key(&format!("{id}:c:compensate")),
+        "a failed step is not undone"
+    );
     // Newest first: b's undo finished before a's started.
     let finished: Vec<(i32, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
         "SELECT idx, finished_at FROM steps WHERE order_id = $1 AND state = 'compensated' ORDER BY finished_at",
@@ -277,17 +418,24 @@ async fn two_schedulers_and_two_agents_process_every_order_exactly_once() {
     let status = app.status_queue("status").await;
     let ids = app.submit_many("three", 300, Some(&status)).await;
     let events = app
-        .collect(&status, Duration::from_secs(120), |got| count_terminal(got) >= 300)
+        .collect(&status, Duration::from_secs(120), |got| {
+            count_terminal(got) >= 300
+        })
         .await;
     assert_story(&events, &ids, "processed");
     let stats = app.stats();
     assert_eq!(stats.keys.len(), 900);
-    assert!(stats.keys.values().all(|k| k.applied == 1 && k.calls == 1), "a step ran twice");
+    assert!(
+        stats.keys.values().all(|k| k.applied == 1 && k.calls == 1),
+        "a step ran twice"
+    );
     // Both schedulers took part.
-    let actors: i64 = sqlx::query_scalar("SELECT count(DISTINCT actor) FROM order_events WHERE event = 'processing'")
-        .fetch_one(&app.db)
-        .await
-        .unwrap();
+    let actors: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT actor) FROM order_events WHERE event = 'processing'",
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
     assert!(actors >= 1);
 }
 
@@ -298,7 +446,13 @@ async fn sigterm_to_each_service_while_orders_flow_exits_zero_and_every_order_co
         ..Options::default()
     })
     .await;
-    app.knobs("b", Knobs { latency_ms: 5, ..Knobs::default() });
+    app.knobs(
+        "b",
+        Knobs {
+            latency_ms: 5,
+            ..Knobs::default()
+        },
+    );
     app.start_all().await;
     let status = app.status_queue("status").await;
     let mut ids = Vec::new();
@@ -306,12 +460,18 @@ async fn sigterm_to_each_service_while_orders_flow_exits_zero_and_every_order_co
         ids.extend(app.submit_many("three", 100, Some(&status)).await);
         tokio::time::sleep(Duration::from_millis(100)).await;
         let code = app.terminate(name).await;
-        assert!(code.success(), "{name} exited with {code}; log:\n{}", app.log(name));
+        assert!(
+            code.success(),
+            "{name} exited with {code}; log:\n{}",
+            app.log(name)
+        );
         ids.extend(app.submit_many("three", 50, Some(&status)).await);
         app.start(name, name, &[]).await;
     }
     let events = app
-        .collect(&status, Duration::from_secs(120), |got| count_terminal(got) >= ids.len())
+        .collect(&status, Duration::from_secs(120), |got| {
+            count_terminal(got) >= ids.len()
+        })
         .await;
     assert_story(&events, &ids, "processed");
     let stats = app.stats();

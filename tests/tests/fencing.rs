@@ -1,0 +1,210 @@
+//! Deadlines and fencing: an agent drops requests past complete-by and stays
+//! silent when complete-by passes mid-call; a reply that answers a superseded
+//! dispatch or attempt changes nothing.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use remote_sim::Knobs;
+use sas::broker::Outgoing;
+use sas::messages::{Direction, StepOutcome, StepReply, StepRequest};
+use sas_tests::TestApp;
+use serde_json::{Map, Value, json};
+use uuid::Uuid;
+
+fn request(complete_in_ms: i64) -> StepRequest {
+    StepRequest {
+        order_id: Uuid::new_v4(),
+        workflow: "one".into(),
+        step: "a".into(),
+        step_index: 0,
+        direction: Direction::Forward,
+        attempt: 1,
+        dispatch_id: Uuid::new_v4(),
+        locked_by: "nobody".into(),
+        complete_by: Utc::now() + chrono::Duration::milliseconds(complete_in_ms),
+        payload: json!({}),
+        results: Map::new(),
+    }
+}
+
+async fn send_request(app: &TestApp, req: &StepRequest, reply_to: &str) {
+    let body = serde_json::to_vec(req).unwrap();
+    app.publisher()
+        .publish(&Outgoing {
+            routing_key: &app.queues.agent_requests("a"),
+            body: &body,
+            reply_to: Some(reply_to),
+            mandatory: true,
+            ..Outgoing::default()
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_past_its_complete_by_is_dropped_without_a_call() {
+    let app = TestApp::new().await;
+    app.start("agent", "agent", &[]).await;
+    let replies = app.status_queue("replies").await;
+    send_request(&app, &request(-1000), &replies).await;
+    app.eventually(
+        "the agent counted the expired request",
+        Duration::from_secs(10),
+        || async {
+            app.metrics("agent")
+                .await
+                .contains(r#"outcome="expired"} 1"#)
+        },
+    )
+    .await;
+    assert_eq!(app.stats().total_calls, 0);
+    assert!(app.get(&replies).await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_stays_silent_once_complete_by_passes_mid_call() {
+    let app = TestApp::new().await;
+    app.knobs(
+        "a",
+        Knobs {
+            status: Some(503),
+            ..Knobs::default()
+        },
+    );
+    app.start("agent", "agent", &[]).await;
+    let replies = app.status_queue("replies").await;
+    let req = request(600);
+    send_request(&app, &req, &replies).await;
+    app.eventually(
+        "the agent gave up silently",
+        Duration::from_secs(10),
+        || async {
+            app.metrics("agent")
+                .await
+                .contains(r#"outcome="expired"} 1"#)
+        },
+    )
+    .await;
+    let key = format!("{}:a", req.order_id);
+    assert!(
+        app.stats().keys[&key].calls >= 2,
+        "transient failures were retried"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        app.get(&replies).await.is_none(),
+        "nothing is sent after complete-by"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_replies_a_permanent_error_at_once() {
+    let app = TestApp::new().await;
+    app.knobs(
+        "a",
+        Knobs {
+            status: Some(404),
+            ..Knobs::default()
+        },
+    );
+    app.start("agent", "agent", &[]).await;
+    let replies = app.status_queue("replies").await;
+    let req = request(5000);
+    send_request(&app, &req, &replies).await;
+    let got = app
+        .collect(&replies, Duration::from_secs(10), |g| !g.is_empty())
+        .await;
+    let reply: StepReply = serde_json::from_value(got[0].clone()).unwrap();
+    assert_eq!(reply.dispatch_id, req.dispatch_id);
+    assert!(
+        matches!(reply.outcome, StepOutcome::Failed { ref error } if error.contains("HTTP 404"))
+    );
+    assert_eq!(app.stats().keys[&format!("{}:a", req.order_id)].calls, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_to_a_superseded_dispatch_or_attempt_changes_nothing() {
+    let app = TestApp::new().await;
+    app.knobs(
+        "b",
+        Knobs {
+            hang: true,
+            ..Knobs::default()
+        },
+    );
+    app.start_all().await;
+    let id = app.submit("three", None).await;
+    app.eventually("step b is running", Duration::from_secs(20), || async {
+        running_dispatch(&app, id).await.is_some()
+    })
+    .await;
+    let (dispatch, locked_by) = running_dispatch(&app, id).await.unwrap();
+    let before = snapshot(&app, id).await;
+    let reply = |dispatch_id: Uuid, attempt: i32, locked_by: &str| StepReply {
+        order_id: id,
+        step: "b".into(),
+        step_index: 1,
+        direction: Direction::Forward,
+        attempt,
+        dispatch_id,
+        locked_by: locked_by.into(),
+        outcome: StepOutcome::Succeeded {
+            result: json!({ "late": true }),
+        },
+    };
+    for stale in [
+        reply(Uuid::new_v4(), 1, &locked_by),
+        reply(dispatch, 7, &locked_by),
+        reply(dispatch, 1, "scheduler-gone"),
+    ] {
+        app.publish_reply(&stale).await;
+    }
+    app.eventually(
+        "three stale replies counted",
+        Duration::from_secs(10),
+        || async {
+            app.metrics("scheduler")
+                .await
+                .contains(r#"sas_replies_total{outcome="stale"} 3"#)
+        },
+    )
+    .await;
+    assert_eq!(
+        snapshot(&app, id).await,
+        before,
+        "a stale reply changed the order"
+    );
+    // The reply the running dispatch is waiting for moves the order on.
+    app.knobs("b", Knobs::default());
+    app.publish_reply(&reply(dispatch, 1, &locked_by)).await;
+    app.eventually(
+        "the order is processed",
+        Duration::from_secs(20),
+        || async { app.order(id).await.is_some_and(|(s, _)| s == "processed") },
+    )
+    .await;
+}
+
+async fn running_dispatch(app: &TestApp, id: Uuid) -> Option<(Uuid, String)> {
+    sqlx::query_as(
+        "SELECT s.dispatch_id, o.locked_by FROM steps s JOIN orders o USING (order_id) \
+         WHERE s.order_id = $1 AND s.idx = 1 AND s.state = 'running'",
+    )
+    .bind(id)
+    .fetch_optional(&app.db)
+    .await
+    .unwrap()
+}
+
+async fn snapshot(app: &TestApp, id: Uuid) -> Value {
+    let row: (Value,) = sqlx::query_as(
+        "SELECT jsonb_build_object('order', (SELECT to_jsonb(o) - 'updated_at' FROM orders o WHERE order_id = $1), \
+           'steps', (SELECT jsonb_agg(to_jsonb(s) ORDER BY idx) FROM steps s WHERE order_id = $1))",
+    )
+    .bind(id)
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    row.0
+}

@@ -1,0 +1,142 @@
+//! What every service promises (contract §7): `--help`, a one-line error and a
+//! non-zero exit on bad configuration or an unreachable dependency, the
+//! health endpoints, and work noticed without waiting for a poll.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use sas_tests::{Options, TestApp, bin, http_get};
+
+const SERVICES: [&str; 4] = ["submission", "scheduler", "agent", "supervisor"];
+
+#[test]
+fn every_binary_answers_help() {
+    for name in SERVICES.iter().chain(&["sasctl", "remote-sim"]) {
+        let out = Command::new(bin(name))
+            .arg("--help")
+            .output()
+            .expect("run --help");
+        assert!(out.status.success(), "{name} --help failed");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("Usage"), "{name}: {text}");
+    }
+}
+
+#[test]
+fn bad_configuration_is_one_clear_line_and_exit_code_2() {
+    let cases: [(&str, &str, &str); 4] = [
+        ("SAS__SUPERVISOR__INTERVAL", "soon", "bad configuration"),
+        ("SAS__BROKER__PREFETCH", "lots", "bad configuration"),
+        ("SAS__SUPERVISOR__MAX_FAILURES", "0", "max_failures"),
+        ("SAS__BROKER__PREFIX", "no spaces", "broker.prefix"),
+    ];
+    for name in SERVICES {
+        for (key, value, says) in cases {
+            let out = Command::new(bin(name))
+                .env(key, value)
+                .output()
+                .expect("run");
+            assert_eq!(out.status.code(), Some(2), "{name} with {key}={value}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(err.trim().lines().count(), 1, "{name}: {err}");
+            assert!(
+                err.starts_with(&format!("{name}: ")) && err.contains(says),
+                "{name}: {err}"
+            );
+        }
+    }
+    let out = Command::new(bin("scheduler"))
+        .args(["--config", "/nonexistent/sas.toml"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
+}
+
+#[test]
+fn a_workflow_with_a_bad_step_is_bad_configuration() {
+    let dir = std::env::temp_dir().join(format!("sas-badwf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("sas.toml");
+    std::fs::write(&file, "[workflows.w]\nsteps = []\n").unwrap();
+    let out = Command::new(bin("submission"))
+        .args(["--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("workflow \"w\" has no steps"));
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn an_unreachable_dependency_fails_start_up_after_bounded_retries() {
+    for (name, key, url) in [
+        (
+            "scheduler",
+            "SAS__DATABASE__URL",
+            "postgres://postgres@127.0.0.1:1/nope",
+        ),
+        (
+            "supervisor",
+            "SAS__BROKER__URL",
+            "amqp://guest:guest@127.0.0.1:1/%2f",
+        ),
+    ] {
+        let started = Instant::now();
+        let out = Command::new(bin(name))
+            .env(key, url)
+            .env("SAS__DATABASE__CONNECT_TIMEOUT", "1s")
+            .env("SAS__BROKER__CONNECT_TIMEOUT", "1s")
+            .env("SAS__HTTP__PORT", "0")
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        assert!(started.elapsed() < Duration::from_secs(20));
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.trim().lines().last().unwrap_or_default().to_owned();
+        assert!(
+            last.starts_with(&format!("{name}: ")) && last.contains("could not reach"),
+            "{err}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_service_serves_health_readiness_and_metrics() {
+    let app = TestApp::spawn().await;
+    for name in SERVICES {
+        let base = format!("http://127.0.0.1:{}", app.port(name));
+        assert_eq!(http_get(&format!("{base}/healthz")).await.unwrap().0, 200);
+        let (code, body) = http_get(&format!("{base}/readyz")).await.unwrap();
+        assert_eq!(code, 200, "{name}: {body}");
+        assert!(body.contains(r#""rabbitmq":true"#), "{name}: {body}");
+        let (code, metrics) = http_get(&format!("{base}/metrics")).await.unwrap();
+        assert_eq!(code, 200);
+        assert!(
+            metrics.contains("# TYPE sas_orders_received counter"),
+            "{name}: {metrics}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_orders_are_noticed_without_waiting_for_the_poll() {
+    let app = TestApp::with(Options {
+        scheduler_poll: "1h",
+        ..Options::default()
+    })
+    .await;
+    app.start_all().await;
+    // Give the scheduler's first (start-up) claim time to pass.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let id = app.submit("three", None).await;
+    app.eventually(
+        "the order is processed",
+        Duration::from_secs(20),
+        || async { app.order(id).await.is_some_and(|(s, _)| s == "processed") },
+    )
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(20));
+}
