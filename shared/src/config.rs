@@ -221,6 +221,11 @@ pub struct AgentSettings {
     /// Time to establish a TCP connection to a remote service.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
+    /// Consecutive transient failures that open an endpoint's circuit breaker.
+    pub breaker_threshold: u32,
+    /// How long an open breaker waits before letting one probe through.
+    #[serde(with = "humantime_serde")]
+    pub breaker_cooldown: Duration,
 }
 
 impl Default for AgentSettings {
@@ -230,6 +235,8 @@ impl Default for AgentSettings {
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
+            breaker_threshold: 5,
+            breaker_cooldown: Duration::from_secs(5),
         }
     }
 }

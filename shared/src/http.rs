@@ -21,6 +21,8 @@ use crate::state_store::StateStore;
 pub struct Health {
     broker: AtomicBool,
     store: Option<StateStore>,
+    /// Service-specific detail shown in `/readyz` (e.g. breaker states).
+    detail: std::sync::Mutex<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl Health {
@@ -29,7 +31,14 @@ impl Health {
         Self {
             broker: AtomicBool::new(false),
             store,
+            detail: Default::default(),
         }
+    }
+
+    /// Sets one entry of the detail shown in `/readyz`.
+    pub fn set_detail(&self, key: &str, value: serde_json::Value) {
+        let mut detail = self.detail.lock().unwrap_or_else(|p| p.into_inner());
+        detail.insert(key.to_owned(), value);
     }
 
     /// Records whether the broker connection is up.
@@ -44,9 +53,14 @@ impl Health {
             None => None,
         };
         let ready = rabbitmq && postgres.unwrap_or(true);
+        let detail = self
+            .detail
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         (
             ready,
-            json!({ "ready": ready, "rabbitmq": rabbitmq, "postgres": postgres }),
+            json!({ "ready": ready, "rabbitmq": rabbitmq, "postgres": postgres, "detail": detail }),
         )
     }
 }

@@ -4,6 +4,7 @@
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 /// Label sets are small `(name, value)` lists.
@@ -31,6 +32,10 @@ pub struct Metrics {
     pub supervisor_recoveries: Family<Labels, Counter>,
     /// Supervisor sweeps.
     pub supervisor_sweeps: Counter,
+    /// Circuit breaker per agent: 0 closed, 1 half-open, 2 open.
+    pub agent_breaker_state: Family<Labels, Gauge>,
+    /// Whether this supervisor is the leader (1) or standing by (0).
+    pub supervisor_leader: Gauge,
     /// Outbox messages confirmed by the broker, by `kind`.
     pub outbox_published: Family<Labels, Counter>,
     /// Status events dropped because the application's queue does not exist.
@@ -50,6 +55,8 @@ impl Default for Metrics {
             agent_requests: Family::default(),
             supervisor_recoveries: Family::default(),
             supervisor_sweeps: Counter::default(),
+            agent_breaker_state: Family::default(),
+            supervisor_leader: Gauge::default(),
             outbox_published: Family::default(),
             outbox_unroutable: Counter::default(),
             registry: Registry::default(),
@@ -94,6 +101,16 @@ impl Default for Metrics {
             "supervisor_sweeps",
             "Supervisor sweeps",
             m.supervisor_sweeps.clone(),
+        );
+        registry.register(
+            "agent_breaker_state",
+            "Circuit breaker per agent: 0 closed, 1 half-open, 2 open",
+            m.agent_breaker_state.clone(),
+        );
+        registry.register(
+            "supervisor_leader",
+            "1 when this supervisor holds the leader lease",
+            m.supervisor_leader.clone(),
         );
         registry.register(
             "outbox_published",

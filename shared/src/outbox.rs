@@ -3,9 +3,10 @@
 //! them. A process that dies between commit and publish loses nothing: its
 //! rows stay, and any relay's sweep publishes them.
 //!
-//! Per order, messages go out in the order they were written: a relay locks
-//! all of an order's rows and waits for rows another relay holds, which are
-//! gone (published) by the time the wait ends.
+//! Per order, messages go out in the order they were written: one relay at a
+//! time takes an order (an advisory lock for its transaction) and publishes
+//! all its rows in sequence; a relay that finds an order taken leaves it and
+//! tries again a moment later, so relays never queue behind each other.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -86,18 +87,28 @@ impl Relay {
         }
     }
 
-    /// Relays every order pushed so far.
+    /// Relays every order pushed so far; orders another relay held are
+    /// pushed again after a short pause.
     async fn drain(&self, publisher: &Publisher) -> Result<(), BrokerError> {
+        let mut held = Vec::new();
         loop {
             let batch = self.take(self.settings.batch);
             if batch.is_empty() {
-                return Ok(());
+                break;
             }
-            if let Err(e) = self.relay(publisher, &batch).await {
-                self.push(batch);
-                return Err(e);
+            match self.relay(publisher, &batch).await {
+                Ok(h) => held.extend(h),
+                Err(e) => {
+                    self.push(batch);
+                    return Err(e);
+                }
             }
         }
+        if !held.is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            self.push(held);
+        }
+        Ok(())
     }
 
     /// Relays rows that other (dead) processes left behind.
@@ -107,7 +118,8 @@ impl Relay {
         match self.store.outbox_stale_orders(age, limit).await {
             Ok(ids) if !ids.is_empty() => {
                 tracing::info!(orders = ids.len(), "relaying messages left behind");
-                self.relay(publisher, &ids).await
+                // Orders another relay holds are being published already.
+                self.relay(publisher, &ids).await.map(drop)
             }
             Ok(_) => Ok(()),
             Err(e) => {
@@ -117,21 +129,36 @@ impl Relay {
         }
     }
 
-    /// Publishes and deletes the rows of these orders in one transaction.
-    /// A database error keeps the rows for later; a broker error ends the session.
-    async fn relay(&self, publisher: &Publisher, orders: &[Uuid]) -> Result<(), BrokerError> {
+    /// Publishes and deletes the rows of these orders in one transaction;
+    /// returns the orders another relay held. A database error keeps the rows
+    /// for later; a broker error ends the session.
+    async fn relay(
+        &self,
+        publisher: &Publisher,
+        orders: &[Uuid],
+    ) -> Result<Vec<Uuid>, BrokerError> {
+        let started = std::time::Instant::now();
         let outcome = self
             .store
             .relay_outbox(orders, |rows| publish_rows(publisher, &self.metrics, rows))
             .await;
         match outcome {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e),
+            Ok((held, Ok(n))) => {
+                tracing::debug!(
+                    orders = orders.len(),
+                    held = held.len(),
+                    messages = n,
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "relayed"
+                );
+                Ok(held)
+            }
+            Ok((_, Err(e))) => Err(e),
             Err(e) => {
                 tracing::warn!(error = %e, "outbox relay failed; will retry");
                 self.push(orders.iter().copied());
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                Ok(())
+                Ok(Vec::new())
             }
         }
     }

@@ -179,7 +179,12 @@ impl TestApp {
     /// Starts `binary` as process `name` with `args` and waits for `/readyz`.
     pub async fn start(&self, name: &str, binary: &str, args: &[&str]) {
         let port = free_port();
-        let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).expect("log file");
+        // Append: a restarted process keeps its predecessor's lines.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{name}.log")))
+            .expect("log file");
         let child = Command::new(bin(binary))
             .args(args)
             .env("SAS_CONFIG", &self.config)
@@ -513,7 +518,7 @@ impl Drop for TestApp {
             .collect();
         queues.extend(self.extra_queues.lock().unwrap().drain(..));
         let (db_name, prefix, dir) = (self.db_name.clone(), self.prefix.clone(), self.dir.clone());
-        let keep_logs = std::thread::panicking();
+        let keep_logs = std::thread::panicking() || std::env::var_os("SAS_TEST_KEEP").is_some();
         // Async cleanup from Drop: a thread with its own runtime.
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()

@@ -13,10 +13,10 @@ use sas::config::AgentSpec;
 use sas::messages::{StepReply, StepRequest};
 use sas::metrics::labels;
 use sas::service::Context;
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::breaker::{Breaker, State};
 use crate::remote::{self, CallEnd};
 
 /// One served agent.
@@ -27,6 +27,7 @@ struct Agent {
     ctx: Arc<Context>,
     /// Cancelled when the shutdown grace period is over: in-flight calls stop and are handed back.
     hard_stop: CancellationToken,
+    breaker: Breaker,
 }
 
 /// Runs the agents named in `only` (every configured agent when empty) until shutdown.
@@ -55,6 +56,10 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
             client: client.clone(),
             ctx: ctx.clone(),
             hard_stop: hard_stop.clone(),
+            breaker: Breaker::new(
+                ctx.settings.agent.breaker_threshold,
+                ctx.settings.agent.breaker_cooldown,
+            ),
         }));
     }
     tracing::info!(agents = ?names, "serving");
@@ -77,42 +82,20 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
                 .declare_topology(&ctx.queues, &names, ctx.settings.broker.delivery_limit)
                 .await?;
             let publisher = broker.publisher().await?;
+            // One loop per agent, all on this session's connection; the first
+            // to lose the broker stops the others.
             let lost = CancellationToken::new();
-            let mut consumers = JoinSet::new();
-            for agent in &agents {
-                let consumer = broker
-                    .consume(
-                        &ctx.queues.agent_requests(&agent.name),
-                        ctx.settings.agent.concurrency,
-                        &format!("agent-{}", agent.name),
-                    )
-                    .await?;
-                let (agent, publisher, shutdown, lost) = (
-                    agent.clone(),
-                    publisher.clone(),
-                    ctx.shutdown.clone(),
-                    lost.clone(),
-                );
-                consumers.spawn(async move {
-                    // In-flight calls stop on their own at the hard stop, so the loop's grace can be longer.
-                    let end = broker::consume(consumer, &shutdown, &lost, grace * 2, |delivery| {
-                        let (agent, publisher) = (agent.clone(), publisher.clone());
-                        async move { agent.handle(&publisher, delivery).await }
-                    })
-                    .await;
-                    if end.is_err() {
-                        lost.cancel();
-                    }
-                    end
-                });
-            }
-            let mut outcome = Ok(SessionEnd::Shutdown);
-            while let Some(done) = consumers.join_next().await {
-                if let Ok(Err(e)) = done {
-                    outcome = Err(e);
+            let loops = agents.iter().map(|agent| async {
+                let end = agent.serve(broker, &publisher, &lost, grace).await;
+                if end.is_err() {
+                    lost.cancel();
                 }
-            }
-            outcome
+                end
+            });
+            let ends = futures_util::future::join_all(loops).await;
+            ends.into_iter()
+                .find(Result::is_err)
+                .unwrap_or(Ok(SessionEnd::Shutdown))
         },
     )
     .await
@@ -122,6 +105,72 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
 }
 
 impl Agent {
+    /// Consumes this agent's requests until shutdown, pausing the consumer
+    /// while the breaker is open and probing with one request when it half-opens.
+    async fn serve(
+        self: &Arc<Self>,
+        broker: &sas::broker::Broker,
+        publisher: &Publisher,
+        lost: &CancellationToken,
+        grace: std::time::Duration,
+    ) -> Result<SessionEnd, BrokerError> {
+        let queue = self.ctx.queues.agent_requests(&self.name);
+        loop {
+            let state = tokio::select! {
+                () = self.ctx.shutdown.cancelled() => return Ok(SessionEnd::Shutdown),
+                () = lost.cancelled() => return Ok(SessionEnd::Shutdown),
+                state = self.breaker.wait_until_usable() => state,
+            };
+            self.show_breaker(state);
+            let prefetch = if state == State::HalfOpen {
+                tracing::info!(agent = %self.name, "circuit half-open: probing with one request");
+                1
+            } else {
+                self.ctx.settings.agent.concurrency
+            };
+            // Stop taking requests on shutdown, or when the breaker changes.
+            let stop = self.ctx.shutdown.child_token();
+            let change = self.breaker.change_token();
+            let relay_stop = stop.clone();
+            let watcher = tokio::spawn(async move {
+                change.cancelled().await;
+                relay_stop.cancel();
+            });
+            let subscription = broker
+                .subscribe(&queue, prefetch, &format!("agent-{}", self.name))
+                .await?;
+            // In-flight calls stop on their own at the hard stop, so the loop's grace can be longer.
+            let end = broker::consume(subscription, &stop, lost, grace * 2, |delivery| {
+                let (agent, publisher) = (self.clone(), publisher.clone());
+                async move { agent.handle(&publisher, delivery).await }
+            })
+            .await;
+            watcher.abort();
+            end?;
+            if self.ctx.shutdown.is_cancelled() {
+                return Ok(SessionEnd::Shutdown);
+            }
+            let state = self.breaker.state();
+            if state == State::Open {
+                tracing::warn!(agent = %self.name, "circuit open: stopped consuming");
+            }
+            self.show_breaker(state);
+        }
+    }
+
+    /// Publishes the breaker state to `/metrics` and `/readyz`.
+    fn show_breaker(&self, state: State) {
+        self.ctx
+            .metrics
+            .agent_breaker_state
+            .get_or_create(&labels(&[("agent", &self.name)]))
+            .set(state.gauge());
+        self.ctx.health.set_detail(
+            &format!("breaker.{}", self.name),
+            serde_json::Value::String(state.as_str().into()),
+        );
+    }
+
     /// Works on one request; an error means the broker is gone.
     async fn handle(&self, publisher: &Publisher, delivery: Delivery) -> Result<(), BrokerError> {
         let request: StepRequest = match serde_json::from_slice(&delivery.data) {
@@ -161,12 +210,21 @@ impl Agent {
             &self.ctx.settings.agent,
             request,
             &self.hard_stop,
+            &self.breaker,
             |outcome| {
                 self.ctx
                     .metrics
                     .agent_calls
                     .get_or_create(&labels(&[("agent", &self.name), ("outcome", outcome)]))
                     .inc();
+                let changed = match outcome {
+                    "transient" => self.breaker.failed(),
+                    _ => self.breaker.succeeded(),
+                };
+                if let Some(state) = changed {
+                    tracing::warn!(agent = %self.name, state = state.as_str(), "circuit breaker changed");
+                    self.show_breaker(state);
+                }
             },
         )
         .await;
@@ -178,7 +236,7 @@ impl Agent {
                 return broker::ack(delivery).await;
             }
             CallEnd::Interrupted => {
-                tracing::info!("shutting down; request handed back");
+                tracing::info!("shutting down or circuit open; request handed back");
                 self.count("handed_back");
                 return broker::requeue(delivery).await;
             }

@@ -2,6 +2,7 @@
 //! one's remote service with retries until the step's complete-by.
 
 mod agent;
+mod breaker;
 mod remote;
 
 use std::process::ExitCode;

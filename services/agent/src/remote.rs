@@ -12,6 +12,8 @@ use sas::config::{AgentSettings, AgentSpec};
 use sas::messages::{StepOutcome, StepRequest, rfc3339};
 use tokio_util::sync::CancellationToken;
 
+use crate::breaker::Breaker;
+
 /// How a call ended.
 #[derive(Debug)]
 pub enum CallEnd {
@@ -19,7 +21,7 @@ pub enum CallEnd {
     Answer(StepOutcome),
     /// Complete-by passed: stop and send nothing; the supervisor takes over.
     Expired,
-    /// Shutdown interrupted the call: hand the request back.
+    /// Shutdown or an open circuit interrupted the call: hand the request back.
     Interrupted,
 }
 
@@ -33,13 +35,15 @@ enum Attempt {
 }
 
 /// Calls the remote service for `request` until it answers for good,
-/// complete-by passes, or `stop` is cancelled. `on_attempt` sees each attempt's outcome label.
+/// complete-by passes, `stop` is cancelled or `breaker` opens. `on_attempt`
+/// sees each attempt's outcome label (`succeeded`, `permanent`, `transient`).
 pub async fn call(
     client: &reqwest::Client,
     spec: &AgentSpec,
     settings: &AgentSettings,
     request: &StepRequest,
     stop: &CancellationToken,
+    breaker: &Breaker,
     on_attempt: impl Fn(&'static str),
 ) -> CallEnd {
     let body = request.remote_body();
@@ -49,6 +53,10 @@ pub async fn call(
         let Some(left) = remaining(request.complete_by) else {
             return CallEnd::Expired;
         };
+        // Another instance may still reach the endpoint: let it have the request.
+        if breaker.is_open() {
+            return CallEnd::Interrupted;
+        }
         let timeout = spec.timeout.map_or(left, |t| t.min(left));
         let send = client
             .post(&spec.url)

@@ -1,1 +1,239 @@
-fn main() {}
+//! `sasctl`: the operator's command line for a sas deployment. Submits orders
+//! as an application would, watches queues, shows an order with its steps and
+//! event log, and applies the state store's migrations.
+//!
+//! Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 3 unknown order.
+//! Command output goes to stdout, logs and summaries to stderr.
+
+mod migrate;
+mod orders;
+mod submit;
+mod watch;
+
+use std::fmt;
+use std::process::ExitCode;
+
+use clap::{CommandFactory, Parser, Subcommand};
+use sas::config::{LogSettings, Settings};
+use sas::service::CommonArgs;
+
+/// The sas operator CLI. Configuration keys are the services' own
+/// (`SAS__BROKER__PREFIX`, `SAS__DATABASE__URL`, ...).
+#[derive(Debug, Parser)]
+#[command(name = "sasctl", version, about)]
+struct Cli {
+    #[command(flatten)]
+    common: CommonArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Publish orders to `<prefix>.orders`, as an application would.
+    Submit(submit::Args),
+    /// Print the messages of a queue as JSON lines, acknowledging each.
+    Watch(watch::Args),
+    /// Inspect orders in the state store.
+    #[command(subcommand)]
+    Orders(orders::Command),
+    /// Apply the state store's migrations (creating the database when missing).
+    Migrate,
+}
+
+/// A failure that has its own exit code.
+#[derive(Debug)]
+pub struct Exit {
+    pub code: u8,
+    pub message: String,
+}
+
+impl Exit {
+    /// Exit code for an order id the state store does not know.
+    pub const NOT_FOUND: u8 = 3;
+}
+
+impl fmt::Display for Exit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Exit {}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err((name, message)) = cli.command.check() {
+        let mut command = Cli::command();
+        command.build();
+        let error = match command.find_subcommand_mut(name) {
+            Some(sub) => sub.error(clap::error::ErrorKind::ArgumentConflict, message),
+            None => command.error(clap::error::ErrorKind::ArgumentConflict, message),
+        };
+        error.exit();
+    }
+    let settings = match Settings::load(cli.common.config.as_deref()) {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("sasctl: {}", one_line(&e.to_string()));
+            return ExitCode::from(2);
+        }
+    };
+    sas::telemetry::init(&quiet_libraries(&settings.log));
+    let outcome = match cli.command {
+        Command::Submit(args) => submit::run(args, &settings).await,
+        Command::Watch(args) => watch::run(args, &settings).await,
+        Command::Orders(command) => orders::run(command, &settings).await,
+        Command::Migrate => migrate::run(&settings).await,
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let code = e.downcast_ref::<Exit>().map_or(1, |exit| exit.code);
+            eprintln!("sasctl: {}", one_line(&chain(&e)));
+            ExitCode::from(code)
+        }
+    }
+}
+
+impl Command {
+    /// Checks between arguments that clap cannot express; on failure the
+    /// subcommand's name and the message.
+    fn check(&self) -> Result<(), (&'static str, String)> {
+        match self {
+            Command::Submit(args) => args.check().map_err(|m| ("submit", m)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The log settings with lapin's and sqlx's chatter turned down, unless the
+/// filter names them: sasctl reports their errors itself (a returned message,
+/// a closed channel), and a migration's notices are no news to an operator.
+fn quiet_libraries(log: &LogSettings) -> LogSettings {
+    let mut log = log.clone();
+    for (target, level) in [("lapin", "off"), ("sqlx", "warn")] {
+        if !log.level.contains(target) {
+            log.level = format!("{},{target}={level}", log.level);
+        }
+    }
+    log
+}
+
+/// An error with its causes, `: ` between them, skipping a cause whose text
+/// is already part of what precedes it (errors that also print their source).
+fn chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+/// An error message on one line, whatever its sources put in it.
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("sasctl").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn global_config_and_commands_parse() {
+        let cli = parse(&["--config", "sas.toml", "migrate"]).unwrap();
+        assert_eq!(
+            cli.common.config.as_deref(),
+            Some(std::path::Path::new("sas.toml"))
+        );
+        assert!(matches!(cli.command, Command::Migrate));
+        let cli = parse(&["orders", "show", "67e55044-10b1-426f-9247-bb680e5fe0c8"]).unwrap();
+        assert!(matches!(cli.command, Command::Orders(_)));
+        assert!(parse(&[]).is_err());
+        assert!(parse(&["frobnicate"]).is_err());
+    }
+
+    #[test]
+    fn usage_errors_exit_with_2() {
+        let e = parse(&["orders", "show", "not-a-uuid"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        let e = parse(&["submit", "--workflow", "w", "--payload", "{"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+    }
+
+    #[test]
+    fn an_order_id_needs_a_count_of_one() {
+        let id = "67e55044-10b1-426f-9247-bb680e5fe0c8";
+        let cli = parse(&[
+            "submit",
+            "--workflow",
+            "w",
+            "--order-id",
+            id,
+            "--count",
+            "2",
+        ])
+        .unwrap();
+        assert!(cli.command.check().is_err());
+        let cli = parse(&["submit", "--workflow", "w", "--order-id", id]).unwrap();
+        assert!(cli.command.check().is_ok());
+    }
+
+    #[test]
+    fn library_chatter_is_turned_down_unless_asked_for() {
+        let mut log = LogSettings::default();
+        assert_eq!(quiet_libraries(&log).level, "info,lapin=off,sqlx=warn");
+        log.level = "debug,lapin=debug".into();
+        assert_eq!(quiet_libraries(&log).level, "debug,lapin=debug,sqlx=warn");
+    }
+
+    #[test]
+    fn causes_already_in_the_message_are_not_repeated() {
+        #[derive(Debug)]
+        struct Inner;
+        impl fmt::Display for Inner {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("refused")
+            }
+        }
+        impl std::error::Error for Inner {}
+        #[derive(Debug)]
+        struct Outer(Inner);
+        impl fmt::Display for Outer {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "broker error: {}", self.0)
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = anyhow::Error::new(Outer(Inner)).context("connecting");
+        assert_eq!(chain(&e), "connecting: broker error: refused");
+        let e = anyhow::anyhow!("no order").context("showing");
+        assert_eq!(chain(&e), "showing: no order");
+    }
+
+    #[test]
+    fn errors_are_reported_on_one_line() {
+        assert_eq!(one_line("a:\n  b\tc "), "a: b c");
+    }
+}

@@ -56,7 +56,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
             let session = ctx.shutdown.child_token();
             let claimer = tokio::spawn(scheduler.clone().claim_loop(session.clone()));
             let consumer = broker
-                .consume(
+                .subscribe(
                     ctx.queues.replies(),
                     ctx.settings.broker.prefetch,
                     &scheduler.me.name,

@@ -37,7 +37,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
             let publisher = broker.publisher().await?;
             let relay = submission.relay.start(broker).await?;
             let consumer = broker
-                .consume(
+                .subscribe(
                     ctx.queues.orders(),
                     ctx.settings.broker.prefetch,
                     "submission",

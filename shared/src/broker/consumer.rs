@@ -11,15 +11,16 @@ use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::{BrokerError, Consumer, SessionEnd};
+use super::{BrokerError, SessionEnd, Subscription};
 
-/// Consumes until `shutdown` (returning [`SessionEnd::Shutdown`]) or until the
+/// Consumes until `stop` (returning [`SessionEnd::Shutdown`]) or until the
 /// consumer, a handler or a companion task (`lost`) fails on the broker
 /// (returning the error, which ends the session). Concurrency is bounded by
-/// the consumer's prefetch.
+/// the consumer's prefetch. On the way out the subscription's channel is
+/// closed, so whatever was delivered but not acknowledged is redelivered.
 pub async fn consume<H, Fut>(
-    mut consumer: Consumer,
-    shutdown: &CancellationToken,
+    subscription: Subscription,
+    stop: &CancellationToken,
     lost: &CancellationToken,
     grace: Duration,
     handler: H,
@@ -28,11 +29,15 @@ where
     H: Fn(Delivery) -> Fut,
     Fut: Future<Output = Result<(), BrokerError>> + Send + 'static,
 {
+    let Subscription {
+        channel,
+        mut consumer,
+    } = subscription;
     let queue = consumer.queue().to_string();
     let mut tasks: JoinSet<Result<(), BrokerError>> = JoinSet::new();
     let outcome = loop {
         tokio::select! {
-            () = shutdown.cancelled() => break Ok(SessionEnd::Shutdown),
+            () = stop.cancelled() => break Ok(SessionEnd::Shutdown),
             () = lost.cancelled() => break Err(BrokerError::ConsumerEnded(format!("{queue} (a companion task lost the broker)"))),
             Some(done) = tasks.join_next(), if !tasks.is_empty() => {
                 if let Some(e) = task_error(done) {
@@ -62,6 +67,7 @@ where
         tracing::warn!(%queue, left = tasks.len(), "grace period over; handing back unfinished deliveries");
         tasks.abort_all();
     }
+    channel.close(200, "consumer stopped".into()).await.ok();
     outcome
 }
 

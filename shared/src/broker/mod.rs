@@ -20,6 +20,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties};
 
 pub use consumer::{ack, consume, dead_letter, requeue};
+
 pub use lapin::Consumer;
 pub use lapin::message::Delivery;
 pub use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
@@ -32,7 +33,7 @@ use crate::topology::QueueNames;
 /// What went wrong with the broker.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
-    #[error("RabbitMQ error: {0}")]
+    #[error(transparent)]
     Amqp(#[from] lapin::Error),
     #[error("could not reach RabbitMQ within {waited:?}: {last}")]
     Unreachable {
@@ -119,18 +120,30 @@ impl Broker {
         prefetch: u16,
         tag: &str,
     ) -> Result<Consumer, BrokerError> {
+        Ok(self.subscribe(queue, prefetch, tag).await?.consumer)
+    }
+
+    /// Like [`Broker::consume`], on a channel of its own that [`consume`] closes
+    /// when it stops, so deliveries not yet worked on go back to the queue.
+    pub async fn subscribe(
+        &self,
+        queue: &str,
+        prefetch: u16,
+        tag: &str,
+    ) -> Result<Subscription, BrokerError> {
         let channel = self.channel().await?;
         channel
             .basic_qos(prefetch, BasicQosOptions::default())
             .await?;
-        Ok(channel
+        let consumer = channel
             .basic_consume(
                 queue.into(),
                 tag.into(),
                 BasicConsumeOptions::default(),
                 FieldTable::default(),
             )
-            .await?)
+            .await?;
+        Ok(Subscription { channel, consumer })
     }
 
     /// Deletes queues (for tests and teardown); missing queues are fine.
@@ -166,6 +179,12 @@ impl Broker {
     pub async fn close(&self) {
         self.conn.close(200, "bye".into()).await.ok();
     }
+}
+
+/// A consumer with its own channel.
+pub struct Subscription {
+    channel: Channel,
+    consumer: Consumer,
 }
 
 /// Arguments of a sas queue: quorum, and for work queues a dead-letter route and delivery limit.

@@ -15,7 +15,7 @@ pub enum PublishError {
     Nacked,
     #[error("no queue named {0:?}: the message was returned")]
     Unroutable(String),
-    #[error("RabbitMQ error: {0}")]
+    #[error(transparent)]
     Amqp(#[from] lapin::Error),
 }
 

@@ -30,9 +30,9 @@ pub const WAKE_CHANNEL: &str = "sas_work";
 /// What went wrong in the state store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("database error: {0}")]
+    #[error(transparent)]
     Db(#[from] sqlx::Error),
-    #[error("migration failed: {0}")]
+    #[error(transparent)]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("could not reach Postgres within {waited:?}: {last}")]
     Unreachable { waited: Duration, last: sqlx::Error },

@@ -43,16 +43,31 @@ pub async fn enqueue(
     Ok(())
 }
 
-/// Locks every queued message of these orders, in the order they were written.
-/// Waits for (does not skip) rows another relay holds, which keeps each order's
-/// messages in sequence: those rows are gone when the wait ends.
-pub async fn lock_for_orders(
+/// Takes these orders for relaying: those no other relay holds right now
+/// (a transaction-scoped advisory lock per order), so each order's messages
+/// are published by one relay at a time, in sequence, and relays never wait
+/// on each other. Returns the orders taken.
+pub async fn take_orders(
+    conn: &mut PgConnection,
+    order_ids: &[Uuid],
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT id FROM unnest($1::uuid[]) AS t(id) \
+         WHERE pg_try_advisory_xact_lock(hashtextextended('sas.outbox:' || id::text, 0))",
+    )
+    .bind(order_ids)
+    .fetch_all(conn)
+    .await
+}
+
+/// Every queued message of these orders, in the order they were written.
+pub async fn for_orders(
     conn: &mut PgConnection,
     order_ids: &[Uuid],
 ) -> Result<Vec<OutboxRow>, sqlx::Error> {
     sqlx::query_as::<_, OutboxRow>(
         "SELECT id, order_id, kind, routing_key, correlation_id, reply_to, body \
-         FROM outbox WHERE order_id = ANY($1) ORDER BY id FOR UPDATE",
+         FROM outbox WHERE order_id = ANY($1) ORDER BY id",
     )
     .bind(order_ids)
     .fetch_all(conn)

@@ -642,28 +642,36 @@ async fn wake(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
 }
 
 impl StateStore {
-    /// Locks and takes every queued message of these orders (see [`outbox::lock_for_orders`]),
-    /// runs `publish` on them, deletes the ones it reports published, and commits.
+    /// Relays the queued messages of these orders in one transaction: takes
+    /// the orders no other relay holds, runs `publish` on their messages,
+    /// deletes the ones it reports published, and commits. Returns the orders
+    /// another relay held (to try again shortly) and `publish`'s verdict.
     pub async fn relay_outbox<F, Fut, E>(
         &self,
         order_ids: &[Uuid],
         publish: F,
-    ) -> Result<Result<usize, E>, StoreError>
+    ) -> Result<(Vec<Uuid>, Result<usize, E>), StoreError>
     where
         F: FnOnce(Vec<outbox::OutboxRow>) -> Fut,
         Fut: std::future::Future<Output = (Vec<i64>, Result<(), E>)>,
     {
         let mut tx = self.pool().begin().await?;
-        let rows = outbox::lock_for_orders(&mut tx, order_ids).await?;
+        let taken = outbox::take_orders(&mut tx, order_ids).await?;
+        let held: Vec<Uuid> = order_ids
+            .iter()
+            .filter(|id| !taken.contains(id))
+            .copied()
+            .collect();
+        let rows = outbox::for_orders(&mut tx, &taken).await?;
         if rows.is_empty() {
-            return Ok(Ok(0));
+            return Ok((held, Ok(0)));
         }
         let (done, outcome) = publish(rows).await;
         if !done.is_empty() {
             outbox::delete(&mut tx, &done).await?;
         }
         tx.commit().await?;
-        Ok(outcome.map(|()| done.len()))
+        Ok((held, outcome.map(|()| done.len())))
     }
 
     /// Orders with messages left behind by a process that died.
