@@ -14,7 +14,9 @@ if ! cargo nextest --version >/dev/null 2>&1; then
     echo "cargo-nextest not found: install it with 'cargo install cargo-nextest --locked'" >&2
     exit 1
 fi
-cargo nextest run --workspace --profile "$profile" -E 'not binary(restarts)' "$@"
 if [ -f tests/tests/restarts.rs ]; then
+    cargo nextest run --workspace --profile "$profile" -E 'not binary(restarts)' "$@"
     cargo nextest run --workspace --profile "$profile" --test-threads 1 -E 'binary(restarts)' "$@"
+else
+    cargo nextest run --workspace --profile "$profile" "$@"
 fi

@@ -28,7 +28,7 @@ pub enum ConfigError {
 }
 
 /// All of sas's settings; each service reads the sections it needs.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct Settings {
     pub database: DatabaseSettings,
@@ -45,25 +45,6 @@ pub struct Settings {
     pub workflows: BTreeMap<String, WorkflowSpec>,
     /// Agents by name: the remote endpoint each one wraps.
     pub agents: BTreeMap<String, AgentSpec>,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            database: DatabaseSettings::default(),
-            broker: BrokerSettings::default(),
-            http: HttpSettings::default(),
-            log: LogSettings::default(),
-            submission: SubmissionSettings::default(),
-            scheduler: SchedulerSettings::default(),
-            agent: AgentSettings::default(),
-            supervisor: SupervisorSettings::default(),
-            outbox: OutboxSettings::default(),
-            shutdown: ShutdownSettings::default(),
-            workflows: BTreeMap::new(),
-            agents: BTreeMap::new(),
-        }
-    }
 }
 
 /// `[database]`: the state store.

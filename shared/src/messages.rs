@@ -247,10 +247,10 @@ impl StatusEvent {
             .and_then(Value::as_str)
             .and_then(|s| Uuid::parse_str(s).ok());
         let mut detail = serde_json::json!({ "error": reason.to_string() });
-        if order_id.is_none() {
-            if let Some(given) = &hints.order_id {
-                detail["order_id_given"] = given.clone();
-            }
+        if order_id.is_none()
+            && let Some(given) = &hints.order_id
+        {
+            detail["order_id_given"] = given.clone();
         }
         Self {
             order_id,

@@ -178,6 +178,17 @@ impl TestApp {
 
     /// Starts `binary` as process `name` with `args` and waits for `/readyz`.
     pub async fn start(&self, name: &str, binary: &str, args: &[&str]) {
+        self.start_with_env(name, binary, args, &[]).await;
+    }
+
+    /// Like [`TestApp::start`], with extra environment variables (e.g. `SAS__…` overrides).
+    pub async fn start_with_env(
+        &self,
+        name: &str,
+        binary: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) {
         let port = free_port();
         // Append: a restarted process keeps its predecessor's lines.
         let log = std::fs::OpenOptions::new()
@@ -193,6 +204,7 @@ impl TestApp {
                 "RUST_LOG",
                 std::env::var("SAS_TEST_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -602,6 +614,8 @@ grace = "5s"
 [agent]
 backoff_initial = "20ms"
 backoff_max = "200ms"
+# Many tests hang or fail endpoints on purpose; only the breaker's own test trips it.
+breaker_threshold = 100000
 
 [workflows.three]
 steps = [ {a}, {b}, {c} ]

@@ -200,7 +200,7 @@ async fn bad_messages_are_dead_lettered_with_a_reason_and_later_orders_still_flo
     let good = app.submit("three", Some(&status)).await;
     let events = app
         .collect(&status, Duration::from_secs(30), |got| {
-            count_terminal(got) >= bad.len() + 1
+            count_terminal(got) > bad.len()
         })
         .await;
     // The submission works on several messages at once: match by reason, not order.

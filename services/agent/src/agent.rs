@@ -199,6 +199,7 @@ impl Agent {
         delivery: &Delivery,
         request: &StepRequest,
     ) -> Result<(), BrokerError> {
+        tracing::debug!(complete_by = %request.complete_by, "request taken");
         if request.complete_by <= Utc::now() {
             tracing::info!("complete-by already passed; request dropped");
             self.count("expired");
@@ -263,6 +264,7 @@ impl Agent {
             })
             .await?;
         self.count(label);
+        tracing::debug!(outcome = label, "answered");
         broker::ack(delivery).await
     }
 

@@ -1,10 +1,13 @@
 //! `sasctl`: the operator's command line for a sas deployment. Submits orders
-//! as an application would, watches queues, shows an order with its steps and
-//! event log, and applies the state store's migrations.
+//! as an application would, watches queues and the alert queue, lists orders,
+//! shows one with its steps and event log, retries, cancels and prunes orders,
+//! and applies the state store's migrations.
 //!
-//! Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 3 unknown order.
+//! Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 3 unknown
+//! order, 4 action not allowed in the order's state ([`EXIT_CODES`]).
 //! Command output goes to stdout, logs and summaries to stderr.
 
+mod alerts;
 mod migrate;
 mod orders;
 mod submit;
@@ -17,10 +20,19 @@ use clap::{CommandFactory, Parser, Subcommand};
 use sas::config::{LogSettings, Settings};
 use sas::service::CommonArgs;
 
+/// The exit codes, as `--help` shows them.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  ok
+  1  failure (e.g. RabbitMQ or Postgres unreachable within its connect_timeout)
+  2  bad usage or configuration
+  3  unknown order
+  4  action not allowed in the order's state (e.g. retrying an order that is not in error)";
+
 /// The sas operator CLI. Configuration keys are the services' own
 /// (`SAS__BROKER__PREFIX`, `SAS__DATABASE__URL`, ...).
 #[derive(Debug, Parser)]
-#[command(name = "sasctl", version, about)]
+#[command(name = "sasctl", version, about, after_help = EXIT_CODES)]
 struct Cli {
     #[command(flatten)]
     common: CommonArgs,
@@ -34,7 +46,9 @@ enum Command {
     Submit(submit::Args),
     /// Print the messages of a queue as JSON lines, acknowledging each.
     Watch(watch::Args),
-    /// Inspect orders in the state store.
+    /// Print the operator alerts of `<prefix>.alerts` as JSON lines, acknowledging each.
+    Alerts(alerts::Args),
+    /// List, show, retry, cancel and prune orders in the state store (Postgres only).
     #[command(subcommand)]
     Orders(orders::Command),
     /// Apply the state store's migrations (creating the database when missing).
@@ -51,6 +65,8 @@ pub struct Exit {
 impl Exit {
     /// Exit code for an order id the state store does not know.
     pub const NOT_FOUND: u8 = 3;
+    /// Exit code for an action the order's state does not allow.
+    pub const NOT_ALLOWED: u8 = 4;
 }
 
 impl fmt::Display for Exit {
@@ -84,6 +100,7 @@ async fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Submit(args) => submit::run(args, &settings).await,
         Command::Watch(args) => watch::run(args, &settings).await,
+        Command::Alerts(args) => alerts::run(args, &settings).await,
         Command::Orders(command) => orders::run(command, &settings).await,
         Command::Migrate => migrate::run(&settings).await,
     };
@@ -111,14 +128,38 @@ impl Command {
 /// The log settings with lapin's and sqlx's chatter turned down, unless the
 /// filter names them: sasctl reports their errors itself (a returned message,
 /// a closed channel), and a migration's notices are no news to an operator.
+/// The same goes for the connection retries of the state store and the
+/// broker: a dependency still unreachable after its `connect_timeout` is one
+/// line, the error (`RUST_LOG=sas=debug` shows the attempts).
 fn quiet_libraries(log: &LogSettings) -> LogSettings {
     let mut log = log.clone();
-    for (target, level) in [("lapin", "off"), ("sqlx", "warn")] {
-        if !log.level.contains(target) {
+    for (target, level) in [
+        ("lapin", "off"),
+        ("sqlx", "warn"),
+        ("sas::broker", "error"),
+        ("sas::state_store", "error"),
+    ] {
+        if !names(&log.level, target) {
             log.level = format!("{},{target}={level}", log.level);
         }
     }
     log
+}
+
+/// Whether a filter has a directive for `target`, one of its modules or one
+/// of its parents (`sas=debug` names `sas::broker`).
+fn names(filter: &str, target: &str) -> bool {
+    filter
+        .split(',')
+        .filter_map(|directive| directive.split_once('=').map(|(t, _)| t.trim()))
+        .any(|t| {
+            t == target
+                || target
+                    .strip_prefix(t)
+                    .is_some_and(|rest| rest.starts_with("::"))
+                || t.strip_prefix(target)
+                    .is_some_and(|rest| rest.starts_with("::"))
+        })
 }
 
 /// An error with its causes, `: ` between them, skipping a cause whose text
@@ -199,9 +240,80 @@ mod tests {
     #[test]
     fn library_chatter_is_turned_down_unless_asked_for() {
         let mut log = LogSettings::default();
-        assert_eq!(quiet_libraries(&log).level, "info,lapin=off,sqlx=warn");
-        log.level = "debug,lapin=debug".into();
-        assert_eq!(quiet_libraries(&log).level, "debug,lapin=debug,sqlx=warn");
+        assert_eq!(
+            quiet_libraries(&log).level,
+            "info,lapin=off,sqlx=warn,sas::broker=error,sas::state_store=error"
+        );
+        log.level = "debug,lapin=debug,sas=trace".into();
+        assert_eq!(
+            quiet_libraries(&log).level,
+            "debug,lapin=debug,sas=trace,sqlx=warn"
+        );
+        log.level = "info,sas::broker::session=debug,sqlx::query=info".into();
+        assert_eq!(
+            quiet_libraries(&log).level,
+            "info,sas::broker::session=debug,sqlx::query=info,lapin=off,sas::state_store=error"
+        );
+    }
+
+    #[test]
+    fn the_operator_commands_parse() {
+        let id = "67e55044-10b1-426f-9247-bb680e5fe0c8";
+        for args in [
+            &["orders", "list"][..],
+            &[
+                "orders",
+                "list",
+                "--state",
+                "error",
+                "--workflow",
+                "w",
+                "--limit",
+                "5",
+                "--json",
+            ],
+            &["orders", "retry", id],
+            &["orders", "cancel", id, "--json"],
+            &["orders", "prune", "--older-than", "30days", "--json"],
+            &["alerts"],
+            &["alerts", "--follow", "--timeout", "10m", "--count", "3"],
+        ] {
+            assert!(parse(args).is_ok(), "{args:?}");
+        }
+        for (args, says) in [
+            (
+                &["orders", "list", "--state", "broken"][..],
+                "valid states: pending, processing",
+            ),
+            (&["orders", "list", "--limit", "0"], "--limit"),
+            (&["orders", "retry", "not-a-uuid"], "ID"),
+            (&["orders", "cancel"], "ID"),
+            (&["orders", "prune"], "--older-than"),
+            (
+                &["orders", "prune", "--older-than", "a while"],
+                "--older-than",
+            ),
+        ] {
+            let e = parse(args).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{args:?}");
+            assert!(e.to_string().contains(says), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_help_documents_the_exit_codes() {
+        let help = Cli::command().render_long_help().to_string();
+        for line in [
+            "0  ok",
+            "1  failure",
+            "2  bad usage or configuration",
+            "3  unknown order",
+            "4  action not allowed in the order's state",
+        ] {
+            assert!(help.contains(line), "{help}");
+        }
+        assert_eq!(Exit::NOT_FOUND, 3);
+        assert_eq!(Exit::NOT_ALLOWED, 4);
     }
 
     #[test]

@@ -1,23 +1,71 @@
-//! `sasctl orders`: an order with its steps and event log, from the state store.
+//! `sasctl orders`: list orders, show one with its steps and event log, retry
+//! or cancel one, and prune ended ones, all in the state store.
+//!
+//! Retry and cancel are transitions like the services' own: one transaction
+//! that also queues the order's status event in the outbox, which the running
+//! services' relays publish (within `outbox.sweep_age`). They need Postgres
+//! only, not RabbitMQ.
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
-use clap::Subcommand;
+use clap::{Subcommand, value_parser};
 use sas::config::Settings;
 use sas::messages::rfc3339;
-use sas::state_store::{EventRow, OrderRow, StateStore, StepRow};
+use sas::state::ProcessState;
+use sas::state_store::{Actor, EventRow, Operated, OrderRow, StateStore, StepRow, Transitions};
+use sas::topology::QueueNames;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::Exit;
 
+/// Every order state, in the order of an order's life.
+const STATES: [ProcessState; 6] = [
+    ProcessState::Pending,
+    ProcessState::Processing,
+    ProcessState::Processed,
+    ProcessState::Error,
+    ProcessState::Compensating,
+    ProcessState::Compensated,
+];
+
 /// `sasctl orders …`.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Show an order: its state, its steps and its event log.
+    /// List orders, newest first: id, state, workflow, failure count, lock holder, complete-by, last change.
+    List(ListArgs),
+    /// Show an order: its state, its steps and its event log (who, when, from → to, step, attempt, why).
     Show(ShowArgs),
+    /// Retry an `error` order: back to `pending` with its failure counts reset;
+    /// it resumes at its first incomplete step (completed steps do not run again).
+    Retry(ActionArgs),
+    /// Cancel a `pending`, `processing` or `error` order: the running step is
+    /// withdrawn and the completed steps are undone, newest first.
+    Cancel(ActionArgs),
+    /// Delete ended orders (`processed`, `compensated`, `error`), with their
+    /// steps and event logs, last changed longer ago than --older-than.
+    Prune(PruneArgs),
+}
+
+/// Options of `sasctl orders list`.
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    /// Only orders in this state: pending, processing, processed, error, compensating or compensated.
+    #[arg(long, value_name = "STATE", value_parser = parse_state)]
+    state: Option<ProcessState>,
+    /// Only orders of this workflow.
+    #[arg(long, value_name = "NAME")]
+    workflow: Option<String>,
+    /// At most this many orders.
+    #[arg(long, value_name = "N", default_value_t = 50, value_parser = value_parser!(i64).range(1..))]
+    limit: i64,
+    /// Print a JSON array of `{"order_id", "state", "workflow", "failure_count",
+    /// "locked_by", "complete_by", "created_at", "updated_at"}` instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Options of `sasctl orders show`.
@@ -31,27 +79,231 @@ pub struct ShowArgs {
     json: bool,
 }
 
-/// Runs `sasctl orders …`.
-pub async fn run(command: Command, settings: &Settings) -> anyhow::Result<()> {
-    match command {
-        Command::Show(args) => show(args, settings).await,
+/// Options of `sasctl orders retry` and `sasctl orders cancel`.
+#[derive(Debug, clap::Args)]
+pub struct ActionArgs {
+    /// The order's id.
+    #[arg(value_name = "ID")]
+    id: Uuid,
+    /// Print `{"order_id", "state"}` (the state the order is now in) instead of a sentence.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Options of `sasctl orders prune`.
+#[derive(Debug, clap::Args)]
+pub struct PruneArgs {
+    /// Delete only ended orders last changed longer ago than this (e.g. "30days", "12h").
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    older_than: Duration,
+    /// Print `{"deleted": n}` instead of a sentence.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `--state`: a state name; the error lists the valid ones.
+fn parse_state(text: &str) -> Result<ProcessState, String> {
+    text.parse().map_err(|_| {
+        let names: Vec<&str> = STATES.iter().map(|s| s.as_str()).collect();
+        format!("unknown state; valid states: {}", names.join(", "))
+    })
+}
+
+/// An operator's action on one order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Retry,
+    Cancel,
+}
+
+impl Action {
+    fn verb(self) -> &'static str {
+        match self {
+            Self::Retry => "retry",
+            Self::Cancel => "cancel",
+        }
+    }
+
+    fn done(self) -> &'static str {
+        match self {
+            Self::Retry => "retried",
+            Self::Cancel => "cancelled",
+        }
+    }
+
+    fn doing(self) -> &'static str {
+        match self {
+            Self::Retry => "retrying",
+            Self::Cancel => "cancelling",
+        }
+    }
+
+    /// Which states allow it, for the error when the order is in another.
+    fn allowed(self) -> &'static str {
+        match self {
+            Self::Retry => "only error orders can be retried",
+            Self::Cancel => "only pending, processing or error orders can be cancelled",
+        }
     }
 }
 
-async fn show(args: ShowArgs, settings: &Settings) -> anyhow::Result<()> {
-    let store = StateStore::connect(&settings.database, "sasctl")
+/// Runs `sasctl orders …`.
+pub async fn run(command: Command, settings: &Settings) -> anyhow::Result<()> {
+    match command {
+        Command::List(args) => list(args, settings).await,
+        Command::Show(args) => show(args, settings).await,
+        Command::Retry(args) => operate(Action::Retry, args, settings).await,
+        Command::Cancel(args) => operate(Action::Cancel, args, settings).await,
+        Command::Prune(args) => prune(args, settings).await,
+    }
+}
+
+async fn connect(settings: &Settings) -> anyhow::Result<StateStore> {
+    StateStore::connect(&settings.database, "sasctl")
         .await
-        .context("connecting to Postgres")?;
+        .context("connecting to Postgres")
+}
+
+fn not_found(id: Uuid) -> anyhow::Error {
+    Exit {
+        code: Exit::NOT_FOUND,
+        message: format!("no order {id}"),
+    }
+    .into()
+}
+
+async fn list(args: ListArgs, settings: &Settings) -> anyhow::Result<()> {
+    let store = connect(settings).await?;
+    let orders = store
+        .list_orders(args.state, args.workflow.as_deref(), args.limit)
+        .await;
+    store.close().await;
+    let orders = orders.context("listing orders")?;
+    let text = if args.json {
+        Value::Array(orders.iter().map(list_json).collect()).to_string()
+    } else {
+        list_text(&orders)
+    };
+    println!("{}", text.trim_end());
+    Ok(())
+}
+
+/// One order of `orders list --json`.
+fn list_json(order: &OrderRow) -> Value {
+    json!({
+        "order_id": order.order_id,
+        "state": order.process_state.as_str(),
+        "workflow": order.workflow,
+        "failure_count": order.failure_count,
+        "locked_by": order.locked_by,
+        "complete_by": order.complete_by.as_ref().map(rfc3339::format),
+        "created_at": rfc3339::format(&order.created_at),
+        "updated_at": rfc3339::format(&order.updated_at),
+    })
+}
+
+/// The orders of `orders list` as a table.
+fn list_text(orders: &[OrderRow]) -> String {
+    let rows = orders
+        .iter()
+        .map(|o| {
+            vec![
+                o.order_id.to_string(),
+                o.process_state.to_string(),
+                o.workflow.clone(),
+                o.failure_count.to_string(),
+                opt(o.locked_by.as_deref()),
+                opt_time(o.complete_by),
+                time(o.updated_at),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "ORDER_ID",
+            "STATE",
+            "WORKFLOW",
+            "FAILURE_COUNT",
+            "LOCKED_BY",
+            "COMPLETE_BY",
+            "UPDATED_AT",
+        ],
+        rows,
+    )
+}
+
+/// The operator an action is recorded under: `operator:<$USER>`, or
+/// `operator:sasctl` when `USER` is unset.
+fn operator() -> Actor {
+    let user = std::env::var("USER").unwrap_or_default();
+    let user = user.trim();
+    Actor {
+        name: format!("operator:{}", if user.is_empty() { "sasctl" } else { user }),
+    }
+}
+
+async fn operate(action: Action, args: ActionArgs, settings: &Settings) -> anyhow::Result<()> {
+    let store = connect(settings).await?;
+    let transitions = Transitions::new(store.clone(), QueueNames::new(&settings.broker.prefix));
+    let me = operator();
+    let outcome = match action {
+        Action::Retry => transitions.retry(&me, args.id).await,
+        Action::Cancel => transitions.cancel(&me, args.id).await,
+    };
+    store.close().await;
+    let outcome = outcome.with_context(|| format!("{} order {}", action.doing(), args.id))?;
+    let state = match outcome {
+        Operated::Done(state) => state,
+        Operated::NotFound => return Err(not_found(args.id)),
+        Operated::NotAllowed(state) => {
+            return Err(Exit {
+                code: Exit::NOT_ALLOWED,
+                message: format!(
+                    "cannot {} order {}: it is {state} ({})",
+                    action.verb(),
+                    args.id,
+                    action.allowed()
+                ),
+            }
+            .into());
+        }
+    };
+    if args.json {
+        println!(
+            "{}",
+            json!({ "order_id": args.id, "state": state.as_str() })
+        );
+    } else {
+        println!("order {} {}: {state}", args.id, action.done());
+    }
+    Ok(())
+}
+
+async fn prune(args: PruneArgs, settings: &Settings) -> anyhow::Result<()> {
+    let store = connect(settings).await?;
+    let deleted = store.prune(args.older_than).await;
+    store.close().await;
+    let deleted = deleted.context("pruning ended orders")?;
+    if args.json {
+        println!("{}", json!({ "deleted": deleted }));
+    } else {
+        let plural = if deleted == 1 { "" } else { "s" };
+        println!(
+            "deleted {deleted} ended order{plural} last changed more than {} ago",
+            humantime::format_duration(args.older_than)
+        );
+    }
+    Ok(())
+}
+
+async fn show(args: ShowArgs, settings: &Settings) -> anyhow::Result<()> {
+    let store = connect(settings).await?;
     let details = store.order_details(args.id).await;
     store.close().await;
     let Some((order, steps, events)) =
         details.with_context(|| format!("reading order {}", args.id))?
     else {
-        return Err(Exit {
-            code: Exit::NOT_FOUND,
-            message: format!("no order {}", args.id),
-        }
-        .into());
+        return Err(not_found(args.id));
     };
     let text = if args.json {
         to_json(&order, &steps, &events).to_string()
@@ -177,13 +429,15 @@ fn to_text(order: &OrderRow, steps: &[StepRow], events: &[EventRow]) -> String {
         rows,
     ));
 
-    let _ = writeln!(out, "\nevents");
+    // The timeline: who did what when, from which state to which, and why.
+    let _ = writeln!(out, "\nevent log");
     let rows = events
         .iter()
         .map(|e| {
             vec![
                 e.seq.to_string(),
                 time(e.at),
+                e.actor.clone(),
                 e.event.clone(),
                 format!(
                     "{} → {}",
@@ -192,7 +446,6 @@ fn to_text(order: &OrderRow, steps: &[StepRow], events: &[EventRow]) -> String {
                 ),
                 opt(e.step.as_deref()),
                 e.attempt.to_string(),
-                e.actor.clone(),
                 opt(e.reason.as_deref()),
             ]
         })
@@ -201,11 +454,11 @@ fn to_text(order: &OrderRow, steps: &[StepRow], events: &[EventRow]) -> String {
         &[
             "SEQ",
             "AT",
+            "ACTOR",
             "EVENT",
             "FROM → TO",
             "STEP",
             "ATTEMPT",
-            "ACTOR",
             "REASON",
         ],
         rows,
@@ -265,7 +518,7 @@ fn opt_time(t: Option<DateTime<Utc>>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sas::state::{ProcessState, StepState};
+    use sas::state::StepState;
 
     fn sample() -> (OrderRow, Vec<StepRow>, Vec<EventRow>) {
         let at = DateTime::parse_from_rfc3339("2030-01-02T03:04:05.678Z")
@@ -364,6 +617,67 @@ mod tests {
         assert!(text.contains("- → pending"), "{text}");
         let (order, _, _) = sample();
         assert!(to_text(&order, &[], &[]).contains("steps\n(none)\n"));
+    }
+
+    #[test]
+    fn the_event_log_reads_as_a_timeline() {
+        let (order, steps, mut events) = sample();
+        events[0].reason = Some("accepted\nfrom app".into());
+        let text = to_text(&order, &steps, &events);
+        assert!(text.contains("\nevent log\n"), "{text}");
+        assert!(
+            text.contains("SEQ  AT                        ACTOR       EVENT     FROM → TO    STEP  ATTEMPT  REASON\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("1    2030-01-02 03:04:05.678Z  submission  received  - → pending  -     1        accepted from app\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_list_has_one_row_per_order() {
+        let (order, _, _) = sample();
+        let text = list_text(std::slice::from_ref(&order));
+        assert!(
+            text.starts_with("ORDER_ID                              STATE       WORKFLOW  FAILURE_COUNT  LOCKED_BY    COMPLETE_BY               UPDATED_AT\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("67e55044-10b1-426f-9247-bb680e5fe0c8  processing  order     1              scheduler-1  2030-01-02 03:04:05.678Z"),
+            "{text}"
+        );
+        assert_eq!(list_text(&[]), "(none)\n");
+        let v = list_json(&order);
+        assert_eq!(v["state"], "processing");
+        assert_eq!(v["failure_count"], 1);
+        assert_eq!(v["locked_by"], "scheduler-1");
+        assert_eq!(v["complete_by"], "2030-01-02T03:04:05.678000Z");
+    }
+
+    #[test]
+    fn states_are_checked_and_the_error_lists_the_valid_ones() {
+        assert_eq!(parse_state("error").unwrap(), ProcessState::Error);
+        let e = parse_state("broken").unwrap_err();
+        assert!(
+            e.contains("pending, processing, processed, error, compensating, compensated"),
+            "{e}"
+        );
+        for s in STATES {
+            assert_eq!(parse_state(s.as_str()).unwrap(), s);
+        }
+    }
+
+    #[test]
+    fn actions_explain_which_states_allow_them() {
+        assert_eq!(Action::Retry.verb(), "retry");
+        assert_eq!(Action::Cancel.done(), "cancelled");
+        assert!(
+            Action::Cancel
+                .allowed()
+                .contains("pending, processing or error")
+        );
+        assert!(operator().name.starts_with("operator:"));
     }
 
     #[test]

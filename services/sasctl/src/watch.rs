@@ -1,5 +1,6 @@
 //! `sasctl watch`: prints the messages of a queue as JSON lines on stdout,
-//! acknowledging each once printed.
+//! acknowledging each once printed. [`print_queue`] is the machinery, shared
+//! with `sasctl alerts`.
 
 use std::io::Write;
 use std::time::Duration;
@@ -26,7 +27,32 @@ pub struct Args {
     timeout: Option<Duration>,
 }
 
-/// Why watching stopped.
+/// A queue to print and when to stop.
+#[derive(Debug)]
+pub struct Reading<'a> {
+    pub queue: &'a str,
+    /// What to do when the queue does not exist.
+    pub missing: Missing,
+    /// Stop after this many messages.
+    pub count: Option<u64>,
+    /// Stop when no message arrived for this long.
+    pub idle: Option<Duration>,
+    /// What the messages are called in the summary on stderr, singular and plural.
+    pub noun: (&'a str, &'a str),
+}
+
+/// What [`print_queue`] does about the queue's existence.
+#[derive(Debug)]
+pub enum Missing {
+    /// Declare it as an application's status queue (durable, classic) when
+    /// missing; read it as it is when it exists with other arguments.
+    Declare,
+    /// Do not declare it: a sas queue (e.g. the quorum queue `<prefix>.alerts`)
+    /// that the services declare. Missing, it is an error with this hint.
+    Fail { hint: String },
+}
+
+/// Why reading stopped.
 #[derive(Debug, PartialEq, Eq)]
 enum Stop {
     Count,
@@ -38,38 +64,71 @@ enum Stop {
 
 /// Runs `sasctl watch`.
 pub async fn run(args: Args, settings: &Settings) -> anyhow::Result<()> {
+    print_queue(
+        settings,
+        &Reading {
+            queue: &args.queue,
+            missing: Missing::Declare,
+            count: args.count,
+            idle: args.timeout,
+            noun: ("message", "messages"),
+        },
+    )
+    .await
+}
+
+/// Prints the messages of a queue as JSON lines on stdout, acknowledging each
+/// once printed, until a stop condition or SIGINT/SIGTERM; then a summary on stderr.
+pub async fn print_queue(settings: &Settings, reading: &Reading<'_>) -> anyhow::Result<()> {
+    let queue = reading.queue;
     let shutdown = sas::shutdown::on_signal().context("installing the signal handlers")?;
     let setup = async {
         let broker = Broker::connect(&settings.broker, "sasctl")
             .await
             .context("connecting to RabbitMQ")?;
-        match broker.declare_status_queue(&args.queue).await {
-            Ok(()) => {}
-            // It exists with other arguments (a sas quorum queue such as
-            // `<prefix>.alerts` or a dead-letter queue): read it as it is.
-            Err(BrokerError::Amqp(e)) if is_precondition_failed(&e) => {
-                tracing::debug!(queue = %args.queue, "the queue exists with other arguments");
-            }
-            Err(e) => {
-                return Err(e).with_context(|| format!("declaring the queue {}", args.queue));
+        if let Missing::Declare = reading.missing {
+            match broker.declare_status_queue(queue).await {
+                Ok(()) => {}
+                // It exists with other arguments (a sas quorum queue such as
+                // `<prefix>.alerts` or a dead-letter queue): read it as it is.
+                Err(BrokerError::Amqp(e))
+                    if is_soft_error(&e, AMQPSoftError::PRECONDITIONFAILED) =>
+                {
+                    tracing::debug!(%queue, "the queue exists with other arguments");
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("declaring the queue {queue}"));
+                }
             }
         }
-        let prefetch = args.count.map_or(settings.broker.prefetch, |n| {
+        let prefetch = reading.count.map_or(settings.broker.prefetch, |n| {
             u16::try_from(n)
                 .unwrap_or(u16::MAX)
                 .min(settings.broker.prefetch)
         });
-        let consumer = broker
-            .consume(&args.queue, prefetch, "sasctl-watch")
-            .await
-            .with_context(|| format!("consuming {}", args.queue))?;
+        let consumer = match broker.consume(queue, prefetch, "sasctl-watch").await {
+            Ok(consumer) => consumer,
+            Err(BrokerError::Amqp(e)) if is_soft_error(&e, AMQPSoftError::NOTFOUND) => {
+                broker.close().await;
+                return Err(match &reading.missing {
+                    Missing::Fail { hint } => {
+                        anyhow::anyhow!("the queue {queue} does not exist ({hint})")
+                    }
+                    Missing::Declare => anyhow::anyhow!("the queue {queue} does not exist"),
+                });
+            }
+            Err(e) => {
+                broker.close().await;
+                return Err(e).with_context(|| format!("consuming {queue}"));
+            }
+        };
         anyhow::Ok((broker, consumer))
     };
     let (broker, mut consumer) = tokio::select! {
         ready = setup => ready?,
         () = shutdown.cancelled() => return Ok(()),
     };
-    let outcome = watch(&mut consumer, &args, shutdown.cancelled()).await;
+    let outcome = consume(&mut consumer, reading, shutdown.cancelled()).await;
     // Closing the connection hands back what was delivered but not printed;
     // the consumer is dropped after it, so its cancel does not race the close.
     broker.close().await;
@@ -79,42 +138,46 @@ pub async fn run(args: Args, settings: &Settings) -> anyhow::Result<()> {
         Stop::Count => "count reached".to_owned(),
         Stop::Idle => format!(
             "nothing for {}",
-            humantime::format_duration(args.timeout.unwrap_or_default())
+            humantime::format_duration(reading.idle.unwrap_or_default())
         ),
         Stop::Signal => "interrupted".to_owned(),
         Stop::ClosedOutput => "output closed".to_owned(),
     };
-    let plural = if seen == 1 { "" } else { "s" };
-    eprintln!("{seen} message{plural} from {} ({why})", args.queue);
+    let noun = if seen == 1 {
+        reading.noun.0
+    } else {
+        reading.noun.1
+    };
+    eprintln!("{seen} {noun} from {queue} ({why})");
     Ok(())
 }
 
 /// Prints and acknowledges deliveries until a stop condition; how many were printed.
-async fn watch(
+async fn consume(
     consumer: &mut Consumer,
-    args: &Args,
+    reading: &Reading<'_>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<(u64, Stop)> {
+    let queue = reading.queue;
     let mut shutdown = std::pin::pin!(shutdown);
     let mut out = std::io::stdout();
     let mut seen = 0u64;
     loop {
-        if args.count.is_some_and(|n| seen >= n) {
+        if reading.count.is_some_and(|n| seen >= n) {
             return Ok((seen, Stop::Count));
         }
         let next = tokio::select! {
             () = &mut shutdown => return Ok((seen, Stop::Signal)),
-            () = idle(args.timeout) => return Ok((seen, Stop::Idle)),
+            () = idle(reading.idle) => return Ok((seen, Stop::Idle)),
             next = consumer.next() => next,
         };
         let delivery = match next {
             Some(Ok(delivery)) => delivery,
             Some(Err(e)) => {
-                return Err(e).with_context(|| format!("consuming {}", args.queue));
+                return Err(e).with_context(|| format!("consuming {queue}"));
             }
             None => anyhow::bail!(
-                "the broker cancelled the consumer of {} (was the queue deleted?)",
-                args.queue
+                "the broker cancelled the consumer of {queue} (was the queue deleted?)"
             ),
         };
         let line = json_line(&delivery.data);
@@ -128,18 +191,18 @@ async fn watch(
         }
         sas::broker::ack(&delivery)
             .await
-            .with_context(|| format!("acknowledging a message of {}", args.queue))?;
+            .with_context(|| format!("acknowledging a message of {queue}"))?;
         seen += 1;
     }
 }
 
-/// Whether the broker refused a declaration because the queue exists with
-/// other arguments (406 PRECONDITION_FAILED).
-fn is_precondition_failed(e: &lapin::Error) -> bool {
+/// Whether the broker refused with this soft error, e.g. 406
+/// PRECONDITION_FAILED (a queue declared with other arguments) or 404 NOT_FOUND.
+fn is_soft_error(e: &lapin::Error, soft: AMQPSoftError) -> bool {
     matches!(
         e.kind(),
         lapin::ErrorKind::ProtocolError(amqp)
-            if *amqp.kind() == AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED)
+            if *amqp.kind() == AMQPErrorKind::Soft(soft)
     )
 }
 

@@ -98,13 +98,13 @@ impl Scheduler {
             self.claim_all(&stop).await;
             let woken = async {
                 match listener.as_mut() {
-                    Some(l) => match tokio::time::timeout(poll, l.recv()).await {
-                        Ok(Err(e)) => {
+                    // A notification, or the poll interval, whichever comes first.
+                    Some(l) => {
+                        if let Ok(Err(e)) = tokio::time::timeout(poll, l.recv()).await {
                             tracing::warn!(error = %e, "wake-up listener failed; polling");
                             tokio::time::sleep(poll).await;
                         }
-                        Ok(Ok(_)) | Err(_) => {}
-                    },
+                    }
                     None => tokio::time::sleep(poll).await,
                 }
             };

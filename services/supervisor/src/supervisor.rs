@@ -4,8 +4,10 @@
 //! `supervisor.max_failures`, gives it up (alert, then compensate or fail).
 //! It knows nothing of the steps' business: only deadlines and counts.
 //!
-//! Several supervisors may run: each expired order is locked by one sweep
-//! (`FOR UPDATE SKIP LOCKED`) and changed once, guarded by its state and holder.
+//! Several supervisors may run: one leads (a Postgres lease) and sweeps, the
+//! others stand by and take over within an interval when the leader dies.
+//! Even two sweeps at once would be safe: each expired order is locked by one
+//! sweep (`FOR UPDATE SKIP LOCKED`) and changed once, guarded by its state and holder.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,15 +17,21 @@ use sas::broker::{self, SessionEnd};
 use sas::metrics::labels;
 use sas::outbox::Relay;
 use sas::service::Context;
-use sas::state_store::{Actor, Expired, Transitions};
+use sas::state_store::{Actor, Expired, Lease, StateStore, Transitions};
 
 /// Runs a supervisor until shutdown.
 pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     let store = ctx.store()?.clone();
     let me = Actor::new_instance("supervisor");
     let transitions = Transitions::new(store.clone(), ctx.queues.clone());
-    let relay = Relay::new(store, ctx.settings.outbox.clone(), ctx.metrics.clone());
+    let relay = Relay::new(
+        store.clone(),
+        ctx.settings.outbox.clone(),
+        ctx.metrics.clone(),
+    );
     let agents = ctx.settings.agent_names();
+    let mut lease = Lease::new("sas.supervisor");
+    let mut leading = false;
     broker::run_sessions(
         &ctx.settings.broker,
         ctx.name,
@@ -41,6 +49,9 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                     () = ctx.shutdown.cancelled() => break,
                     () = relay_task.lost().cancelled() => break,
                     _ = tick.tick() => {}
+                }
+                if !lead(&ctx, &me, &store, &mut lease, &mut leading).await {
+                    continue;
                 }
                 let started = Instant::now();
                 match transitions
@@ -71,7 +82,35 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     )
     .await
     .context("RabbitMQ")?;
+    lease.release().await;
     Ok(())
+}
+
+/// Whether this supervisor leads now; reports changes.
+async fn lead(
+    ctx: &Context,
+    me: &Actor,
+    store: &StateStore,
+    lease: &mut Lease,
+    leading: &mut bool,
+) -> bool {
+    let now = match lease.lead(store).await {
+        Ok(now) => now,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot reach the lease; standing by");
+            false
+        }
+    };
+    if now != *leading {
+        *leading = now;
+        ctx.metrics.supervisor_leader.set(i64::from(now));
+        if now {
+            tracing::info!(instance = %me.name, "leading: sweeping for expired orders");
+        } else {
+            tracing::warn!(instance = %me.name, "standing by: another supervisor leads");
+        }
+    }
+    now
 }
 
 fn report(ctx: &Context, recovered: &[Expired]) {

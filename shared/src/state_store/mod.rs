@@ -6,6 +6,7 @@
 //! answer, so a stale actor changes nothing: the row count says so.
 
 mod events;
+mod leases;
 mod orders;
 mod outbox;
 mod steps;
@@ -17,10 +18,11 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
 pub use events::EventRow;
+pub use leases::Lease;
 pub use orders::{NewOrder, OrderRow};
 pub use outbox::OutboxRow;
 pub use steps::StepRow;
-pub use transitions::{Actor, Expired, ReplyOutcome, Submitted, Transitions};
+pub use transitions::{Actor, Expired, Operated, ReplyOutcome, Submitted, Transitions};
 
 use crate::config::DatabaseSettings;
 
@@ -150,6 +152,24 @@ impl StateStore {
         let steps = steps::for_orders(&mut conn, &[order_id]).await?;
         let events = events::for_order(&mut conn, order_id).await?;
         Ok(Some((order, steps, events)))
+    }
+
+    /// Orders, newest first, optionally of one state and one workflow.
+    pub async fn list_orders(
+        &self,
+        state: Option<crate::state::ProcessState>,
+        workflow: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<OrderRow>, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        Ok(orders::list(&mut conn, state, workflow, limit).await?)
+    }
+
+    /// Deletes ended orders last changed longer ago than `older_than`; how many.
+    pub async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+        Ok(orders::prune(&mut conn, ms).await?)
     }
 
     /// Closes the pool, waiting for connections in use to come back.

@@ -214,3 +214,48 @@ pub async fn count_failure(conn: &mut PgConnection, o: &OrderRow) -> Result<bool
     .await?;
     Ok(done.rows_affected() == 1)
 }
+
+/// Back to `pending` for an operator's retry, counts and error cleared.
+pub async fn reset_for_retry(conn: &mut PgConnection, order_id: Uuid) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE orders SET process_state = 'pending', locked_by = NULL, complete_by = NULL, \
+           not_before = NULL, failure_count = 0, compensation_failures = 0, last_error = NULL, updated_at = now() \
+         WHERE order_id = $1 AND process_state = 'error'",
+    )
+    .bind(order_id)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Orders, newest first, optionally of one state and one workflow.
+pub async fn list(
+    conn: &mut PgConnection,
+    state: Option<ProcessState>,
+    workflow: Option<&str>,
+    limit: i64,
+) -> Result<Vec<OrderRow>, sqlx::Error> {
+    sqlx::query_as::<_, OrderRow>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM orders \
+         WHERE ($1::text IS NULL OR process_state = $1) AND ($2::text IS NULL OR workflow = $2) \
+         ORDER BY created_at DESC LIMIT $3"
+    )))
+    .bind(state.map(ProcessState::as_str))
+    .bind(workflow)
+    .bind(limit)
+    .fetch_all(conn)
+    .await
+}
+
+/// Deletes ended orders (with their steps and events) last changed more than
+/// `older_than_ms` ago; how many.
+pub async fn prune(conn: &mut PgConnection, older_than_ms: i64) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "DELETE FROM orders WHERE process_state IN ('processed', 'compensated', 'error') \
+           AND updated_at < now() - $1 * interval '1 millisecond'",
+    )
+    .bind(older_than_ms)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
+}

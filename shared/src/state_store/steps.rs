@@ -106,17 +106,25 @@ pub async fn dispatch(
     .await
 }
 
+/// How one dispatch of a step ended, and the guard it must pass.
+#[derive(Debug, Clone, Copy)]
+pub struct Finish<'a> {
+    pub idx: i32,
+    /// The state the step must still be in.
+    pub expected: StepState,
+    /// The dispatch the answer is for; any other is stale.
+    pub dispatch_id: Uuid,
+    pub to: StepState,
+    pub result: Option<&'a Value>,
+    pub error: Option<&'a str>,
+}
+
 /// Records how a dispatch ended, guarded by the state and the dispatch it answers.
 /// Whether the guard held.
 pub async fn finish(
     conn: &mut PgConnection,
     order_id: Uuid,
-    idx: i32,
-    expected: StepState,
-    dispatch_id: Uuid,
-    to: StepState,
-    result: Option<&Value>,
-    error: Option<&str>,
+    f: &Finish<'_>,
 ) -> Result<bool, sqlx::Error> {
     let done = sqlx::query(
         "UPDATE steps SET state = $5, result = COALESCE($6, result), error = $7, \
@@ -124,12 +132,12 @@ pub async fn finish(
          WHERE order_id = $1 AND idx = $2 AND state = $3 AND dispatch_id = $4",
     )
     .bind(order_id)
-    .bind(idx)
-    .bind(expected.as_str())
-    .bind(dispatch_id)
-    .bind(to.as_str())
-    .bind(result)
-    .bind(error)
+    .bind(f.idx)
+    .bind(f.expected.as_str())
+    .bind(f.dispatch_id)
+    .bind(f.to.as_str())
+    .bind(f.result)
+    .bind(f.error)
     .execute(conn)
     .await?;
     Ok(done.rows_affected() == 1)
@@ -143,6 +151,18 @@ pub async fn withdraw_running(conn: &mut PgConnection, order_id: Uuid) -> Result
         "UPDATE steps SET dispatch_id = NULL, complete_by = NULL, \
            state = CASE state WHEN 'running' THEN 'not_started' ELSE 'completed' END \
          WHERE order_id = $1 AND state IN ('running', 'compensating')",
+    )
+    .bind(order_id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Prepares an operator's retry: failed and undone steps run again; completed ones do not.
+pub async fn reset_for_retry(conn: &mut PgConnection, order_id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE steps SET state = 'not_started', dispatch_id = NULL, complete_by = NULL, error = NULL \
+         WHERE order_id = $1 AND state IN ('failed', 'compensating', 'compensated', 'running')",
     )
     .bind(order_id)
     .execute(conn)

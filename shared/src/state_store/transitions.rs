@@ -64,6 +64,17 @@ pub enum Expired {
     GaveUp { order_id: Uuid },
 }
 
+/// How an operator's action ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Operated {
+    /// Done; the order is now in this state.
+    Done(ProcessState),
+    /// No such order.
+    NotFound,
+    /// The action is not allowed in the order's state.
+    NotAllowed(ProcessState),
+}
+
 /// The transitions, bound to a state store and the queue names of a deployment.
 #[derive(Clone, Debug)]
 pub struct Transitions {
@@ -203,17 +214,15 @@ impl Transitions {
                 (StepState::Completed, None, Some(error.as_str()))
             }
         };
-        let applied = steps::finish(
-            &mut tx,
-            order.order_id,
-            reply.step_index,
-            expect_step,
-            reply.dispatch_id,
+        let finish = steps::Finish {
+            idx: reply.step_index,
+            expected: expect_step,
+            dispatch_id: reply.dispatch_id,
             to,
             result,
             error,
-        )
-        .await?;
+        };
+        let applied = steps::finish(&mut tx, order.order_id, &finish).await?;
         if !applied {
             return Ok(ReplyOutcome::Stale("the dispatch was superseded".into()));
         }
@@ -360,6 +369,102 @@ impl Transitions {
         }
         tx.commit().await?;
         Ok(recovered)
+    }
+
+    /// An operator's retry of an `error` order: back to `pending` with its
+    /// failure counts reset; it resumes at its first incomplete step (failed
+    /// and undone steps run again, completed ones do not).
+    pub async fn retry(&self, operator: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
+        let mut tx = self.store.pool().begin().await?;
+        let Some(order) = orders::lock(&mut tx, order_id).await? else {
+            return Ok(Operated::NotFound);
+        };
+        if order.process_state != ProcessState::Error {
+            return Ok(Operated::NotAllowed(order.process_state));
+        }
+        steps::reset_for_retry(&mut tx, order_id).await?;
+        if !orders::reset_for_retry(&mut tx, order_id).await? {
+            return Err(StoreError::Corrupt(
+                "order changed under its row lock".into(),
+            ));
+        }
+        let event = Event {
+            kind: EventKind::RetryScheduled,
+            from: Some(ProcessState::Error),
+            to: ProcessState::Pending,
+            step: None,
+            attempt: 1,
+            actor: &operator.name,
+            reason: Some("retried by an operator"),
+            detail: json!({ "operator": true, "next_attempt_at": crate::messages::rfc3339::format(&Utc::now()) }),
+        };
+        events::append(&mut tx, order_id, &event).await?;
+        wake(&mut tx).await?;
+        tx.commit().await?;
+        Ok(Operated::Done(ProcessState::Pending))
+    }
+
+    /// An operator's cancel of a `pending`, `processing` or `error` order: the
+    /// running step (if any) is withdrawn and the completed steps are undone,
+    /// newest first, by the schedulers. With nothing to undo the order ends
+    /// `compensated` at once.
+    pub async fn cancel(&self, operator: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
+        let mut tx = self.store.pool().begin().await?;
+        let Some(order) = orders::lock(&mut tx, order_id).await? else {
+            return Ok(Operated::NotFound);
+        };
+        if !matches!(
+            order.process_state,
+            ProcessState::Pending | ProcessState::Processing | ProcessState::Error
+        ) {
+            return Ok(Operated::NotAllowed(order.process_state));
+        }
+        steps::withdraw_running(&mut tx, order_id).await?;
+        let steps = steps::for_orders(&mut tx, &[order_id]).await?;
+        let views: Vec<_> = steps.iter().map(StepRow::view).collect();
+        let undo = workflow::next_compensation(&views) != Next::Finished;
+        let to = if undo {
+            ProcessState::Compensating
+        } else {
+            ProcessState::Compensated
+        };
+        let moved = orders::transition(
+            &mut tx,
+            order_id,
+            order.process_state,
+            order.locked_by.as_deref(),
+            to,
+            None,
+            None,
+        )
+        .await?;
+        if !moved {
+            return Err(StoreError::Corrupt(
+                "order changed under its row lock".into(),
+            ));
+        }
+        let reason = "cancelled by an operator";
+        orders::set_last_error(&mut tx, order_id, reason).await?;
+        let event = Event {
+            kind: if undo {
+                EventKind::Compensating
+            } else {
+                EventKind::Compensated
+            },
+            from: Some(order.process_state),
+            to,
+            step: None,
+            attempt: order.attempt(),
+            actor: &operator.name,
+            reason: Some(reason),
+            detail: json!({ "cancelled": true }),
+        };
+        events::append(&mut tx, order_id, &event).await?;
+        if undo {
+            wake(&mut tx).await?;
+        }
+        tx.commit().await?;
+        Ok(Operated::Done(to))
     }
 
     /// Dispatches the order's next step (forward or undo), or finishes it.

@@ -1,0 +1,52 @@
+//! Leadership among supervisors: a session-level advisory lock held on a
+//! connection of its own. When the leader's process dies its connection
+//! closes and Postgres releases the lock at once, so a stand-by takes over at
+//! its next tick: the hand-over takes at most one `supervisor.interval`.
+
+use sqlx::{Connection, PgConnection};
+
+use super::{StateStore, StoreError};
+
+/// One contender for a named leadership.
+pub struct Lease {
+    name: &'static str,
+    /// The connection that holds the lock, while we lead.
+    held: Option<PgConnection>,
+}
+
+impl Lease {
+    /// A contender for the leadership called `name`.
+    pub fn new(name: &'static str) -> Self {
+        Self { name, held: None }
+    }
+
+    /// Whether this contender leads now: keeps the lock if it holds it and
+    /// its connection is alive, else tries to take it.
+    pub async fn lead(&mut self, store: &StateStore) -> Result<bool, StoreError> {
+        if let Some(conn) = self.held.as_mut() {
+            if sqlx::query("SELECT 1").execute(&mut *conn).await.is_ok() {
+                return Ok(true);
+            }
+            // The connection is gone, and with it the lock.
+            self.held = None;
+        }
+        let mut conn = store.pool().acquire().await?.detach();
+        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
+            .bind(self.name)
+            .fetch_one(&mut conn)
+            .await?;
+        if got {
+            self.held = Some(conn);
+        } else {
+            conn.close().await.ok();
+        }
+        Ok(got)
+    }
+
+    /// Gives the leadership up (on shutdown), so a stand-by takes over at once.
+    pub async fn release(&mut self) {
+        if let Some(conn) = self.held.take() {
+            conn.close().await.ok();
+        }
+    }
+}
