@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# Runs the whole sas suite on this machine, without Docker, against a local
+# Postgres (127.0.0.1:5432) and RabbitMQ (127.0.0.1:5672):
+#
+#   1. builds the release binaries (cargo build --release --workspace),
+#   2. starts remote-sim, submission, scheduler, agent and supervisor in the
+#      background with SAS_CONFIG=config/local.toml (logs in .run/<name>.log,
+#      process ids in .run/<name>.pid),
+#   3. waits until each answers /healthz (remote-sim) or /readyz (services),
+#   4. runs the demo application (scripts/demo-app.sh) with target/release/sasctl,
+#   5. on exit, Ctrl-C or SIGTERM, sends SIGTERM to everything it started and
+#      waits for it to stop.
+#
+# Ports: remote-sim 8081 (the agents' URLs in config/local.toml), submission
+# 9101, scheduler 9102, agent 9103, supervisor 9104; they must be free.
+#
+# Environment:
+#   SAS__BROKER__PREFIX   queue-name prefix (default sas); use a throwaway one
+#                         to keep a run apart from other deployments
+#   SAS__DATABASE__URL    Postgres URL (default postgres://postgres@127.0.0.1:5432/sas);
+#                         the database is created when missing
+#   SAS__BROKER__URL      AMQP URL (default amqp://guest:guest@127.0.0.1:5672/%2f)
+#   SAS_CONFIG            configuration file (default config/local.toml)
+#   DEMO_ORDERS           orders the demo submits (default 20)
+#   DEMO_QUEUE            the demo's status queue (default <prefix>.demo.status)
+#   DEMO_WATCH_TIMEOUT    how long the demo watches for events (default 30s)
+#   SAS_SKIP_BUILD=1      use the binaries already in target/release
+#   SAS_KEEP_RUNNING=1    keep the suite running after the demo until Ctrl-C
+#   READY_TIMEOUT         seconds to wait for each process to be ready (default 90)
+#   STOP_TIMEOUT          seconds each process gets to stop after SIGTERM (default 20)
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+run_dir="$root/.run"
+bin_dir="${CARGO_TARGET_DIR:-$root/target}/release"
+ready_timeout=${READY_TIMEOUT:-90}
+stop_timeout=${STOP_TIMEOUT:-20}
+remote_sim_port=8081
+
+export SAS_CONFIG="${SAS_CONFIG:-$root/config/local.toml}"
+export DEMO_ORDERS="${DEMO_ORDERS:-20}"
+export DEMO_QUEUE="${DEMO_QUEUE:-${SAS__BROKER__PREFIX:-sas}.demo.status}"
+export DEMO_WATCH_TIMEOUT="${DEMO_WATCH_TIMEOUT:-30s}"
+# Each service gets its own port below; a global one would make them collide.
+unset SAS__HTTP__PORT
+
+# Names and process ids of what this script started, in start order.
+names=()
+pids=()
+demo_pid=""
+
+log() {
+    printf 'run-local: %s\n' "$*" >&2
+}
+
+die() {
+    log "error: $*"
+    exit 1
+}
+
+# Stops every process this script started: SIGTERM to the sas services first,
+# then to remote-sim (agents may still be finishing calls to it), each given
+# STOP_TIMEOUT seconds before SIGKILL.
+# shellcheck disable=SC2317  # reached through the EXIT trap
+stop_all() {
+    local i
+    local -a sas=() sim=()
+    for i in "${!names[@]}"; do
+        if [[ ${names[$i]} == remote-sim ]]; then
+            sim+=("$i")
+        else
+            sas+=("$i")
+        fi
+    done
+    stop_group "${sas[@]}"
+    stop_group "${sim[@]}"
+}
+
+# shellcheck disable=SC2317  # reached through the EXIT trap
+stop_group() {
+    local i pid deadline
+    for i in "$@"; do
+        pid=${pids[$i]}
+        if kill -0 "$pid" 2>/dev/null; then
+            log "stopping ${names[$i]} (pid $pid)"
+            kill -TERM "$pid" 2>/dev/null || true
+        fi
+    done
+    deadline=$((SECONDS + stop_timeout))
+    for i in "$@"; do
+        pid=${pids[$i]}
+        while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do
+            sleep 0.2
+        done
+        if kill -0 "$pid" 2>/dev/null; then
+            log "${names[$i]} (pid $pid) did not stop within ${stop_timeout}s; killing it"
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+        wait "$pid" 2>/dev/null || true
+        rm -f "$run_dir/${names[$i]}.pid"
+    done
+}
+
+# shellcheck disable=SC2317  # reached through the EXIT trap
+cleanup() {
+    local status=$?
+    trap - EXIT INT TERM
+    if [[ -n $demo_pid ]] && kill -0 "$demo_pid" 2>/dev/null; then
+        log "stopping the demo application (pid $demo_pid)"
+        # Its sasctl first (a child of the script, unless exec'd), then the script.
+        pkill -TERM -P "$demo_pid" 2>/dev/null || true
+        kill -TERM "$demo_pid" 2>/dev/null || true
+        wait "$demo_pid" 2>/dev/null || true
+    fi
+    if ((${#pids[@]} > 0)); then
+        stop_all
+        log "stopped; logs are in ${run_dir#"$root"/}/"
+    fi
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# True when something accepts connections on 127.0.0.1:$1.
+port_in_use() {
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# start NAME PORT COMMAND...: runs COMMAND in the background, logging to .run/NAME.log.
+start() {
+    local name=$1 port=$2
+    shift 2
+    "$@" >"$run_dir/$name.log" 2>&1 &
+    local pid=$!
+    names+=("$name")
+    pids+=("$pid")
+    echo "$pid" >"$run_dir/$name.pid"
+    log "started $name (pid $pid, port $port, log ${run_dir#"$root"/}/$name.log)"
+}
+
+# wait_ready NAME URL: waits until URL answers 2xx, or fails when NAME exits.
+wait_ready() {
+    local name=$1 url=$2 i pid=""
+    for i in "${!names[@]}"; do
+        if [[ ${names[$i]} == "$name" ]]; then
+            pid=${pids[$i]}
+        fi
+    done
+    local deadline=$((SECONDS + ready_timeout))
+    until curl -fsS -o /dev/null --max-time 2 "$url" 2>/dev/null; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            log "$name exited before it was ready; the end of its log:"
+            tail -n 20 "$run_dir/$name.log" >&2 || true
+            die "$name did not start"
+        fi
+        if ((SECONDS >= deadline)); then
+            log "the end of $name's log:"
+            tail -n 20 "$run_dir/$name.log" >&2 || true
+            die "$name was not ready at $url within ${ready_timeout}s"
+        fi
+        sleep 0.5
+    done
+    log "$name is ready"
+}
+
+command -v curl >/dev/null || die "curl is needed to wait for the services"
+[[ -f $SAS_CONFIG ]] || die "configuration file $SAS_CONFIG does not exist"
+
+if [[ ${SAS_SKIP_BUILD:-0} != 1 ]]; then
+    log "building (cargo build --release --workspace)"
+    cargo build --release --workspace
+fi
+for bin in remote-sim submission scheduler agent supervisor sasctl; do
+    [[ -x $bin_dir/$bin ]] || die "$bin_dir/$bin is missing; build first (or unset SAS_SKIP_BUILD)"
+done
+
+for port in "$remote_sim_port" 9101 9102 9103 9104; do
+    if port_in_use "$port"; then
+        die "port $port is already in use (another run of the suite?); stop whatever listens there first"
+    fi
+done
+
+mkdir -p "$run_dir"
+log "configuration ${SAS_CONFIG}, prefix ${SAS__BROKER__PREFIX:-sas}"
+
+start remote-sim "$remote_sim_port" \
+    "$bin_dir/remote-sim" --host 127.0.0.1 --port "$remote_sim_port" \
+    --knobs "$root/config/remote-sim-knobs.json"
+start submission 9101 env SAS__HTTP__PORT=9101 "$bin_dir/submission"
+start scheduler 9102 env SAS__HTTP__PORT=9102 "$bin_dir/scheduler"
+start agent 9103 env SAS__HTTP__PORT=9103 "$bin_dir/agent"
+start supervisor 9104 env SAS__HTTP__PORT=9104 "$bin_dir/supervisor"
+
+wait_ready remote-sim "http://127.0.0.1:$remote_sim_port/healthz"
+wait_ready submission http://127.0.0.1:9101/readyz
+wait_ready scheduler http://127.0.0.1:9102/readyz
+wait_ready agent http://127.0.0.1:9103/readyz
+wait_ready supervisor http://127.0.0.1:9104/readyz
+
+log "running the demo application (${DEMO_ORDERS} orders, status queue ${DEMO_QUEUE})"
+# In the background, so that a SIGTERM to this script is handled at once (bash
+# runs traps only between foreground commands, but interrupts `wait`).
+SASCTL="$bin_dir/sasctl" "$root/scripts/demo-app.sh" &
+demo_pid=$!
+demo_status=0
+wait "$demo_pid" || demo_status=$?
+demo_pid=""
+if ((demo_status != 0)); then
+    log "the demo application exited with status $demo_status"
+fi
+
+if [[ ${SAS_KEEP_RUNNING:-0} == 1 ]]; then
+    log "the suite keeps running (metrics on http://127.0.0.1:910{1..4}/metrics); Ctrl-C stops it"
+    wait
+fi
+exit "$demo_status"
