@@ -74,13 +74,11 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
     };
     broker::run_sessions(
         &ctx.settings.broker,
+        &names,
         ctx.name,
         &ctx.shutdown,
         &ctx.health,
         async |broker| {
-            broker
-                .declare_topology(&ctx.queues, &names, ctx.settings.broker.delivery_limit)
-                .await?;
             let publisher = broker.publisher().await?;
             // One loop per agent, all on this session's connection; the first
             // to lose the broker stops the others.

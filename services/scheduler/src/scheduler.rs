@@ -45,13 +45,11 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     let agents = ctx.settings.agent_names();
     broker::run_sessions(
         &ctx.settings.broker,
+        &agents,
         ctx.name,
         &ctx.shutdown,
         &ctx.health,
         async |broker| {
-            broker
-                .declare_topology(&ctx.queues, &agents, ctx.settings.broker.delivery_limit)
-                .await?;
             let relay = scheduler.relay.start(broker).await?;
             let session = ctx.shutdown.child_token();
             let claimer = tokio::spawn(scheduler.clone().claim_loop(session.clone()));

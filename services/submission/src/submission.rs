@@ -27,13 +27,11 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     let agents = ctx.settings.agent_names();
     broker::run_sessions(
         &ctx.settings.broker,
+        &agents,
         ctx.name,
         &ctx.shutdown,
         &ctx.health,
         async |broker| {
-            broker
-                .declare_topology(&ctx.queues, &agents, ctx.settings.broker.delivery_limit)
-                .await?;
             let publisher = broker.publisher().await?;
             let relay = submission.relay.start(broker).await?;
             let consumer = broker

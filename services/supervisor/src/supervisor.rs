@@ -34,13 +34,11 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     let mut leading = false;
     broker::run_sessions(
         &ctx.settings.broker,
+        &agents,
         ctx.name,
         &ctx.shutdown,
         &ctx.health,
         async |broker| {
-            broker
-                .declare_topology(&ctx.queues, &agents, ctx.settings.broker.delivery_limit)
-                .await?;
             let relay_task = relay.start(broker).await?;
             let mut tick = tokio::time::interval(ctx.settings.supervisor.interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -49,6 +49,10 @@ pub enum BrokerError {
 /// One connection to RabbitMQ.
 pub struct Broker {
     conn: Connection,
+    /// Every channel opened on the connection, so that [`Broker::close`] can
+    /// close them in order before the connection (a dropped lapin channel
+    /// closes itself in the background, racing the connection's close).
+    channels: std::sync::Mutex<Vec<Channel>>,
 }
 
 impl Broker {
@@ -59,7 +63,12 @@ impl Broker {
         loop {
             let props = ConnectionProperties::default().with_connection_name(app.into());
             match Connection::connect(&settings.url, props).await {
-                Ok(conn) => return Ok(Self { conn }),
+                Ok(conn) => {
+                    return Ok(Self {
+                        conn,
+                        channels: std::sync::Mutex::new(Vec::new()),
+                    });
+                }
                 Err(e) if started.elapsed() < settings.connect_timeout => {
                     tracing::warn!(error = %e, "RabbitMQ not reachable yet; retrying");
                     tokio::time::sleep(wait).await;
@@ -82,7 +91,11 @@ impl Broker {
 
     /// A plain channel.
     pub async fn channel(&self) -> Result<Channel, BrokerError> {
-        Ok(self.conn.create_channel().await?)
+        let channel = self.conn.create_channel().await?;
+        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        channels.retain(|c| c.status().connected());
+        channels.push(channel.clone());
+        Ok(channel)
     }
 
     /// A channel in confirm mode for publishing.
@@ -175,8 +188,13 @@ impl Broker {
         Ok(())
     }
 
-    /// Closes the connection cleanly.
+    /// Closes the open channels, then the connection.
     pub async fn close(&self) {
+        let channels =
+            std::mem::take(&mut *self.channels.lock().unwrap_or_else(|p| p.into_inner()));
+        for channel in channels.iter().filter(|c| c.status().connected()) {
+            channel.close(200, "bye".into()).await.ok();
+        }
         self.conn.close(200, "bye".into()).await.ok();
     }
 }

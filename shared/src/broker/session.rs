@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Broker, BrokerError};
 use crate::config::BrokerSettings;
 use crate::http::Health;
+use crate::topology::QueueNames;
 
 /// How a session ended, when it did not fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,13 +18,16 @@ pub enum SessionEnd {
 }
 
 /// Runs `session` on a fresh connection, again and again while the broker
-/// keeps dropping, until a session returns after shutdown.
+/// keeps dropping, until a session returns after shutdown. Each connection
+/// first declares the deployment's queues (for `agents`).
 ///
 /// The first connection must come up within `connect_timeout`, so a wrong
 /// URL fails start-up clearly; later, reconnection retries with backoff for
-/// as long as it takes. `/readyz` reports not ready while disconnected.
+/// as long as it takes. `/readyz` reports ready only once the queues are
+/// declared, and not ready while disconnected.
 pub async fn run_sessions<F>(
     settings: &BrokerSettings,
+    agents: &[String],
     app: &str,
     shutdown: &CancellationToken,
     health: &Health,
@@ -50,9 +54,19 @@ where
         if !first {
             tracing::info!("reconnected to RabbitMQ");
         }
-        first = false;
-        health.set_broker(true);
-        let outcome = session(&broker).await;
+        let names = QueueNames::new(&settings.prefix);
+        let outcome = match broker
+            .declare_topology(&names, agents, settings.delivery_limit)
+            .await
+        {
+            Ok(()) => {
+                first = false;
+                health.set_broker(true);
+                session(&broker).await
+            }
+            Err(e) if first => return Err(e),
+            Err(e) => Err(e),
+        };
         health.set_broker(false);
         match outcome {
             Ok(SessionEnd::Shutdown) => {
