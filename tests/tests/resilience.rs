@@ -341,3 +341,69 @@ async fn a_thousand_orders_with_mixed_priorities_and_transient_faults_all_end_wi
         "high priority orders finished later on average ({high} vs {low})"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compensation_that_cannot_complete_leaves_the_order_in_error_with_an_alert() {
+    let app = TestApp::with(Options {
+        step_timeout: "500ms",
+        max_failures: 2,
+        ..Options::default()
+    })
+    .await;
+    app.knobs(
+        "c",
+        Knobs {
+            permanent: true,
+            ..Knobs::default()
+        },
+    );
+    app.knobs(
+        "b-undo",
+        Knobs {
+            hang: true,
+            ..Knobs::default()
+        },
+    );
+    app.start_all().await;
+    let status = app.status_queue("status").await;
+    let id = app.submit("three", Some(&status)).await;
+    let events = app
+        .collect(&status, Duration::from_secs(30), |got| {
+            got.iter().any(|e| e["state"] == "failed")
+        })
+        .await;
+    let states: Vec<&str> = events
+        .iter()
+        .map(|e| e["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        states,
+        [
+            "received",
+            "processing",
+            "step_succeeded",
+            "step_succeeded",
+            "compensating",
+            "retry_scheduled",
+            "failed"
+        ]
+    );
+    assert_eq!(events[5]["detail"]["compensation"], true);
+    assert_eq!(app.order(id).await.unwrap().0, "error");
+    // One alert when it gave up, one when the undo could not complete.
+    let alerts = app
+        .collect(app.queues.alerts(), Duration::from_secs(10), |got| {
+            got.len() >= 2
+        })
+        .await;
+    assert_eq!(alerts[0]["state"], "compensating");
+    assert_eq!(alerts[1]["state"], "error");
+    assert!(
+        alerts[1]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("compensation could not complete")
+    );
+    // a was never undone: b's undo did not complete, so the undo stopped there.
+    assert!(!app.stats().keys.contains_key(&format!("{id}:a:compensate")));
+}
