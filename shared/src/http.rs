@@ -49,7 +49,12 @@ impl Health {
     async fn report(&self) -> (bool, serde_json::Value) {
         let rabbitmq = self.broker.load(Ordering::Relaxed);
         let postgres = match &self.store {
-            Some(store) => Some(store.ping().await),
+            // A health check answers at once; the pool would wait for a connection.
+            Some(store) => Some(
+                tokio::time::timeout(std::time::Duration::from_secs(1), store.ping())
+                    .await
+                    .unwrap_or(false),
+            ),
             None => None,
         };
         let ready = rabbitmq && postgres.unwrap_or(true);

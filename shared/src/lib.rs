@@ -12,9 +12,11 @@
 //! - [`outbox`]: the relay from committed outbox rows to confirmed publishes.
 //! - [`http`], [`metrics`], [`telemetry`], [`shutdown`], [`service`]: what
 //!   every service runs around its own work.
+//! - [`crash`]: crash points that let the fault suite stop a process at an exact spot.
 
 pub mod broker;
 pub mod config;
+pub mod crash;
 pub mod http;
 pub mod messages;
 pub mod metrics;

@@ -72,12 +72,17 @@ pub struct TestApp {
     pub sim: Arc<RemoteSim>,
     pub sim_addr: std::net::SocketAddr,
     pub db: PgPool,
-    broker: Broker,
-    publisher: Publisher,
+    /// The test's own broker connection, replaced by [`TestApp::reconnect`].
+    conn: std::sync::RwLock<Arc<Conn>>,
     processes: Mutex<BTreeMap<String, Proc>>,
     extra_queues: Mutex<Vec<String>>,
     /// Stops the in-process remote-sim.
     sim_stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+struct Conn {
+    broker: Broker,
+    publisher: Publisher,
 }
 
 struct Proc {
@@ -154,8 +159,7 @@ impl TestApp {
             sim,
             sim_addr,
             db,
-            broker,
-            publisher,
+            conn: std::sync::RwLock::new(Arc::new(Conn { broker, publisher })),
             processes: Mutex::new(BTreeMap::new()),
             extra_queues: Mutex::new(Vec::new()),
             sim_stop: Some(tx),
@@ -259,6 +263,24 @@ impl TestApp {
         }
     }
 
+    /// Waits (up to `timeout`) for a process to exit by itself, e.g. at a crash point.
+    pub async fn wait_exit(&self, name: &str, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.try_status(name) {
+                self.processes.lock().unwrap().remove(name);
+                return status;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "{name} still running after {timeout:?}; log:\n{}",
+                    self.log(name)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Sends SIGTERM and waits (up to 30 s) for the exit status.
     pub async fn terminate(&self, name: &str) -> ExitStatus {
         let mut p = self
@@ -287,7 +309,8 @@ impl TestApp {
     /// Declares an application status queue under this test's prefix.
     pub async fn status_queue(&self, name: &str) -> String {
         let queue = format!("{}.app.{name}", self.prefix);
-        self.broker
+        self.conn()
+            .broker
             .declare_status_queue(&queue)
             .await
             .expect("declare status queue");
@@ -297,7 +320,8 @@ impl TestApp {
 
     /// Publishes a body to the orders queue as an application would.
     pub async fn publish_raw(&self, body: &[u8], reply_to: Option<&str>, message_id: Option<&str>) {
-        self.publisher
+        self.conn()
+            .publisher
             .publish(&Outgoing {
                 routing_key: self.queues.orders(),
                 body,
@@ -334,7 +358,7 @@ impl TestApp {
                     mandatory: true,
                     ..Outgoing::default()
                 };
-                pending.push(self.publisher.send(&msg).await.expect("publish"));
+                pending.push(self.conn().publisher.send(&msg).await.expect("publish"));
             }
             for p in pending {
                 p.wait().await.expect("confirm");
@@ -350,7 +374,7 @@ impl TestApp {
         timeout: Duration,
         done: impl Fn(&[Value]) -> bool,
     ) -> Vec<Value> {
-        let channel = self.broker.channel().await.expect("channel");
+        let channel = self.conn().broker.channel().await.expect("channel");
         channel
             .basic_qos(500, BasicQosOptions::default())
             .await
@@ -388,7 +412,7 @@ impl TestApp {
 
     /// Takes one message from `queue`, if any: `(body, x-sas-reason)`.
     pub async fn get(&self, queue: &str) -> Option<(Vec<u8>, Option<String>)> {
-        let channel = self.broker.channel().await.expect("channel");
+        let channel = self.conn().broker.channel().await.expect("channel");
         let msg = channel
             .basic_get(queue.into(), BasicGetOptions { no_ack: true })
             .await
@@ -483,15 +507,47 @@ impl TestApp {
     }
 
     /// The test's own confirm-mode publisher.
-    pub fn publisher(&self) -> &Publisher {
-        &self.publisher
+    pub fn publisher(&self) -> Publisher {
+        self.conn().publisher.clone()
+    }
+
+    fn conn(&self) -> Arc<Conn> {
+        self.conn.read().unwrap().clone()
+    }
+
+    /// Opens a new connection for the test itself (after a broker restart).
+    pub async fn reconnect(&self) {
+        let broker = Broker::connect(&broker_settings(&self.prefix), "test")
+            .await
+            .expect("RabbitMQ is back");
+        let publisher = broker.publisher().await.expect("publisher");
+        *self.conn.write().unwrap() = Arc::new(Conn { broker, publisher });
+    }
+
+    /// Messages ready in a queue (a passive declare).
+    pub async fn ready(&self, queue: &str) -> u32 {
+        let channel = self.conn().broker.channel().await.expect("channel");
+        let q = channel
+            .queue_declare(
+                queue.into(),
+                lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("queue exists");
+        channel.close(200, "done".into()).await.ok();
+        q.message_count()
     }
 
     /// Publishes a step reply to the schedulers' reply queue, as an agent would.
     pub async fn publish_reply(&self, reply: &sas::messages::StepReply) {
         let body = serde_json::to_vec(reply).expect("encode reply");
         let correlation = reply.dispatch_id.to_string();
-        self.publisher
+        self.conn()
+            .publisher
             .publish(&Outgoing {
                 routing_key: self.queues.replies(),
                 body: &body,
@@ -501,6 +557,123 @@ impl TestApp {
             })
             .await
             .expect("publish reply");
+    }
+
+    /// Reads status events from `queue` until every order of `ids` has had a
+    /// terminal event; returns each order's events, deduplicated on
+    /// (`order_id`, `seq`) as the contract tells consumers to, in `seq` order.
+    pub async fn stories(
+        &self,
+        queue: &str,
+        ids: &[Uuid],
+        timeout: Duration,
+    ) -> BTreeMap<Uuid, Vec<Value>> {
+        let wanted: std::collections::BTreeSet<String> = ids.iter().map(Uuid::to_string).collect();
+        let events = self
+            .collect(queue, timeout, |got| {
+                let ended: std::collections::BTreeSet<&str> = got
+                    .iter()
+                    .filter(|e| is_terminal(e))
+                    .filter_map(|e| e["order_id"].as_str())
+                    .filter(|id| wanted.contains(*id))
+                    .collect();
+                ended.len() == wanted.len()
+            })
+            .await;
+        let mut stories: BTreeMap<Uuid, BTreeMap<i64, Value>> = BTreeMap::new();
+        for e in events {
+            let (Some(id), Some(seq)) = (
+                e["order_id"].as_str().and_then(|s| Uuid::parse_str(s).ok()),
+                e["seq"].as_i64(),
+            ) else {
+                continue;
+            };
+            let previous = stories.entry(id).or_default().insert(seq, e.clone());
+            if let Some(p) = previous {
+                assert_eq!(
+                    p["state"], e["state"],
+                    "order {id}: two different events with seq {seq}"
+                );
+            }
+        }
+        stories
+            .into_iter()
+            .map(|(id, by_seq)| (id, by_seq.into_values().collect()))
+            .collect()
+    }
+
+    /// The invariants every fault scenario must keep:
+    /// - every order ends in exactly one terminal state, in the state store
+    ///   and on its status queue (events numbered 1, 2, 3 … without a gap);
+    /// - no order is left `processing` past its complete-by;
+    /// - remote-sim applied each idempotency key at most once;
+    /// - the dead-letter queues hold nothing but the `expected_dead` messages;
+    /// - the work queues are drained (nothing left unacknowledged or unread).
+    ///
+    /// Returns each order's events.
+    pub async fn assert_invariants(
+        &self,
+        status: &str,
+        ids: &[Uuid],
+        expected_dead: &[(&str, u32)],
+        timeout: Duration,
+    ) -> BTreeMap<Uuid, Vec<Value>> {
+        let stories = self.stories(status, ids, timeout).await;
+        for id in ids {
+            let story = &stories[id];
+            let seqs: Vec<i64> = story.iter().filter_map(|e| e["seq"].as_i64()).collect();
+            let expected: Vec<i64> = (1..=story.len() as i64).collect();
+            assert_eq!(seqs, expected, "order {id}: events not numbered 1..n");
+            let terminals: Vec<&Value> = story.iter().filter(|e| is_terminal(e)).collect();
+            assert_eq!(
+                terminals.len(),
+                1,
+                "order {id}: {} terminal events",
+                terminals.len()
+            );
+            let last = story.last().expect("events")["state"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let (state, _) = self.order(*id).await.expect("order stored");
+            let matches = matches!(
+                (last.as_str(), state.as_str()),
+                ("processed", "processed") | ("compensated", "compensated") | ("failed", "error")
+            );
+            assert!(matches, "order {id}: last event {last} but state {state}");
+        }
+        let stuck: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM orders WHERE process_state IN ('processing', 'compensating') \
+             AND complete_by < now() - interval '5 seconds'",
+        )
+        .fetch_one(&self.db)
+        .await
+        .expect("count stuck orders");
+        assert_eq!(stuck, 0, "orders left past their complete-by");
+        let stats = self.stats();
+        for (key, k) in &stats.keys {
+            assert!(k.applied <= 1, "{key} applied {} times", k.applied);
+        }
+        let agents: Vec<&str> = AGENTS.to_vec();
+        for (queue, dead) in self.queues.all(agents.iter().copied()) {
+            if let Some(dead) = dead {
+                let want = expected_dead
+                    .iter()
+                    .find(|(q, _)| *q == dead)
+                    .map_or(0, |(_, n)| *n);
+                assert_eq!(self.ready(&dead).await, want, "dead letters in {dead}");
+                // Late duplicates (stale replies, re-sent requests) may still be on their way.
+                let drained = async {
+                    while self.ready(&queue).await > 0 {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                };
+                tokio::time::timeout(Duration::from_secs(15), drained)
+                    .await
+                    .unwrap_or_else(|_| panic!("messages left in {queue}"));
+            }
+        }
+        stories
     }
 
     /// Fetches `/metrics` of a process.
@@ -635,6 +808,14 @@ steps = [ {solo} ]
         c = step("c", false),
         solo = step("a", false),
         extra = o.extra,
+    )
+}
+
+/// Whether a status event ends its order.
+pub fn is_terminal(e: &Value) -> bool {
+    matches!(
+        e["state"].as_str(),
+        Some("processed" | "compensated" | "failed" | "rejected")
     )
 }
 

@@ -245,6 +245,7 @@ impl Agent {
             self.count("no_reply_to");
             return broker::ack(delivery).await;
         };
+        sas::crash::point("agent.after_call");
         let reply = StepReply::to(request, outcome);
         let label = match reply.outcome {
             sas::messages::StepOutcome::Succeeded { .. } => "succeeded",

@@ -121,6 +121,7 @@ impl Scheduler {
                 Ok(ids) => {
                     let n = ids.len();
                     if n > 0 {
+                        sas::crash::point("scheduler.after_dispatch");
                         tracing::debug!(claimed = n, "claimed orders");
                         self.ctx.metrics.orders_claimed.inc_by(n as u64);
                         self.relay.push(ids);

@@ -111,6 +111,7 @@ impl Submitter {
             };
             match self.transitions.submit(&new, &workflow).await {
                 Ok(Submitted::Created) => {
+                    sas::crash::point("submission.after_commit");
                     tracing::debug!("order stored");
                     self.ctx.metrics.orders_received.inc();
                     broker::ack(&delivery).await?;

@@ -89,6 +89,15 @@ impl Broker {
         self.conn.status().connected()
     }
 
+    /// Resolves when the connection is no longer up, however it went (a
+    /// closed socket, a server-side close, a missed heartbeat).
+    pub async fn lost(&self) -> BrokerError {
+        while self.is_connected() {
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+        BrokerError::ConsumerEnded("the connection to RabbitMQ".into())
+    }
+
     /// A plain channel.
     pub async fn channel(&self) -> Result<Channel, BrokerError> {
         let channel = self.conn.create_channel().await?;

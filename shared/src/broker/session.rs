@@ -62,7 +62,12 @@ where
             Ok(()) => {
                 first = false;
                 health.set_broker(true);
-                session(&broker).await
+                // A session that does not touch the broker for a while (the
+                // supervisor between sweeps) would not notice it is gone.
+                tokio::select! {
+                    outcome = session(&broker) => outcome,
+                    lost = broker.lost() => Err(lost),
+                }
             }
             Err(e) if first => return Err(e),
             Err(e) => Err(e),

@@ -363,6 +363,7 @@ impl Transitions {
                 order_id: order.order_id,
                 not_before,
             });
+            crate::crash::point("supervisor.mid_sweep");
         }
         if wake_now {
             wake(&mut tx).await?;
@@ -772,6 +773,7 @@ impl StateStore {
             return Ok((held, Ok(0)));
         }
         let (done, outcome) = publish(rows).await;
+        crate::crash::point("outbox.after_publish");
         if !done.is_empty() {
             outbox::delete(&mut tx, &done).await?;
         }

@@ -1,0 +1,218 @@
+//! Server restarts under load (issue 4): RabbitMQ (`stop_app`/`start_app`, and
+//! a full stop and start) and Postgres. These restart the machine's shared
+//! servers, so `scripts/test.sh` runs this binary alone, after every other test.
+//! A guard brings each server back even when a test fails.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use sas_tests::{TestApp, http_get};
+
+const ALL: [&str; 4] = ["submission", "scheduler", "agent", "supervisor"];
+
+fn run(cmd: &str, args: &[&str]) -> bool {
+    Command::new(cmd)
+        .args(args)
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn rabbitmq_up() -> bool {
+    run("rabbitmq-diagnostics", &["-q", "check_running"])
+}
+
+fn wait_until(what: &str, timeout: Duration, check: impl Fn() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !check() {
+        assert!(Instant::now() < deadline, "{what} not within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Brings RabbitMQ back when dropped, whatever the test did.
+struct RabbitGuard;
+
+impl RabbitGuard {
+    fn stop_app() -> Self {
+        assert!(run("rabbitmqctl", &["-q", "stop_app"]));
+        Self
+    }
+
+    fn stop_node() -> Self {
+        assert!(run("rabbitmqctl", &["-q", "stop"]));
+        Self
+    }
+
+    fn start(&self) {
+        if !rabbitmq_up() {
+            // After stop_app the node is up and start_app suffices; after a
+            // full stop the node must be started.
+            if !run("rabbitmqctl", &["-q", "start_app"]) {
+                run("rabbitmq-server", &["-detached"]);
+            }
+        }
+        wait_until("RabbitMQ running", Duration::from_secs(90), || {
+            rabbitmq_up() || {
+                run("rabbitmqctl", &["-q", "start_app"]);
+                false
+            }
+        });
+    }
+}
+
+impl Drop for RabbitGuard {
+    fn drop(&mut self) {
+        self.start();
+    }
+}
+
+fn postgres_cluster() -> String {
+    std::fs::read_dir("/etc/postgresql")
+        .ok()
+        .and_then(|mut d| d.next())
+        .and_then(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .unwrap_or_else(|| "15".into())
+}
+
+fn postgres_up() -> bool {
+    run("pg_isready", &["-q", "-h", "127.0.0.1", "-p", "5432"])
+}
+
+/// Brings Postgres back when dropped.
+struct PostgresGuard;
+
+impl PostgresGuard {
+    fn stop() -> Self {
+        let version = postgres_cluster();
+        assert!(run(
+            "pg_ctlcluster",
+            &[
+                "--skip-systemctl-redirect",
+                &version,
+                "main",
+                "stop",
+                "-m",
+                "fast"
+            ]
+        ));
+        Self
+    }
+
+    fn start(&self) {
+        if !postgres_up() {
+            let version = postgres_cluster();
+            run(
+                "pg_ctlcluster",
+                &["--skip-systemctl-redirect", &version, "main", "start"],
+            );
+        }
+        wait_until(
+            "Postgres accepting connections",
+            Duration::from_secs(60),
+            postgres_up,
+        );
+    }
+}
+
+impl Drop for PostgresGuard {
+    fn drop(&mut self) {
+        self.start();
+    }
+}
+
+async fn ready(app: &TestApp, name: &str) -> u16 {
+    http_get(&format!("http://127.0.0.1:{}/readyz", app.port(name)))
+        .await
+        .map_or(0, |(code, _)| code)
+}
+
+async fn rabbitmq_restart(full: bool) {
+    let app = TestApp::spawn().await;
+    let status = app.status_queue("status").await;
+    let mut ids = app.submit_many("three", 150, Some(&status)).await;
+    let guard = if full {
+        RabbitGuard::stop_node()
+    } else {
+        RabbitGuard::stop_app()
+    };
+    // While RabbitMQ is down every service says it is not ready, and keeps running.
+    app.eventually(
+        "services report not ready",
+        Duration::from_secs(20),
+        || async {
+            for name in ALL {
+                if ready(&app, name).await != 503 {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+    guard.start();
+    drop(guard);
+    app.eventually("services reconnected", Duration::from_secs(60), || async {
+        for name in ALL {
+            if ready(&app, name).await != 200 {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    app.reconnect().await;
+    ids.extend(app.submit_many("three", 50, Some(&status)).await);
+    let stories = app
+        .assert_invariants(&status, &ids, &[], Duration::from_secs(120))
+        .await;
+    assert!(
+        stories
+            .values()
+            .all(|s| s.last().unwrap()["state"] == "processed")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_stop_app_and_start_app_under_load_loses_and_repeats_nothing() {
+    rabbitmq_restart(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_full_stop_and_start_under_load_loses_and_repeats_nothing() {
+    rabbitmq_restart(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restart_under_load_loses_and_repeats_nothing() {
+    let app = TestApp::spawn().await;
+    let status = app.status_queue("status").await;
+    let mut ids = app.submit_many("three", 150, Some(&status)).await;
+    let guard = PostgresGuard::stop();
+    app.eventually(
+        "services report Postgres down",
+        Duration::from_secs(20),
+        || async {
+            for name in ["submission", "scheduler", "supervisor"] {
+                if ready(&app, name).await != 503 {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+    // Orders keep arriving while the state store is down; none is lost.
+    ids.extend(app.submit_many("three", 30, Some(&status)).await);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    guard.start();
+    drop(guard);
+    let stories = app
+        .assert_invariants(&status, &ids, &[], Duration::from_secs(120))
+        .await;
+    assert!(
+        stories
+            .values()
+            .all(|s| s.last().unwrap()["state"] == "processed")
+    );
+}
