@@ -136,10 +136,10 @@ async fn orders_retry_of_an_error_order_resumes_at_its_failed_step_and_ends_proc
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retried_order_whose_undo_failed_runs_its_incomplete_steps_and_not_its_completed_ones() {
+async fn an_order_whose_undo_failed_half_way_is_not_retried_forward_and_cancel_finishes_the_undo() {
     let app = TestApp::spawn().await;
     // c fails permanently: b is undone, then a's undo fails permanently, so
-    // the order cannot be compensated and ends in error with a still done.
+    // the order ends in error with b undone and a still done.
     app.knobs("c", permanent());
     app.knobs("a-undo", permanent());
     let id = app.submit("three", None).await;
@@ -147,26 +147,28 @@ async fn a_retried_order_whose_undo_failed_runs_its_incomplete_steps_and_not_its
     app.knobs("c", Knobs::default());
     app.knobs("a-undo", Knobs::default());
 
-    let out = run(&app, &["orders", "retry", &id.to_string(), "--json"])
+    // Going forward would re-send b with its spent idempotency key: refused.
+    let out = run(&app, &["orders", "retry", &id.to_string()])
+        .await
+        .expect_code(4);
+    assert!(
+        out.stderr.contains("cancel it to finish the undo"),
+        "{}",
+        out.stderr
+    );
+    // Cancel resumes the undo where it stopped.
+    run(&app, &["orders", "cancel", &id.to_string()])
         .await
         .expect_code(0);
-    assert_eq!(
-        out.json(),
-        serde_json::json!({ "order_id": id.to_string(), "state": "pending" })
-    );
-    wait_state(&app, id, "processed", Duration::from_secs(30)).await;
-
+    wait_state(&app, id, "compensated", Duration::from_secs(30)).await;
     let stats = app.stats();
-    let a = &stats.keys[&format!("{id}:a")];
-    assert_eq!((a.calls, a.applied), (1, 1), "a completed: not sent again");
-    assert_eq!(stats.keys[&format!("{id}:c")].applied, 1);
-    assert_eq!(stats.keys[&format!("{id}:b:compensate")].applied, 1);
-    assert!(
-        stats
-            .keys
-            .get(&format!("{id}:a:compensate"))
-            .is_none_or(|k| k.applied == 0)
+    assert_eq!(
+        stats.keys[&format!("{id}:b")].calls,
+        1,
+        "b was not sent again"
     );
+    assert_eq!(stats.keys[&format!("{id}:b:compensate")].applied, 1);
+    assert_eq!(stats.keys[&format!("{id}:a:compensate")].applied, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -158,7 +158,7 @@ pub async fn withdraw_running(conn: &mut PgConnection, order_id: Uuid) -> Result
     Ok(())
 }
 
-/// Prepares an operator's retry: failed and undone steps run again; completed ones do not.
+/// Prepares an operator's retry: the failed step runs again; completed ones do not.
 pub async fn reset_for_retry(conn: &mut PgConnection, order_id: Uuid) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE steps SET state = 'not_started', dispatch_id = NULL, complete_by = NULL, error = NULL \

@@ -71,8 +71,8 @@ pub enum Operated {
     Done(ProcessState),
     /// No such order.
     NotFound,
-    /// The action is not allowed in the order's state.
-    NotAllowed(ProcessState),
+    /// The action is not allowed: the order's state, and why.
+    NotAllowed(ProcessState, &'static str),
 }
 
 /// The transitions, bound to a state store and the queue names of a deployment.
@@ -373,15 +373,33 @@ impl Transitions {
     }
 
     /// An operator's retry of an `error` order: back to `pending` with its
-    /// failure counts reset; it resumes at its first incomplete step (failed
-    /// and undone steps run again, completed ones do not).
+    /// failure counts reset; it resumes at its first incomplete step (the
+    /// failed one runs again, completed ones do not).
+    ///
+    /// An order some of whose steps were already undone is not retried: its
+    /// steps' idempotency keys are spent, so a remote that deduplicates would
+    /// replay the old answer instead of doing the step again. `cancel` finishes
+    /// its undo instead.
     pub async fn retry(&self, operator: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
         let mut tx = self.store.pool().begin().await?;
         let Some(order) = orders::lock(&mut tx, order_id).await? else {
             return Ok(Operated::NotFound);
         };
         if order.process_state != ProcessState::Error {
-            return Ok(Operated::NotAllowed(order.process_state));
+            return Ok(Operated::NotAllowed(
+                order.process_state,
+                "only error orders can be retried",
+            ));
+        }
+        let steps = steps::for_orders(&mut tx, &[order_id]).await?;
+        if steps
+            .iter()
+            .any(|s| matches!(s.state, StepState::Compensated | StepState::Compensating))
+        {
+            return Ok(Operated::NotAllowed(
+                order.process_state,
+                "some of its steps were undone; cancel it to finish the undo",
+            ));
         }
         steps::reset_for_retry(&mut tx, order_id).await?;
         if !orders::reset_for_retry(&mut tx, order_id).await? {
@@ -418,7 +436,10 @@ impl Transitions {
             order.process_state,
             ProcessState::Pending | ProcessState::Processing | ProcessState::Error
         ) {
-            return Ok(Operated::NotAllowed(order.process_state));
+            return Ok(Operated::NotAllowed(
+                order.process_state,
+                "only pending, processing or error orders can be cancelled",
+            ));
         }
         steps::withdraw_running(&mut tx, order_id).await?;
         let steps = steps::for_orders(&mut tx, &[order_id]).await?;
