@@ -559,6 +559,21 @@ impl TestApp {
             .expect("publish reply");
     }
 
+    /// Submits one order of `workflow` with a fresh status queue and reads its
+    /// events until the terminal one: `(order id, events)`.
+    pub async fn run_one(&self, workflow: &str) -> (Uuid, Vec<Value>) {
+        let status = self
+            .status_queue(&format!("status-{}", Uuid::new_v4().simple()))
+            .await;
+        let id = self.submit(workflow, Some(&status)).await;
+        let events = self
+            .collect(&status, Duration::from_secs(30), |got| {
+                got.iter().any(is_terminal)
+            })
+            .await;
+        (id, events)
+    }
+
     /// Reads status events from `queue` until every order of `ids` has had a
     /// terminal event; returns each order's events, deduplicated on
     /// (`order_id`, `seq`) as the contract tells consumers to, in `seq` order.

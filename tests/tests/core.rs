@@ -37,13 +37,7 @@ fn terminal(e: &Value) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_order_runs_three_steps_and_reports_each_transition() {
     let app = TestApp::spawn().await;
-    let status = app.status_queue("status").await;
-    let id = app.submit("three", Some(&status)).await;
-    let events = app
-        .collect(&status, Duration::from_secs(30), |got| {
-            got.iter().any(terminal)
-        })
-        .await;
+    let (id, events) = app.run_one("three").await;
     assert_eq!(
         states(&events),
         [
@@ -251,13 +245,7 @@ async fn a_hanging_step_is_reattempted_by_the_supervisor_and_ends_processed() {
         },
     );
     app.start_all().await;
-    let status = app.status_queue("status").await;
-    let id = app.submit("three", Some(&status)).await;
-    let events = app
-        .collect(&status, Duration::from_secs(30), |got| {
-            got.iter().any(terminal)
-        })
-        .await;
+    let (id, events) = app.run_one("three").await;
     assert_story(&events, &[id], "processed");
     assert_eq!(
         states(&events),
@@ -298,13 +286,7 @@ async fn a_step_that_keeps_failing_ends_in_error_with_an_alert_and_failed() {
         },
     );
     app.start_all().await;
-    let status = app.status_queue("status").await;
-    let id = app.submit("one", Some(&status)).await;
-    let events = app
-        .collect(&status, Duration::from_secs(30), |got| {
-            got.iter().any(terminal)
-        })
-        .await;
+    let (id, events) = app.run_one("one").await;
     assert_story(&events, &[id], "failed");
     assert_eq!(
         states(&events)
@@ -345,13 +327,7 @@ async fn a_permanent_failure_ends_the_order_without_retries() {
         },
     );
     app.start_all().await;
-    let status = app.status_queue("status").await;
-    let id = app.submit("one", Some(&status)).await;
-    let events = app
-        .collect(&status, Duration::from_secs(30), |got| {
-            got.iter().any(terminal)
-        })
-        .await;
+    let (id, events) = app.run_one("one").await;
     assert_eq!(states(&events), ["received", "processing", "failed"]);
     assert!(
         events[2]["detail"]["error"]
@@ -380,13 +356,7 @@ async fn a_permanent_failure_of_the_third_step_compensates_the_first_two_in_reve
         },
     );
     app.start_all().await;
-    let status = app.status_queue("status").await;
-    let id = app.submit("three", Some(&status)).await;
-    let events = app
-        .collect(&status, Duration::from_secs(30), |got| {
-            got.iter().any(terminal)
-        })
-        .await;
+    let (id, events) = app.run_one("three").await;
     assert_story(&events, &[id], "compensated");
     assert_eq!(
         states(&events),

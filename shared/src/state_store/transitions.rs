@@ -231,7 +231,7 @@ impl Transitions {
             steps[pos].result = Some(r.clone());
         }
         // Take over the claim: whoever applies the reply drives the order on.
-        if !orders::transition(
+        must_transition(
             &mut tx,
             order.order_id,
             expect_order,
@@ -240,12 +240,7 @@ impl Transitions {
             Some(&me.name),
             None,
         )
-        .await?
-        {
-            return Err(StoreError::Corrupt(
-                "order changed under its row lock".into(),
-            ));
-        }
+        .await?;
         order.locked_by = Some(me.name.clone());
         match (&reply.outcome, reply.direction) {
             (StepOutcome::Succeeded { result }, Direction::Forward) => {
@@ -450,7 +445,7 @@ impl Transitions {
         } else {
             ProcessState::Compensated
         };
-        let moved = orders::transition(
+        must_transition(
             &mut tx,
             order_id,
             order.process_state,
@@ -460,11 +455,6 @@ impl Transitions {
             None,
         )
         .await?;
-        if !moved {
-            return Err(StoreError::Corrupt(
-                "order changed under its row lock".into(),
-            ));
-        }
         let reason = "cancelled by an operator";
         orders::set_last_error(&mut tx, order_id, reason).await?;
         let event = Event {
@@ -521,7 +511,7 @@ impl Transitions {
         match next {
             Next::Run(idx) => self.dispatch(conn, order, steps, idx, direction, me).await,
             Next::Finished => {
-                let moved = orders::transition(
+                must_transition(
                     conn,
                     order.order_id,
                     order.process_state,
@@ -531,11 +521,6 @@ impl Transitions {
                     None,
                 )
                 .await?;
-                if !moved {
-                    return Err(StoreError::Corrupt(
-                        "order changed under its row lock".into(),
-                    ));
-                }
                 let event = Event {
                     kind,
                     from: Some(order.process_state),
@@ -579,7 +564,7 @@ impl Transitions {
         let complete_by = steps::dispatch(conn, order.order_id, idx, state, dispatch_id).await?;
         steps[pos].state = state;
         steps[pos].dispatch_id = Some(dispatch_id);
-        let moved = orders::transition(
+        must_transition(
             conn,
             order.order_id,
             order.process_state,
@@ -589,11 +574,6 @@ impl Transitions {
             Some(complete_by),
         )
         .await?;
-        if !moved {
-            return Err(StoreError::Corrupt(
-                "order changed under its row lock".into(),
-            ));
-        }
         let request = StepRequest {
             order_id: order.order_id,
             workflow: order.workflow.clone(),
@@ -643,7 +623,7 @@ impl Transitions {
             .await?;
         orders::set_last_error(conn, order.order_id, reason).await?;
         let holder = driver.map(|d| d.name.as_str());
-        let moved = orders::transition(
+        must_transition(
             conn,
             order.order_id,
             order.process_state,
@@ -653,11 +633,6 @@ impl Transitions {
             None,
         )
         .await?;
-        if !moved {
-            return Err(StoreError::Corrupt(
-                "order changed under its row lock".into(),
-            ));
-        }
         let event = Event {
             kind: EventKind::Compensating,
             from: Some(order.process_state),
@@ -691,7 +666,7 @@ impl Transitions {
             self.alert(conn, order, ProcessState::Error, reason).await?;
         }
         orders::set_last_error(conn, order.order_id, reason).await?;
-        let moved = orders::transition(
+        must_transition(
             conn,
             order.order_id,
             order.process_state,
@@ -701,11 +676,6 @@ impl Transitions {
             None,
         )
         .await?;
-        if !moved {
-            return Err(StoreError::Corrupt(
-                "order changed under its row lock".into(),
-            ));
-        }
         let event = Event {
             kind: EventKind::Failed,
             from: Some(order.process_state),
@@ -757,6 +727,26 @@ fn results(steps: &[StepRow]) -> Map<String, Value> {
         .iter()
         .filter_map(|s| s.result.clone().map(|r| (s.name.clone(), r)))
         .collect()
+}
+
+/// Moves an order whose row this transaction has locked. The guard cannot
+/// fail under our own lock; if it does, the data is not what we read.
+async fn must_transition(
+    conn: &mut PgConnection,
+    order_id: Uuid,
+    from: ProcessState,
+    holder: Option<&str>,
+    to: ProcessState,
+    locked_by: Option<&str>,
+    deadline: Option<DateTime<Utc>>,
+) -> Result<(), StoreError> {
+    if orders::transition(conn, order_id, from, holder, to, locked_by, deadline).await? {
+        Ok(())
+    } else {
+        Err(StoreError::Corrupt(format!(
+            "order {order_id} changed under its row lock"
+        )))
+    }
 }
 
 /// Wakes the schedulers when this transaction commits.
