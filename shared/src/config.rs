@@ -356,6 +356,15 @@ pub struct AgentSpec {
 impl Settings {
     /// Loads the layers: defaults, then `file` (or `SAS_CONFIG`), then `SAS__*` variables.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_with(file, None)
+    }
+
+    /// Like [`Settings::load`], reading the variables from `env` instead of
+    /// the process's environment when given (for tests).
+    pub fn load_with(
+        file: Option<&Path>,
+        env: Option<std::collections::HashMap<String, String>>,
+    ) -> Result<Self, ConfigError> {
         let file: Option<PathBuf> = file
             .map(Path::to_path_buf)
             .or_else(|| std::env::var_os("SAS_CONFIG").map(PathBuf::from));
@@ -375,7 +384,8 @@ impl Settings {
                 .separator("__")
                 .list_separator(",")
                 .with_list_parse_key("supervisor.retry_schedule")
-                .try_parsing(true),
+                .try_parsing(true)
+                .source(env.map(|m| m.into_iter().collect())),
         );
         let settings: Settings = builder.build()?.try_deserialize()?;
         settings.validate()?;
@@ -505,6 +515,36 @@ url = "http://127.0.0.1:8081/inventory/reserve"
             vec!["inventory", "inventory-release", "shipping"]
         );
         std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn environment_variables_override_with_lists_numbers_and_agent_urls() {
+        let env: std::collections::HashMap<String, String> = [
+            ("SAS__SUPERVISOR__RETRY_SCHEDULE", "1s, 5s,250ms"),
+            ("SAS__BROKER__PREFIX", "123"),
+            ("SAS__HTTP__PORT", "0"),
+            ("SAS__DATABASE__URL", "postgres://u:p@db:5432/x"),
+            ("SAS__AGENTS__PAYMENTS__URL", "http://pay:80/charge"),
+            ("SAS__SUPERVISOR__MAX_FAILURES", "3"),
+            ("SAS_CONFIG_UNRELATED", "ignored"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let s = Settings::load_with(None, Some(env)).expect("loads");
+        assert_eq!(
+            s.supervisor.retry_schedule,
+            [
+                Duration::from_secs(1),
+                Duration::from_secs(5),
+                Duration::from_millis(250)
+            ]
+        );
+        assert_eq!(s.broker.prefix, "123");
+        assert_eq!(s.http.port, Some(0));
+        assert_eq!(s.database.url, "postgres://u:p@db:5432/x");
+        assert_eq!(s.agents["payments"].url, "http://pay:80/charge");
+        assert_eq!(s.supervisor.max_failures, 3);
     }
 
     #[test]

@@ -225,7 +225,9 @@ impl std::str::FromStr for EventKind {
 /// A status event on the application's private queue (contract §2).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatusEvent {
-    pub order_id: Option<Uuid>,
+    /// The order's id; in a `rejected` event, the id as the message gave it
+    /// (whatever its type), or null.
+    pub order_id: Value,
     pub seq: i64,
     pub state: EventKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -241,25 +243,14 @@ pub struct StatusEvent {
 impl StatusEvent {
     /// The `rejected` event for a message that was not accepted (`seq` 0).
     pub fn rejected(hints: &RejectedHints, reason: &RejectReason, at: DateTime<Utc>) -> Self {
-        let order_id = hints
-            .order_id
-            .as_ref()
-            .and_then(Value::as_str)
-            .and_then(|s| Uuid::parse_str(s).ok());
-        let mut detail = serde_json::json!({ "error": reason.to_string() });
-        if order_id.is_none()
-            && let Some(given) = &hints.order_id
-        {
-            detail["order_id_given"] = given.clone();
-        }
         Self {
-            order_id,
+            order_id: hints.order_id.clone().unwrap_or(Value::Null),
             seq: 0,
             state: EventKind::Rejected,
             step: None,
             attempt: None,
             at,
-            detail,
+            detail: serde_json::json!({ "error": reason.to_string() }),
         }
     }
 }
@@ -484,8 +475,7 @@ mod tests {
         assert_eq!(hints.reply_to.as_deref(), Some("mine"));
         let ev = StatusEvent::rejected(&hints, &RejectReason::NotAnObject, Utc::now());
         assert_eq!(ev.seq, 0);
-        assert_eq!(ev.order_id, None);
-        assert_eq!(ev.detail["order_id_given"], "nope");
+        assert_eq!(ev.order_id, "nope", "the id as given");
     }
 
     #[test]

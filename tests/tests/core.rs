@@ -206,6 +206,16 @@ async fn bad_messages_are_dead_lettered_with_a_reason_and_later_orders_still_flo
             r["detail"]["error"].as_str().unwrap().to_owned()
         })
         .collect();
+    let wrong_id = events
+        .iter()
+        .find(|e| e["state"] == "rejected" && e["order_id"] == 42)
+        .expect("the rejected event carries the order id as given");
+    assert!(
+        wrong_id["detail"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("order_id")
+    );
     assert_eq!(errors.len(), bad.len());
     for (_, reason) in &bad {
         let at = errors.iter().position(|e| e.contains(reason));

@@ -140,3 +140,41 @@ async fn new_orders_are_noticed_without_waiting_for_the_poll() {
     .await;
     assert!(started.elapsed() < Duration::from_secs(20));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orders_queue_declared_by_the_application_with_other_arguments_is_used_as_it_is() {
+    let app = TestApp::new().await;
+    // The application declared the orders queue first, as a plain quorum queue.
+    let broker = sas::broker::Broker::connect(
+        &sas::config::BrokerSettings {
+            url: sas_tests::AMQP.into(),
+            ..Default::default()
+        },
+        "test-application",
+    )
+    .await
+    .unwrap();
+    broker
+        .delete_queues(&[app.queues.orders().to_owned()])
+        .await
+        .unwrap();
+    let channel = broker.channel().await.unwrap();
+    let mut args = lapin::types::FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        lapin::types::AMQPValue::LongString("quorum".into()),
+    );
+    channel
+        .queue_declare(
+            app.queues.orders().into(),
+            lapin::options::QueueDeclareOptions::durable(),
+            args,
+        )
+        .await
+        .unwrap();
+    broker.close().await;
+    app.start_all().await;
+    let (id, events) = app.run_one("one").await;
+    assert_eq!(events.last().unwrap()["state"], "processed", "order {id}");
+    assert!(app.log("submission").contains("using it as it is"));
+}

@@ -155,7 +155,11 @@ impl Submitter {
         if let Some(queue) = &hints.reply_to {
             let event = StatusEvent::rejected(hints, reason, Utc::now());
             let body = serde_json::to_vec(&event).unwrap_or_default();
-            let correlation = event.order_id.map(|id| id.to_string());
+            let correlation = match &event.order_id {
+                serde_json::Value::String(s) => Some(s.clone()),
+                serde_json::Value::Null => None,
+                other => Some(other.to_string()),
+            };
             let answered = publisher
                 .publish(&Outgoing {
                     routing_key: queue,

@@ -46,6 +46,22 @@ pub enum BrokerError {
     Publish(#[from] PublishError),
 }
 
+impl BrokerError {
+    /// Whether the broker refused with 406 PRECONDITION_FAILED, e.g. a queue
+    /// declared before with other arguments.
+    pub fn is_precondition_failed(&self) -> bool {
+        use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+        matches!(
+            self,
+            Self::Amqp(e) if matches!(
+                e.kind(),
+                lapin::ErrorKind::ProtocolError(amqp)
+                    if *amqp.kind() == AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED)
+            )
+        )
+    }
+}
+
 /// One connection to RabbitMQ.
 pub struct Broker {
     conn: Connection,
@@ -121,15 +137,32 @@ impl Broker {
         agents: &[String],
         delivery_limit: u32,
     ) -> Result<(), BrokerError> {
-        let channel = self.channel().await?;
+        let mut channel = self.channel().await?;
         for (queue, dead) in names.all(agents.iter().map(String::as_str)) {
-            channel
+            let declared = channel
                 .queue_declare(
-                    queue.into(),
+                    queue.as_str().into(),
                     QueueDeclareOptions::durable(),
                     queue_arguments(dead.as_deref(), delivery_limit),
                 )
-                .await?;
+                .await;
+            match declared.map_err(BrokerError::from) {
+                Ok(_) => {}
+                // Someone (an application, an older deployment) declared it with
+                // other arguments: use it as it is rather than refuse to start.
+                Err(e) if e.is_precondition_failed() => {
+                    tracing::warn!(%queue, "queue exists with other arguments than sas declares; using it as it is");
+                    channel = self.channel().await?;
+                    let passive = QueueDeclareOptions {
+                        passive: true,
+                        ..QueueDeclareOptions::default()
+                    };
+                    channel
+                        .queue_declare(queue.as_str().into(), passive, FieldTable::default())
+                        .await?;
+                }
+                Err(e) => return Err(e),
+            }
         }
         channel.close(200, "topology declared".into()).await.ok();
         Ok(())
