@@ -5,13 +5,32 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 /// Label sets are small `(name, value)` lists.
 pub type Labels = Vec<(String, String)>;
 
+/// A histogram family whose buckets suit durations from a millisecond to minutes.
+pub type Durations = Family<Labels, Histogram, fn() -> Histogram>;
+
+fn duration_buckets() -> Histogram {
+    // 1 ms … ~65 s, doubling.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
 /// The counters of sas.
 pub struct Metrics {
+    /// Orders that ended, by `state` (`processed`, `compensated`, `error`).
+    pub orders_finished: Family<Labels, Counter>,
+    /// Seconds from submission to the end, by `state`.
+    pub order_latency_seconds: Durations,
+    /// Seconds an agent spent on a step request, by `agent` and `outcome`.
+    pub agent_step_duration_seconds: Durations,
+    /// Seconds one supervisor sweep took.
+    pub supervisor_sweep_duration_seconds: Histogram,
+    /// Outbox messages waiting to be published, as last counted by this process.
+    pub outbox_backlog: Gauge,
     registry: Registry,
     /// Orders stored by the submission.
     pub orders_received: Counter,
@@ -46,6 +65,11 @@ impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("sas");
         let m = Self {
+            orders_finished: Family::default(),
+            order_latency_seconds: Family::new_with_constructor(duration_buckets),
+            agent_step_duration_seconds: Family::new_with_constructor(duration_buckets),
+            supervisor_sweep_duration_seconds: duration_buckets(),
+            outbox_backlog: Gauge::default(),
             orders_received: Counter::default(),
             orders_duplicate: Counter::default(),
             orders_rejected: Family::default(),
@@ -103,6 +127,31 @@ impl Default for Metrics {
             m.supervisor_sweeps.clone(),
         );
         registry.register(
+            "orders_finished",
+            "Orders that ended, by state",
+            m.orders_finished.clone(),
+        );
+        registry.register(
+            "order_latency_seconds",
+            "Seconds from submission to the end of an order, by state",
+            m.order_latency_seconds.clone(),
+        );
+        registry.register(
+            "agent_step_duration_seconds",
+            "Seconds an agent spent on a step request, by agent and outcome",
+            m.agent_step_duration_seconds.clone(),
+        );
+        registry.register(
+            "supervisor_sweep_duration_seconds",
+            "Seconds one supervisor sweep took",
+            m.supervisor_sweep_duration_seconds.clone(),
+        );
+        registry.register(
+            "outbox_backlog",
+            "Outbox messages waiting to be published",
+            m.outbox_backlog.clone(),
+        );
+        registry.register(
             "agent_breaker_state",
             "Circuit breaker per agent: 0 closed, 1 half-open, 2 open",
             m.agent_breaker_state.clone(),
@@ -127,6 +176,17 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Counts an order that ended in `state`, `age` after it was submitted (when known).
+    pub fn finished(&self, state: crate::state::ProcessState, age: Option<std::time::Duration>) {
+        let l = labels(&[("state", state.as_str())]);
+        self.orders_finished.get_or_create(&l).inc();
+        if let Some(age) = age {
+            self.order_latency_seconds
+                .get_or_create(&l)
+                .observe(age.as_secs_f64());
+        }
+    }
+
     /// The metrics in Prometheus text format.
     pub fn render(&self) -> String {
         let mut out = String::new();

@@ -111,8 +111,11 @@ impl Relay {
         Ok(())
     }
 
-    /// Relays rows that other (dead) processes left behind.
+    /// Relays rows that other (dead) processes left behind, and counts the backlog.
     async fn sweep(&self, publisher: &Publisher) -> Result<(), BrokerError> {
+        if let Ok(n) = self.store.outbox_backlog().await {
+            self.metrics.outbox_backlog.set(n);
+        }
         let age = i64::try_from(self.settings.sweep_age.as_millis()).unwrap_or(i64::MAX);
         let limit = i64::try_from(self.settings.batch).unwrap_or(i64::MAX);
         match self.store.outbox_stale_orders(age, limit).await {

@@ -186,9 +186,18 @@ impl Agent {
             attempt = request.attempt,
             agent = %self.name,
         );
-        self.work(publisher, &delivery, &request)
+        let started = std::time::Instant::now();
+        let outcome = self
+            .work(publisher, &delivery, &request)
             .instrument(span)
-            .await
+            .await?;
+        self.count(outcome);
+        self.ctx
+            .metrics
+            .agent_step_duration_seconds
+            .get_or_create(&labels(&[("agent", &self.name), ("outcome", outcome)]))
+            .observe(started.elapsed().as_secs_f64());
+        Ok(())
     }
 
     async fn work(
@@ -196,12 +205,12 @@ impl Agent {
         publisher: &Publisher,
         delivery: &Delivery,
         request: &StepRequest,
-    ) -> Result<(), BrokerError> {
+    ) -> Result<&'static str, BrokerError> {
         tracing::debug!(complete_by = %request.complete_by, "request taken");
         if request.complete_by <= Utc::now() {
             tracing::info!("complete-by already passed; request dropped");
-            self.count("expired");
-            return broker::ack(delivery).await;
+            broker::ack(delivery).await?;
+            return Ok("expired");
         }
         let end = remote::call(
             &self.client,
@@ -231,19 +240,19 @@ impl Agent {
             CallEnd::Answer(outcome) => outcome,
             CallEnd::Expired => {
                 tracing::info!("complete-by passed; staying silent");
-                self.count("expired");
-                return broker::ack(delivery).await;
+                broker::ack(delivery).await?;
+                return Ok("expired");
             }
             CallEnd::Interrupted => {
                 tracing::info!("shutting down or circuit open; request handed back");
-                self.count("handed_back");
-                return broker::requeue(delivery).await;
+                broker::requeue(delivery).await?;
+                return Ok("handed_back");
             }
         };
         let Some(reply_to) = broker::reply_to(delivery) else {
             tracing::warn!("request has no reply queue; nobody to answer");
-            self.count("no_reply_to");
-            return broker::ack(delivery).await;
+            broker::ack(delivery).await?;
+            return Ok("no_reply_to");
         };
         sas::crash::point("agent.after_call");
         let reply = StepReply::to(request, outcome);
@@ -262,9 +271,9 @@ impl Agent {
                 ..Outgoing::default()
             })
             .await?;
-        self.count(label);
         tracing::debug!(outcome = label, "answered");
-        broker::ack(delivery).await
+        broker::ack(delivery).await?;
+        Ok(label)
     }
 
     fn count(&self, outcome: &str) {

@@ -158,7 +158,10 @@ impl Scheduler {
         );
         async {
             match self.transitions.apply_reply(&self.me, &reply).await {
-                Ok(ReplyOutcome::Applied) => {
+                Ok(ReplyOutcome::Applied { ended, age }) => {
+                    if let Some(state) = ended {
+                        self.ctx.metrics.finished(state, Some(age));
+                    }
                     self.count_reply("applied");
                     broker::ack(&delivery).await?;
                     self.relay.push([reply.order_id]);

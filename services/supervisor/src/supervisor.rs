@@ -58,6 +58,9 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                 {
                     Ok(recovered) => {
                         ctx.metrics.supervisor_sweeps.inc();
+                        ctx.metrics
+                            .supervisor_sweep_duration_seconds
+                            .observe(started.elapsed().as_secs_f64());
                         if !recovered.is_empty() {
                             tracing::info!(
                                 recovered = recovered.len(),
@@ -67,9 +70,8 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                         }
                         report(&ctx, &recovered);
                         relay.push(recovered.iter().map(|r| match r {
-                            Expired::Requeued { order_id, .. } | Expired::GaveUp { order_id } => {
-                                *order_id
-                            }
+                            Expired::Requeued { order_id, .. }
+                            | Expired::GaveUp { order_id, .. } => *order_id,
                         }));
                     }
                     Err(e) => tracing::warn!(error = %e, "sweep failed; will retry"),
@@ -121,8 +123,11 @@ fn report(ctx: &Context, recovered: &[Expired]) {
                 tracing::info!(%order_id, %not_before, "complete-by passed; re-attempt scheduled");
                 "requeued"
             }
-            Expired::GaveUp { order_id } => {
+            Expired::GaveUp { order_id, ended } => {
                 tracing::warn!(%order_id, "complete-by passed too often; order given up");
+                if let Some(state) = ended {
+                    ctx.metrics.finished(*state, None);
+                }
                 "gave_up"
             }
         };

@@ -98,3 +98,10 @@ pub async fn stale_orders(
     .fetch_all(conn)
     .await
 }
+
+/// Messages waiting in the outbox.
+pub async fn backlog(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM outbox")
+        .fetch_one(conn)
+        .await
+}

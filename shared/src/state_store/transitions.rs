@@ -46,8 +46,12 @@ pub enum Submitted {
 /// How a reply ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplyOutcome {
-    /// The reply moved the order on.
-    Applied,
+    /// The reply moved the order on; `ended` says how, if the order ended,
+    /// `age` is the time since it was submitted.
+    Applied {
+        ended: Option<ProcessState>,
+        age: std::time::Duration,
+    },
     /// The reply answers a dispatch that no longer counts; nothing changed.
     Stale(String),
 }
@@ -60,8 +64,11 @@ pub enum Expired {
         order_id: Uuid,
         not_before: DateTime<Utc>,
     },
-    /// Given up: compensating or failed.
-    GaveUp { order_id: Uuid },
+    /// Given up: compensating, or ended (`error`) when there was nothing to undo.
+    GaveUp {
+        order_id: Uuid,
+        ended: Option<ProcessState>,
+    },
 }
 
 /// How an operator's action ended.
@@ -242,7 +249,7 @@ impl Transitions {
         )
         .await?;
         order.locked_by = Some(me.name.clone());
-        match (&reply.outcome, reply.direction) {
+        let ended = match (&reply.outcome, reply.direction) {
             (StepOutcome::Succeeded { result }, Direction::Forward) => {
                 let event = Event {
                     kind: EventKind::StepSucceeded,
@@ -255,26 +262,27 @@ impl Transitions {
                     detail: json!({ "result": result }),
                 };
                 events::append(&mut tx, order.order_id, &event).await?;
-                self.advance(&mut tx, &order, &mut steps, me).await?;
+                self.advance(&mut tx, &order, &mut steps, me).await?
             }
             (StepOutcome::Succeeded { .. }, Direction::Compensate) => {
-                self.advance(&mut tx, &order, &mut steps, me).await?;
+                self.advance(&mut tx, &order, &mut steps, me).await?
             }
             (StepOutcome::Failed { error }, Direction::Forward) => {
                 let reason = format!("step {} failed permanently: {error}", reply.step);
                 self.give_up(&mut tx, &order, &mut steps, &reason, me, Some(me))
-                    .await?;
+                    .await?
             }
             (StepOutcome::Failed { error }, Direction::Compensate) => {
                 let reason = format!(
                     "compensation of step {} failed permanently: {error}",
                     reply.step
                 );
-                self.fail(&mut tx, &order, &reason, me, true).await?;
+                self.fail(&mut tx, &order, &reason, me).await?
             }
-        }
+        };
         tx.commit().await?;
-        Ok(ReplyOutcome::Applied)
+        let age = (Utc::now() - order.created_at).to_std().unwrap_or_default();
+        Ok(ReplyOutcome::Applied { ended, age })
     }
 
     /// Recovers orders whose complete-by has passed: counts the failure and
@@ -305,19 +313,20 @@ impl Transitions {
             if failures_u32 >= settings.max_failures {
                 orders::count_failure(&mut tx, &order).await?;
                 let mut order = order;
-                if compensating {
+                let ended = if compensating {
                     order.compensation_failures = failures;
                     let reason = format!("compensation could not complete: {late}");
-                    self.fail(&mut tx, &order, &reason, me, true).await?;
+                    self.fail(&mut tx, &order, &reason, me).await?
                 } else {
                     order.failure_count = failures;
                     let mut steps = steps::for_orders(&mut tx, &[order.order_id]).await?;
-                    self.give_up(&mut tx, &order, &mut steps, &late, me, None)
-                        .await?;
                     wake_now = true;
-                }
+                    self.give_up(&mut tx, &order, &mut steps, &late, me, None)
+                        .await?
+                };
                 recovered.push(Expired::GaveUp {
                     order_id: order.order_id,
+                    ended,
                 });
                 continue;
             }
@@ -487,7 +496,7 @@ impl Transitions {
         order: &OrderRow,
         steps: &mut [StepRow],
         me: &Actor,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Option<ProcessState>, StoreError> {
         let views: Vec<_> = steps.iter().map(StepRow::view).collect();
         let (next, direction, finished, kind) = match order.process_state {
             ProcessState::Processing => (
@@ -509,7 +518,11 @@ impl Transitions {
             }
         };
         match next {
-            Next::Run(idx) => self.dispatch(conn, order, steps, idx, direction, me).await,
+            Next::Run(idx) => {
+                self.dispatch(conn, order, steps, idx, direction, me)
+                    .await?;
+                Ok(None)
+            }
             Next::Finished => {
                 must_transition(
                     conn,
@@ -532,7 +545,7 @@ impl Transitions {
                     detail: json!({ "results": results(steps) }),
                 };
                 events::append(conn, order.order_id, &event).await?;
-                Ok(())
+                Ok(Some(finished))
             }
         }
     }
@@ -614,10 +627,10 @@ impl Transitions {
         reason: &str,
         me: &Actor,
         driver: Option<&Actor>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Option<ProcessState>, StoreError> {
         let views: Vec<_> = steps.iter().map(StepRow::view).collect();
         if workflow::next_compensation(&views) == Next::Finished {
-            return self.fail(conn, order, reason, me, true).await;
+            return self.fail(conn, order, reason, me).await;
         }
         self.alert(conn, order, ProcessState::Compensating, reason)
             .await?;
@@ -648,23 +661,20 @@ impl Transitions {
             let mut order = order.clone();
             order.process_state = ProcessState::Compensating;
             order.locked_by = Some(driver.name.clone());
-            self.advance(conn, &order, steps, driver).await?;
+            return self.advance(conn, &order, steps, driver).await;
         }
-        Ok(())
+        Ok(None)
     }
 
-    /// Ends the order in `error` with an alert and a `failed` event.
+    /// Ends the order in `error` with an alert and a `failed` event; returns `Some(Error)`.
     async fn fail(
         &self,
         conn: &mut PgConnection,
         order: &OrderRow,
         reason: &str,
         me: &Actor,
-        alert: bool,
-    ) -> Result<(), StoreError> {
-        if alert {
-            self.alert(conn, order, ProcessState::Error, reason).await?;
-        }
+    ) -> Result<Option<ProcessState>, StoreError> {
+        self.alert(conn, order, ProcessState::Error, reason).await?;
         orders::set_last_error(conn, order.order_id, reason).await?;
         must_transition(
             conn,
@@ -687,7 +697,7 @@ impl Transitions {
             detail: json!({ "error": reason, "failure_count": order.failure_count }),
         };
         events::append(conn, order.order_id, &event).await?;
-        Ok(())
+        Ok(Some(ProcessState::Error))
     }
 
     /// Queues an operator alert; the relay publishes it before the order's later events.
@@ -790,6 +800,12 @@ impl StateStore {
         }
         tx.commit().await?;
         Ok((held, outcome.map(|()| done.len())))
+    }
+
+    /// Messages waiting in the outbox.
+    pub async fn outbox_backlog(&self) -> Result<i64, StoreError> {
+        let mut conn = self.pool().acquire().await?;
+        Ok(outbox::backlog(&mut conn).await?)
     }
 
     /// Orders with messages left behind by a process that died.

@@ -1,0 +1,142 @@
+//! `/metrics` after a known run: the counters equal what happened.
+
+use std::time::Duration;
+
+use remote_sim::Knobs;
+use sas_tests::TestApp;
+
+/// The value of one sample line, e.g. `sas_orders_received_total` or
+/// `sas_orders_finished_total{state="processed"}`; 0 when absent.
+fn sample(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_counters_equal_what_happened() {
+    let app = TestApp::new().await;
+    app.knobs(
+        "c",
+        Knobs {
+            permanent: true,
+            ..Knobs::default()
+        },
+    );
+    app.start_all().await;
+    // 10 orders of `one` succeed; 2 of `three` fail at c and are compensated;
+    // one is submitted twice; two messages are rejected.
+    let mut ids = app.submit_many("one", 10, None).await;
+    ids.extend(app.submit_many("three", 2, None).await);
+    let body =
+        serde_json::json!({ "order_id": ids[0], "workflow": "one", "payload": {} }).to_string();
+    app.publish_raw(body.as_bytes(), None, None).await;
+    app.publish_raw(b"not json", None, None).await;
+    app.publish_raw(br#"{"workflow":"nope","payload":{}}"#, None, None)
+        .await;
+    app.eventually("every order ended", Duration::from_secs(30), || async {
+        app.count_in("processed").await == 10 && app.count_in("compensated").await == 2
+    })
+    .await;
+    let submission = app.metrics("submission").await;
+    assert_eq!(sample(&submission, "sas_orders_received_total"), 12.0);
+    assert_eq!(sample(&submission, "sas_orders_duplicate_total"), 1.0);
+    assert_eq!(
+        sample(
+            &submission,
+            r#"sas_orders_rejected_total{reason="malformed_json"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &submission,
+            r#"sas_orders_rejected_total{reason="unknown_workflow"}"#
+        ),
+        1.0
+    );
+
+    let scheduler = app.metrics("scheduler").await;
+    assert_eq!(sample(&scheduler, "sas_orders_claimed_total"), 12.0);
+    assert_eq!(
+        sample(
+            &scheduler,
+            r#"sas_orders_finished_total{state="processed"}"#
+        ),
+        10.0
+    );
+    assert_eq!(
+        sample(
+            &scheduler,
+            r#"sas_orders_finished_total{state="compensated"}"#
+        ),
+        2.0
+    );
+    assert_eq!(
+        sample(
+            &scheduler,
+            r#"sas_order_latency_seconds_count{state="processed"}"#
+        ),
+        10.0
+    );
+    // one: 1 reply each; three: a, b, c (failed), b undo, a undo.
+    assert_eq!(
+        sample(&scheduler, r#"sas_replies_total{outcome="applied"}"#),
+        10.0 + 2.0 * 5.0
+    );
+    assert_eq!(
+        sample(&scheduler, r#"sas_replies_total{outcome="stale"}"#),
+        0.0
+    );
+
+    let agent = app.metrics("agent").await;
+    assert_eq!(
+        sample(
+            &agent,
+            r#"sas_agent_calls_total{agent="a",outcome="succeeded"}"#
+        ),
+        12.0
+    );
+    assert_eq!(
+        sample(
+            &agent,
+            r#"sas_agent_calls_total{agent="c",outcome="permanent"}"#
+        ),
+        2.0
+    );
+    assert_eq!(
+        sample(
+            &agent,
+            r#"sas_agent_requests_total{agent="c",outcome="failed"}"#
+        ),
+        2.0
+    );
+    assert_eq!(
+        sample(
+            &agent,
+            r#"sas_agent_requests_total{agent="a-undo",outcome="succeeded"}"#
+        ),
+        2.0
+    );
+    assert_eq!(
+        sample(
+            &agent,
+            r#"sas_agent_step_duration_seconds_count{agent="a",outcome="succeeded"}"#
+        ),
+        12.0
+    );
+    assert_eq!(sample(&agent, r#"sas_agent_breaker_state{agent="a"}"#), 0.0);
+
+    let supervisor = app.metrics("supervisor").await;
+    assert!(sample(&supervisor, "sas_supervisor_sweeps_total") >= 1.0);
+    assert_eq!(sample(&supervisor, "sas_supervisor_leader"), 1.0);
+    assert_eq!(
+        sample(
+            &supervisor,
+            r#"sas_supervisor_recoveries_total{action="requeued"}"#
+        ),
+        0.0
+    );
+}
