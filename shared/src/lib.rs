@@ -7,6 +7,7 @@
 //! - [`messages`]: the wire types of every queue and the submission's validation. Pure.
 //! - [`state`]: the states of orders and steps. Pure.
 //! - [`topology`]: the queue names of a deployment. Pure.
+//! - [`trace`]: W3C trace context carried from hop to hop. Pure.
 //! - [`state_store`]: every SQL statement, and the guarded transitions.
 //! - [`broker`]: every lapin call: connect, topology, confirmed publish, consume.
 //! - [`outbox`]: the relay from committed outbox rows to confirmed publishes.
@@ -27,4 +28,5 @@ pub mod state;
 pub mod state_store;
 pub mod telemetry;
 pub mod topology;
+pub mod trace;
 pub mod workflow;

@@ -184,11 +184,16 @@ async fn publish_rows(
                 continue;
             }
         };
+        let trace = row
+            .traceparent
+            .as_deref()
+            .map(|t| [(crate::trace::HEADER, t)]);
         let msg = Outgoing {
             routing_key: &row.routing_key,
             body: &body,
             correlation_id: row.correlation_id.as_deref(),
             reply_to: row.reply_to.as_deref(),
+            headers: trace.as_ref().map_or(&[], |h| h.as_slice()),
             mandatory: true,
             ..Outgoing::default()
         };

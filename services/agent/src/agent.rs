@@ -13,6 +13,7 @@ use sas::config::AgentSpec;
 use sas::messages::{StepReply, StepRequest};
 use sas::metrics::labels;
 use sas::service::Context;
+use sas::trace::TraceContext;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -179,16 +180,19 @@ impl Agent {
                 return broker::dead_letter(&delivery).await;
             }
         };
+        let trace = broker::header_str(&delivery, sas::trace::HEADER)
+            .and_then(|t| sas::trace::TraceContext::parse(&t));
         let span = tracing::info_span!(
             "step",
             order_id = %request.order_id,
             step = %request.step,
             attempt = request.attempt,
             agent = %self.name,
+            trace_id = %trace.as_ref().map_or("", |t| t.trace_id.as_str()),
         );
         let started = std::time::Instant::now();
         let outcome = self
-            .work(publisher, &delivery, &request)
+            .work(publisher, &delivery, &request, trace.as_ref())
             .instrument(span)
             .await?;
         self.count(outcome);
@@ -205,6 +209,7 @@ impl Agent {
         publisher: &Publisher,
         delivery: &Delivery,
         request: &StepRequest,
+        trace: Option<&TraceContext>,
     ) -> Result<&'static str, BrokerError> {
         tracing::debug!(complete_by = %request.complete_by, "request taken");
         if request.complete_by <= Utc::now() {
@@ -212,13 +217,17 @@ impl Agent {
             broker::ack(delivery).await?;
             return Ok("expired");
         }
+        let endpoint = remote::Endpoint {
+            client: &self.client,
+            spec: &self.spec,
+            settings: &self.ctx.settings.agent,
+            stop: &self.hard_stop,
+            breaker: &self.breaker,
+        };
         let end = remote::call(
-            &self.client,
-            &self.spec,
-            &self.ctx.settings.agent,
+            &endpoint,
             request,
-            &self.hard_stop,
-            &self.breaker,
+            trace,
             |outcome| {
                 self.ctx
                     .metrics
@@ -262,11 +271,16 @@ impl Agent {
         };
         let body = serde_json::to_vec(&reply).unwrap_or_default();
         let correlation = request.dispatch_id.to_string();
+        let next_hop = trace
+            .and_then(|t| TraceContext::child_of(&t.trace_id))
+            .map(|t| t.to_string());
+        let headers = next_hop.as_deref().map(|t| [(sas::trace::HEADER, t)]);
         publisher
             .publish(&Outgoing {
                 routing_key: reply_to,
                 body: &body,
                 correlation_id: Some(&correlation),
+                headers: headers.as_ref().map_or(&[], |h| h.as_slice()),
                 mandatory: true,
                 ..Outgoing::default()
             })

@@ -10,6 +10,7 @@ use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 use sas::config::{AgentSettings, AgentSpec};
 use sas::messages::{StepOutcome, StepRequest, rfc3339};
+use sas::trace::TraceContext;
 use tokio_util::sync::CancellationToken;
 
 use crate::breaker::Breaker;
@@ -34,18 +35,33 @@ enum Attempt {
     },
 }
 
+/// One remote endpoint as an agent calls it.
+pub struct Endpoint<'a> {
+    pub client: &'a reqwest::Client,
+    pub spec: &'a AgentSpec,
+    pub settings: &'a AgentSettings,
+    /// Cancelled when in-flight calls must stop (the end of the shutdown grace).
+    pub stop: &'a CancellationToken,
+    pub breaker: &'a Breaker,
+}
+
 /// Calls the remote service for `request` until it answers for good,
-/// complete-by passes, `stop` is cancelled or `breaker` opens. `on_attempt`
-/// sees each attempt's outcome label (`succeeded`, `permanent`, `transient`).
+/// complete-by passes, the endpoint's `stop` is cancelled or its breaker
+/// opens. `on_attempt` sees each attempt's outcome label (`succeeded`,
+/// `permanent`, `transient`).
 pub async fn call(
-    client: &reqwest::Client,
-    spec: &AgentSpec,
-    settings: &AgentSettings,
+    endpoint: &Endpoint<'_>,
     request: &StepRequest,
-    stop: &CancellationToken,
-    breaker: &Breaker,
+    trace: Option<&TraceContext>,
     on_attempt: impl Fn(&'static str),
 ) -> CallEnd {
+    let Endpoint {
+        client,
+        spec,
+        settings,
+        stop,
+        breaker,
+    } = *endpoint;
     let body = request.remote_body();
     let key = request.idempotency_key();
     let complete_by = rfc3339::format(&request.complete_by);
@@ -58,8 +74,12 @@ pub async fn call(
             return CallEnd::Interrupted;
         }
         let timeout = spec.timeout.map_or(left, |t| t.min(left));
-        let send = client
-            .post(&spec.url)
+        let mut post = client.post(&spec.url);
+        // The remote call is a span of its own in the order's trace.
+        if let Some(hop) = trace.and_then(|t| TraceContext::child_of(&t.trace_id)) {
+            post = post.header(sas::trace::HEADER, hop.to_string());
+        }
+        let send = post
             .header("Idempotency-Key", &key)
             .header("X-Complete-By", &complete_by)
             .timeout(timeout)

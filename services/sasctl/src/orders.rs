@@ -532,6 +532,7 @@ mod tests {
             last_error: Some("timed out\nat step charge".into()),
             created_at: at,
             updated_at: at,
+            trace_id: None,
         };
         let step = |idx: i32, name: &str, state, result: Option<Value>| StepRow {
             order_id: id,

@@ -150,15 +150,21 @@ impl Scheduler {
                 return broker::dead_letter(&delivery).await;
             }
         };
+        let trace = broker::header_str(&delivery, sas::trace::HEADER)
+            .and_then(|t| sas::trace::TraceContext::parse(&t))
+            .map(|t| t.trace_id)
+            .unwrap_or_default();
         let span = tracing::info_span!(
             "reply",
             order_id = %reply.order_id,
             step = %reply.step,
             attempt = reply.attempt,
+            trace_id = %trace,
         );
         async {
             match self.transitions.apply_reply(&self.me, &reply).await {
                 Ok(ReplyOutcome::Applied { ended, age }) => {
+                    tracing::debug!(?ended, "reply applied");
                     if let Some(state) = ended {
                         self.ctx.metrics.finished(state, Some(age));
                     }

@@ -99,7 +99,16 @@ impl Submitter {
             .order_id
             .or_else(|| broker::message_id(&delivery).and_then(|m| Uuid::parse_str(m).ok()))
             .unwrap_or_else(Uuid::new_v4);
-        let span = tracing::info_span!("submit", %order_id, workflow = %workflow.name);
+        // Continue the application's trace when it sent one.
+        let trace = broker::header_str(&delivery, sas::trace::HEADER)
+            .and_then(|t| sas::trace::TraceContext::parse(&t))
+            .unwrap_or_else(sas::trace::TraceContext::new_root);
+        let span = tracing::info_span!(
+            "submit",
+            %order_id,
+            workflow = %workflow.name,
+            trace_id = %trace.trace_id,
+        );
         async {
             let new = NewOrder {
                 order_id,
@@ -108,6 +117,7 @@ impl Submitter {
                 reply_to: order.reply_to,
                 priority: i16::from(order.priority.get()),
                 not_before: order.not_before,
+                trace_id: Some(trace.trace_id.clone()),
             };
             match self.transitions.submit(&new, &workflow).await {
                 Ok(Submitted::Created) => {

@@ -47,13 +47,13 @@ pub async fn append(
     sqlx::query_scalar(
         "WITH s AS ( \
            UPDATE orders SET last_seq = last_seq + 1 WHERE order_id = $1 \
-           RETURNING last_seq, reply_to, now() AS at), \
+           RETURNING last_seq, reply_to, trace_id, now() AS at), \
          e AS ( \
            INSERT INTO order_events (order_id, seq, event, from_state, to_state, step, attempt, actor, reason, detail, at) \
            SELECT $1, s.last_seq, $2, $3, $4, $5, $6, $7, $8, $9, s.at FROM s), \
          o AS ( \
-           INSERT INTO outbox (order_id, kind, routing_key, correlation_id, body) \
-           SELECT $1, 'status', s.reply_to, $1::text, \
+           INSERT INTO outbox (order_id, kind, routing_key, correlation_id, traceparent, body) \
+           SELECT $1, 'status', s.reply_to, $1::text, '00-' || s.trace_id || '-' || $10 || '-01', \
              jsonb_strip_nulls(jsonb_build_object('order_id', $1::uuid, 'seq', s.last_seq, 'state', $2::text, \
                'step', $5::text, 'attempt', $6::int, \
                'at', to_char(s.at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'))) \
@@ -70,6 +70,8 @@ pub async fn append(
     .bind(e.actor)
     .bind(e.reason)
     .bind(&e.detail)
+    // The span id of this event's publish, in the order's trace.
+    .bind(crate::trace::TraceContext::new_root().span_id)
     .fetch_one(conn)
     .await
 }

@@ -26,6 +26,8 @@ pub struct OrderRow {
     pub last_error: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// The W3C trace id every hop of this order reports.
+    pub trace_id: Option<String>,
 }
 
 impl OrderRow {
@@ -44,16 +46,17 @@ pub struct NewOrder {
     pub reply_to: Option<String>,
     pub priority: i16,
     pub not_before: Option<DateTime<Utc>>,
+    pub trace_id: Option<String>,
 }
 
 const COLUMNS: &str = "order_id, workflow, payload, reply_to, priority, not_before, process_state, \
-     locked_by, complete_by, failure_count, compensation_failures, last_seq, last_error, created_at, updated_at";
+     locked_by, complete_by, failure_count, compensation_failures, last_seq, last_error, created_at, updated_at, trace_id";
 
 /// Inserts the order as `pending` unless it exists; whether it was created.
 pub async fn insert(conn: &mut PgConnection, o: &NewOrder) -> Result<bool, sqlx::Error> {
     let done = sqlx::query(
-        "INSERT INTO orders (order_id, workflow, payload, reply_to, priority, not_before) \
-         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (order_id) DO NOTHING",
+        "INSERT INTO orders (order_id, workflow, payload, reply_to, priority, not_before, trace_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (order_id) DO NOTHING",
     )
     .bind(o.order_id)
     .bind(&o.workflow)
@@ -61,6 +64,7 @@ pub async fn insert(conn: &mut PgConnection, o: &NewOrder) -> Result<bool, sqlx:
     .bind(&o.reply_to)
     .bind(o.priority)
     .bind(o.not_before)
+    .bind(&o.trace_id)
     .execute(conn)
     .await?;
     Ok(done.rows_affected() == 1)

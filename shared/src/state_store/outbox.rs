@@ -15,29 +15,37 @@ pub struct OutboxRow {
     pub routing_key: String,
     pub correlation_id: Option<String>,
     pub reply_to: Option<String>,
+    /// The W3C `traceparent` to publish with.
+    pub traceparent: Option<String>,
     pub body: Value,
 }
 
-/// Queues a message other than a status event (those come with [`super::events::append`]).
-pub async fn enqueue(
-    conn: &mut PgConnection,
-    order_id: Uuid,
-    kind: &str,
-    routing_key: &str,
-    correlation_id: Option<&str>,
-    reply_to: Option<&str>,
-    body: &Value,
-) -> Result<(), sqlx::Error> {
+/// A message to queue, other than a status event (those come with [`super::events::append`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Message<'a> {
+    pub order_id: Uuid,
+    /// `request` or `alert`.
+    pub kind: &'a str,
+    pub routing_key: &'a str,
+    pub correlation_id: Option<&'a str>,
+    pub reply_to: Option<&'a str>,
+    pub traceparent: Option<&'a str>,
+    pub body: &'a Value,
+}
+
+/// Queues a message to publish once the transaction commits.
+pub async fn enqueue(conn: &mut PgConnection, m: &Message<'_>) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "INSERT INTO outbox (order_id, kind, routing_key, correlation_id, reply_to, body) \
-         VALUES ($1, $2, $3, $4, $5, $6)",
+        "INSERT INTO outbox (order_id, kind, routing_key, correlation_id, reply_to, traceparent, body) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
     )
-    .bind(order_id)
-    .bind(kind)
-    .bind(routing_key)
-    .bind(correlation_id)
-    .bind(reply_to)
-    .bind(body)
+    .bind(m.order_id)
+    .bind(m.kind)
+    .bind(m.routing_key)
+    .bind(m.correlation_id)
+    .bind(m.reply_to)
+    .bind(m.traceparent)
+    .bind(m.body)
     .execute(conn)
     .await?;
     Ok(())
@@ -66,7 +74,7 @@ pub async fn for_orders(
     order_ids: &[Uuid],
 ) -> Result<Vec<OutboxRow>, sqlx::Error> {
     sqlx::query_as::<_, OutboxRow>(
-        "SELECT id, order_id, kind, routing_key, correlation_id, reply_to, body \
+        "SELECT id, order_id, kind, routing_key, correlation_id, reply_to, traceparent, body \
          FROM outbox WHERE order_id = ANY($1) ORDER BY id",
     )
     .bind(order_ids)

@@ -602,16 +602,18 @@ impl Transitions {
         };
         let body =
             serde_json::to_value(&request).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        outbox::enqueue(
-            conn,
-            order.order_id,
-            "request",
-            &self.queues.agent_requests(&agent),
-            Some(&dispatch_id.to_string()),
-            Some(self.queues.replies()),
-            &body,
-        )
-        .await?;
+        let trace = traceparent(order);
+        let correlation = dispatch_id.to_string();
+        let message = outbox::Message {
+            order_id: order.order_id,
+            kind: "request",
+            routing_key: &self.queues.agent_requests(&agent),
+            correlation_id: Some(&correlation),
+            reply_to: Some(self.queues.replies()),
+            traceparent: trace.as_deref(),
+            body: &body,
+        };
+        outbox::enqueue(conn, &message).await?;
         Ok(())
     }
 
@@ -717,18 +719,25 @@ impl Transitions {
             at: Utc::now(),
         };
         let body = serde_json::to_value(&alert).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        outbox::enqueue(
-            conn,
-            order.order_id,
-            "alert",
-            self.queues.alerts(),
-            None,
-            None,
-            &body,
-        )
-        .await?;
+        let trace = traceparent(order);
+        let message = outbox::Message {
+            order_id: order.order_id,
+            kind: "alert",
+            routing_key: self.queues.alerts(),
+            correlation_id: None,
+            reply_to: None,
+            traceparent: trace.as_deref(),
+            body: &body,
+        };
+        outbox::enqueue(conn, &message).await?;
         Ok(())
     }
+}
+
+/// A `traceparent` for a message of this order: its trace, a new span.
+fn traceparent(order: &OrderRow) -> Option<String> {
+    let trace_id = order.trace_id.as_deref()?;
+    crate::trace::TraceContext::child_of(trace_id).map(|t| t.to_string())
 }
 
 /// The results of the completed steps, by step name.
