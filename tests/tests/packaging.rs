@@ -1,0 +1,97 @@
+//! Static checks of what users build and run but this machine cannot (no
+//! Docker engine): the image's build context holds every workspace member, and
+//! compose runs programs the workspace builds.
+
+use std::path::Path;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+}
+
+fn read(file: &str) -> String {
+    std::fs::read_to_string(root().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"))
+}
+
+/// The workspace members' top-level directories, from the root Cargo.toml.
+fn member_dirs() -> Vec<String> {
+    let manifest = read("Cargo.toml");
+    let start = manifest.find("members = [").expect("members list");
+    let end = start + manifest[start..].find(']').expect("end of members");
+    let mut dirs: Vec<String> = manifest[start..end]
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .map(|m| m.split('/').next().unwrap_or(m).to_owned())
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    dirs
+}
+
+#[test]
+fn the_dockerfile_copies_every_workspace_member_and_the_migrations() {
+    let dockerfile = read("Dockerfile");
+    let copied = |dir: &str| {
+        dockerfile
+            .lines()
+            .any(|l| l.trim_start().starts_with("COPY") && l.split_whitespace().nth(1) == Some(dir))
+    };
+    for dir in member_dirs()
+        .iter()
+        .map(String::as_str)
+        .chain(["migrations"])
+    {
+        assert!(
+            copied(dir),
+            "Dockerfile does not COPY {dir}: `cargo build --workspace --locked` would fail"
+        );
+    }
+}
+
+#[test]
+fn compose_runs_only_programs_the_workspace_builds() {
+    let compose = read("docker-compose.yml");
+    let programs = [
+        "submission",
+        "scheduler",
+        "agent",
+        "supervisor",
+        "sasctl",
+        "remote-sim",
+    ];
+    for dir in programs {
+        assert!(
+            root()
+                .join("services")
+                .join(dir)
+                .join("src/main.rs")
+                .exists(),
+            "{dir}"
+        );
+    }
+    for line in compose
+        .lines()
+        .filter(|l| l.trim_start().starts_with("command:"))
+    {
+        let first = line
+            .split_once("command:")
+            .map(|(_, c)| c.trim().trim_start_matches('[').trim_start_matches('"'))
+            .and_then(|c| {
+                c.split(|ch: char| ch == '"' || ch.is_whitespace() || ch == ',')
+                    .next()
+            })
+            .unwrap_or_default()
+            .to_owned();
+        // Multi-line commands belong to other images (Prometheus' flags).
+        if first.is_empty() {
+            continue;
+        }
+        let known = programs.contains(&first.as_str()) || first.ends_with(".sh");
+        assert!(
+            known,
+            "compose runs {first:?}, which the image does not have: {line}"
+        );
+    }
+}
