@@ -201,6 +201,33 @@ impl Broker {
         Ok(Subscription { channel, consumer })
     }
 
+    /// Takes the next message of `queue`, if any, unacknowledged: the caller
+    /// acks it (done with it) or drops it (the broker puts it back when the
+    /// channel closes).
+    pub async fn take(&self, queue: &str) -> Result<Option<Taken>, BrokerError> {
+        let channel = self.channel().await?;
+        let got = channel
+            .basic_get(
+                queue.into(),
+                lapin::options::BasicGetOptions { no_ack: false },
+            )
+            .await?;
+        Ok(got.map(|m| Taken {
+            delivery: m.delivery,
+            channel,
+        }))
+    }
+
+    /// Removes every ready message of `queue`; how many.
+    pub async fn purge(&self, queue: &str) -> Result<u32, BrokerError> {
+        let channel = self.channel().await?;
+        let n = channel
+            .queue_purge(queue.into(), lapin::options::QueuePurgeOptions::default())
+            .await?;
+        channel.close(200, "purged".into()).await.ok();
+        Ok(n)
+    }
+
     /// Deletes queues (for tests and teardown); missing queues are fine.
     pub async fn delete_queues(&self, queues: &[String]) -> Result<(), BrokerError> {
         for q in queues {
@@ -238,6 +265,28 @@ impl Broker {
             channel.close(200, "bye".into()).await.ok();
         }
         self.conn.close(200, "bye".into()).await.ok();
+    }
+}
+
+/// A message taken with [`Broker::take`], on a channel of its own.
+pub struct Taken {
+    pub delivery: Delivery,
+    channel: Channel,
+}
+
+impl Taken {
+    /// Done with it: the broker forgets it.
+    pub async fn ack(self) -> Result<(), BrokerError> {
+        consumer::ack(&self.delivery).await?;
+        self.channel.close(200, "taken".into()).await.ok();
+        Ok(())
+    }
+
+    /// Puts it back on its queue.
+    pub async fn release(self) -> Result<(), BrokerError> {
+        consumer::requeue(&self.delivery).await?;
+        self.channel.close(200, "released".into()).await.ok();
+        Ok(())
     }
 }
 

@@ -9,6 +9,7 @@ mod events;
 mod leases;
 mod orders;
 mod outbox;
+mod stats;
 mod steps;
 mod transitions;
 
@@ -21,6 +22,7 @@ pub use events::EventRow;
 pub use leases::Lease;
 pub use orders::{NewOrder, OrderRow};
 pub use outbox::OutboxRow;
+pub use stats::Stats;
 pub use steps::StepRow;
 pub use transitions::{Actor, Expired, Operated, ReplyOutcome, Submitted, Transitions};
 
@@ -163,6 +165,13 @@ impl StateStore {
     ) -> Result<Vec<OrderRow>, StoreError> {
         let mut conn = self.pool.acquire().await?;
         Ok(orders::list(&mut conn, state, workflow, limit).await?)
+    }
+
+    /// A snapshot for operators; "recently" means the last `window`.
+    pub async fn stats(&self, window: Duration) -> Result<Stats, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let secs = i64::try_from(window.as_secs()).unwrap_or(i64::MAX);
+        Ok(stats::read(&mut conn, secs).await?)
     }
 
     /// Deletes ended orders last changed longer ago than `older_than`; how many.
