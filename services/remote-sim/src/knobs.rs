@@ -18,7 +18,8 @@ pub const CONTROL_PREFIX: &str = "/_sim";
 ///
 /// Evaluation order per call (see the crate docs): count the call → `permanent`
 /// → `status` → `hang` / `hang_first` → `fail_first` → `transient_rate` →
-/// replay when already applied (if `idempotent`) → `latency_ms` → apply.
+/// replay when already applied (if `idempotent`) → `permanent_rate` →
+/// `latency_ms` → apply.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Knobs {
@@ -26,6 +27,11 @@ pub struct Knobs {
     pub latency_ms: u64,
     /// Probability (0..=1) of answering 503 without applying.
     pub transient_rate: f64,
+    /// Probability (0..=1) of answering 422 without applying, drawn per call.
+    /// A key already applied replays its stored answer instead: a service
+    /// that deduplicates answers a repeat from its store, so an effect it
+    /// applied is never reported as failed (which would leave it undone).
+    pub permanent_rate: f64,
     /// The first N calls per idempotency key answer 503 without applying.
     pub fail_first: u32,
     /// The first N calls per idempotency key hang (see `hang_ms`) and are never applied.
@@ -49,6 +55,7 @@ impl Default for Knobs {
         Self {
             latency_ms: 0,
             transient_rate: 0.0,
+            permanent_rate: 0.0,
             fail_first: 0,
             hang_first: 0,
             hang: false,
@@ -62,13 +69,17 @@ impl Default for Knobs {
 }
 
 impl Knobs {
-    /// Checks value ranges: `transient_rate` in 0..=1 and `status` a valid HTTP status.
+    /// Checks value ranges: `transient_rate` and `permanent_rate` in 0..=1
+    /// and `status` a valid HTTP status.
     pub fn validate(&self) -> anyhow::Result<()> {
-        if !(0.0..=1.0).contains(&self.transient_rate) {
-            bail!(
-                "transient_rate must be within 0..=1, got {}",
-                self.transient_rate
-            );
+        for (name, rate) in [
+            ("transient_rate", self.transient_rate),
+            ("permanent_rate", self.permanent_rate),
+        ] {
+            // `contains` is false for NaN too.
+            if !(0.0..=1.0).contains(&rate) {
+                bail!("{name} must be within 0..=1, got {rate}");
+            }
         }
         if let Some(status) = self.status
             && !(100..=999).contains(&status)
@@ -148,6 +159,30 @@ mod tests {
         };
         assert!(bad_status.validate().is_err());
         assert!(Knobs::default().validate().is_ok());
+    }
+
+    #[test]
+    fn permanent_rate_is_a_probability() {
+        let knobs: Knobs = serde_json::from_str(r#"{"permanent_rate":0.25}"#).unwrap();
+        assert_eq!(knobs.permanent_rate, 0.25);
+        assert!(knobs.validate().is_ok());
+        assert_eq!(Knobs::default().permanent_rate, 0.0);
+        for rate in [-0.1, 1.01, f64::NAN] {
+            let knobs = Knobs {
+                permanent_rate: rate,
+                ..Knobs::default()
+            };
+            let e = knobs.validate().unwrap_err().to_string();
+            assert!(e.contains("permanent_rate"), "{e}");
+        }
+        for rate in [0.0, 1.0] {
+            let knobs = Knobs {
+                permanent_rate: rate,
+                ..Knobs::default()
+            };
+            assert!(knobs.validate().is_ok());
+        }
+        assert!(parse_knobs_map(r#"{"/x":{"permanent_rate":2}}"#).is_err());
     }
 
     #[test]

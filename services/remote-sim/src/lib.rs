@@ -21,7 +21,8 @@
 //! `hang` / `hang_first` (sleep `hang_ms`, then 504) → `fail_first` (503) →
 //! `transient_rate` (503) → if `idempotent` and the key was already applied:
 //! replay the stored response (200, `Idempotent-Replayed: true`) →
-//! `latency_ms` → apply. Only the last step applies an effect.
+//! `permanent_rate` (422) → `latency_ms` → apply. Only the last step applies
+//! an effect.
 //! `hang_first` and `fail_first` both count calls per key from the first call,
 //! so `hang_first: 1, fail_first: 2` hangs call 1, fails call 2, applies call 3.
 //! Calls on one key are serialised from the replay check on, so concurrent

@@ -226,6 +226,12 @@ impl RemoteSim {
                 replayed: true,
             };
         }
+        // After the replay check, so an applied key keeps answering success.
+        if knobs.permanent_rate > 0.0 && fastrand::f64() < knobs.permanent_rate {
+            record(Outcome::Permanent);
+            let error = "simulated permanent failure (permanent_rate)";
+            return Reply::error(StatusCode::UNPROCESSABLE_ENTITY, endpoint, Some(key), error);
+        }
         if knobs.latency_ms > 0 && !self.sleep_unless_shutdown(knobs.latency_ms).await {
             record(Outcome::Transient);
             return self.shutting_down(endpoint, key);

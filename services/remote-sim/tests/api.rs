@@ -462,6 +462,50 @@ async fn transient_rate_one_always_fails() {
 }
 
 #[tokio::test]
+async fn permanent_rate_fails_calls_but_never_an_applied_key() {
+    let sim = start(HashMap::new()).await;
+    // Applied while healthy ...
+    assert_eq!(sim.call("/p", Some("applied")).await.status(), 200);
+    let always = r#"{"permanent_rate":1}"#;
+    assert_eq!(sim.put_knobs("/p", always).await.status(), 204);
+    // ... it replays its answer; a new key fails permanently, every call.
+    let replay = sim.call("/p", Some("applied")).await;
+    assert_eq!(replay.status(), 200);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    for _ in 0..3 {
+        let response = sim.call("/p", Some("new")).await;
+        assert_eq!(response.status(), 422);
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["ok"], false);
+    }
+    let stats = sim.stats().await;
+    assert_eq!(stats.endpoints["/p"].permanent, 3);
+    assert_eq!(stats.keys["new"].applied, 0);
+    assert_eq!(stats.keys["applied"].applied, 1);
+
+    // A rate in between is drawn per call.
+    assert_eq!(
+        sim.put_knobs("/p", r#"{"permanent_rate":0.5}"#)
+            .await
+            .status(),
+        204
+    );
+    let mut failed = 0;
+    for i in 0..200 {
+        if sim.call("/p", Some(&format!("k{i}"))).await.status() == 422 {
+            failed += 1;
+        }
+    }
+    assert!((40..=160).contains(&failed), "{failed} of 200 failed");
+    assert_eq!(
+        sim.put_knobs("/p", r#"{"permanent_rate":1.5}"#)
+            .await
+            .status(),
+        400
+    );
+}
+
+#[tokio::test]
 async fn control_paths_and_limits() {
     let sim = start(HashMap::new()).await;
     let health = sim

@@ -1,13 +1,14 @@
 //! `sasctl`: the operator's command line for a sas deployment. Submits orders
 //! as an application would, watches queues and the alert queue, lists orders,
 //! shows one with its steps and event log, retries, cancels and prunes orders,
-//! and applies the state store's migrations.
+//! applies the state store's migrations, and runs soak tests (`chaos`).
 //!
 //! Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 3 unknown
 //! order, 4 action not allowed in the order's state ([`EXIT_CODES`]).
 //! Command output goes to stdout, logs and summaries to stderr.
 
 mod alerts;
+mod chaos;
 mod migrate;
 mod orders;
 mod submit;
@@ -53,6 +54,9 @@ enum Command {
     Orders(orders::Command),
     /// Apply the state store's migrations (creating the database when missing).
     Migrate,
+    /// Soak run: submit orders under remote faults and service kills, then
+    /// report orders per terminal state, lost orders and duplicate effects.
+    Chaos(chaos::Args),
 }
 
 /// A failure that has its own exit code.
@@ -103,6 +107,7 @@ async fn main() -> ExitCode {
         Command::Alerts(args) => alerts::run(args, &settings).await,
         Command::Orders(command) => orders::run(command, &settings).await,
         Command::Migrate => migrate::run(&settings).await,
+        Command::Chaos(args) => chaos::run(args, &settings, cli.common.config.as_deref()).await,
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -120,6 +125,7 @@ impl Command {
     fn check(&self) -> Result<(), (&'static str, String)> {
         match self {
             Command::Submit(args) => args.check().map_err(|m| ("submit", m)),
+            Command::Chaos(args) => args.check().map_err(|m| ("chaos", m)),
             _ => Ok(()),
         }
     }

@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 use uuid::Uuid;
 
 /// Messages sent before their confirms are awaited.
-const CHUNK: u32 = 256;
+pub const CHUNK: u32 = 256;
 
 /// Options of `sasctl submit`.
 #[derive(Debug, clap::Args)]
@@ -176,30 +176,18 @@ async fn submit(
     let mut out = std::io::stdout();
     while remaining > 0 {
         let n = remaining.min(CHUNK);
-        let mut pending = Vec::with_capacity(n as usize);
-        for _ in 0..n {
-            let (order_id, body) = args.message();
-            let message_id = order_id.map(|id| id.to_string());
-            let msg = Outgoing {
-                routing_key: queues.orders(),
-                body: &body,
-                reply_to: args.reply_to.as_deref(),
-                message_id: message_id.as_deref(),
-                // Returned when no queue takes it, so an absent submission service is noticed.
-                mandatory: true,
-                ..Outgoing::default()
-            };
-            let confirm = publisher.send(&msg).await.with_context(|| {
+        let batch: Vec<(Option<Uuid>, Vec<u8>)> = (0..n).map(|_| args.message()).collect();
+        let outcomes = publish_batch(publisher, queues, args.reply_to.as_deref(), &batch)
+            .await
+            .with_context(|| {
                 format!(
                     "publishing to {} ({confirmed} confirmed before)",
                     queues.orders()
                 )
             })?;
-            pending.push((order_id, confirm));
-        }
         let mut failed: Option<(u32, PublishError)> = None;
-        for (order_id, confirm) in pending {
-            match confirm.wait().await {
+        for ((order_id, _), outcome) in batch.iter().zip(outcomes) {
+            match outcome {
                 Ok(()) => {
                     confirmed += 1;
                     if let Some(id) = order_id {
@@ -219,16 +207,56 @@ async fn submit(
                 args.count
             );
             return Err(match e {
-                PublishError::Unroutable(_) => anyhow::anyhow!(
-                    "{summary}: {e} (start a submission service with broker.prefix {:?}: it declares the queue)",
-                    queues.prefix()
-                ),
+                PublishError::Unroutable(_) => {
+                    anyhow::anyhow!("{summary}: {e} ({})", no_orders_queue_hint(queues))
+                }
                 e => anyhow::Error::new(e).context(summary),
             });
         }
         remaining -= n;
     }
     Ok(confirmed)
+}
+
+/// Why `<prefix>.orders` may not exist, for an unroutable order.
+pub fn no_orders_queue_hint(queues: &QueueNames) -> String {
+    format!(
+        "start a submission service with broker.prefix {:?}: it declares the queue",
+        queues.prefix()
+    )
+}
+
+/// Publishes a batch of messages (order id, body) to `<prefix>.orders`
+/// as an application would, then reads their confirms: for each message, in
+/// order, whether the broker took it. Sending everything before reading any
+/// confirm pipelines the batch (one round trip, not one per message). An
+/// error means a send failed: the messages sent before it may or may not
+/// have arrived.
+pub async fn publish_batch(
+    publisher: &Publisher,
+    queues: &QueueNames,
+    reply_to: Option<&str>,
+    batch: &[(Option<Uuid>, Vec<u8>)],
+) -> Result<Vec<Result<(), PublishError>>, PublishError> {
+    let mut pending = Vec::with_capacity(batch.len());
+    for (order_id, body) in batch {
+        let message_id = order_id.map(|id| id.to_string());
+        let msg = Outgoing {
+            routing_key: queues.orders(),
+            body,
+            reply_to,
+            message_id: message_id.as_deref(),
+            // Returned when no queue takes it, so an absent submission service is noticed.
+            mandatory: true,
+            ..Outgoing::default()
+        };
+        pending.push(publisher.send(&msg).await?);
+    }
+    let mut outcomes = Vec::with_capacity(pending.len());
+    for confirm in pending {
+        outcomes.push(confirm.wait().await);
+    }
+    Ok(outcomes)
 }
 
 #[cfg(test)]

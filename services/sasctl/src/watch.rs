@@ -1,6 +1,7 @@
 //! `sasctl watch`: prints the messages of a queue as JSON lines on stdout,
 //! acknowledging each once printed. [`print_queue`] is the machinery, shared
-//! with `sasctl alerts`.
+//! with `sasctl alerts`; [`read_queue`], its reading loop, is shared with
+//! `sasctl chaos`.
 
 use std::io::Write;
 use std::time::Duration;
@@ -158,17 +159,82 @@ async fn consume(
     reading: &Reading<'_>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<(u64, Stop)> {
-    let queue = reading.queue;
-    let mut shutdown = std::pin::pin!(shutdown);
+    if reading.count == Some(0) {
+        return Ok((0, Stop::Count));
+    }
     let mut out = std::io::stdout();
     let mut seen = 0u64;
-    loop {
-        if reading.count.is_some_and(|n| seen >= n) {
-            return Ok((seen, Stop::Count));
+    let mut closed = false;
+    let end = read_queue(consumer, reading.queue, reading.idle, shutdown, |body| {
+        let line = json_line(body);
+        match writeln!(out, "{line}").and_then(|()| out.flush()) {
+            Ok(()) => {}
+            // Unacknowledged, the message goes back to the queue.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                closed = true;
+                return Ok(Handled::Refused);
+            }
+            Err(e) => return Err(e).context("writing to stdout"),
         }
+        seen += 1;
+        Ok(if reading.count.is_some_and(|n| seen >= n) {
+            Handled::Last
+        } else {
+            Handled::Next
+        })
+    })
+    .await?;
+    let stop = match end {
+        ReadEnd::Handler if closed => Stop::ClosedOutput,
+        ReadEnd::Handler => Stop::Count,
+        ReadEnd::Idle => Stop::Idle,
+        ReadEnd::Stopped => Stop::Signal,
+    };
+    Ok((seen, stop))
+}
+
+/// What a [`read_queue`] handler wants done with the message it was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handled {
+    /// Acknowledge it and read on.
+    Next,
+    /// Acknowledge it and stop reading.
+    Last,
+    /// Leave it unacknowledged, so the broker hands it out again, and stop.
+    Refused,
+}
+
+/// Why [`read_queue`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadEnd {
+    /// The handler said [`Handled::Last`] or [`Handled::Refused`].
+    Handler,
+    /// Nothing arrived for the idle time.
+    Idle,
+    /// The `stop` future completed.
+    Stopped,
+}
+
+/// Hands each delivery's body to `handle` and acknowledges it as told, until
+/// the handler stops, nothing arrives for `idle`, or `stop` completes. The
+/// reading loop of `sasctl watch`, `sasctl alerts` and `sasctl chaos`. An
+/// error is the consumer's (the channel, the connection or the queue went
+/// away), an acknowledgement's, or the handler's.
+pub async fn read_queue<F>(
+    consumer: &mut Consumer,
+    queue: &str,
+    idle: Option<Duration>,
+    stop: impl Future<Output = ()>,
+    mut handle: F,
+) -> anyhow::Result<ReadEnd>
+where
+    F: FnMut(&[u8]) -> anyhow::Result<Handled>,
+{
+    let mut stop = std::pin::pin!(stop);
+    loop {
         let next = tokio::select! {
-            () = &mut shutdown => return Ok((seen, Stop::Signal)),
-            () = idle(reading.idle) => return Ok((seen, Stop::Idle)),
+            () = &mut stop => return Ok(ReadEnd::Stopped),
+            () = idle_for(idle) => return Ok(ReadEnd::Idle),
             next = consumer.next() => next,
         };
         let delivery = match next {
@@ -180,19 +246,16 @@ async fn consume(
                 "the broker cancelled the consumer of {queue} (was the queue deleted?)"
             ),
         };
-        let line = json_line(&delivery.data);
-        match writeln!(out, "{line}").and_then(|()| out.flush()) {
-            Ok(()) => {}
-            // Unacknowledged, the message goes back to the queue.
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
-                return Ok((seen, Stop::ClosedOutput));
-            }
-            Err(e) => return Err(e).context("writing to stdout"),
+        let handled = handle(&delivery.data)?;
+        if handled == Handled::Refused {
+            return Ok(ReadEnd::Handler);
         }
         sas::broker::ack(&delivery)
             .await
             .with_context(|| format!("acknowledging a message of {queue}"))?;
-        seen += 1;
+        if handled == Handled::Last {
+            return Ok(ReadEnd::Handler);
+        }
     }
 }
 
@@ -207,7 +270,7 @@ fn is_soft_error(e: &lapin::Error, soft: AMQPSoftError) -> bool {
 }
 
 /// Resolves after `timeout`, or never.
-async fn idle(timeout: Option<Duration>) {
+async fn idle_for(timeout: Option<Duration>) {
     match timeout {
         Some(t) => tokio::time::sleep(t).await,
         None => std::future::pending().await,

@@ -1,0 +1,73 @@
+//! `sasctl chaos`, the soak run, end to end: the real binary starts the real
+//! services itself, kills one at random every second and starts it again,
+//! while the test deployment's remote-sim fails 5% of the calls transiently
+//! and 2% permanently. Its verdict must be clean: nothing lost, nothing
+//! applied twice, no gap in any order's events.
+
+use std::process::Command;
+use std::time::Duration;
+
+use sas_tests::{TestApp, bin};
+use serde_json::Value;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_soak_of_three_hundred_orders_with_kills_loses_and_doubles_nothing() {
+    let app = TestApp::new().await;
+    let bin_dir = bin("submission")
+        .parent()
+        .expect("the binaries' directory")
+        .to_owned();
+    let mut cmd = Command::new(bin("sasctl"));
+    cmd.env("SAS_CONFIG", &app.config)
+        .env_remove("RUST_LOG")
+        .args(["chaos", "--spawn"])
+        .arg(&bin_dir)
+        .args(["--sim", &format!("http://{}", app.sim_addr)])
+        .args(["--orders", "300", "--workflow", "three"])
+        .args(["--transient", "0.05", "--permanent", "0.02"])
+        .args(["--kill-every", "1s", "--timeout", "120s", "--json"])
+        // At most 100 orders a second: the run lasts long enough for kills.
+        .args(["--rate", "100"]);
+    let out = tokio::time::timeout(
+        Duration::from_secs(280),
+        tokio::task::spawn_blocking(move || cmd.output()),
+    )
+    .await
+    .expect("sasctl chaos ends within its timeout")
+    .expect("join")
+    .expect("run sasctl (run `cargo build --workspace` first)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let context = format!(
+        "status {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    // Shown with --nocapture (and by nextest for a failure).
+    eprintln!("{context}");
+    assert_eq!(out.status.code(), Some(0), "{context}");
+    let report: Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}): {context}"));
+    assert_eq!(report["ok"], true, "{context}");
+    assert_eq!(report["submitted"], 300, "{context}");
+    assert_eq!(report["lost"], 0, "{context}");
+    assert_eq!(report["duplicates"], 0, "{context}");
+    assert_eq!(report["gaps"], 0, "{context}");
+    assert_eq!(report["multiple_terminal"], 0, "{context}");
+    assert!(report["kills"].as_u64().unwrap_or(0) >= 1, "{context}");
+    let ended: u64 = ["processed", "compensated", "failed"]
+        .iter()
+        .map(|s| report[*s].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(ended, 300, "{context}");
+    // 2% permanent faults over three steps: some orders give up.
+    assert!(report["processed"].as_u64().unwrap_or(0) > 200, "{context}");
+
+    // The sim saw the calls, and chaos put its knobs back.
+    assert!(app.stats().total_applied >= 300, "{context}");
+    assert_eq!(app.sim.all_knobs().len(), 0, "{context}");
+    // Spawned services' logs are kept for a failing run only.
+    let logs = report["logs"].as_str().unwrap_or_default().to_owned();
+    if !logs.is_empty() {
+        std::fs::remove_dir_all(&logs).ok();
+    }
+}
