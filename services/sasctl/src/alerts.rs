@@ -7,7 +7,7 @@ use clap::value_parser;
 use sas::config::Settings;
 use sas::topology::QueueNames;
 
-use crate::watch::{self, Missing, Reading};
+use crate::watch::{self, Filter, Missing, Reading};
 
 /// How long `sasctl alerts` waits for another alert without `--follow`: the
 /// queue counts as empty when nothing arrived for this long.
@@ -27,6 +27,9 @@ pub struct Args {
     /// Stop after this many alerts.
     #[arg(long, value_name = "N", value_parser = value_parser!(u64).range(1..))]
     count: Option<u64>,
+    /// Accepted for scripts that pass --json everywhere: the output is always JSON lines.
+    #[arg(long)]
+    json: bool,
 }
 
 impl Args {
@@ -56,6 +59,8 @@ pub async fn run(args: Args, settings: &Settings) -> anyhow::Result<()> {
             missing: Missing::Fail { hint },
             count: args.count,
             idle: args.idle(),
+            filter: Filter::default(),
+            until_terminal: false,
             noun: ("alert", "alerts"),
         },
     )

@@ -1,7 +1,9 @@
 //! `sasctl`: the operator's command line for a sas deployment. Submits orders
-//! as an application would, watches queues and the alert queue, lists orders,
-//! shows one with its steps and event log, retries, cancels and prunes orders,
-//! applies the state store's migrations, and runs soak tests (`chaos`).
+//! as an application would (also from a JSON-lines file), watches queues and
+//! the alert queue, lists orders, shows one with its steps and event log,
+//! retries, cancels and prunes orders, lists, replays and purges the orders'
+//! dead letters, shows statistics, applies the state store's migrations, and
+//! runs soak tests (`chaos`). The data commands take `--json` for scripts.
 //!
 //! Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 3 unknown
 //! order, 4 action not allowed in the order's state ([`EXIT_CODES`]).
@@ -9,8 +11,10 @@
 
 mod alerts;
 mod chaos;
+mod dead_letters;
 mod migrate;
 mod orders;
+mod stats;
 mod submit;
 mod watch;
 
@@ -26,7 +30,7 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0  ok
   1  failure (e.g. RabbitMQ or Postgres unreachable within its connect_timeout)
-  2  bad usage or configuration
+  2  bad usage or configuration (also: a --file that cannot be opened, a purge without --yes)
   3  unknown order
   4  action not allowed in the order's state (e.g. retrying an order that is not in error)";
 
@@ -43,17 +47,30 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Publish orders to `<prefix>.orders`, as an application would.
+    /// Publish orders to `<prefix>.orders`, as an application would, or the
+    /// lines of a JSON-lines file (--file), with a progress bar and a summary.
     Submit(submit::Args),
     /// Print the messages of a queue as JSON lines, acknowledging each.
+    ///
+    /// With --order-id or --state, only the matching messages are printed:
+    /// the others are consumed (acknowledged) all the same, so they are gone
+    /// from the queue. Non-JSON messages match no filter.
     Watch(watch::Args),
     /// Print the operator alerts of `<prefix>.alerts` as JSON lines, acknowledging each.
     Alerts(alerts::Args),
     /// List, show, retry, cancel and prune orders in the state store (Postgres only).
     #[command(subcommand)]
     Orders(orders::Command),
+    /// List, replay or purge the messages of `<prefix>.orders.dead`, the orders
+    /// the submission service could not accept (RabbitMQ only).
+    #[command(subcommand)]
+    DeadLetters(dead_letters::Command),
+    /// Orders per state, orders received and ended per second, the oldest
+    /// pending order, orders waiting for a re-attempt, the outbox backlog
+    /// (Postgres only).
+    Stats(stats::Args),
     /// Apply the state store's migrations (creating the database when missing).
-    Migrate,
+    Migrate(migrate::Args),
     /// Soak run: submit orders under remote faults and service kills, then
     /// report orders per terminal state, lost orders and duplicate effects.
     Chaos(chaos::Args),
@@ -67,6 +84,8 @@ pub struct Exit {
 }
 
 impl Exit {
+    /// Exit code for bad usage, e.g. a purge without `--yes`.
+    pub const USAGE: u8 = 2;
     /// Exit code for an order id the state store does not know.
     pub const NOT_FOUND: u8 = 3;
     /// Exit code for an action the order's state does not allow.
@@ -106,7 +125,9 @@ async fn main() -> ExitCode {
         Command::Watch(args) => watch::run(args, &settings).await,
         Command::Alerts(args) => alerts::run(args, &settings).await,
         Command::Orders(command) => orders::run(command, &settings).await,
-        Command::Migrate => migrate::run(&settings).await,
+        Command::DeadLetters(command) => dead_letters::run(command, &settings).await,
+        Command::Stats(args) => stats::run(args, &settings).await,
+        Command::Migrate(args) => migrate::run(args, &settings).await,
         Command::Chaos(args) => chaos::run(args, &settings, cli.common.config.as_deref()).await,
     };
     match outcome {
@@ -210,7 +231,7 @@ mod tests {
             cli.common.config.as_deref(),
             Some(std::path::Path::new("sas.toml"))
         );
-        assert!(matches!(cli.command, Command::Migrate));
+        assert!(matches!(cli.command, Command::Migrate(_)));
         let cli = parse(&["orders", "show", "67e55044-10b1-426f-9247-bb680e5fe0c8"]).unwrap();
         assert!(matches!(cli.command, Command::Orders(_)));
         assert!(parse(&[]).is_err());
@@ -282,7 +303,46 @@ mod tests {
             &["orders", "cancel", id, "--json"],
             &["orders", "prune", "--older-than", "30days", "--json"],
             &["alerts"],
-            &["alerts", "--follow", "--timeout", "10m", "--count", "3"],
+            &[
+                "alerts",
+                "--follow",
+                "--timeout",
+                "10m",
+                "--count",
+                "3",
+                "--json",
+            ],
+            &["dead-letters", "list", "--limit", "5", "--json"],
+            &["dead-letters", "replay"],
+            &["dead-letters", "replay", "--limit", "1", "--json"],
+            &["dead-letters", "purge", "--yes", "--json"],
+            &["stats"],
+            &["stats", "--window", "1h", "--json"],
+            &["migrate", "--json"],
+            &[
+                "submit",
+                "--file",
+                "orders.jsonl",
+                "--reply-to",
+                "q",
+                "--json",
+            ],
+            &["submit", "--file", "-"],
+            &["submit", "--workflow", "w", "--count", "3", "--json"],
+            &[
+                "watch",
+                "q",
+                "--order-id",
+                id,
+                "--order-id",
+                "x",
+                "--state",
+                "processed",
+                "--state",
+                "failed",
+                "--until-terminal",
+                "--json",
+            ],
         ] {
             assert!(parse(args).is_ok(), "{args:?}");
         }
@@ -299,6 +359,19 @@ mod tests {
                 &["orders", "prune", "--older-than", "a while"],
                 "--older-than",
             ),
+            (
+                &["submit", "--file", "f", "--workflow", "w"][..],
+                "--workflow",
+            ),
+            (&["submit", "--file", "f", "--count", "2"], "--count"),
+            (&["submit", "--file", "f", "--raw", "x"], "--raw"),
+            (&["watch", "q", "--until-terminal"], "--order-id"),
+            (
+                &["watch", "q", "--state", "done"],
+                "valid states: received, rejected, processing",
+            ),
+            (&["dead-letters"], "Usage"),
+            (&["stats", "--window", "10ms"], "at least 1s"),
         ] {
             let e = parse(args).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{args:?}");

@@ -23,7 +23,7 @@ use uuid::Uuid;
 use crate::Exit;
 
 /// Every order state, in the order of an order's life.
-const STATES: [ProcessState; 6] = [
+pub(crate) const STATES: [ProcessState; 6] = [
     ProcessState::Pending,
     ProcessState::Processing,
     ProcessState::Processed,
@@ -458,7 +458,7 @@ fn to_text(order: &OrderRow, steps: &[StepRow], events: &[EventRow]) -> String {
 }
 
 /// Left-aligned columns two spaces apart; `(none)` for no rows.
-fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
+pub(crate) fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
     if rows.is_empty() {
         return "(none)\n".into();
     }
@@ -490,7 +490,7 @@ fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
 }
 
 /// A value on one line.
-fn cell(text: &str) -> String {
+pub(crate) fn cell(text: &str) -> String {
     text.replace(['\n', '\r', '\t'], " ")
 }
 
