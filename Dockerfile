@@ -22,6 +22,7 @@ COPY Cargo.toml Cargo.lock ./
 COPY shared ./shared
 COPY services ./services
 COPY tests ./tests
+COPY bench ./bench
 COPY migrations ./migrations
 
 # The target directory lives in a cache mount, so the binaries are copied out

@@ -1,0 +1,616 @@
+//! The machine's limit for sas's work, measured in the same run:
+//!
+//! - Postgres: the transactions sas issues per order, through the library
+//!   itself (`Transitions::submit`, `claim`, `apply_reply` and the outbox
+//!   relay's `relay_outbox`), each kind in a loop on several concurrent
+//!   tasks, with no broker and no services;
+//! - RabbitMQ: confirmed publishes (64 in flight) and manual-ack consumes of
+//!   messages of the sizes sas sends, on a quorum queue (orders, step
+//!   requests, replies) and a classic one (status events);
+//! - the remote calls: the agent's HTTP POST to remote-sim, 64 concurrent.
+//!
+//! Each is measured with the machine to itself, so its time per order is what
+//! it costs of the shared cores; added up they give the most orders/s any
+//! design doing sas's transactions and messages could reach here.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures_util::StreamExt;
+use lapin::options::{BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use sas::broker::{BasicAckOptions, Broker, Outgoing};
+use sas::config::{DatabaseSettings, StepSpec, WorkflowSpec};
+use sas::messages::{StepOutcome, StepReply, StepRequest};
+use sas::state_store::{Actor, NewOrder, StateStore, Transitions};
+use sas::topology::QueueNames;
+use sas::workflow::Workflow;
+use serde::Serialize;
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::suite::{Env, Sim};
+
+/// One kind of transaction, timed.
+#[derive(Debug, Clone, Serialize)]
+pub struct Phase {
+    pub name: String,
+    /// Transactions run.
+    pub transactions: usize,
+    /// Orders they moved.
+    pub orders: usize,
+    pub seconds: f64,
+    pub tx_per_s: f64,
+}
+
+/// Postgres doing sas's transactions for one workflow.
+#[derive(Debug, Clone, Serialize)]
+pub struct PgLimit {
+    pub workflow: String,
+    pub orders: usize,
+    pub concurrency: usize,
+    pub relay_batch: usize,
+    pub claim_batch: u32,
+    pub phases: Vec<Phase>,
+    /// Transactions per order (relay and claim transactions shared by their batch).
+    pub tx_per_order: f64,
+    /// All transactions / all time.
+    pub tx_per_s: f64,
+    /// Machine time per order for the transactions, ms.
+    pub ms_per_order: f64,
+    /// Sizes of the messages sas sent in those transactions, by kind: mean bytes.
+    pub message_bytes: Vec<(String, f64)>,
+}
+
+/// RabbitMQ moving messages of one size mix through one kind of queue.
+#[derive(Debug, Clone, Serialize)]
+pub struct MqLimit {
+    pub queue_type: String,
+    pub messages: usize,
+    pub mean_bytes: f64,
+    pub in_flight: usize,
+    pub seconds: f64,
+    pub msg_per_s: f64,
+}
+
+/// remote-sim answering the agent's POSTs.
+#[derive(Debug, Clone, Serialize)]
+pub struct HttpLimit {
+    pub calls: usize,
+    pub concurrency: usize,
+    pub seconds: f64,
+    pub calls_per_s: f64,
+}
+
+/// The limit for one workflow.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkflowLimit {
+    pub workflow: String,
+    pub steps: usize,
+    pub pg: PgLimit,
+    /// Messages per order: `(quorum, classic)`.
+    pub messages_per_order: (usize, usize),
+    pub mq_quorum: MqLimit,
+    pub mq_classic: MqLimit,
+    /// Machine time per order, ms: Postgres, RabbitMQ, HTTP.
+    pub pg_ms: f64,
+    pub mq_ms: f64,
+    pub http_ms: f64,
+    /// The most orders/s: 1 / (Postgres + RabbitMQ time per order).
+    pub orders_per_s: f64,
+    /// The same with the remote calls' time added.
+    pub orders_per_s_with_http: f64,
+}
+
+/// Options of the limit measurement.
+#[derive(Debug, Clone)]
+pub struct LimitOptions {
+    pub orders: usize,
+    pub messages: usize,
+    pub http_calls: usize,
+    pub concurrency: usize,
+}
+
+/// Measures the limit for `one` and `three`.
+pub async fn measure(
+    env: &Env,
+    sim: &Sim,
+    o: &LimitOptions,
+) -> anyhow::Result<(Vec<WorkflowLimit>, HttpLimit)> {
+    let http = http_limit(sim, o.http_calls, 64).await?;
+    let mut out = Vec::new();
+    for (workflow, steps) in [("one", 1usize), ("three", 3)] {
+        eprintln!("  limits: Postgres, {workflow} ({} orders)", o.orders);
+        let pg = pg_limit(env, workflow, steps, o.orders, o.concurrency).await?;
+        let size = |kind: &str| {
+            pg.message_bytes
+                .iter()
+                .find(|(k, _)| k == kind)
+                .map_or(300.0, |(_, b)| *b)
+        };
+        // Quorum queues carry the order, each step's request and its reply;
+        // the classic status queue every event: received, processing, one
+        // per step, processed.
+        let order_bytes = size("order");
+        let quorum_sizes: Vec<usize> = std::iter::once(order_bytes)
+            .chain((0..steps).flat_map(|_| [size("request"), size("reply")]))
+            .map(|b| b as usize)
+            .collect();
+        let classic_sizes: Vec<usize> = vec![size("status") as usize; steps + 3];
+        eprintln!("  limits: RabbitMQ, {workflow} message sizes");
+        let mq_quorum = mq_limit(env, "quorum", &quorum_sizes, o.messages).await?;
+        let mq_classic = mq_limit(env, "classic", &classic_sizes, o.messages).await?;
+        let messages_per_order = (quorum_sizes.len(), classic_sizes.len());
+        let pg_ms = pg.ms_per_order;
+        let mq_ms = 1000.0
+            * (messages_per_order.0 as f64 / mq_quorum.msg_per_s
+                + messages_per_order.1 as f64 / mq_classic.msg_per_s);
+        let http_ms = 1000.0 * steps as f64 / http.calls_per_s;
+        out.push(WorkflowLimit {
+            workflow: workflow.into(),
+            steps,
+            pg,
+            messages_per_order,
+            mq_quorum,
+            mq_classic,
+            pg_ms,
+            mq_ms,
+            http_ms,
+            orders_per_s: 1000.0 / (pg_ms + mq_ms),
+            orders_per_s_with_http: 1000.0 / (pg_ms + mq_ms + http_ms),
+        });
+    }
+    Ok((out, http))
+}
+
+fn workflow(name: &str, steps: usize) -> anyhow::Result<Workflow> {
+    let spec = WorkflowSpec {
+        steps: ["a", "b", "c"]
+            .iter()
+            .take(steps)
+            .enumerate()
+            .map(|(i, s)| StepSpec {
+                name: (*s).into(),
+                agent: (*s).into(),
+                timeout: Duration::from_secs(5),
+                compensate: (steps > 1 && i + 1 < steps).then(|| format!("{s}-undo")),
+            })
+            .collect(),
+    };
+    Ok(Workflow::compile(name, &spec)?)
+}
+
+/// Runs `f` over `items` on `concurrency` tasks; returns the seconds taken.
+async fn on_tasks<T, F, Fut>(items: Vec<T>, concurrency: usize, f: F) -> anyhow::Result<f64>
+where
+    T: Send + Sync + 'static,
+    F: Fn(usize, &T) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = anyhow::Result<()>> + Send,
+{
+    let items = Arc::new(items);
+    let next = Arc::new(AtomicUsize::new(0));
+    let f = Arc::new(f);
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..concurrency {
+        let (items, next, f) = (items.clone(), next.clone(), f.clone());
+        tasks.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(item) = items.get(i) else {
+                    return Ok::<(), anyhow::Error>(());
+                };
+                f(worker, item).await?;
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// Postgres running sas's transactions for `orders` orders of a workflow.
+async fn pg_limit(
+    env: &Env,
+    name: &str,
+    steps: usize,
+    orders: usize,
+    concurrency: usize,
+) -> anyhow::Result<PgLimit> {
+    const RELAY_BATCH: usize = 32;
+    const CLAIM_BATCH: u32 = 32;
+    const CLAIMERS: usize = 4;
+    let db_name = format!("sasbench_{}_limits", env.run_id);
+    env.create_db(&db_name).await?;
+    let result = async {
+        let store = StateStore::connect(
+            &DatabaseSettings {
+                url: env.db_url(&db_name),
+                max_connections: concurrency as u32,
+                ..Default::default()
+            },
+            "sas-bench-limits",
+        )
+        .await?;
+        let prefix = format!("sasbench{}limits", env.run_id);
+        let transitions = Transitions::new(store.clone(), QueueNames::new(&prefix));
+        let wf = Arc::new(workflow(name, steps)?);
+        let status = format!("{prefix}.app.status");
+        let new_orders: Vec<NewOrder> = (0..orders)
+            .map(|_| NewOrder {
+                order_id: Uuid::new_v4(),
+                workflow: name.into(),
+                payload: json!({}),
+                reply_to: Some(status.clone()),
+                priority: 0,
+                not_before: None,
+                trace_id: Some(sas::trace::TraceContext::new_root().trace_id),
+            })
+            .collect();
+        let ids: Vec<Uuid> = new_orders.iter().map(|o| o.order_id).collect();
+        let order_body = format!(
+            r#"{{"order_id":"{}","workflow":"{name}","payload":{{}}}}"#,
+            ids[0]
+        );
+        let actors: Arc<Vec<Actor>> = Arc::new(
+            (0..concurrency)
+                .map(|_| Actor::new_instance("scheduler"))
+                .collect(),
+        );
+        // Requests the relay saw, to answer in the next round; sizes by kind.
+        let requests: Arc<Mutex<Vec<StepRequest>>> = Arc::new(Mutex::new(Vec::new()));
+        let sizes: Arc<Mutex<Vec<(String, usize)>>> =
+            Arc::new(Mutex::new(vec![("order".into(), order_body.len())]));
+        let mut phases = Vec::new();
+
+        let t = transitions.clone();
+        let w = wf.clone();
+        let secs = on_tasks(new_orders, concurrency, move |_, o| {
+            let (t, w) = (t.clone(), w.clone());
+            let o = o.clone();
+            async move {
+                t.submit(&o, &w).await?;
+                Ok(())
+            }
+        })
+        .await?;
+        phases.push(phase("submit", orders, orders, secs));
+        vacuum(&store).await?;
+
+        let relay = |label: &str| {
+            let store = store.clone();
+            let requests = requests.clone();
+            let sizes = sizes.clone();
+            let chunks: Vec<Vec<Uuid>> = ids.chunks(RELAY_BATCH).map(<[Uuid]>::to_vec).collect();
+            let n = chunks.len();
+            let label = label.to_owned();
+            async move {
+                let secs = on_tasks(chunks, concurrency, move |_, chunk| {
+                    let (store, requests, sizes) = (store.clone(), requests.clone(), sizes.clone());
+                    let chunk = chunk.clone();
+                    async move {
+                        store
+                            .relay_outbox(&chunk, |rows| async move {
+                                let mut done = Vec::with_capacity(rows.len());
+                                let mut reqs = Vec::new();
+                                let mut sz = Vec::new();
+                                for row in rows {
+                                    let bytes = serde_json::to_vec(&row.body).unwrap_or_default();
+                                    sz.push((row.kind.clone(), bytes.len()));
+                                    if row.kind == "request"
+                                        && let Ok(r) = serde_json::from_value(row.body)
+                                    {
+                                        reqs.push(r);
+                                    }
+                                    done.push(row.id);
+                                }
+                                requests.lock().unwrap().extend(reqs);
+                                sizes.lock().unwrap().extend(sz);
+                                (done, Ok::<(), ()>(()))
+                            })
+                            .await?
+                            .1
+                            .ok();
+                        Ok(())
+                    }
+                })
+                .await?;
+                Ok::<Phase, anyhow::Error>(phase(&label, n, orders, secs))
+            }
+        };
+        phases.push(relay("relay (received)").await?);
+        vacuum(&store).await?;
+
+        // Claim until every order is claimed; a claim may come back empty under concurrency.
+        let claimed = Arc::new(AtomicUsize::new(0));
+        let claims = Arc::new(AtomicUsize::new(0));
+        let started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        // A few claimers, as a few schedulers would; more only skip each other's rows.
+        for worker in 0..concurrency.min(CLAIMERS) {
+            let (t, actors, claimed, claims) = (
+                transitions.clone(),
+                actors.clone(),
+                claimed.clone(),
+                claims.clone(),
+            );
+            tasks.spawn(async move {
+                let mut empty = 0;
+                while claimed.load(Ordering::Relaxed) < orders && empty < 200 {
+                    let got = t.claim(&actors[worker], CLAIM_BATCH).await?;
+                    claims.fetch_add(1, Ordering::Relaxed);
+                    if got.is_empty() {
+                        empty += 1;
+                        tokio::task::yield_now().await;
+                    } else {
+                        claimed.fetch_add(got.len(), Ordering::Relaxed);
+                    }
+                }
+                Ok::<(), anyhow::Error>(())
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r??;
+        }
+        phases.push(phase(
+            "claim",
+            claims.load(Ordering::Relaxed),
+            claimed.load(Ordering::Relaxed),
+            started.elapsed().as_secs_f64(),
+        ));
+        vacuum(&store).await?;
+        phases.push(relay("relay (processing, request)").await?);
+        vacuum(&store).await?;
+
+        for s in 0..steps {
+            let batch: Vec<StepRequest> = std::mem::take(&mut *requests.lock().unwrap());
+            anyhow::ensure!(
+                batch.len() == orders,
+                "step {s}: {} requests for {orders} orders",
+                batch.len()
+            );
+            let (t, actors) = (transitions.clone(), actors.clone());
+            let replies: Vec<StepReply> = batch
+                .iter()
+                .map(|r| {
+                    let result = json!({
+                        "ok": true,
+                        "endpoint": format!("/bench/{}", r.step),
+                        "idempotency_key": r.idempotency_key(),
+                        "effect_id": Uuid::new_v4(),
+                        "order_id": r.order_id,
+                        "step": r.step,
+                    });
+                    StepReply::to(r, StepOutcome::Succeeded { result })
+                })
+                .collect();
+            for reply in replies.iter().take(1) {
+                sizes.lock().unwrap().push((
+                    "reply".into(),
+                    serde_json::to_vec(reply).unwrap_or_default().len(),
+                ));
+            }
+            let secs = on_tasks(replies, concurrency, move |worker, reply| {
+                let (t, actors) = (t.clone(), actors.clone());
+                let reply = reply.clone();
+                async move {
+                    t.apply_reply(&actors[worker], &reply).await?;
+                    Ok(())
+                }
+            })
+            .await?;
+            phases.push(phase(
+                &format!("apply reply {}", s + 1),
+                orders,
+                orders,
+                secs,
+            ));
+            vacuum(&store).await?;
+            phases.push(relay(&format!("relay (after reply {})", s + 1)).await?);
+            vacuum(&store).await?;
+        }
+        let unfinished: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM orders WHERE process_state <> 'processed'")
+                .fetch_one(store.pool())
+                .await?;
+        anyhow::ensure!(
+            unfinished == 0,
+            "{unfinished} orders not processed in the limit run"
+        );
+        store.close().await;
+
+        let total_tx: usize = phases.iter().map(|p| p.transactions).sum();
+        let total_s: f64 = phases.iter().map(|p| p.seconds).sum();
+        let sizes = sizes.lock().unwrap().clone();
+        let mut by_kind: std::collections::BTreeMap<String, (f64, usize)> = Default::default();
+        for (k, b) in sizes {
+            let e = by_kind.entry(k).or_default();
+            e.0 += b as f64;
+            e.1 += 1;
+        }
+        Ok(PgLimit {
+            workflow: name.into(),
+            orders,
+            concurrency,
+            relay_batch: RELAY_BATCH,
+            claim_batch: CLAIM_BATCH,
+            phases,
+            tx_per_order: total_tx as f64 / orders as f64,
+            tx_per_s: total_tx as f64 / total_s,
+            ms_per_order: total_s * 1000.0 / orders as f64,
+            message_bytes: by_kind
+                .into_iter()
+                .map(|(k, (sum, n))| (k, sum / n as f64))
+                .collect(),
+        })
+    }
+    .await;
+    env.drop_db(&db_name).await;
+    result
+}
+
+/// Between phases, untimed: what autovacuum would do, so every phase runs
+/// with fresh planner statistics (and re-planned prepared statements) and
+/// without the previous phase's dead rows.
+async fn vacuum(store: &StateStore) -> anyhow::Result<()> {
+    sqlx::raw_sql("VACUUM (ANALYZE) orders, steps, outbox, order_events")
+        .execute(store.pool())
+        .await?;
+    Ok(())
+}
+
+fn phase(name: &str, transactions: usize, orders: usize, seconds: f64) -> Phase {
+    Phase {
+        name: name.into(),
+        transactions,
+        orders,
+        seconds,
+        tx_per_s: transactions as f64 / seconds.max(1e-9),
+    }
+}
+
+/// RabbitMQ: `messages` persistent messages (sizes cycling through `sizes`)
+/// published with confirms, 64 in flight, and consumed with manual acks.
+async fn mq_limit(
+    env: &Env,
+    queue_type: &str,
+    sizes: &[usize],
+    messages: usize,
+) -> anyhow::Result<MqLimit> {
+    const IN_FLIGHT: usize = 64;
+    let prefix = format!("sasbench{}limits", env.run_id);
+    let queue = format!("{prefix}.mq.{queue_type}");
+    let publisher_conn = Broker::connect(&env.broker_settings(&prefix), "sas-bench-mq-pub").await?;
+    let consumer_conn = Broker::connect(&env.broker_settings(&prefix), "sas-bench-mq-sub").await?;
+    let result = async {
+        let channel = publisher_conn.channel().await?;
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString(queue_type.into()),
+        );
+        channel
+            .queue_declare(queue.as_str().into(), QueueDeclareOptions::durable(), args)
+            .await
+            .with_context(|| format!("declaring {queue}"))?;
+        let sub = consumer_conn.channel().await?;
+        sub.basic_qos(IN_FLIGHT as u16, BasicQosOptions::default())
+            .await?;
+        let mut consumer = sub
+            .basic_consume(
+                queue.as_str().into(),
+                "sas-bench-mq".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        let bodies: Vec<Vec<u8>> = sizes.iter().map(|s| body_of(*s)).collect();
+        let mean_bytes = (0..messages)
+            .map(|i| bodies[i % bodies.len()].len() as f64)
+            .sum::<f64>()
+            / messages as f64;
+        let started = Instant::now();
+        let consume = tokio::spawn(async move {
+            let mut got = 0;
+            while got < messages {
+                match tokio::time::timeout(Duration::from_secs(30), consumer.next()).await {
+                    Ok(Some(Ok(d))) => {
+                        d.acker.ack(BasicAckOptions::default()).await?;
+                        got += 1;
+                    }
+                    _ => anyhow::bail!("consumer stopped after {got} of {messages} messages"),
+                }
+            }
+            Ok(Instant::now())
+        });
+        let publisher = publisher_conn.publisher().await?;
+        let mut pending = std::collections::VecDeque::with_capacity(IN_FLIGHT);
+        for i in 0..messages {
+            if pending.len() >= IN_FLIGHT {
+                let p: sas::broker::PendingConfirm = pending.pop_front().expect("pending");
+                p.wait().await?;
+            }
+            let p = publisher
+                .send(&Outgoing {
+                    routing_key: &queue,
+                    body: &bodies[i % bodies.len()],
+                    mandatory: true,
+                    ..Outgoing::default()
+                })
+                .await?;
+            pending.push_back(p);
+        }
+        for p in pending {
+            p.wait().await?;
+        }
+        let done = consume.await??;
+        let seconds = done.duration_since(started).as_secs_f64();
+        Ok::<MqLimit, anyhow::Error>(MqLimit {
+            queue_type: queue_type.into(),
+            messages,
+            mean_bytes,
+            in_flight: IN_FLIGHT,
+            seconds,
+            msg_per_s: messages as f64 / seconds,
+        })
+    }
+    .await;
+    consumer_conn.close().await;
+    publisher_conn.delete_queues(&[queue]).await.ok();
+    publisher_conn.close().await;
+    result
+}
+
+/// A JSON body of `size` bytes.
+fn body_of(size: usize) -> Vec<u8> {
+    let head = br#"{"pad":""#;
+    let tail = br#""}"#;
+    let fill = size.saturating_sub(head.len() + tail.len());
+    let mut b = Vec::with_capacity(size);
+    b.extend_from_slice(head);
+    b.extend(std::iter::repeat_n(b'x', fill));
+    b.extend_from_slice(tail);
+    b
+}
+
+/// remote-sim answering `calls` POSTs like the agent's, `concurrency` at a time.
+async fn http_limit(sim: &Sim, calls: usize, concurrency: usize) -> anyhow::Result<HttpLimit> {
+    let client = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(2))
+        .build()?;
+    let url = format!("{}/bench/limit", sim.url());
+    let items: Vec<Uuid> = (0..calls).map(|_| Uuid::new_v4()).collect();
+    let seconds = on_tasks(items, concurrency, move |_, id| {
+        let (client, url) = (client.clone(), url.clone());
+        let id = *id;
+        async move {
+            let body = json!({
+                "order_id": id, "step": "a", "attempt": 1, "payload": {}, "results": {}
+            });
+            let r = client
+                .post(&url)
+                .header("Idempotency-Key", format!("{id}:a"))
+                .json(&body)
+                .send()
+                .await?;
+            anyhow::ensure!(
+                r.status().is_success(),
+                "remote-sim answered {}",
+                r.status()
+            );
+            r.bytes().await?;
+            Ok(())
+        }
+    })
+    .await?;
+    sim.reset().await;
+    Ok(HttpLimit {
+        calls,
+        concurrency,
+        seconds,
+        calls_per_s: calls as f64 / seconds,
+    })
+}

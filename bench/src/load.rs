@@ -1,0 +1,450 @@
+//! One load run against a deployment: publish orders (as fast as the broker
+//! confirms them, or paced at a fixed rate), read the status events from the
+//! application's queue, and measure throughput (first submit → last terminal
+//! event received), latency (submit → `processed` received) and where the
+//! time went between the events.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use futures_util::StreamExt;
+use sas::broker::{BasicAckOptions, Outgoing, PendingConfirm};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::procs::{self, CpuUse};
+use crate::suite::{PgCounters, Sim, Suite};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct LoadSpec {
+    /// `one` or `three`.
+    pub workflow: &'static str,
+    pub steps: usize,
+    pub orders: usize,
+    /// Orders per second; `None` is full load (as fast as confirms come back).
+    pub rate: Option<f64>,
+    /// Give up waiting for terminal events after this long.
+    pub timeout: Duration,
+    /// SIGKILL this process once this many orders have been submitted.
+    pub kill: Option<(String, usize)>,
+}
+
+impl LoadSpec {
+    /// Whether to sample Postgres activity: at full load, where it tells where the time goes.
+    fn profile(&self) -> bool {
+        self.rate.is_none()
+    }
+}
+
+/// Percentiles in milliseconds.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+    pub mean: f64,
+}
+
+impl Percentiles {
+    /// From samples in milliseconds.
+    pub fn of(mut v: Vec<f64>) -> Self {
+        if v.is_empty() {
+            return Self::default();
+        }
+        v.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            let i = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1;
+            v[i]
+        };
+        Self {
+            p50: at(0.50),
+            p99: at(0.99),
+            p999: at(0.999),
+            max: v[v.len() - 1],
+            mean: v.iter().sum::<f64>() / v.len() as f64,
+        }
+    }
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadResult {
+    pub workflow: String,
+    pub orders: usize,
+    /// The asked rate (orders/s), or null for full load.
+    pub offered_rate: Option<f64>,
+    /// Orders ended `processed`.
+    pub processed: usize,
+    /// Orders ended otherwise (`compensated`, `failed`, `rejected`).
+    pub other_terminal: usize,
+    /// Orders with no terminal event before the timeout.
+    pub missing: usize,
+    /// First submit → last terminal event received, seconds.
+    pub elapsed_s: f64,
+    /// Time to publish every order (confirmed), seconds.
+    pub submit_s: f64,
+    pub throughput: f64,
+    /// Submit → `processed` received.
+    pub latency_ms: Percentiles,
+    /// Median milliseconds between consecutive events, from each event's
+    /// `at` (Postgres `now()`, the start of the transition's transaction):
+    /// `submit→received` (queue + submission), `received→processing` (claim),
+    /// `processing→step a` … (dispatch, relay, agent, HTTP call, reply, apply),
+    /// `processed→delivered` (commit, relay, broker, our consumer).
+    pub stages_ms: Vec<(String, Percentiles)>,
+    /// CPU used during the run, per process group.
+    pub cpu: CpuUse,
+    /// CPU milliseconds per order, per process group.
+    pub cpu_ms_per_order: std::collections::BTreeMap<String, f64>,
+    /// Status events received, and duplicates among them.
+    pub events: usize,
+    /// Distinct status events by `state` (e.g. how many `retry_scheduled`).
+    pub event_states: std::collections::BTreeMap<String, usize>,
+    pub duplicate_events: usize,
+    /// With a kill: seconds from the kill until every order submitted before
+    /// it was terminal, and until every order was.
+    pub recovery: Option<Recovery>,
+    /// Postgres work per order: commits, rows written, WAL bytes (full-load runs only; see [`PgCounters`]).
+    pub pg_per_order: Option<PgCounters>,
+    /// What the deployment's Postgres backends were doing, sampled.
+    pub pg_profile: crate::pgsample::Profile,
+    /// Effects remote-sim applied in this run (one per step per order, if
+    /// idempotency held and nothing was lost).
+    pub remote_applied: Option<u64>,
+}
+
+/// The recovery after a kill.
+#[derive(Debug, Clone, Serialize)]
+pub struct Recovery {
+    pub killed: String,
+    /// Orders submitted before the kill.
+    pub before_kill: usize,
+    /// Kill → every order submitted before it terminal, seconds.
+    pub in_flight_recovered_s: f64,
+    /// Kill → every order terminal, seconds.
+    pub all_terminal_s: f64,
+    /// The longest latency of an order submitted before the kill, ms.
+    pub worst_latency_ms: f64,
+}
+
+#[derive(Deserialize)]
+struct Event<'a> {
+    #[serde(borrow)]
+    order_id: Option<&'a str>,
+    seq: i64,
+    state: &'a str,
+    step: Option<&'a str>,
+    at: Option<&'a str>,
+}
+
+/// One order's events as received.
+#[derive(Default, Clone)]
+struct Seen {
+    /// `(seq, state, step, at as µs since the run's wall-clock start)`.
+    events: Vec<(i64, String, Option<String>, f64)>,
+    /// When the terminal event arrived (µs since start) and its state.
+    terminal: Option<(f64, String)>,
+}
+
+/// Runs one load against `suite`.
+pub async fn run(suite: &mut Suite, sim: &Sim, spec: &LoadSpec) -> anyhow::Result<LoadResult> {
+    let n = spec.orders;
+    let ids: Vec<Uuid> = (0..n).map(|_| Uuid::new_v4()).collect();
+    let index: Arc<HashMap<Uuid, usize>> =
+        Arc::new(ids.iter().enumerate().map(|(i, id)| (*id, i)).collect());
+    let submitted: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
+
+    sim.reset().await;
+    let mut groups = suite.groups();
+    if let Some(pid) = sim.pid() {
+        groups.push(procs::Group {
+            name: "remote-sim".into(),
+            roots: vec![pid],
+        });
+    }
+    groups.push(procs::Group {
+        name: "bench".into(),
+        roots: vec![std::process::id()],
+    });
+    let cpu_before = procs::snapshot(&groups);
+    let pg_before = suite.pg_counters().await;
+    let sampler = spec
+        .profile()
+        .then(|| crate::pgsample::start(suite.db.clone(), Duration::from_millis(20)));
+
+    // The collector: its own connection and consumer on the status queue.
+    let consumer_broker = sas::broker::Broker::connect(
+        &suite.env.broker_settings(&suite.prefix),
+        "sas-bench-collector",
+    )
+    .await?;
+    let mut consumer = consumer_broker
+        .consume(&suite.status_queue, 2000, "sas-bench")
+        .await?;
+    let start = Instant::now();
+    let wall_start = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs_f64() * 1e6;
+    let us = move || start.elapsed().as_secs_f64() * 1e6;
+    let deadline = start + spec.timeout;
+
+    let collector = {
+        let index = index.clone();
+        tokio::spawn(async move {
+            let mut seen: Vec<Seen> = vec![Seen::default(); n];
+            let mut terminal = 0usize;
+            let mut events = 0usize;
+            let mut dupes = 0usize;
+            let mut states: std::collections::BTreeMap<String, usize> = Default::default();
+            let mut unacked = 0usize;
+            let mut last_tag = None;
+            while terminal < n {
+                let next = tokio::time::timeout_at(deadline.into(), consumer.next()).await;
+                let delivery = match next {
+                    Ok(Some(Ok(d))) => d,
+                    Ok(Some(Err(e))) => {
+                        eprintln!("status consumer failed: {e}");
+                        break;
+                    }
+                    Ok(None) | Err(_) => break,
+                };
+                let now = us();
+                events += 1;
+                if let Ok(e) = serde_json::from_slice::<Event>(&delivery.data)
+                    && let Some(i) = e
+                        .order_id
+                        .and_then(|s| Uuid::parse_str(s).ok())
+                        .and_then(|id| index.get(&id).copied())
+                {
+                    let s = &mut seen[i];
+                    if s.events.iter().any(|(seq, ..)| *seq == e.seq) {
+                        dupes += 1;
+                    } else {
+                        *states.entry(e.state.to_owned()).or_insert(0) += 1;
+                        let at =
+                            e.at.and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                                .map_or(f64::NAN, |t| t.timestamp_micros() as f64 - wall_start);
+                        s.events
+                            .push((e.seq, e.state.to_owned(), e.step.map(str::to_owned), at));
+                        let is_terminal =
+                            matches!(e.state, "processed" | "compensated" | "failed" | "rejected");
+                        if is_terminal && s.terminal.is_none() {
+                            s.terminal = Some((now, e.state.to_owned()));
+                            terminal += 1;
+                        }
+                    }
+                }
+                unacked += 1;
+                last_tag = Some(delivery.acker.clone());
+                if unacked >= 200 {
+                    delivery
+                        .acker
+                        .ack(BasicAckOptions { multiple: true })
+                        .await
+                        .ok();
+                    unacked = 0;
+                    last_tag = None;
+                }
+            }
+            if let Some(acker) = last_tag {
+                acker.ack(BasicAckOptions { multiple: true }).await.ok();
+            }
+            (seen, events, dupes, states)
+        })
+    };
+
+    // The confirm waiter: a window of outstanding publishes.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<PendingConfirm>(256);
+    let confirms = tokio::spawn(async move {
+        let mut failed = 0usize;
+        while let Some(p) = rx.recv().await {
+            if p.wait().await.is_err() {
+                failed += 1;
+            }
+        }
+        (failed, Instant::now())
+    });
+
+    let mut kill_at: Option<f64> = None;
+    for (i, id) in ids.iter().enumerate() {
+        if let Some(rate) = spec.rate {
+            let due = start + Duration::from_secs_f64(i as f64 / rate);
+            tokio::time::sleep_until(due.into()).await;
+        }
+        if let Some((name, after)) = &spec.kill
+            && i == *after
+            && kill_at.is_none()
+        {
+            suite.kill(name).await;
+            kill_at = Some(us());
+        }
+        let body = format!(
+            r#"{{"order_id":"{id}","workflow":"{}","payload":{{}}}}"#,
+            spec.workflow
+        );
+        submitted[i].store(us().max(1.0) as u64, Ordering::Relaxed);
+        let pending = suite
+            .publisher
+            .send(&Outgoing {
+                routing_key: suite.queues.orders(),
+                body: body.as_bytes(),
+                reply_to: Some(&suite.status_queue),
+                mandatory: true,
+                ..Outgoing::default()
+            })
+            .await
+            .context("publishing an order")?;
+        tx.send(pending).await.ok();
+    }
+    drop(tx);
+    let (failed_publishes, confirmed_at) = confirms.await?;
+    if failed_publishes > 0 {
+        eprintln!("warning: {failed_publishes} orders were not confirmed by the broker");
+    }
+    let submit_s = confirmed_at.duration_since(start).as_secs_f64();
+    // Memory while the services are still warm.
+    suite.sample_memory();
+    let (seen, events, duplicate_events, event_states) = collector.await?;
+    let cpu_after = procs::snapshot(&groups);
+    let pg_profile = match sampler {
+        Some(s) => s.finish(12).await,
+        None => Default::default(),
+    };
+    // Other backends report their statistics up to ~10 s after they go idle
+    // (PGSTAT_IDLE_INTERVAL): wait for that before reading the counters, at
+    // full load, where they say what an order costs.
+    let pg_after = if spec.profile() {
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        suite.pg_counters().await
+    } else {
+        None
+    };
+    consumer_broker.close().await;
+    let cpu = cpu_after.since(&cpu_before);
+
+    let sub = |i: usize| submitted[i].load(Ordering::Relaxed) as f64;
+    let first = (0..n).map(sub).fold(f64::INFINITY, f64::min);
+    let mut last_terminal: f64 = 0.0;
+    let mut processed = 0;
+    let mut other_terminal = 0;
+    let mut latencies = Vec::with_capacity(n);
+    for (i, s) in seen.iter().enumerate() {
+        if let Some((t, state)) = &s.terminal {
+            last_terminal = last_terminal.max(*t);
+            if state == "processed" {
+                processed += 1;
+                latencies.push((t - sub(i)) / 1000.0);
+            } else {
+                other_terminal += 1;
+            }
+        }
+    }
+    let missing = n - processed - other_terminal;
+    let elapsed_s = ((last_terminal - first) / 1e6).max(1e-9);
+    let recovery = kill_at.map(|k| {
+        let before: Vec<usize> = (0..n).filter(|i| sub(*i) < k && sub(*i) > 0.0).collect();
+        let end_of = |i: usize| seen[i].terminal.as_ref().map_or(f64::NAN, |(t, _)| *t);
+        let in_flight = before
+            .iter()
+            .map(|i| end_of(*i))
+            .fold(k, |a, b| if b.is_nan() { f64::INFINITY } else { a.max(b) });
+        let worst = before
+            .iter()
+            .map(|i| end_of(*i) - sub(*i))
+            .fold(0.0, f64::max);
+        Recovery {
+            killed: spec
+                .kill
+                .as_ref()
+                .map(|(n, _)| n.clone())
+                .unwrap_or_default(),
+            before_kill: before.len(),
+            in_flight_recovered_s: (in_flight - k) / 1e6,
+            all_terminal_s: if missing > 0 {
+                f64::INFINITY
+            } else {
+                (last_terminal - k) / 1e6
+            },
+            worst_latency_ms: worst / 1000.0,
+        }
+    });
+    let stages_ms = stages(&seen, &sub, spec.steps);
+    let orders_done = processed + other_terminal;
+    let cpu_ms_per_order = cpu.per_order_ms(orders_done);
+    Ok(LoadResult {
+        workflow: spec.workflow.to_owned(),
+        orders: n,
+        offered_rate: spec.rate,
+        processed,
+        other_terminal,
+        missing,
+        elapsed_s,
+        submit_s,
+        throughput: orders_done as f64 / elapsed_s,
+        latency_ms: Percentiles::of(latencies),
+        stages_ms,
+        cpu,
+        cpu_ms_per_order,
+        events,
+        event_states,
+        duplicate_events,
+        recovery,
+        pg_per_order: pg_before
+            .zip(pg_after)
+            .map(|(b, a)| a.per_order(&b, orders_done)),
+        pg_profile,
+        remote_applied: sim.applied().await,
+    })
+}
+
+/// The time between consecutive events of processed orders, per stage.
+fn stages(seen: &[Seen], sub: &dyn Fn(usize) -> f64, steps: usize) -> Vec<(String, Percentiles)> {
+    let mut names: Vec<String> = vec!["submit→received".into(), "received→processing".into()];
+    let step_names = ["a", "b", "c"];
+    let mut prev = "processing".to_owned();
+    for s in step_names.iter().take(steps) {
+        names.push(format!("{prev}→step {s} done"));
+        prev = format!("step {s} done");
+    }
+    names.push("processed→delivered".into());
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
+    for (i, s) in seen.iter().enumerate() {
+        let Some((recv, state)) = &s.terminal else {
+            continue;
+        };
+        if state != "processed" {
+            continue;
+        }
+        let mut ev = s.events.clone();
+        ev.sort_by_key(|e| e.0);
+        let at = |state: &str, step: Option<&str>| {
+            ev.iter()
+                .find(|(_, st, sp, _)| st == state && (step.is_none() || sp.as_deref() == step))
+                .map(|e| e.3)
+        };
+        let mut points = vec![Some(sub(i)), at("received", None), at("processing", None)];
+        for st in step_names.iter().take(steps) {
+            points.push(at("step_succeeded", Some(st)));
+        }
+        let processed_at = at("processed", None);
+        for (k, w) in points.windows(2).enumerate() {
+            if let (Some(a), Some(b)) = (w[0], w[1])
+                && a.is_finite()
+                && b.is_finite()
+            {
+                samples[k].push((b - a) / 1000.0);
+            }
+        }
+        if let Some(p) = processed_at.filter(|p| p.is_finite()) {
+            samples[names.len() - 1].push((recv - p) / 1000.0);
+        }
+    }
+    names
+        .into_iter()
+        .zip(samples)
+        .map(|(n, s)| (n, Percentiles::of(s)))
+        .collect()
+}

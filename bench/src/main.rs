@@ -1,0 +1,130 @@
+//! `sas-bench`: measures the sas suite against the machine's limit and its
+//! peers, in one run. `scripts/bench.sh` builds the release binaries and runs
+//! it; see BENCHMARKS.md.
+
+mod limits;
+mod load;
+mod peers;
+mod pgsample;
+mod plan;
+mod procs;
+mod report;
+mod suite;
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// Benchmarks sas (release binaries) against the local Postgres and RabbitMQ,
+/// with the machine's limit and Celery and procrastinate in the same run.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "sas-bench", version, about)]
+pub struct Args {
+    /// A ~2-minute smoke run: small sizes everywhere.
+    #[arg(long)]
+    pub quick: bool,
+    /// Orders of the 1-step workflow at full load.
+    #[arg(long)]
+    pub orders_one: Option<usize>,
+    /// Orders of the 3-step workflow at full load.
+    #[arg(long)]
+    pub orders_three: Option<usize>,
+    /// Orders of each 10%-load run (fewer when the run would exceed --low-max-secs).
+    #[arg(long)]
+    pub low_orders: Option<usize>,
+    /// Longest 10%-load run, seconds.
+    #[arg(long)]
+    pub low_max_secs: Option<f64>,
+    /// Orders of each run with 2 schedulers and 2 agents (1-step; half as many 3-step).
+    #[arg(long)]
+    pub scaled_orders: Option<usize>,
+    /// Orders of the recovery run (3-step, one agent SIGKILLed a third of the way in).
+    #[arg(long)]
+    pub recovery_orders: Option<usize>,
+    /// Orders per workflow for the Postgres limit.
+    #[arg(long)]
+    pub limit_orders: Option<usize>,
+    /// Orders of each peer run, 1-step (3-step: a third of it).
+    #[arg(long)]
+    pub peer_orders: Option<usize>,
+    /// Skip every sas run (the limit and the peers only).
+    #[arg(long)]
+    pub skip_sas: bool,
+    /// Skip the 2-scheduler, 2-agent runs.
+    #[arg(long)]
+    pub skip_scaled: bool,
+    /// Skip the recovery run.
+    #[arg(long)]
+    pub skip_recovery: bool,
+    /// Skip measuring the machine's limit.
+    #[arg(long)]
+    pub skip_limits: bool,
+    /// Skip Celery and procrastinate.
+    #[arg(long)]
+    pub skip_peers: bool,
+    /// Skip the peers' 10%-load runs.
+    #[arg(long)]
+    pub skip_peer_low: bool,
+    /// Skip procrastinate only.
+    #[arg(long)]
+    pub skip_procrastinate: bool,
+    /// Before measuring, wait (up to 10 minutes) until the 1-minute load
+    /// average is below this; 0 does not wait.
+    #[arg(long, default_value_t = 0.0)]
+    pub wait_idle: f64,
+    /// Run `VACUUM (ANALYZE)` on sas's tables every this many seconds while
+    /// sas runs, standing in for autovacuum; by default every 5 s when the
+    /// server runs with `autovacuum = off`, else never. 0: never.
+    #[arg(long, value_name = "SECONDS")]
+    pub vacuum_every: Option<f64>,
+    /// Where the JSON report goes (a Markdown copy goes beside it).
+    #[arg(long, default_value = "bench/out/latest.json")]
+    pub out: PathBuf,
+    /// The release binaries.
+    #[arg(long, default_value = "target/release")]
+    pub bin_dir: PathBuf,
+    /// Scratch space (configuration, logs, the peers' virtualenv).
+    #[arg(long, default_value = ".bench")]
+    pub work_dir: PathBuf,
+    /// The peers' Python files and requirements.
+    #[arg(long, default_value = "bench/peers")]
+    pub peers_dir: PathBuf,
+    /// Python that creates the peers' virtualenv.
+    #[arg(long, default_value = "python3")]
+    pub python: String,
+    /// Celery prefork processes.
+    #[arg(long, default_value_t = 2)]
+    pub celery_concurrency: usize,
+    /// procrastinate worker processes.
+    #[arg(long, default_value_t = 2)]
+    pub procrastinate_workers: usize,
+    /// Jobs each procrastinate worker runs at once.
+    #[arg(long, default_value_t = 16)]
+    pub procrastinate_concurrency: usize,
+    /// Postgres server (a database there is created and dropped per deployment).
+    #[arg(
+        long,
+        env = "SAS_BENCH_PG",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    pub pg: String,
+    /// RabbitMQ (queues are named under a prefix of their own and deleted).
+    #[arg(
+        long,
+        env = "SAS_BENCH_AMQP",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    pub amqp: String,
+    /// Extra configuration for every sas service, e.g. `SAS__SCHEDULER__CLAIM_BATCH=64`.
+    #[arg(long = "sas-env", value_name = "KEY=VALUE")]
+    pub sas_env: Vec<String>,
+    /// Keep each deployment's configuration and logs in the work directory.
+    #[arg(long)]
+    pub keep_logs: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    plan::run(args).await
+}

@@ -1,0 +1,728 @@
+//! The sequence of one bench run: the machine's limit, sas with one
+//! scheduler and one agent (full load and 10% load, 1 and 3 steps), with two
+//! of each, an agent SIGKILLed mid-run, then the peers; then the report.
+//! Everything it creates (databases, queues, processes) is removed at the
+//! end, also after an error or Ctrl-C.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::Utc;
+use sqlx::Connection as _;
+use uuid::Uuid;
+
+use crate::Args;
+use crate::limits::{self, LimitOptions};
+use crate::load::{self, LoadSpec};
+use crate::peers::{self, CeleryBackend, PeerOptions, PeerRun};
+use crate::procs;
+use crate::report::{self, Limits, Report, SasRun};
+use crate::suite::{AGENTS, Env, Sim, Suite, SuiteOptions};
+
+/// Run sizes.
+#[derive(Debug, Clone)]
+struct Sizes {
+    warmup: usize,
+    one: usize,
+    three: usize,
+    low: usize,
+    low_max_secs: f64,
+    scaled: usize,
+    recovery: usize,
+    limit_orders: usize,
+    limit_messages: usize,
+    limit_http: usize,
+    peer_one: usize,
+    peer_three: usize,
+    peer_low: usize,
+}
+
+impl Sizes {
+    fn from(a: &Args) -> Self {
+        let base = if a.quick {
+            Self {
+                warmup: 300,
+                one: 2000,
+                three: 1000,
+                low: 300,
+                low_max_secs: 8.0,
+                scaled: 1000,
+                recovery: 600,
+                limit_orders: 1000,
+                limit_messages: 5000,
+                limit_http: 5000,
+                peer_one: 1000,
+                peer_three: 300,
+                peer_low: 150,
+            }
+        } else {
+            Self {
+                warmup: 1000,
+                one: 20_000,
+                three: 10_000,
+                low: 2000,
+                low_max_secs: 30.0,
+                scaled: 10_000,
+                recovery: 2000,
+                limit_orders: 4000,
+                limit_messages: 20_000,
+                limit_http: 20_000,
+                peer_one: 10_000,
+                peer_three: 3000,
+                peer_low: 1000,
+            }
+        };
+        Self {
+            one: a.orders_one.unwrap_or(base.one),
+            three: a.orders_three.unwrap_or(base.three),
+            low: a.low_orders.unwrap_or(base.low),
+            low_max_secs: a.low_max_secs.unwrap_or(base.low_max_secs),
+            scaled: a.scaled_orders.unwrap_or(base.scaled),
+            recovery: a.recovery_orders.unwrap_or(base.recovery),
+            limit_orders: a.limit_orders.unwrap_or(base.limit_orders),
+            peer_one: a.peer_orders.unwrap_or(base.peer_one),
+            peer_three: a.peer_orders.map_or(base.peer_three, |n| (n / 3).max(1)),
+            ..base
+        }
+    }
+}
+
+/// How long to wait for a run of `orders` before giving up on it.
+fn timeout_for(orders: usize) -> Duration {
+    Duration::from_secs(120 + orders as u64 / 20)
+}
+
+/// Runs everything and writes the report.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let run_id = Uuid::new_v4().simple().to_string()[..6].to_owned();
+    std::fs::create_dir_all(&args.work_dir)?;
+    let work_dir = std::fs::canonicalize(&args.work_dir)?.join(format!("run-{run_id}"));
+    std::fs::create_dir_all(&work_dir)?;
+    let sas_env = args
+        .sas_env
+        .iter()
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .with_context(|| format!("--sas-env {kv:?}: expected KEY=VALUE"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let env = Env {
+        pg_admin: args.pg.clone(),
+        amqp: args.amqp.clone(),
+        bin_dir: std::fs::canonicalize(&args.bin_dir).with_context(|| {
+            format!(
+                "{} (build with `cargo build --release`)",
+                args.bin_dir.display()
+            )
+        })?,
+        work_dir: work_dir.clone(),
+        run_id,
+        sas_env,
+        vacuum_every: None,
+    };
+    let mut env = env;
+    let autovacuum = server_setting(&env, "autovacuum").await;
+    env.vacuum_every = match args.vacuum_every {
+        Some(s) if s > 0.0 => Some(Duration::from_secs_f64(s)),
+        Some(_) => None,
+        None if autovacuum.as_deref() == Some("off") => Some(Duration::from_secs(5)),
+        None => None,
+    };
+    if let Some(every) = env.vacuum_every {
+        eprintln!(
+            "Postgres autovacuum is {}: the harness runs VACUUM (ANALYZE) on sas's tables every {every:?}",
+            autovacuum.as_deref().unwrap_or("unknown")
+        );
+    }
+    let env = env;
+    eprintln!(
+        "sas-bench run {} (scratch: {})",
+        env.run_id,
+        work_dir.display()
+    );
+    let outcome = tokio::select! {
+        r = measure(&args, &env, autovacuum) => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    };
+    // Whatever happened: no database, queue or process of this run stays.
+    cleanup(&env).await;
+    if !args.keep_logs && outcome.is_ok() {
+        std::fs::remove_dir_all(&work_dir).ok();
+    }
+    let report = outcome?;
+    let json = serde_json::to_string_pretty(&report)?;
+    if let Some(dir) = args.out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&args.out, json)?;
+    let md_path = args.out.with_extension("md");
+    std::fs::write(&md_path, report.markdown())?;
+    println!("\n{}", report.table());
+    println!("Targets (issue #6):\n\n{}", report.targets_table());
+    println!(
+        "Full report: {} and {}",
+        args.out.display(),
+        md_path.display()
+    );
+    Ok(())
+}
+
+async fn wait_idle(threshold: f64) {
+    if threshold <= 0.0 {
+        return;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(600);
+    loop {
+        let load = procs::load_average();
+        if load < threshold {
+            eprintln!("load average {load:.2} < {threshold}: measuring");
+            return;
+        }
+        if std::time::Instant::now() > deadline {
+            eprintln!("warning: load average still {load:.2} after 10 minutes; measuring anyway");
+            return;
+        }
+        eprintln!("load average {load:.2} ≥ {threshold}: waiting 30 s for an idle machine");
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    }
+}
+
+async fn measure(args: &Args, env: &Env, autovacuum: Option<String>) -> anyhow::Result<Report> {
+    let sizes = Sizes::from(args);
+    let started_at = Utc::now().to_rfc3339();
+    wait_idle(args.wait_idle).await;
+    let load_before = procs::load_average();
+    let sim = Sim::start(env).await?;
+    let outcome = measure_with(args, env, &sim, &sizes).await;
+    sim.stop().await;
+    let (sas, memory_mib, limits, peers, peer_errors, peer_versions) = outcome?;
+    let mut report = Report {
+        started_at,
+        finished_at: Utc::now().to_rfc3339(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        git: git_describe(),
+        machine: procs::machine(),
+        load_before,
+        load_after: procs::load_average(),
+        postgres: postgres_version(env).await,
+        autovacuum: autovacuum.unwrap_or_else(|| "unknown".into()),
+        vacuum_every_s: env.vacuum_every.map(|d| d.as_secs_f64()),
+        rabbitmq: rabbitmq_version().await,
+        peer_versions,
+        sas,
+        memory_mib,
+        limits,
+        peers,
+        peer_errors,
+        targets: Vec::new(),
+    };
+    let options = SuiteOptions::default();
+    let bound =
+        humantime(options.step_timeout) + 2.0 * humantime(options.supervisor_interval) + 1.0;
+    report.targets = report::targets(&report, bound);
+    Ok(report)
+}
+
+type Measured = (
+    Vec<SasRun>,
+    std::collections::BTreeMap<String, f64>,
+    Option<Limits>,
+    Vec<peers::PeerResult>,
+    Vec<String>,
+    Option<String>,
+);
+
+async fn measure_with(
+    args: &Args,
+    env: &Env,
+    sim: &Sim,
+    sizes: &Sizes,
+) -> anyhow::Result<Measured> {
+    // 1. The machine's limit, with nothing else running.
+    env.checkpoint().await;
+    let limits = if args.skip_limits {
+        None
+    } else {
+        eprintln!("== machine limit");
+        let (workflows, http) = limits::measure(
+            env,
+            sim,
+            &LimitOptions {
+                orders: sizes.limit_orders,
+                messages: sizes.limit_messages,
+                http_calls: sizes.limit_http,
+                concurrency: 16,
+            },
+        )
+        .await?;
+        Some(Limits { workflows, http })
+    };
+
+    let mut runs = Vec::new();
+    let mut memory: std::collections::BTreeMap<String, f64> = Default::default();
+
+    // 2–4. sas: one scheduler and one agent, two of each, recovery.
+    if !args.skip_sas {
+        sas_runs(args, env, sim, sizes, &mut runs, &mut memory).await?;
+    }
+
+    // 5. The peers.
+    let mut peer_results = Vec::new();
+    let mut peer_errors = Vec::new();
+    let mut peer_versions = None;
+    if !args.skip_peers {
+        let o = PeerOptions {
+            python: args.python.clone(),
+            venv: std::fs::canonicalize(&args.work_dir)?.join("venv"),
+            dir: std::fs::canonicalize(&args.peers_dir)
+                .with_context(|| format!("{}", args.peers_dir.display()))?,
+            celery_concurrency: args.celery_concurrency,
+            procrastinate_workers: args.procrastinate_workers,
+            procrastinate_concurrency: args.procrastinate_concurrency,
+        };
+        match peers::ensure_venv(&o).await {
+            Err(e) => peer_errors.push(format!("could not set up the peers' virtualenv: {e:#}")),
+            Ok(()) => {
+                peer_versions = Some(peers::versions(&o).await);
+                for (workflow, steps, n) in
+                    [("one", 1, sizes.peer_one), ("three", 3, sizes.peer_three)]
+                {
+                    let mut systems = vec![
+                        Peer::Celery(CeleryBackend::Postgres),
+                        Peer::Celery(CeleryBackend::Rpc),
+                        Peer::Procrastinate,
+                    ];
+                    let mut i = 0;
+                    while i < systems.len() {
+                        let peer = systems[i];
+                        i += 1;
+                        if peer == Peer::Procrastinate && args.skip_procrastinate {
+                            continue;
+                        }
+                        let full = PeerRun {
+                            workflow,
+                            steps,
+                            orders: n,
+                            rate: None,
+                            timeout: timeout_for(n),
+                        };
+                        eprintln!("== {}: {workflow}, {n} orders", peer.name());
+                        let throughput = match run_peer(env, sim, &o, peer, &full).await {
+                            Ok(r) => {
+                                print_peer(&r);
+                                // Waiting for each result failed (a chain on rpc:// does, with
+                                // BacklogLimitExceeded): measure the other way of collecting too.
+                                if peer == Peer::Celery(CeleryBackend::Rpc) && r.error.is_some() {
+                                    systems.insert(i, Peer::Celery(CeleryBackend::RpcJoin));
+                                }
+                                let t = r.throughput.filter(|_| r.error.is_none());
+                                peer_results.push(r);
+                                t
+                            }
+                            Err(e) => {
+                                peer_errors.push(format!("{} {workflow}: {e:#}", peer.name()));
+                                None
+                            }
+                        };
+                        sim.reset().await;
+                        let Some(t) = throughput.filter(|_| !args.skip_peer_low) else {
+                            continue;
+                        };
+                        let rate = t * 0.1;
+                        let low_n = sizes
+                            .peer_low
+                            .min((rate * sizes.low_max_secs / 2.0) as usize)
+                            .max(50);
+                        let low = PeerRun {
+                            workflow,
+                            steps,
+                            orders: low_n,
+                            rate: Some(rate),
+                            timeout: timeout_for(low_n)
+                                + Duration::from_secs_f64(low_n as f64 / rate),
+                        };
+                        eprintln!(
+                            "== {}: {workflow}, 10% load, {low_n} orders at {rate:.1}/s",
+                            peer.name()
+                        );
+                        match run_peer(env, sim, &o, peer, &low).await {
+                            Ok(r) => {
+                                print_peer(&r);
+                                peer_results.push(r);
+                            }
+                            Err(e) => {
+                                peer_errors.push(format!("{} {workflow} 10%: {e:#}", peer.name()))
+                            }
+                        }
+                        sim.reset().await;
+                    }
+                }
+            }
+        }
+    }
+    Ok((
+        runs,
+        memory,
+        limits,
+        peer_results,
+        peer_errors,
+        peer_versions,
+    ))
+}
+
+/// Sections 2–4: sas with 1 scheduler and 1 agent, with 2 of each, and the recovery run.
+async fn sas_runs(
+    args: &Args,
+    env: &Env,
+    sim: &Sim,
+    sizes: &Sizes,
+    runs: &mut Vec<SasRun>,
+    memory: &mut std::collections::BTreeMap<String, f64>,
+) -> anyhow::Result<()> {
+    eprintln!("== sas: 1 scheduler, 1 agent");
+    let mut suite = Suite::create(env, "s1", sim, SuiteOptions::default()).await?;
+    let result = async {
+        suite.start_services(1, 1).await?;
+        suite.start_maintenance();
+        warm_up(&mut suite, sim, sizes.warmup).await?;
+        for (workflow, steps, n) in [("one", 1, sizes.one), ("three", 3, sizes.three)] {
+            let full = full_load(&mut suite, sim, workflow, steps, n).await?;
+            let rate = full.throughput * 0.1;
+            let low_n = sizes.low.min((rate * sizes.low_max_secs) as usize).max(50);
+            let deployment = "1 scheduler, 1 agent".to_owned();
+            runs.push(SasRun {
+                deployment: deployment.clone(),
+                load: "full".into(),
+                result: full,
+            });
+            eprintln!("   {workflow}: 10% load, {low_n} orders at {rate:.1}/s");
+            let low = load::run(
+                &mut suite,
+                sim,
+                &LoadSpec {
+                    workflow,
+                    steps,
+                    orders: low_n,
+                    rate: Some(rate),
+                    timeout: timeout_for(low_n) + Duration::from_secs_f64(low_n as f64 / rate),
+                    kill: None,
+                },
+            )
+            .await?;
+            print_line(&low);
+            suite.reset_store().await?;
+            runs.push(SasRun {
+                deployment,
+                load: "10%".into(),
+                result: low,
+            });
+        }
+        Ok::<(), anyhow::Error>(())
+    }
+    .await;
+    merge_memory(memory, suite.peak_memory());
+    let dir = suite.dir().to_owned();
+    suite.teardown(args.keep_logs).await;
+    result.map_err(|e| with_logs(e, &dir, args.keep_logs))?;
+
+    // 3. Two schedulers, two agents.
+    if !args.skip_scaled {
+        eprintln!("== sas: 2 schedulers, 2 agents");
+        let mut suite = Suite::create(env, "s2", sim, SuiteOptions::default()).await?;
+        let result = async {
+            suite.start_services(2, 2).await?;
+            suite.start_maintenance();
+            warm_up(&mut suite, sim, sizes.warmup).await?;
+            for (workflow, steps, n) in [("one", 1, sizes.scaled), ("three", 3, sizes.scaled / 2)] {
+                let full = full_load(&mut suite, sim, workflow, steps, n).await?;
+                runs.push(SasRun {
+                    deployment: "2 schedulers, 2 agents".into(),
+                    load: "full".into(),
+                    result: full,
+                });
+            }
+            Ok::<(), anyhow::Error>(())
+        }
+        .await;
+        merge_memory(memory, suite.peak_memory());
+        let dir = suite.dir().to_owned();
+        suite.teardown(args.keep_logs).await;
+        result.map_err(|e| with_logs(e, &dir, args.keep_logs))?;
+    }
+
+    // 4. Recovery: 3-step orders at half the full-load rate, two agents, one SIGKILLed.
+    if !args.skip_recovery {
+        eprintln!("== sas: recovery (agent SIGKILL)");
+        let three_full = runs
+            .iter()
+            .find(|r| r.load == "full" && r.result.workflow == "three")
+            .map_or(100.0, |r| r.result.throughput);
+        let rate = (three_full * 0.5).max(10.0);
+        let n = sizes.recovery;
+        let mut suite = Suite::create(env, "rec", sim, SuiteOptions::default()).await?;
+        let result = async {
+            suite.start_services(1, 2).await?;
+            suite.start_maintenance();
+            warm_up(&mut suite, sim, sizes.warmup / 2).await?;
+            eprintln!(
+                "   three: {n} orders at {rate:.0}/s, agent-1 killed after {}",
+                n / 3
+            );
+            let r = load::run(
+                &mut suite,
+                sim,
+                &LoadSpec {
+                    workflow: "three",
+                    steps: 3,
+                    orders: n,
+                    rate: Some(rate),
+                    timeout: timeout_for(n) + Duration::from_secs_f64(n as f64 / rate),
+                    kill: Some(("agent-1".into(), n / 3)),
+                },
+            )
+            .await?;
+            print_line(&r);
+            runs.push(SasRun {
+                deployment: "1 scheduler, 2 agents".into(),
+                load: "recovery".into(),
+                result: r,
+            });
+            Ok::<(), anyhow::Error>(())
+        }
+        .await;
+        let dir = suite.dir().to_owned();
+        suite.teardown(args.keep_logs).await;
+        result.map_err(|e| with_logs(e, &dir, args.keep_logs))?;
+    }
+
+    Ok(())
+}
+
+/// A peer system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Peer {
+    Celery(CeleryBackend),
+    Procrastinate,
+}
+
+impl Peer {
+    fn name(self) -> String {
+        match self {
+            Self::Celery(b) => b.system().to_owned(),
+            Self::Procrastinate => "procrastinate".into(),
+        }
+    }
+}
+
+async fn run_peer(
+    env: &Env,
+    sim: &Sim,
+    o: &PeerOptions,
+    peer: Peer,
+    run: &PeerRun<'_>,
+) -> anyhow::Result<peers::PeerResult> {
+    match peer {
+        Peer::Celery(b) => peers::celery(env, sim, o, b, run).await,
+        Peer::Procrastinate => peers::procrastinate(env, sim, o, run).await,
+    }
+}
+
+async fn warm_up(suite: &mut Suite, sim: &Sim, n: usize) -> anyhow::Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    eprintln!("   warm-up: {n} orders");
+    let r = load::run(
+        suite,
+        sim,
+        &LoadSpec {
+            workflow: "one",
+            steps: 1,
+            orders: n,
+            rate: None,
+            timeout: timeout_for(n),
+            kill: None,
+        },
+    )
+    .await?;
+    anyhow::ensure!(r.missing == 0, "warm-up: {} orders never ended", r.missing);
+    suite.reset_store().await
+}
+
+async fn full_load(
+    suite: &mut Suite,
+    sim: &Sim,
+    workflow: &'static str,
+    steps: usize,
+    n: usize,
+) -> anyhow::Result<load::LoadResult> {
+    eprintln!("   {workflow}: full load, {n} orders");
+    let r = load::run(
+        suite,
+        sim,
+        &LoadSpec {
+            workflow,
+            steps,
+            orders: n,
+            rate: None,
+            timeout: timeout_for(n),
+            kill: None,
+        },
+    )
+    .await?;
+    print_line(&r);
+    suite.reset_store().await?;
+    Ok(r)
+}
+
+fn print_line(r: &load::LoadResult) {
+    eprintln!(
+        "   → {:.0} orders/s, p50 {:.1} ms, p99 {:.1} ms, p99.9 {:.1} ms ({} processed, {} other, {} missing; CPU busy {:.0}%)",
+        r.throughput,
+        r.latency_ms.p50,
+        r.latency_ms.p99,
+        r.latency_ms.p999,
+        r.processed,
+        r.other_terminal,
+        r.missing,
+        r.cpu.machine_busy_share * 100.0
+    );
+}
+
+fn print_peer(r: &peers::PeerResult) {
+    eprintln!(
+        "   → {} orders/s, p50 {:.1} ms, p99 {:.1} ms ({} of {} completed{})",
+        r.throughput.map_or("—".into(), |t| format!("{t:.0}")),
+        r.latency_ms.p50,
+        r.latency_ms.p99,
+        r.completed,
+        r.orders,
+        r.error.as_ref().map_or(String::new(), |e| format!("; {e}"))
+    );
+}
+
+fn merge_memory(
+    into: &mut std::collections::BTreeMap<String, f64>,
+    from: std::collections::BTreeMap<String, f64>,
+) {
+    for (k, v) in from {
+        let e = into.entry(k).or_default();
+        *e = e.max(v);
+    }
+}
+
+fn with_logs(e: anyhow::Error, dir: &Path, kept: bool) -> anyhow::Error {
+    if kept {
+        e.context(format!("logs in {}", dir.display()))
+    } else {
+        e.context("run again with --keep-logs to keep the services' logs")
+    }
+}
+
+fn humantime(s: &str) -> f64 {
+    if let Some(ms) = s.strip_suffix("ms") {
+        ms.parse::<f64>().unwrap_or(0.0) / 1000.0
+    } else if let Some(secs) = s.strip_suffix('s') {
+        secs.parse().unwrap_or(0.0)
+    } else {
+        0.0
+    }
+}
+
+/// Removes every database, queue and exchange this run may have created.
+async fn cleanup(env: &Env) {
+    peers::kill_all().await;
+    let mut queues = Vec::new();
+    for name in ["s1", "s2", "rec"] {
+        let prefix = format!("sasbench{}{name}", env.run_id);
+        queues.extend(
+            sas::topology::QueueNames::new(&prefix)
+                .all(AGENTS)
+                .into_iter()
+                .map(|(q, _)| q),
+        );
+        queues.push(format!("{prefix}.app.status"));
+    }
+    for t in ["quorum", "classic"] {
+        queues.push(format!("sasbench{}limits.mq.{t}", env.run_id));
+    }
+    let celery: Vec<String> = ["postgres", "rpc"]
+        .iter()
+        .flat_map(|b| ["one", "three"].map(|w| format!("sasbench{}.celery-{b}-{w}", env.run_id)))
+        .collect();
+    queues.extend(celery.iter().cloned());
+    env.delete_queues(&queues).await;
+    peers::delete_exchanges(env, &celery).await;
+    if let Ok(mut admin) = sqlx::PgConnection::connect(&env.pg_admin).await {
+        let names: Vec<String> =
+            sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE $1")
+                .bind(format!("sasbench\\_{}\\_%", env.run_id))
+                .fetch_all(&mut admin)
+                .await
+                .unwrap_or_default();
+        sqlx::Connection::close(admin).await.ok();
+        for n in names {
+            env.drop_db(&n).await;
+        }
+    }
+}
+
+fn git_describe() -> String {
+    let run = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let head = run(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let dirty =
+        run(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    if dirty {
+        format!("{head} (with uncommitted changes)")
+    } else {
+        head
+    }
+}
+
+async fn server_setting(env: &Env, name: &str) -> Option<String> {
+    let mut c = sqlx::PgConnection::connect(&env.pg_admin).await.ok()?;
+    let v: Option<String> = sqlx::query_scalar("SELECT current_setting($1)")
+        .bind(name)
+        .fetch_one(&mut c)
+        .await
+        .ok();
+    c.close().await.ok();
+    v
+}
+
+async fn postgres_version(env: &Env) -> String {
+    let Ok(mut c) = sqlx::PgConnection::connect(&env.pg_admin).await else {
+        return "Postgres".into();
+    };
+    let v: String = sqlx::query_scalar("SHOW server_version")
+        .fetch_one(&mut c)
+        .await
+        .unwrap_or_default();
+    sqlx::Connection::close(c).await.ok();
+    format!("Postgres {}", v.split_whitespace().next().unwrap_or(""))
+}
+
+async fn rabbitmq_version() -> String {
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::process::Command::new("rabbitmqctl")
+            .args(["version"])
+            .output(),
+    )
+    .await;
+    match out {
+        Ok(Ok(o)) if o.status.success() => {
+            format!("RabbitMQ {}", String::from_utf8_lossy(&o.stdout).trim())
+        }
+        _ => "RabbitMQ".into(),
+    }
+}

@@ -1,0 +1,629 @@
+//! The report: one table on the terminal (and as Markdown), everything as JSON.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::limits::{HttpLimit, WorkflowLimit};
+use crate::load::LoadResult;
+use crate::peers::PeerResult;
+
+/// One sas run.
+#[derive(Debug, Clone, Serialize)]
+pub struct SasRun {
+    /// E.g. `1 scheduler, 1 agent`.
+    pub deployment: String,
+    /// `full`, `10%`, `recovery`.
+    pub load: String,
+    pub result: LoadResult,
+}
+
+/// The machine's limit.
+#[derive(Debug, Clone, Serialize)]
+pub struct Limits {
+    pub workflows: Vec<WorkflowLimit>,
+    pub http: HttpLimit,
+}
+
+/// A target from the issue and how far sas is.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    pub what: String,
+    pub target: String,
+    pub measured: String,
+    pub met: bool,
+}
+
+/// Everything one bench run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub started_at: String,
+    pub finished_at: String,
+    pub command: String,
+    pub git: String,
+    pub machine: BTreeMap<String, String>,
+    /// 1-minute load average before and after the run.
+    pub load_before: f64,
+    pub load_after: f64,
+    pub postgres: String,
+    /// The server's `autovacuum` setting.
+    pub autovacuum: String,
+    /// The harness's autovacuum stand-in: `VACUUM (ANALYZE)` every this many seconds.
+    pub vacuum_every_s: Option<f64>,
+    pub rabbitmq: String,
+    pub peer_versions: Option<String>,
+    pub sas: Vec<SasRun>,
+    /// Peak RSS (`VmHWM`) per service binary over the full-load runs, MiB.
+    pub memory_mib: BTreeMap<String, f64>,
+    pub limits: Option<Limits>,
+    pub peers: Vec<PeerResult>,
+    /// Peer runs that could not run at all, with why.
+    pub peer_errors: Vec<String>,
+    pub targets: Vec<Target>,
+}
+
+fn f0(x: f64) -> String {
+    if !x.is_finite() {
+        return "—".into();
+    }
+    format!("{x:.0}")
+}
+
+fn ms(x: f64) -> String {
+    if !x.is_finite() || x == 0.0 {
+        return "—".into();
+    }
+    if x < 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.0}")
+    }
+}
+
+/// One row of the table.
+struct Row {
+    system: String,
+    workflow: String,
+    load: String,
+    orders: String,
+    rate: String,
+    p50: String,
+    p99: String,
+    p999: String,
+    note: String,
+}
+
+impl Report {
+    fn rows(&self) -> Vec<Row> {
+        let mut rows = Vec::new();
+        for r in &self.sas {
+            let res = &r.result;
+            let mut note = Vec::new();
+            if res.missing > 0 || res.other_terminal > 0 {
+                note.push(format!(
+                    "{} processed, {} other, {} missing",
+                    res.processed, res.other_terminal, res.missing
+                ));
+            }
+            if let Some(rate) = res.offered_rate {
+                note.push(format!("offered {rate:.0}/s"));
+            }
+            let steps = res.stages_ms.len().saturating_sub(3) as u64;
+            if let Some(applied) = res.remote_applied
+                && applied != res.processed as u64 * steps
+            {
+                note.push(format!(
+                    "remote effects {applied}, expected {}",
+                    res.processed as u64 * steps
+                ));
+            }
+            if let Some(rec) = &res.recovery {
+                note.push(format!(
+                    "{} killed after {} orders: in-flight orders terminal {:.2} s after the kill, all {:.2} s; {} re-attempts (`retry_scheduled`)",
+                    rec.killed,
+                    rec.before_kill,
+                    rec.in_flight_recovered_s,
+                    rec.all_terminal_s,
+                    res.event_states.get("retry_scheduled").copied().unwrap_or(0)
+                ));
+            }
+            if r.load == "full" {
+                note.push(format!(
+                    "CPU busy {:.0}%",
+                    res.cpu.machine_busy_share * 100.0
+                ));
+            }
+            rows.push(Row {
+                system: format!("sas ({})", r.deployment),
+                workflow: res.workflow.clone(),
+                load: r.load.clone(),
+                orders: res.orders.to_string(),
+                rate: f0(res.throughput),
+                p50: ms(res.latency_ms.p50),
+                p99: ms(res.latency_ms.p99),
+                p999: ms(res.latency_ms.p999),
+                note: note.join("; "),
+            });
+        }
+        if let Some(l) = &self.limits {
+            for w in &l.workflows {
+                let sas = self.sas_full(&w.workflow);
+                let share = sas.map_or(String::new(), |s| {
+                    format!("; sas reaches {:.0}%", 100.0 * s / w.orders_per_s)
+                });
+                rows.push(Row {
+                    system: "machine limit".into(),
+                    workflow: w.workflow.clone(),
+                    load: "—".into(),
+                    orders: w.pg.orders.to_string(),
+                    rate: f0(w.orders_per_s),
+                    p50: "—".into(),
+                    p99: "—".into(),
+                    p999: "—".into(),
+                    note: format!(
+                        "per order: Postgres {:.2} ms ({:.1} tx, {:.0} tx/s), RabbitMQ {:.2} ms ({}+{} msgs); with HTTP {:.0}/s{share}",
+                        w.pg_ms,
+                        w.pg.tx_per_order,
+                        w.pg.tx_per_s,
+                        w.mq_ms,
+                        w.messages_per_order.0,
+                        w.messages_per_order.1,
+                        w.orders_per_s_with_http
+                    ),
+                });
+            }
+        }
+        for p in &self.peers {
+            let mut note = Vec::new();
+            if let Some(e) = &p.error {
+                note.push(format!("ERROR: {e}"));
+            }
+            if p.completed < p.orders {
+                note.push(format!("{} of {} completed", p.completed, p.orders));
+            }
+            if let Some(rate) = p.offered_rate {
+                note.push(format!("offered {rate:.0}/s"));
+            } else if let Some(c) = &p.cpu {
+                note.push(format!("CPU busy {:.0}%", c.machine_busy_share * 100.0));
+            }
+            if let Some(c) = p.cpu.as_ref().filter(|c| c.other_share() > 0.05) {
+                note.push(format!(
+                    "**other processes used {:.0}% of the CPU**",
+                    c.other_share() * 100.0
+                ));
+            }
+            rows.push(Row {
+                system: p.system.clone(),
+                workflow: p.workflow.clone(),
+                load: if p.offered_rate.is_some() {
+                    "10%"
+                } else {
+                    "full"
+                }
+                .into(),
+                orders: p.orders.to_string(),
+                rate: p.throughput.map_or("—".into(), f0),
+                p50: ms(p.latency_ms.p50),
+                p99: ms(p.latency_ms.p99),
+                p999: ms(p.latency_ms.p999),
+                note: note.join("; "),
+            });
+        }
+        for e in &self.peer_errors {
+            rows.push(Row {
+                system: "peer".into(),
+                workflow: "—".into(),
+                load: "—".into(),
+                orders: "—".into(),
+                rate: "—".into(),
+                p50: "—".into(),
+                p99: "—".into(),
+                p999: "—".into(),
+                note: format!("ERROR: {e}"),
+            });
+        }
+        rows
+    }
+
+    /// sas's full-load throughput of the default deployment for a workflow.
+    pub fn sas_full(&self, workflow: &str) -> Option<f64> {
+        self.sas
+            .iter()
+            .find(|r| r.load == "full" && r.result.workflow == workflow)
+            .map(|r| r.result.throughput)
+    }
+
+    /// The table, as Markdown (readable on a terminal too).
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        out.push_str(
+            "| system | workflow | load | orders | orders/s | p50 ms | p99 ms | p99.9 ms | notes |\n",
+        );
+        out.push_str("|---|---|---|--:|--:|--:|--:|--:|---|\n");
+        for r in self.rows() {
+            writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.system, r.workflow, r.load, r.orders, r.rate, r.p50, r.p99, r.p999, r.note
+            )
+            .ok();
+        }
+        out
+    }
+
+    /// The targets, as Markdown.
+    pub fn targets_table(&self) -> String {
+        let mut out = String::from("| target | wanted | measured | met |\n|---|---|---|---|\n");
+        for t in &self.targets {
+            writeln!(
+                out,
+                "| {} | {} | {} | {} |",
+                t.what,
+                t.target,
+                t.measured,
+                if t.met { "yes" } else { "**no**" }
+            )
+            .ok();
+        }
+        out
+    }
+
+    /// The details: limits, stages, CPU and memory, as Markdown.
+    pub fn details(&self) -> String {
+        let mut out = String::new();
+        if let Some(l) = &self.limits {
+            out.push_str(
+                "#### Machine limit: Postgres transactions (library calls, no broker)\n\n",
+            );
+            out.push_str("| workflow | phase | transactions | orders | s | tx/s |\n|---|---|--:|--:|--:|--:|\n");
+            for w in &l.workflows {
+                for p in &w.pg.phases {
+                    writeln!(
+                        out,
+                        "| {} | {} | {} | {} | {:.2} | {:.0} |",
+                        w.workflow, p.name, p.transactions, p.orders, p.seconds, p.tx_per_s
+                    )
+                    .ok();
+                }
+            }
+            out.push_str(
+                "\n#### Machine limit: RabbitMQ (confirms, 64 in flight, manual acks) and HTTP\n\n",
+            );
+            out.push_str(
+                "| workflow | queue | messages | mean bytes | msgs/s |\n|---|---|--:|--:|--:|\n",
+            );
+            for w in &l.workflows {
+                for m in [&w.mq_quorum, &w.mq_classic] {
+                    writeln!(
+                        out,
+                        "| {} | {} | {} | {:.0} | {:.0} |",
+                        w.workflow, m.queue_type, m.messages, m.mean_bytes, m.msg_per_s
+                    )
+                    .ok();
+                }
+            }
+            writeln!(
+                out,
+                "\nremote-sim: {:.0} POSTs/s ({} concurrent keep-alive connections).\n",
+                l.http.calls_per_s, l.http.concurrency
+            )
+            .ok();
+        }
+        out.push_str("#### sas: where an order's time goes (median ms between its events)\n\n");
+        out.push_str("| deployment | workflow | load | stages (p50 ms) |\n|---|---|---|---|\n");
+        for r in &self.sas {
+            let stages: Vec<String> = r
+                .result
+                .stages_ms
+                .iter()
+                .map(|(n, p)| format!("{n} {}", ms(p.p50)))
+                .collect();
+            writeln!(
+                out,
+                "| {} | {} | {} | {} |",
+                r.deployment,
+                r.result.workflow,
+                r.load,
+                stages.join(", ")
+            )
+            .ok();
+        }
+        out.push_str("\n#### CPU per order (ms of CPU time, all cores), by process\n\n");
+        out.push_str("| run | workflow | load | CPU busy | per order |\n|---|---|---|--:|---|\n");
+        for r in &self.sas {
+            writeln!(
+                out,
+                "| sas ({}) | {} | {} | {:.0}% | {} |",
+                r.deployment,
+                r.result.workflow,
+                r.load,
+                r.result.cpu.machine_busy_share * 100.0,
+                cpu_list(&r.result.cpu_ms_per_order)
+            )
+            .ok();
+        }
+        for p in &self.peers {
+            if let Some(c) = &p.cpu {
+                writeln!(
+                    out,
+                    "| {} | {} | {} | {:.0}% | {} |",
+                    p.system,
+                    p.workflow,
+                    if p.offered_rate.is_some() {
+                        "10%"
+                    } else {
+                        "full"
+                    },
+                    c.machine_busy_share * 100.0,
+                    cpu_list(&p.cpu_ms_per_order)
+                )
+                .ok();
+            }
+        }
+        out.push_str("\n#### Postgres work per order (from `pg_stat_database`, approximate; WAL is server-wide)\n\n");
+        out.push_str("| run | workflow | load | commits | rolled back | rows inserted | rows updated | rows deleted | WAL KiB |\n|---|---|---|--:|--:|--:|--:|--:|--:|\n");
+        for r in &self.sas {
+            if let Some(p) = &r.result.pg_per_order {
+                writeln!(
+                    out,
+                    "| sas ({}) | {} | {} | {:.1} | {:.2} | {:.1} | {:.1} | {:.1} | {:.1} |",
+                    r.deployment,
+                    r.result.workflow,
+                    r.load,
+                    p.commits,
+                    p.rollbacks,
+                    p.inserted,
+                    p.updated,
+                    p.deleted,
+                    p.wal_bytes / 1024.0
+                )
+                .ok();
+            }
+        }
+        out.push_str(
+            "\n#### What Postgres was doing (sampled from `pg_stat_activity` every 20 ms)\n\n",
+        );
+        for r in self.sas.iter().filter(|r| r.result.pg_profile.samples > 0) {
+            let p = &r.result.pg_profile;
+            writeln!(
+                out,
+                "sas ({}), {}, {} load: {:.1} busy backends on average over {} samples.\n",
+                r.deployment, r.result.workflow, r.load, p.mean_busy_backends, p.samples
+            )
+            .ok();
+            out.push_str("| share | backends | waiting on | statement |\n|--:|--:|---|---|\n");
+            for a in &p.top {
+                writeln!(
+                    out,
+                    "| {:.0}% | {:.2} | {} | `{}` |",
+                    a.share * 100.0,
+                    a.mean_backends,
+                    a.waiting_on,
+                    a.what.replace('|', "\\|")
+                )
+                .ok();
+            }
+            out.push('\n');
+        }
+        out.push_str("\n#### Memory: peak RSS (VmHWM) per process\n\n");
+        let mem: Vec<String> = self
+            .memory_mib
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.1} MiB"))
+            .collect();
+        writeln!(out, "sas: {}.", mem.join(", ")).ok();
+        let peers: Vec<String> = self
+            .peers
+            .iter()
+            .filter(|p| p.offered_rate.is_none())
+            .map(|p| format!("{} {} {:.0} MiB", p.system, p.workflow, p.worker_peak_mib))
+            .collect();
+        if !peers.is_empty() {
+            writeln!(
+                out,
+                "Peer workers (all processes of a worker): {}.",
+                peers.join(", ")
+            )
+            .ok();
+        }
+        out
+    }
+
+    /// The whole report as Markdown.
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        writeln!(
+            out,
+            "Run {} → {} on {} ({} cores, {}), load average {:.2} before, {:.2} after. {}; {}. git {}.\n",
+            self.started_at,
+            self.finished_at,
+            self.machine.get("cpu").map_or("?", String::as_str),
+            self.machine.get("cores").map_or("?", String::as_str),
+            self.machine.get("memory").map_or("?", String::as_str),
+            self.load_before,
+            self.load_after,
+            self.postgres,
+            self.rabbitmq,
+            self.git
+        )
+        .ok();
+        if let Some(v) = &self.peer_versions {
+            writeln!(out, "Peers: {v}.\n").ok();
+        }
+        match self.vacuum_every_s {
+            Some(s) => writeln!(
+                out,
+                "Postgres runs with `autovacuum = {}`; the harness ran `VACUUM (ANALYZE)` on sas's tables every {s} s while sas ran, standing in for it.\n",
+                self.autovacuum
+            ),
+            None => writeln!(
+                out,
+                "Postgres runs with `autovacuum = {}`; the harness did no vacuuming of its own.\n",
+                self.autovacuum
+            ),
+        }
+        .ok();
+        writeln!(out, "Command: `{}`\n", self.command).ok();
+        out.push_str(&self.table());
+        out.push_str("\n#### Targets\n\n");
+        out.push_str(&self.targets_table());
+        out.push('\n');
+        out.push_str(&self.details());
+        out
+    }
+}
+
+fn cpu_list(m: &BTreeMap<String, f64>) -> String {
+    let mut v: Vec<(&String, &f64)> = m.iter().filter(|(_, v)| **v >= 0.005).collect();
+    v.sort_by(|a, b| b.1.total_cmp(a.1));
+    v.iter()
+        .map(|(k, x)| format!("{k} {x:.2}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Works out the targets of issue #6 from a report.
+pub fn targets(r: &Report, recovery_bound_s: f64) -> Vec<Target> {
+    let mut t = Vec::new();
+    let best = |wf: &str| {
+        r.sas
+            .iter()
+            .filter(|s| s.load == "full" && s.result.workflow == wf)
+            .map(|s| (s.result.throughput, s.deployment.clone()))
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+    };
+    let peer = |system: &str, wf: &str| {
+        r.peers
+            .iter()
+            .find(|p| p.system == system && p.workflow == wf && p.offered_rate.is_none())
+    };
+    if let Some((x, d)) = best("one") {
+        t.push(Target {
+            what: "1-step throughput".into(),
+            target: "≥ 1,200 orders/s".into(),
+            measured: format!("{x:.0}/s ({d}); {:.0}% of target", 100.0 * x / 1200.0),
+            met: x >= 1200.0,
+        });
+        if let Some(l) = r
+            .limits
+            .as_ref()
+            .and_then(|l| l.workflows.iter().find(|w| w.workflow == "one"))
+        {
+            let share = x / l.orders_per_s;
+            t.push(Target {
+                what: "1-step share of the machine limit".into(),
+                target: "≥ 50%".into(),
+                measured: format!("{:.0}% of {:.0}/s", 100.0 * share, l.orders_per_s),
+                met: share >= 0.5,
+            });
+        }
+        for (system, factor) in [
+            ("celery (postgres results)", 2.0),
+            ("celery (rpc results)", 1.3),
+        ] {
+            if let Some(p) = peer(system, "one") {
+                let theirs = p.throughput.unwrap_or(0.0);
+                t.push(Target {
+                    what: format!("1-step vs {system}"),
+                    target: format!("≥ {factor}×"),
+                    measured: if theirs > 0.0 {
+                        format!("{:.2}× ({x:.0} vs {theirs:.0}/s)", x / theirs)
+                    } else {
+                        format!("{system} completed nothing")
+                    },
+                    met: theirs == 0.0 || x >= factor * theirs,
+                });
+            }
+        }
+    }
+    if let Some((x, d)) = best("three") {
+        t.push(Target {
+            what: "3-step throughput".into(),
+            target: "≥ 500 orders/s".into(),
+            measured: format!("{x:.0}/s ({d}); {:.0}% of target", 100.0 * x / 500.0),
+            met: x >= 500.0,
+        });
+        for (system, factor) in [
+            ("celery (postgres results)", 2.0),
+            ("celery (rpc results)", 1.3),
+        ] {
+            if let Some(p) = peer(system, "three") {
+                let theirs = p.throughput.unwrap_or(0.0);
+                let failed = p.error.is_some() && p.completed < p.orders;
+                // When waiting for each result failed, compare with collecting them all at once.
+                let join = peer("celery (rpc results, join_native)", "three")
+                    .filter(|_| failed && system == "celery (rpc results)")
+                    .and_then(|j| j.throughput.map(|t| (t, j.completed, j.orders)));
+                if let Some((j, done, n)) = join {
+                    t.push(Target {
+                        what: "3-step vs celery (rpc results, join_native)".into(),
+                        target: format!("≥ {factor}×"),
+                        measured: format!(
+                            "{:.2}× ({x:.0} vs {j:.0}/s; {done} of {n} completed)",
+                            x / j
+                        ),
+                        met: x >= factor * j,
+                    });
+                }
+                t.push(Target {
+                    what: format!("3-step vs {system}"),
+                    target: format!("≥ {factor}×"),
+                    measured: if failed {
+                        format!(
+                            "{system} failed ({}); completed {} of {}",
+                            p.error.clone().unwrap_or_default(),
+                            p.completed,
+                            p.orders
+                        )
+                    } else if theirs > 0.0 {
+                        format!("{:.2}× ({x:.0} vs {theirs:.0}/s)", x / theirs)
+                    } else {
+                        format!("{system} completed nothing")
+                    },
+                    met: failed || theirs == 0.0 || x >= factor * theirs,
+                });
+            }
+        }
+    }
+    for s in r.sas.iter().filter(|s| s.load == "10%") {
+        let l = &s.result.latency_ms;
+        t.push(Target {
+            what: format!(
+                "latency at 10% load, {} ({})",
+                s.result.workflow, s.deployment
+            ),
+            target: "p50 < 10 ms, p99 < 50 ms".into(),
+            measured: format!("p50 {:.1} ms, p99 {:.1} ms", l.p50, l.p99),
+            met: l.p50 < 10.0 && l.p99 < 50.0,
+        });
+    }
+    for s in r.sas.iter().filter(|s| s.load == "recovery") {
+        if let Some(rec) = &s.result.recovery {
+            t.push(Target {
+                what: format!("recovery after {} SIGKILL", rec.killed),
+                target: format!("≤ {recovery_bound_s:.1} s (complete-by + 2 supervisor intervals + 1 s)"),
+                measured: format!(
+                    "{:.2} s until every order in flight at the kill was terminal ({} processed, {} missing)",
+                    rec.in_flight_recovered_s, s.result.processed, s.result.missing
+                ),
+                met: rec.in_flight_recovered_s <= recovery_bound_s && s.result.missing == 0,
+            });
+        }
+    }
+    if !r.memory_mib.is_empty() {
+        let worst = r
+            .memory_mib
+            .iter()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(k, v)| (k.clone(), *v))
+            .unwrap_or_default();
+        t.push(Target {
+            what: "memory per service at full load".into(),
+            target: "< 50 MB RSS each".into(),
+            measured: format!("largest: {} {:.1} MiB", worst.0, worst.1),
+            met: worst.1 * 1.048_576 < 50.0,
+        });
+    }
+    t
+}

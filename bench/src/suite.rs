@@ -1,0 +1,588 @@
+//! Starting things: remote-sim, and a sas deployment (its own database and
+//! broker prefix, a configuration file, the release binaries of the services),
+//! and taking it all down again.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use sas::broker::{Broker, Publisher};
+use sas::config::BrokerSettings;
+use sas::topology::QueueNames;
+use sqlx::{Connection, PgPool};
+use tokio::io::AsyncBufReadExt;
+use tokio::process::{Child, Command};
+
+use crate::procs::{self, Group, Memory};
+
+/// Where everything is: shared by every deployment of one bench run.
+#[derive(Debug, Clone)]
+pub struct Env {
+    /// `postgres://…/postgres`: where databases are created and dropped.
+    pub pg_admin: String,
+    pub amqp: String,
+    /// The directory of the release binaries.
+    pub bin_dir: PathBuf,
+    /// Scratch space of this run (configuration, logs).
+    pub work_dir: PathBuf,
+    /// A short id naming this run's databases and prefixes.
+    pub run_id: String,
+    /// Extra `SAS__…` variables for every service.
+    pub sas_env: Vec<(String, String)>,
+    /// Run `VACUUM (ANALYZE)` on each deployment's tables this often, as
+    /// autovacuum would (for a server that runs with `autovacuum = off`).
+    pub vacuum_every: Option<Duration>,
+}
+
+impl Env {
+    /// A Postgres URL of database `name` on the admin server.
+    pub fn db_url(&self, name: &str) -> String {
+        match self.pg_admin.rsplit_once('/') {
+            Some((base, _)) => format!("{base}/{name}"),
+            None => format!("{}/{name}", self.pg_admin),
+        }
+    }
+
+    /// Broker settings for `prefix`.
+    pub fn broker_settings(&self, prefix: &str) -> BrokerSettings {
+        BrokerSettings {
+            url: self.amqp.clone(),
+            prefix: prefix.into(),
+            ..Default::default()
+        }
+    }
+
+    /// Creates a database (dropping a leftover of the same name).
+    pub async fn create_db(&self, name: &str) -> anyhow::Result<()> {
+        let mut admin = sqlx::PgConnection::connect(&self.pg_admin)
+            .await
+            .with_context(|| format!("connecting to Postgres at {}", self.pg_admin))?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+        )))
+        .execute(&mut admin)
+        .await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&mut admin)
+            .await
+            .with_context(|| format!("creating database {name}"))?;
+        admin.close().await.ok();
+        Ok(())
+    }
+
+    /// Drops a database, disconnecting whoever is still on it.
+    pub async fn drop_db(&self, name: &str) {
+        if let Ok(mut admin) = sqlx::PgConnection::connect(&self.pg_admin).await {
+            let dropped = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+            )))
+            .execute(&mut admin)
+            .await;
+            if let Err(e) = dropped {
+                eprintln!("warning: could not drop database {name}: {e}");
+            }
+            admin.close().await.ok();
+        }
+    }
+
+    /// Writes out the dirty buffers the previous run left (as pgbench does
+    /// between runs), so a run does not pay for its predecessor's checkpoint.
+    pub async fn checkpoint(&self) {
+        if let Ok(mut admin) = sqlx::PgConnection::connect(&self.pg_admin).await {
+            sqlx::raw_sql("CHECKPOINT").execute(&mut admin).await.ok();
+            admin.close().await.ok();
+        }
+    }
+
+    /// Deletes queues (missing ones are fine).
+    pub async fn delete_queues(&self, queues: &[String]) {
+        match Broker::connect(&self.broker_settings("cleanup"), "sas-bench-cleanup").await {
+            Ok(b) => {
+                b.delete_queues(queues).await.ok();
+                b.close().await;
+            }
+            Err(e) => eprintln!("warning: could not delete queues: {e}"),
+        }
+    }
+
+    /// The path of a release binary.
+    pub fn bin(&self, name: &str) -> PathBuf {
+        self.bin_dir.join(name)
+    }
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// A tiny HTTP client for readiness and remote-sim's control API.
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("HTTP client")
+}
+
+/// remote-sim, started from its release binary.
+pub struct Sim {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Sim {
+    /// Starts `remote-sim --port 0` and reads the address it announces.
+    pub async fn start(env: &Env) -> anyhow::Result<Self> {
+        let log = std::fs::File::create(env.work_dir.join("remote-sim.log"))?;
+        let mut child = Command::new(env.bin("remote-sim"))
+            .args(["--port", "0"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", env.bin("remote-sim").display()))?;
+        let stdout = child.stdout.take().context("remote-sim stdout")?;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .context("remote-sim did not announce its address")??
+            .context("remote-sim exited")?;
+        let addr = line
+            .strip_prefix("remote-sim listening on ")
+            .context("unexpected first line from remote-sim")?
+            .trim()
+            .parse()?;
+        // Keep reading (and discarding) stdout so the pipe never fills.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Self { child, addr })
+    }
+
+    /// The base URL, e.g. `http://127.0.0.1:41234`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Forgets every idempotency key and counter (keeps memory flat between runs).
+    pub async fn reset(&self) {
+        http()
+            .delete(format!("{}/stats", self.url()))
+            .send()
+            .await
+            .ok();
+    }
+
+    /// Calls applied so far (effects), from `GET /stats`.
+    pub async fn applied(&self) -> Option<u64> {
+        let v: serde_json::Value = http()
+            .get(format!("{}/stats", self.url()))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        let endpoints = v.get("endpoints")?.as_object()?;
+        Some(
+            endpoints
+                .values()
+                .filter_map(|e| e.get("applied").and_then(serde_json::Value::as_u64))
+                .sum(),
+        )
+    }
+
+    /// Stops remote-sim.
+    pub async fn stop(mut self) {
+        self.child.kill().await.ok();
+    }
+}
+
+/// How a deployment is configured.
+#[derive(Debug, Clone)]
+pub struct SuiteOptions {
+    pub step_timeout: &'static str,
+    pub supervisor_interval: &'static str,
+}
+
+impl Default for SuiteOptions {
+    fn default() -> Self {
+        Self {
+            step_timeout: "5s",
+            supervisor_interval: "500ms",
+        }
+    }
+}
+
+/// The agents of the bench workflows: `one` runs `a`; `three` runs `a`, `b`, `c`,
+/// with `a` and `b` undone by `a-undo` and `b-undo` (idle in these runs).
+pub const AGENTS: [&str; 5] = ["a", "b", "c", "a-undo", "b-undo"];
+
+struct Proc {
+    child: Child,
+    /// The peak memory seen before the process was stopped.
+    last_memory: Option<Memory>,
+}
+
+/// One sas deployment.
+pub struct Suite {
+    pub env: Env,
+    pub prefix: String,
+    pub queues: QueueNames,
+    pub db_name: String,
+    pub db: PgPool,
+    pub status_queue: String,
+    config: PathBuf,
+    dir: PathBuf,
+    pub broker: Broker,
+    pub publisher: Publisher,
+    procs: BTreeMap<String, Proc>,
+    /// Peak memory per process name, kept when a process stops.
+    memory: BTreeMap<String, Memory>,
+    /// The autovacuum stand-in, and how many times it ran (and for how long in all).
+    maintenance: Option<tokio::task::JoinHandle<()>>,
+    pub vacuums: std::sync::Arc<std::sync::Mutex<(usize, Duration)>>,
+}
+
+impl Suite {
+    /// Creates the database, the configuration and the status queue; starts nothing.
+    pub async fn create(
+        env: &Env,
+        name: &str,
+        sim: &Sim,
+        options: SuiteOptions,
+    ) -> anyhow::Result<Self> {
+        let prefix = format!("sasbench{}{name}", env.run_id);
+        let db_name = format!("sasbench_{}_{name}", env.run_id);
+        env.create_db(&db_name).await?;
+        let db_url = env.db_url(&db_name);
+        let dir = env.work_dir.join(name);
+        std::fs::create_dir_all(&dir)?;
+        let config = dir.join("sas.toml");
+        std::fs::write(
+            &config,
+            config_toml(&options, &db_url, &env.amqp, &prefix, &sim.url()),
+        )?;
+        // Migrate once here, so services do not race on an empty database.
+        let store = sas::state_store::StateStore::connect(
+            &sas::config::DatabaseSettings {
+                url: db_url.clone(),
+                max_connections: 2,
+                ..Default::default()
+            },
+            "sas-bench",
+        )
+        .await
+        .context("migrating the bench database")?;
+        store.close().await;
+        let db = PgPool::connect(&db_url).await?;
+        let broker = Broker::connect(&env.broker_settings(&prefix), "sas-bench").await?;
+        let publisher = broker.publisher().await?;
+        let queues = QueueNames::new(&prefix);
+        let agents: Vec<String> = AGENTS.iter().map(|s| s.to_string()).collect();
+        broker
+            .declare_topology(&queues, &agents, 20)
+            .await
+            .context("declaring the sas queues")?;
+        let status_queue = format!("{prefix}.app.status");
+        broker.declare_status_queue(&status_queue).await?;
+        Ok(Self {
+            env: env.clone(),
+            prefix,
+            queues,
+            db_name,
+            db,
+            status_queue,
+            config,
+            dir,
+            broker,
+            publisher,
+            procs: BTreeMap::new(),
+            memory: BTreeMap::new(),
+            maintenance: None,
+            vacuums: Default::default(),
+        })
+    }
+
+    /// Starts `schedulers` schedulers and `agents` agents plus one submission
+    /// and one supervisor, each ready before it returns.
+    pub async fn start_services(&mut self, schedulers: usize, agents: usize) -> anyhow::Result<()> {
+        self.start("submission", "submission").await?;
+        for i in 1..=schedulers {
+            self.start(&format!("scheduler-{i}"), "scheduler").await?;
+        }
+        for i in 1..=agents {
+            self.start(&format!("agent-{i}"), "agent").await?;
+        }
+        self.start("supervisor", "supervisor").await?;
+        Ok(())
+    }
+
+    /// Starts `binary` as process `name` and waits for its `/readyz`.
+    pub async fn start(&mut self, name: &str, binary: &str) -> anyhow::Result<()> {
+        let port = free_port()?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{name}.log")))?;
+        let mut cmd = Command::new(self.env.bin(binary));
+        cmd.env("SAS_CONFIG", &self.config)
+            .env("SAS__HTTP__PORT", port.to_string())
+            .env(
+                "RUST_LOG",
+                std::env::var("SAS_BENCH_LOG").unwrap_or("info".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true);
+        for (k, v) in &self.env.sas_env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", self.env.bin(binary).display()))?;
+        self.procs.insert(
+            name.to_owned(),
+            Proc {
+                child,
+                last_memory: None,
+            },
+        );
+        self.wait_ready(name, port).await
+    }
+
+    async fn wait_ready(&mut self, name: &str, port: u16) -> anyhow::Result<()> {
+        let url = format!("http://127.0.0.1:{port}/readyz");
+        let client = http();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(r) = client.get(&url).send().await
+                && r.status().is_success()
+            {
+                return Ok(());
+            }
+            let p = self.procs.get_mut(name).context("process")?;
+            if let Some(status) = p.child.try_wait()? {
+                bail!(
+                    "{name} exited with {status} before it was ready; see {}",
+                    self.dir.join(format!("{name}.log")).display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("{name} not ready within 60 s")
+    }
+
+    /// Kills a process with SIGKILL; returns when it is gone.
+    pub async fn kill(&mut self, name: &str) {
+        self.sample_memory();
+        if let Some(mut p) = self.procs.remove(name) {
+            if let Some(m) = p.last_memory {
+                self.memory.insert(name.to_owned(), m);
+            }
+            p.child.kill().await.ok();
+        }
+    }
+
+    /// Records each running process's memory (the peak so far is kept when it stops).
+    pub fn sample_memory(&mut self) {
+        for (name, p) in &mut self.procs {
+            if let Some(m) = p.child.id().and_then(procs::memory) {
+                p.last_memory = Some(m);
+                self.memory.insert(name.clone(), m);
+            }
+        }
+    }
+
+    /// Peak memory per process (binary name → largest `VmHWM` of its instances).
+    pub fn peak_memory(&mut self) -> BTreeMap<String, f64> {
+        self.sample_memory();
+        let mut by_binary: BTreeMap<String, f64> = BTreeMap::new();
+        for (name, m) in &self.memory {
+            let binary = name.split('-').next().unwrap_or(name).to_owned();
+            let e = by_binary.entry(binary).or_default();
+            *e = e.max(m.peak_mib);
+        }
+        by_binary
+    }
+
+    /// The process groups to account CPU to: each service process by name.
+    pub fn groups(&self) -> Vec<Group> {
+        self.procs
+            .iter()
+            .filter_map(|(name, p)| {
+                Some(Group {
+                    name: name.clone(),
+                    roots: vec![p.child.id()?],
+                })
+            })
+            .collect()
+    }
+
+    /// Empties the state store between runs, so every run starts from the same tables.
+    pub async fn reset_store(&self) -> anyhow::Result<()> {
+        sqlx::raw_sql("TRUNCATE orders, steps, order_events, outbox")
+            .execute(&self.db)
+            .await?;
+        self.env.checkpoint().await;
+        Ok(())
+    }
+
+    /// Starts the autovacuum stand-in, if the run asks for one: `VACUUM
+    /// (ANALYZE)` of sas's tables every `Env::vacuum_every`. Besides removing
+    /// dead rows, each run refreshes the planner's statistics, which makes the
+    /// services re-plan their prepared statements as the tables grow.
+    pub fn start_maintenance(&mut self) {
+        let Some(every) = self.env.vacuum_every else {
+            return;
+        };
+        let (db, vacuums) = (self.db.clone(), self.vacuums.clone());
+        self.maintenance = Some(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let started = Instant::now();
+                let done = sqlx::raw_sql("VACUUM (ANALYZE) orders, steps, outbox, order_events")
+                    .execute(&db)
+                    .await;
+                if done.is_ok() {
+                    let mut v = vacuums.lock().unwrap_or_else(|p| p.into_inner());
+                    v.0 += 1;
+                    v.1 += started.elapsed();
+                }
+            }
+        }));
+    }
+
+    /// Cumulative counters of this deployment's database (and the server's WAL position).
+    pub async fn pg_counters(&self) -> Option<PgCounters> {
+        let row: (i64, i64, i64, i64, i64, f64) = sqlx::query_as(
+            "SELECT xact_commit, xact_rollback, tup_inserted, tup_updated, tup_deleted, \
+               (pg_current_wal_lsn() - '0/0'::pg_lsn)::float8 \
+             FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .fetch_one(&self.db)
+        .await
+        .ok()?;
+        Some(PgCounters {
+            commits: row.0 as f64,
+            rollbacks: row.1 as f64,
+            inserted: row.2 as f64,
+            updated: row.3 as f64,
+            deleted: row.4 as f64,
+            wal_bytes: row.5,
+        })
+    }
+
+    /// Stops every process, deletes the queues and the database and, unless
+    /// `keep`, the scratch directory.
+    pub async fn teardown(mut self, keep: bool) {
+        if let Some(m) = self.maintenance.take() {
+            m.abort();
+        }
+        self.sample_memory();
+        for (_, mut p) in std::mem::take(&mut self.procs) {
+            p.child.kill().await.ok();
+        }
+        let mut queues: Vec<String> = self
+            .queues
+            .all(AGENTS)
+            .into_iter()
+            .map(|(q, _)| q)
+            .collect();
+        queues.push(self.status_queue.clone());
+        self.broker.delete_queues(&queues).await.ok();
+        self.broker.close().await;
+        self.db.close().await;
+        self.env.drop_db(&self.db_name).await;
+        if !keep {
+            std::fs::remove_dir_all(&self.dir).ok();
+        }
+    }
+
+    /// The scratch directory (logs, configuration).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// Postgres counters, cumulative or per order. The statistics of other
+/// backends reach `pg_stat_database` up to a second or so late, so per-run
+/// differences are approximate; the WAL position is exact (and server-wide).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct PgCounters {
+    pub commits: f64,
+    pub rollbacks: f64,
+    pub inserted: f64,
+    pub updated: f64,
+    pub deleted: f64,
+    pub wal_bytes: f64,
+}
+
+impl PgCounters {
+    /// `(self − earlier) / orders`.
+    pub fn per_order(&self, earlier: &PgCounters, orders: usize) -> PgCounters {
+        let n = orders.max(1) as f64;
+        PgCounters {
+            commits: (self.commits - earlier.commits) / n,
+            rollbacks: (self.rollbacks - earlier.rollbacks) / n,
+            inserted: (self.inserted - earlier.inserted) / n,
+            updated: (self.updated - earlier.updated) / n,
+            deleted: (self.deleted - earlier.deleted) / n,
+            wal_bytes: (self.wal_bytes - earlier.wal_bytes) / n,
+        }
+    }
+}
+
+fn config_toml(o: &SuiteOptions, db_url: &str, amqp: &str, prefix: &str, sim: &str) -> String {
+    let step = |name: &str, undo: bool| {
+        let undo = if undo {
+            format!(", compensate = \"{name}-undo\"")
+        } else {
+            String::new()
+        };
+        format!(
+            "{{ name = \"{name}\", agent = \"{name}\", timeout = \"{}\"{undo} }}",
+            o.step_timeout
+        )
+    };
+    let mut agents = String::new();
+    for a in AGENTS {
+        agents.push_str(&format!("[agents.{a}]\nurl = \"{sim}/bench/{a}\"\n\n"));
+    }
+    format!(
+        r#"# Written by sas-bench; every other key has its default.
+[database]
+url = "{db_url}"
+
+[broker]
+url = "{amqp}"
+prefix = "{prefix}"
+
+[supervisor]
+interval = "{interval}"
+max_failures = 5
+retry_schedule = ["200ms"]
+
+[workflows.one]
+steps = [ {solo} ]
+
+[workflows.three]
+steps = [ {a}, {b}, {c} ]
+
+{agents}"#,
+        interval = o.supervisor_interval,
+        solo = step("a", false),
+        a = step("a", true),
+        b = step("b", true),
+        c = step("c", false),
+    )
+}

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Benchmarks sas: builds the release binaries, then runs the harness (bench/),
+# which starts remote-sim and the services against the local Postgres
+# (127.0.0.1:5432) and RabbitMQ (127.0.0.1:5672) under a database and a queue
+# prefix of its own, measures throughput, latency, recovery and memory, the
+# machine's limit, and Celery and procrastinate doing the same work (installed
+# into .bench/venv from PyPI on first use), then removes what it created.
+# Prints one table; writes bench/out/latest.json and bench/out/latest.md.
+#
+#   scripts/bench.sh                  # the full run, ~10 minutes
+#   scripts/bench.sh --quick          # a ~2-minute smoke run
+#   scripts/bench.sh --help           # sizes, skips and other options
+#
+# Measure on an otherwise idle machine: --wait-idle 0.5 waits (up to 10
+# minutes) for the 1-minute load average to drop below 0.5.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+target="${CARGO_TARGET_DIR:-target}"
+cargo build --release \
+    -p submission -p scheduler -p agent -p supervisor -p remote-sim -p sas-bench
+exec "$target/release/sas-bench" --bin-dir "$target/release" "$@"
