@@ -6,6 +6,8 @@
 //! The binaries come from the same target directory as the test binary, so
 //! run `cargo build --workspace` before the tests (`scripts/test.sh` does).
 
+pub mod cli;
+
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

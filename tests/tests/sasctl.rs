@@ -6,66 +6,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use remote_sim::Knobs;
+use sas_tests::cli::{bare_sasctl, output, run, sasctl, wait_state};
 use sas_tests::{Options, TestApp, bin};
 use serde_json::Value;
 use uuid::Uuid;
-
-/// How a `sasctl` run ended.
-#[derive(Debug)]
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    /// Panics unless the run exited with `code`.
-    fn expect_code(self, code: i32) -> Self {
-        assert_eq!(self.code, Some(code), "{self:#?}");
-        self
-    }
-
-    /// Stdout as one JSON value.
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:#?}"))
-    }
-}
-
-/// `sasctl` reading the test deployment's configuration.
-fn sasctl(app: &TestApp) -> Command {
-    let mut cmd = Command::new(bin("sasctl"));
-    cmd.env("SAS_CONFIG", &app.config).env_remove("RUST_LOG");
-    cmd
-}
-
-/// Runs a command to its end without blocking the runtime.
-async fn output(mut cmd: Command) -> Run {
-    let out = tokio::task::spawn_blocking(move || cmd.output())
-        .await
-        .expect("join")
-        .expect("run sasctl (run `cargo build --workspace` first)");
-    Run {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-/// Runs `sasctl <args>` against the test deployment.
-async fn run(app: &TestApp, args: &[&str]) -> Run {
-    let mut cmd = sasctl(app);
-    cmd.args(args);
-    output(cmd).await
-}
-
-/// Waits until the order is in `state`.
-async fn wait_state(app: &TestApp, id: Uuid, state: &str, timeout: Duration) {
-    app.eventually(&format!("order {id} is {state}"), timeout, || async {
-        app.order(id).await.is_some_and(|(s, _)| s == state)
-    })
-    .await;
-}
 
 /// The ids of a JSON array of orders, in its order.
 fn ids(list: &Value) -> Vec<String> {
@@ -485,17 +429,6 @@ async fn prune_deletes_only_old_ended_orders() {
         out.stdout,
         "deleted 0 ended orders last changed more than 1day ago\n"
     );
-}
-
-/// `sasctl` without a deployment: nothing but the environment.
-fn bare_sasctl(args: &[&str]) -> Command {
-    let mut cmd = Command::new(bin("sasctl"));
-    cmd.args(args)
-        .env_remove("SAS_CONFIG")
-        .env_remove("RUST_LOG")
-        .env("SAS__BROKER__CONNECT_TIMEOUT", "1s")
-        .env("SAS__DATABASE__CONNECT_TIMEOUT", "1s");
-    cmd
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
