@@ -189,6 +189,36 @@ async fn wait_idle(threshold: f64) {
     }
 }
 
+/// Before each part of the run (with `--wait-idle`): waits, up to 5 minutes,
+/// until the machine is quiet, i.e. less than 15% of its CPU was busy over 2 s
+/// while nothing of ours ran. The load average reacts too slowly for this.
+pub async fn wait_quiet(threshold: f64) {
+    if threshold <= 0.0 {
+        return;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        let before = procs::snapshot(&[]);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let busy = procs::snapshot(&[]).since(&before).machine_busy_share;
+        if busy < 0.15 {
+            return;
+        }
+        if std::time::Instant::now() > deadline {
+            eprintln!(
+                "warning: the machine is still {:.0}% busy; measuring anyway",
+                busy * 100.0
+            );
+            return;
+        }
+        eprintln!(
+            "   machine {:.0}% busy with other work: waiting 10 s",
+            busy * 100.0
+        );
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+}
+
 async fn measure(args: &Args, env: &Env, autovacuum: Option<String>) -> anyhow::Result<Report> {
     let sizes = Sizes::from(args);
     let started_at = Utc::now().to_rfc3339();
@@ -308,6 +338,7 @@ async fn measure_with(
                             rate: None,
                             timeout: timeout_for(n),
                         };
+                        wait_quiet(args.wait_idle).await;
                         eprintln!("== {}: {workflow}, {n} orders", peer.name());
                         let throughput = match run_peer(env, sim, &o, peer, &full).await {
                             Ok(r) => {
@@ -343,6 +374,7 @@ async fn measure_with(
                             timeout: timeout_for(low_n)
                                 + Duration::from_secs_f64(low_n as f64 / rate),
                         };
+                        wait_quiet(args.wait_idle).await;
                         eprintln!(
                             "== {}: {workflow}, 10% load, {low_n} orders at {rate:.1}/s",
                             peer.name()
@@ -381,6 +413,7 @@ async fn sas_runs(
     runs: &mut Vec<SasRun>,
     memory: &mut std::collections::BTreeMap<String, f64>,
 ) -> anyhow::Result<()> {
+    wait_quiet(args.wait_idle).await;
     eprintln!("== sas: 1 scheduler, 1 agent");
     let mut suite = Suite::create(env, "s1", sim, SuiteOptions::default()).await?;
     let result = async {
@@ -429,6 +462,7 @@ async fn sas_runs(
 
     // 3. Two schedulers, two agents.
     if !args.skip_scaled {
+        wait_quiet(args.wait_idle).await;
         eprintln!("== sas: 2 schedulers, 2 agents");
         let mut suite = Suite::create(env, "s2", sim, SuiteOptions::default()).await?;
         let result = async {
@@ -454,6 +488,7 @@ async fn sas_runs(
 
     // 4. Recovery: 3-step orders at half the full-load rate, two agents, one SIGKILLed.
     if !args.skip_recovery {
+        wait_quiet(args.wait_idle).await;
         eprintln!("== sas: recovery (agent SIGKILL)");
         let three_full = runs
             .iter()

@@ -106,11 +106,20 @@ impl Report {
                     res.processed, res.other_terminal, res.missing
                 ));
             }
+            if let Some(n) = res
+                .event_states
+                .get("retry_scheduled")
+                .filter(|_| r.load != "recovery")
+            {
+                note.push(format!("{n} re-attempts (complete-by passed)"));
+            }
             if let Some(rate) = res.offered_rate {
                 note.push(format!("offered {rate:.0}/s"));
             }
             let steps = res.stages_ms.len().saturating_sub(3) as u64;
+            // Undo calls add effects, so compare only when every order was processed.
             if let Some(applied) = res.remote_applied
+                && res.other_terminal == 0
                 && applied != res.processed as u64 * steps
             {
                 note.push(format!(
