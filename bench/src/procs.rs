@@ -24,6 +24,9 @@ pub struct CpuSnapshot {
     groups: BTreeMap<String, f64>,
     /// Busy CPU seconds of the whole machine (all cores), from `/proc/stat`.
     machine_busy: f64,
+    /// Of which interrupts and softirqs (on this machine mostly loopback
+    /// networking between the processes), which no process is charged for.
+    machine_irq: f64,
 }
 
 /// CPU used between two snapshots.
@@ -35,7 +38,8 @@ pub struct CpuUse {
     /// Busy share of all cores over the interval, 0–1.
     pub machine_busy_share: f64,
     /// CPU seconds per group; `postgres` and `rabbitmq` are every process of
-    /// those servers, `other` is the rest of the machine.
+    /// those servers, `irq` the interrupts and softirqs (loopback networking),
+    /// `other` the rest of the machine.
     pub cpu_s: BTreeMap<String, f64>,
 }
 
@@ -98,19 +102,27 @@ fn read_stat(pid: u32) -> Option<ProcInfo> {
     let ppid = rest.get(1)?.parse().ok()?;
     let utime: f64 = rest.get(11)?.parse().ok()?;
     let stime: f64 = rest.get(12)?.parse().ok()?;
+    // Postgres backends come and go with their connections; once one exits,
+    // the postmaster that reaped it carries its time (cutime, cstime).
+    let children: f64 = if comm == "postgres" {
+        rest.get(13)?.parse::<f64>().ok()? + rest.get(14)?.parse::<f64>().ok()?
+    } else {
+        0.0
+    };
     Some(ProcInfo {
         ppid,
         comm,
-        cpu_s: (utime + stime) / TICKS,
+        cpu_s: (utime + stime + children) / TICKS,
     })
 }
 
-fn machine_busy() -> f64 {
+/// `(busy, irq + softirq)` CPU seconds of the machine so far.
+fn machine_busy() -> (f64, f64) {
     let Ok(text) = std::fs::read_to_string("/proc/stat") else {
-        return 0.0;
+        return (0.0, 0.0);
     };
     let Some(line) = text.lines().find(|l| l.starts_with("cpu ")) else {
-        return 0.0;
+        return (0.0, 0.0);
     };
     let v: Vec<f64> = line
         .split_whitespace()
@@ -120,7 +132,8 @@ fn machine_busy() -> f64 {
     // user nice system idle iowait irq softirq steal …: busy = all − idle − iowait.
     let total: f64 = v.iter().take(8).sum();
     let idle = v.get(3).copied().unwrap_or(0.0) + v.get(4).copied().unwrap_or(0.0);
-    (total - idle) / TICKS
+    let irq = v.get(5).copied().unwrap_or(0.0) + v.get(6).copied().unwrap_or(0.0);
+    ((total - idle) / TICKS, irq / TICKS)
 }
 
 /// The number of cores.
@@ -167,10 +180,12 @@ pub fn snapshot(groups: &[Group]) -> CpuSnapshot {
         };
         *totals.entry(name).or_default() += info.cpu_s;
     }
+    let (machine_busy, machine_irq) = machine_busy();
     CpuSnapshot {
         at: Instant::now(),
         groups: totals,
-        machine_busy: machine_busy(),
+        machine_busy,
+        machine_irq,
     }
 }
 
@@ -189,6 +204,8 @@ impl CpuSnapshot {
             // A group whose processes are new has no "before"; one whose processes died lost its time.
             cpu.insert(k.clone(), (v - before).max(0.0));
         }
+        let irq = (self.machine_irq - earlier.machine_irq).max(0.0);
+        cpu.insert("irq".into(), irq);
         let named: f64 = cpu.values().sum();
         cpu.insert("other".into(), (busy - named).max(0.0));
         let cores = cores();

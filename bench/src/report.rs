@@ -158,9 +158,15 @@ impl Report {
         if let Some(l) = &self.limits {
             for w in &l.workflows {
                 let sas = self.sas_full(&w.workflow);
-                let share = sas.map_or(String::new(), |s| {
+                let mut share = sas.map_or(String::new(), |s| {
                     format!("; sas reaches {:.0}%", 100.0 * s / w.orders_per_s)
                 });
+                if w.other_share > 0.05 {
+                    share.push_str(&format!(
+                        "; **other processes used {:.0}% of the CPU**",
+                        w.other_share * 100.0
+                    ));
+                }
                 rows.push(Row {
                     system: "machine limit".into(),
                     workflow: w.workflow.clone(),
@@ -295,6 +301,22 @@ impl Report {
                     )
                     .ok();
                 }
+            }
+            for w in &l.workflows {
+                let pg: Vec<String> = w.pg_runs_ms.iter().map(|m| format!("{m:.2}")).collect();
+                let mq: Vec<String> = w
+                    .mq_runs
+                    .iter()
+                    .map(|(q, c)| format!("{q:.0}/{c:.0}"))
+                    .collect();
+                writeln!(
+                    out,
+                    "\n{}: each measured 3 times, the median counts (shown above): Postgres ms per order {}; RabbitMQ msgs/s quorum/classic {}.",
+                    w.workflow,
+                    pg.join(", "),
+                    mq.join(", ")
+                )
+                .ok();
             }
             out.push_str(
                 "\n#### Machine limit: RabbitMQ (confirms, 64 in flight, manual acks) and HTTP\n\n",
