@@ -61,6 +61,11 @@ pub struct DatabaseSettings {
     /// Server-side bound on any one statement.
     #[serde(with = "humantime_serde")]
     pub statement_timeout: Duration,
+    /// Most orders (submissions) or replies stored in one transaction. The
+    /// ones that arrive while a transaction commits share the next one.
+    pub batch_size: usize,
+    /// Such transactions in flight at once per process.
+    pub batch_workers: usize,
 }
 
 impl Default for DatabaseSettings {
@@ -70,6 +75,8 @@ impl Default for DatabaseSettings {
             max_connections: 10,
             connect_timeout: Duration::from_secs(30),
             statement_timeout: Duration::from_secs(30),
+            batch_size: 64,
+            batch_workers: 3,
         }
     }
 }
@@ -424,6 +431,11 @@ impl Settings {
         }
         if self.database.max_connections == 0 {
             return invalid("database.max_connections must be at least 1".into());
+        }
+        if self.database.batch_size == 0 || self.database.batch_workers == 0 {
+            return invalid(
+                "database.batch_size and database.batch_workers must be at least 1".into(),
+            );
         }
         for (name, agent) in &self.agents {
             if !(agent.url.starts_with("http://") || agent.url.starts_with("https://")) {

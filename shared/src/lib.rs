@@ -10,11 +10,13 @@
 //! - [`trace`]: W3C trace context carried from hop to hop. Pure.
 //! - [`state_store`]: every SQL statement, and the guarded transitions.
 //! - [`broker`]: every lapin call: connect, topology, confirmed publish, consume.
+//! - [`batch`]: group commit: deliveries that arrive together share a transaction.
 //! - [`outbox`]: the relay from committed outbox rows to confirmed publishes.
 //! - [`http`], [`metrics`], [`telemetry`], [`shutdown`], [`service`]: what
 //!   every service runs around its own work.
 //! - [`crash`]: crash points that let the fault suite stop a process at an exact spot.
 
+pub mod batch;
 pub mod broker;
 pub mod config;
 pub mod crash;

@@ -16,14 +16,20 @@ use sas::messages::StepReply;
 use sas::metrics::labels;
 use sas::outbox::Relay;
 use sas::service::Context;
-use sas::state_store::{Actor, ReplyOutcome, Transitions};
+use sas::state_store::{Actor, ReplyOutcome, StoreError, Transitions};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
+
+/// A reply to apply, and what became of it.
+type Batcher = sas::batch::Batcher<StepReply, Result<ReplyOutcome, Arc<StoreError>>>;
 
 /// The scheduler's work, shared by its tasks.
 struct Scheduler {
     me: Actor,
     transitions: Transitions,
+    /// Applies replies in batches: those that arrive while a transaction
+    /// commits share the next one.
+    replies: Batcher,
     relay: Arc<Relay>,
     ctx: Arc<Context>,
 }
@@ -36,9 +42,12 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         None => Actor::new_instance("scheduler"),
     };
     tracing::info!(instance = %me.name, "scheduler instance");
+    let transitions = Transitions::new(store.clone(), ctx.queues.clone());
+    let replies = apply_in_batches(transitions.clone(), me.clone(), &ctx.settings.database);
     let scheduler = Arc::new(Scheduler {
         me,
-        transitions: Transitions::new(store.clone(), ctx.queues.clone()),
+        transitions,
+        replies,
         relay: Relay::new(store, ctx.settings.outbox.clone(), ctx.metrics.clone()),
         ctx: ctx.clone(),
     });
@@ -79,6 +88,22 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     .await
     .context("RabbitMQ")?;
     Ok(())
+}
+
+/// Starts the workers that apply replies in batches.
+fn apply_in_batches(
+    transitions: Transitions,
+    me: Actor,
+    db: &sas::config::DatabaseSettings,
+) -> Batcher {
+    let shared = Arc::new((transitions, me));
+    sas::batch::Batcher::start(db.batch_workers, db.batch_size, move |replies| {
+        let shared = shared.clone();
+        async move {
+            let (transitions, me) = &*shared;
+            sas::batch::each(transitions.apply_replies(me, &replies).await, replies.len())
+        }
+    })
 }
 
 impl Scheduler {
@@ -161,8 +186,14 @@ impl Scheduler {
             attempt = reply.attempt,
             trace_id = %trace,
         );
+        let order_id = reply.order_id;
         async {
-            match self.transitions.apply_reply(&self.me, &reply).await {
+            let applied = self.replies.call(reply).await.unwrap_or_else(|| {
+                Err(Arc::new(StoreError::Corrupt(
+                    "the batch workers stopped".into(),
+                )))
+            });
+            match applied {
                 Ok(ReplyOutcome::Applied { ended, age }) => {
                     tracing::debug!(?ended, "reply applied");
                     if let Some(state) = ended {
@@ -170,7 +201,7 @@ impl Scheduler {
                     }
                     self.count_reply("applied");
                     broker::ack(&delivery).await?;
-                    self.relay.push([reply.order_id]);
+                    self.relay.push([order_id]);
                 }
                 Ok(ReplyOutcome::Stale(why)) => {
                     tracing::info!(%why, "stale reply ignored");

@@ -13,14 +13,16 @@ use sas::metrics::labels;
 use sas::outbox::Relay;
 use sas::service::Context;
 use sas::state_store::{NewOrder, StoreError, Submitted, Transitions};
+use sas::workflow::Workflow;
 use tracing::Instrument;
 use uuid::Uuid;
 
 /// Runs the submission until shutdown.
 pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     let store = ctx.store()?.clone();
+    let transitions = Transitions::new(store.clone(), ctx.queues.clone());
     let submission = Arc::new(Submitter {
-        transitions: Transitions::new(store.clone(), ctx.queues.clone()),
+        batcher: store_in_batches(transitions, &ctx.settings.database),
         relay: Relay::new(store, ctx.settings.outbox.clone(), ctx.metrics.clone()),
         ctx: ctx.clone(),
     });
@@ -61,9 +63,25 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An order to store, and what became of it.
+type Batcher = sas::batch::Batcher<(NewOrder, Workflow), Result<Submitted, Arc<StoreError>>>;
+
+/// Stores orders in batches: those that arrive while a transaction commits
+/// share the next one (and its single wake-up of the schedulers).
+fn store_in_batches(transitions: Transitions, db: &sas::config::DatabaseSettings) -> Batcher {
+    let transitions = Arc::new(transitions);
+    sas::batch::Batcher::start(db.batch_workers, db.batch_size, move |items| {
+        let transitions = transitions.clone();
+        async move {
+            let refs: Vec<(&NewOrder, &Workflow)> = items.iter().map(|(o, w)| (o, w)).collect();
+            sas::batch::each(transitions.submit_many(&refs).await, items.len())
+        }
+    })
+}
+
 /// The submission's work, shared by its message handlers.
 struct Submitter {
-    transitions: Transitions,
+    batcher: Batcher,
     relay: Arc<Relay>,
     ctx: Arc<Context>,
 }
@@ -119,7 +137,12 @@ impl Submitter {
                 not_before: order.not_before,
                 trace_id: Some(trace.trace_id.clone()),
             };
-            match self.transitions.submit(&new, &workflow).await {
+            let stored = self.batcher.call((new, workflow)).await.unwrap_or_else(|| {
+                Err(Arc::new(StoreError::Corrupt(
+                    "the batch workers stopped".into(),
+                )))
+            });
+            match stored {
                 Ok(Submitted::Created) => {
                     sas::crash::point("submission.after_commit");
                     tracing::debug!("order stored");

@@ -12,6 +12,7 @@ mod outbox;
 mod stats;
 mod steps;
 mod transitions;
+mod unit;
 
 use std::time::Duration;
 

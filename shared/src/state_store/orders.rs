@@ -8,7 +8,7 @@ use uuid::Uuid;
 use crate::state::ProcessState;
 
 /// An order row.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct OrderRow {
     pub order_id: Uuid,
     pub workflow: String,
@@ -52,22 +52,35 @@ pub struct NewOrder {
 const COLUMNS: &str = "order_id, workflow, payload, reply_to, priority, not_before, process_state, \
      locked_by, complete_by, failure_count, compensation_failures, last_seq, last_error, created_at, updated_at, trace_id";
 
-/// Inserts the order as `pending` unless it exists; whether it was created.
-pub async fn insert(conn: &mut PgConnection, o: &NewOrder) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(
-        "INSERT INTO orders (order_id, workflow, payload, reply_to, priority, not_before, trace_id) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (order_id) DO NOTHING",
-    )
-    .bind(o.order_id)
-    .bind(&o.workflow)
-    .bind(&o.payload)
-    .bind(&o.reply_to)
-    .bind(o.priority)
-    .bind(o.not_before)
-    .bind(&o.trace_id)
-    .execute(conn)
-    .await?;
-    Ok(done.rows_affected() == 1)
+/// Inserts the orders as `pending`, numbered for their `received` event
+/// (`last_seq` 1), skipping ids that exist. Returns the orders created.
+pub async fn insert_many(
+    conn: &mut PgConnection,
+    orders: &[&NewOrder],
+) -> Result<Vec<OrderRow>, sqlx::Error> {
+    let ids: Vec<Uuid> = orders.iter().map(|o| o.order_id).collect();
+    let workflows: Vec<&str> = orders.iter().map(|o| o.workflow.as_str()).collect();
+    let payloads: Vec<String> = orders.iter().map(|o| o.payload.to_string()).collect();
+    let reply_tos: Vec<Option<&str>> = orders.iter().map(|o| o.reply_to.as_deref()).collect();
+    let priorities: Vec<i16> = orders.iter().map(|o| o.priority).collect();
+    let not_before: Vec<Option<DateTime<Utc>>> = orders.iter().map(|o| o.not_before).collect();
+    let traces: Vec<Option<&str>> = orders.iter().map(|o| o.trace_id.as_deref()).collect();
+    sqlx::query_as::<_, OrderRow>(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO orders (order_id, workflow, payload, reply_to, priority, not_before, trace_id, last_seq) \
+         SELECT id, workflow, payload::jsonb, reply_to, priority, not_before, trace_id, 1 \
+         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::smallint[], $6::timestamptz[], $7::text[]) \
+           AS u(id, workflow, payload, reply_to, priority, not_before, trace_id) \
+         ON CONFLICT (order_id) DO NOTHING RETURNING {COLUMNS}"
+    )))
+    .bind(ids)
+    .bind(workflows)
+    .bind(payloads)
+    .bind(reply_tos)
+    .bind(priorities)
+    .bind(not_before)
+    .bind(traces)
+    .fetch_all(conn)
+    .await
 }
 
 /// The order, without locking it.
@@ -80,82 +93,34 @@ pub async fn get(conn: &mut PgConnection, order_id: Uuid) -> Result<Option<Order
     .await
 }
 
-/// The order, locked for this transaction.
-pub async fn lock(
+/// These orders, locked for this transaction in id order (so that two
+/// transactions locking overlapping sets cannot deadlock).
+pub async fn lock_many(
     conn: &mut PgConnection,
-    order_id: Uuid,
-) -> Result<Option<OrderRow>, sqlx::Error> {
-    sqlx::query_as::<_, OrderRow>(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM orders WHERE order_id = $1 FOR UPDATE"
-    )))
-    .bind(order_id)
-    .fetch_optional(conn)
-    .await
-}
-
-/// Claims up to `limit` claimable orders for `instance`, highest priority first:
-/// pending orders whose `not_before` has come become `processing`; compensating
-/// orders that nobody drives stay `compensating`. Rows other claimers hold are skipped.
-pub async fn claim(
-    conn: &mut PgConnection,
-    instance: &str,
-    limit: i64,
+    order_ids: &[Uuid],
 ) -> Result<Vec<OrderRow>, sqlx::Error> {
     sqlx::query_as::<_, OrderRow>(sqlx::AssertSqlSafe(format!(
-        "UPDATE orders SET locked_by = $1, not_before = NULL, updated_at = now(), \
-           process_state = CASE WHEN process_state = 'pending' THEN 'processing' ELSE process_state END \
-         WHERE order_id IN ( \
-           SELECT order_id FROM orders \
-           WHERE (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL)) \
-             AND (not_before IS NULL OR not_before <= now()) \
-           ORDER BY priority DESC, created_at \
-           LIMIT $2 FOR UPDATE SKIP LOCKED) \
-         RETURNING {COLUMNS}"
+        "SELECT {COLUMNS} FROM orders WHERE order_id = ANY($1) ORDER BY order_id FOR UPDATE"
     )))
-    .bind(instance)
-    .bind(limit)
+    .bind(order_ids)
     .fetch_all(conn)
     .await
 }
 
-/// Moves the order from `from` (held by `holder`) to `to`, held by `locked_by`,
-/// with `complete_by` set to `deadline`. Whether the guard held.
-pub async fn transition(
-    conn: &mut PgConnection,
-    order_id: Uuid,
-    from: ProcessState,
-    holder: Option<&str>,
-    to: ProcessState,
-    locked_by: Option<&str>,
-    deadline: Option<DateTime<Utc>>,
-) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(
-        "UPDATE orders SET process_state = $4, locked_by = $5, complete_by = $6, updated_at = now() \
-         WHERE order_id = $1 AND process_state = $2 AND locked_by IS NOT DISTINCT FROM $3",
-    )
-    .bind(order_id)
-    .bind(from.as_str())
-    .bind(holder)
-    .bind(to.as_str())
-    .bind(locked_by)
-    .bind(deadline)
-    .execute(conn)
-    .await?;
-    Ok(done.rows_affected() == 1)
-}
-
-/// Records why the order stopped, for operators.
-pub async fn set_last_error(
-    conn: &mut PgConnection,
-    order_id: Uuid,
-    error: &str,
-) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE orders SET last_error = $2 WHERE order_id = $1")
-        .bind(order_id)
-        .bind(error)
-        .execute(conn)
-        .await?;
-    Ok(())
+/// Up to `limit` claimable orders, highest priority first, locked for this
+/// transaction: pending orders whose `not_before` has come, and compensating
+/// orders that nobody drives. Rows other claimers hold are skipped.
+pub async fn claimable(conn: &mut PgConnection, limit: i64) -> Result<Vec<OrderRow>, sqlx::Error> {
+    sqlx::query_as::<_, OrderRow>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM orders \
+         WHERE (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL)) \
+           AND (not_before IS NULL OR not_before <= now()) \
+         ORDER BY priority DESC, created_at \
+         LIMIT $1 FOR UPDATE SKIP LOCKED"
+    )))
+    .bind(limit)
+    .fetch_all(conn)
+    .await
 }
 
 /// Orders whose step deadline has passed, locked for this transaction.
@@ -169,67 +134,6 @@ pub async fn expired(conn: &mut PgConnection, limit: i64) -> Result<Vec<OrderRow
     .bind(limit)
     .fetch_all(conn)
     .await
-}
-
-/// Puts an expired order back for another attempt after `delay_ms`, counting
-/// the failure. Guarded by the state, holder and failure count the sweep read.
-pub async fn requeue_after_failure(
-    conn: &mut PgConnection,
-    o: &OrderRow,
-    to: ProcessState,
-    delay_ms: i64,
-) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
-    let counter = if o.process_state == ProcessState::Compensating {
-        "compensation_failures"
-    } else {
-        "failure_count"
-    };
-    sqlx::query_scalar::<_, DateTime<Utc>>(sqlx::AssertSqlSafe(format!(
-        "UPDATE orders SET {counter} = {counter} + 1, process_state = $5, locked_by = NULL, \
-           complete_by = NULL, not_before = now() + $6 * interval '1 millisecond', updated_at = now() \
-         WHERE order_id = $1 AND process_state = $2 AND locked_by = $3 AND {counter} = $4 \
-         RETURNING not_before"
-    )))
-    .bind(o.order_id)
-    .bind(o.process_state.as_str())
-    .bind(&o.locked_by)
-    .bind(if counter == "failure_count" { o.failure_count } else { o.compensation_failures })
-    .bind(to.as_str())
-    .bind(delay_ms)
-    .fetch_optional(conn)
-    .await
-}
-
-/// Counts a failure of an expired order without re-queueing it (it is given up).
-pub async fn count_failure(conn: &mut PgConnection, o: &OrderRow) -> Result<bool, sqlx::Error> {
-    let counter = if o.process_state == ProcessState::Compensating {
-        "compensation_failures"
-    } else {
-        "failure_count"
-    };
-    let done = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "UPDATE orders SET {counter} = {counter} + 1, updated_at = now() \
-         WHERE order_id = $1 AND process_state = $2 AND locked_by = $3"
-    )))
-    .bind(o.order_id)
-    .bind(o.process_state.as_str())
-    .bind(&o.locked_by)
-    .execute(conn)
-    .await?;
-    Ok(done.rows_affected() == 1)
-}
-
-/// Back to `pending` for an operator's retry, counts and error cleared.
-pub async fn reset_for_retry(conn: &mut PgConnection, order_id: Uuid) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(
-        "UPDATE orders SET process_state = 'pending', locked_by = NULL, complete_by = NULL, \
-           not_before = NULL, failure_count = 0, compensation_failures = 0, last_error = NULL, updated_at = now() \
-         WHERE order_id = $1 AND process_state = 'error'",
-    )
-    .bind(order_id)
-    .execute(conn)
-    .await?;
-    Ok(done.rows_affected() == 1)
 }
 
 /// Orders, newest first, optionally of one state and one workflow.

@@ -20,7 +20,7 @@ pub struct OutboxRow {
     pub body: Value,
 }
 
-/// A message to queue, other than a status event (those come with [`super::events::append`]).
+/// A message to queue, other than a status event (those come with [`super::unit::Unit::event`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Message<'a> {
     pub order_id: Uuid,
@@ -31,24 +31,6 @@ pub struct Message<'a> {
     pub reply_to: Option<&'a str>,
     pub traceparent: Option<&'a str>,
     pub body: &'a Value,
-}
-
-/// Queues a message to publish once the transaction commits.
-pub async fn enqueue(conn: &mut PgConnection, m: &Message<'_>) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO outbox (order_id, kind, routing_key, correlation_id, reply_to, traceparent, body) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
-    )
-    .bind(m.order_id)
-    .bind(m.kind)
-    .bind(m.routing_key)
-    .bind(m.correlation_id)
-    .bind(m.reply_to)
-    .bind(m.traceparent)
-    .bind(m.body)
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 /// Takes these orders for relaying: those no other relay holds right now

@@ -1,17 +1,21 @@
 //! The transitions of an order, each one transaction: submit, claim, apply a
 //! step's reply, and recover an expired order. Status events, step requests
 //! and alerts are queued in the outbox inside the same transaction.
+//!
+//! Each transition locks its orders, decides in memory on a [`Unit`], and
+//! writes the unit back with a few set-based statements; batches of orders
+//! (submissions, claims, replies) share one transaction.
 
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value, json};
-use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::events::{self, Event};
+use super::events::Event;
 use super::orders::{self, NewOrder, OrderRow};
 use super::outbox;
 use super::steps::{self, StepRow};
-use super::{StateStore, StoreError, WAKE_CHANNEL};
+use super::unit::Unit;
+use super::{StateStore, StoreError};
 use crate::config::SupervisorSettings;
 use crate::messages::{Alert, Direction, EventKind, StepOutcome, StepReply, StepRequest};
 use crate::state::{ProcessState, StepState};
@@ -107,58 +111,100 @@ impl Transitions {
         order: &NewOrder,
         workflow: &Workflow,
     ) -> Result<Submitted, StoreError> {
+        let mut outcome = self.submit_many(&[(order, workflow)]).await?;
+        outcome
+            .pop()
+            .ok_or_else(|| StoreError::Corrupt("no outcome".into()))
+    }
+
+    /// Stores a batch of new orders, with their steps and `received` events,
+    /// in one transaction with one wake-up for the schedulers; one outcome
+    /// per order, in order. An id that exists, or came earlier in the batch,
+    /// is a duplicate and changes nothing.
+    pub async fn submit_many(
+        &self,
+        batch: &[(&NewOrder, &Workflow)],
+    ) -> Result<Vec<Submitted>, StoreError> {
+        let mut seen = std::collections::HashSet::with_capacity(batch.len());
+        let fresh: Vec<&NewOrder> = batch
+            .iter()
+            .map(|(o, _)| *o)
+            .filter(|o| seen.insert(o.order_id))
+            .collect();
         let mut tx = self.store.pool().begin().await?;
-        if !orders::insert(&mut tx, order).await? {
-            return Ok(Submitted::Duplicate);
+        let created = orders::insert_many(&mut tx, &fresh).await?;
+        let mut outcome = vec![Submitted::Duplicate; batch.len()];
+        if created.is_empty() {
+            tx.commit().await?;
+            return Ok(outcome);
         }
-        steps::insert_all(&mut tx, order.order_id, &workflow.steps).await?;
-        let event = Event {
-            kind: EventKind::Received,
-            from: None,
-            to: ProcessState::Pending,
-            step: None,
-            attempt: 1,
-            actor: "submission",
-            reason: None,
-            detail: json!({ "workflow": workflow.name, "priority": order.priority }),
-        };
-        events::append(&mut tx, order.order_id, &event).await?;
-        wake(&mut tx).await?;
+        let mut unit = Unit::empty(created[0].created_at);
+        let mut new_steps = Vec::with_capacity(created.len());
+        for mut row in created {
+            let Some(pos) = batch.iter().position(|(o, _)| o.order_id == row.order_id) else {
+                return Err(StoreError::Corrupt("created an order nobody sent".into()));
+            };
+            outcome[pos] = Submitted::Created;
+            let (order, workflow) = batch[pos];
+            new_steps.push((row.order_id, workflow.steps.as_slice()));
+            // Inserted with the `received` event's number: the unit counts it again.
+            row.last_seq = 0;
+            unit.track(row, Vec::new(), true);
+            let event = Event {
+                kind: EventKind::Received,
+                from: None,
+                to: ProcessState::Pending,
+                step: None,
+                attempt: 1,
+                actor: "submission",
+                reason: None,
+                detail: json!({ "workflow": workflow.name, "priority": order.priority }),
+            };
+            unit.event(unit.len() - 1, &event);
+        }
+        steps::insert_many(&mut tx, &new_steps).await?;
+        unit.wake();
+        unit.flush(&mut tx).await?;
         tx.commit().await?;
-        Ok(Submitted::Created)
+        Ok(outcome)
     }
 
     /// Claims up to `limit` orders for `me` and dispatches each one's next
     /// step, all in one transaction. Returns the claimed orders' ids.
     pub async fn claim(&self, me: &Actor, limit: u32) -> Result<Vec<Uuid>, StoreError> {
         let mut tx = self.store.pool().begin().await?;
-        let claimed = orders::claim(&mut tx, &me.name, i64::from(limit)).await?;
+        let claimed = orders::claimable(&mut tx, i64::from(limit)).await?;
         if claimed.is_empty() {
             return Ok(Vec::new());
         }
         let ids: Vec<Uuid> = claimed.iter().map(|o| o.order_id).collect();
-        let all_steps = steps::for_orders(&mut tx, &ids).await?;
-        for order in &claimed {
-            let mut steps: Vec<StepRow> = all_steps
-                .iter()
-                .filter(|s| s.order_id == order.order_id)
-                .cloned()
-                .collect();
-            if order.process_state == ProcessState::Processing {
+        let mut unit = Unit::load(&mut tx, claimed).await?;
+        for i in 0..unit.len() {
+            let o = &unit.get(i).order;
+            let (state, holder) = (o.process_state, o.locked_by.clone());
+            let to = if state == ProcessState::Pending {
+                ProcessState::Processing
+            } else {
+                state
+            };
+            unit.transition(i, state, holder.as_deref(), to, Some(&me.name), None)?;
+            unit.get_mut(i).order.not_before = None;
+            if to == ProcessState::Processing {
                 let event = Event {
                     kind: EventKind::Processing,
                     from: Some(ProcessState::Pending),
                     to: ProcessState::Processing,
                     step: None,
-                    attempt: order.attempt(),
+                    attempt: unit.get(i).order.attempt(),
                     actor: &me.name,
                     reason: None,
                     detail: json!({ "locked_by": me.name }),
                 };
-                events::append(&mut tx, order.order_id, &event).await?;
+                unit.event(i, &event);
             }
-            self.advance(&mut tx, order, &mut steps, me).await?;
+            self.advance(&mut unit, i, me)?;
         }
+        unit.flush(&mut tx).await?;
         tx.commit().await?;
         Ok(ids)
     }
@@ -171,8 +217,44 @@ impl Transitions {
         me: &Actor,
         reply: &StepReply,
     ) -> Result<ReplyOutcome, StoreError> {
+        let mut outcome = self.apply_replies(me, std::slice::from_ref(reply)).await?;
+        outcome
+            .pop()
+            .ok_or_else(|| StoreError::Corrupt("no outcome".into()))
+    }
+
+    /// Applies a batch of replies in one transaction, each as
+    /// [`apply_reply`](Self::apply_reply) would, in the order given (a
+    /// duplicate later in the batch finds its dispatch answered already).
+    /// One outcome per reply, in order.
+    pub async fn apply_replies(
+        &self,
+        me: &Actor,
+        replies: &[StepReply],
+    ) -> Result<Vec<ReplyOutcome>, StoreError> {
+        let mut ids: Vec<Uuid> = replies.iter().map(|r| r.order_id).collect();
+        ids.sort_unstable();
+        ids.dedup();
         let mut tx = self.store.pool().begin().await?;
-        let Some(mut order) = orders::lock(&mut tx, reply.order_id).await? else {
+        let locked = orders::lock_many(&mut tx, &ids).await?;
+        let mut unit = Unit::load(&mut tx, locked).await?;
+        let mut outcome = Vec::with_capacity(replies.len());
+        for reply in replies {
+            outcome.push(self.apply_one(&mut unit, me, reply)?);
+        }
+        unit.flush(&mut tx).await?;
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    /// One reply against the unit's orders (see [`apply_reply`](Self::apply_reply)).
+    fn apply_one(
+        &self,
+        unit: &mut Unit,
+        me: &Actor,
+        reply: &StepReply,
+    ) -> Result<ReplyOutcome, StoreError> {
+        let Some(i) = unit.find(reply.order_id) else {
             return Ok(ReplyOutcome::Stale("unknown order".into()));
         };
         let (expect_order, expect_step, done) = match reply.direction {
@@ -187,6 +269,7 @@ impl Transitions {
                 StepState::Compensated,
             ),
         };
+        let order = &unit.get(i).order;
         if order.process_state != expect_order {
             return Ok(ReplyOutcome::Stale(format!(
                 "order is {}",
@@ -203,8 +286,10 @@ impl Transitions {
                 order.attempt()
             )));
         }
-        let mut steps = steps::for_orders(&mut tx, &[order.order_id]).await?;
-        let Some(pos) = steps
+        let created_at = order.created_at;
+        let Some(pos) = unit
+            .get(i)
+            .steps
             .iter()
             .position(|s| s.idx == reply.step_index && s.name == reply.step)
         else {
@@ -221,34 +306,27 @@ impl Transitions {
                 (StepState::Completed, None, Some(error.as_str()))
             }
         };
-        let finish = steps::Finish {
-            idx: reply.step_index,
-            expected: expect_step,
-            dispatch_id: reply.dispatch_id,
-            to,
-            result,
-            error,
-        };
-        let applied = steps::finish(&mut tx, order.order_id, &finish).await?;
-        if !applied {
+        let now = unit.now;
+        let step = &mut unit.get_mut(i).steps[pos];
+        if step.state != expect_step || step.dispatch_id != Some(reply.dispatch_id) {
             return Ok(ReplyOutcome::Stale("the dispatch was superseded".into()));
         }
-        steps[pos].state = to;
+        step.state = to;
         if let Some(r) = result {
-            steps[pos].result = Some(r.clone());
+            step.result = Some(r.clone());
         }
+        step.error = error.map(str::to_owned);
+        step.finished_at = Some(now);
+        step.complete_by = None;
         // Take over the claim: whoever applies the reply drives the order on.
-        must_transition(
-            &mut tx,
-            order.order_id,
+        unit.transition(
+            i,
             expect_order,
             Some(&reply.locked_by),
             expect_order,
             Some(&me.name),
             None,
-        )
-        .await?;
-        order.locked_by = Some(me.name.clone());
+        )?;
         let ended = match (&reply.outcome, reply.direction) {
             (StepOutcome::Succeeded { result }, Direction::Forward) => {
                 let event = Event {
@@ -256,32 +334,28 @@ impl Transitions {
                     from: Some(ProcessState::Processing),
                     to: ProcessState::Processing,
                     step: Some(&reply.step),
-                    attempt: order.attempt(),
+                    attempt: unit.get(i).order.attempt(),
                     actor: &me.name,
                     reason: None,
                     detail: json!({ "result": result }),
                 };
-                events::append(&mut tx, order.order_id, &event).await?;
-                self.advance(&mut tx, &order, &mut steps, me).await?
+                unit.event(i, &event);
+                self.advance(unit, i, me)?
             }
-            (StepOutcome::Succeeded { .. }, Direction::Compensate) => {
-                self.advance(&mut tx, &order, &mut steps, me).await?
-            }
+            (StepOutcome::Succeeded { .. }, Direction::Compensate) => self.advance(unit, i, me)?,
             (StepOutcome::Failed { error }, Direction::Forward) => {
                 let reason = format!("step {} failed permanently: {error}", reply.step);
-                self.give_up(&mut tx, &order, &mut steps, &reason, me, Some(me))
-                    .await?
+                self.give_up(unit, i, &reason, me, Some(me))?
             }
             (StepOutcome::Failed { error }, Direction::Compensate) => {
                 let reason = format!(
                     "compensation of step {} failed permanently: {error}",
                     reply.step
                 );
-                self.fail(&mut tx, &order, &reason, me).await?
+                self.fail(unit, i, &reason, me)?
             }
         };
-        tx.commit().await?;
-        let age = (Utc::now() - order.created_at).to_std().unwrap_or_default();
+        let age = (Utc::now() - created_at).to_std().unwrap_or_default();
         Ok(ReplyOutcome::Applied { ended, age })
     }
 
@@ -295,34 +369,37 @@ impl Transitions {
     ) -> Result<Vec<Expired>, StoreError> {
         let mut tx = self.store.pool().begin().await?;
         let expired = orders::expired(&mut tx, i64::from(settings.batch)).await?;
-        let mut recovered = Vec::with_capacity(expired.len());
-        let mut wake_now = false;
-        for order in expired {
-            steps::withdraw_running(&mut tx, order.order_id).await?;
+        if expired.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut unit = Unit::load(&mut tx, expired).await?;
+        let mut recovered = Vec::with_capacity(unit.len());
+        for i in 0..unit.len() {
+            withdraw_running(&mut unit.get_mut(i).steps);
+            let order = unit.get(i).order.clone();
             let compensating = order.process_state == ProcessState::Compensating;
             let failures = if compensating {
                 order.compensation_failures
             } else {
                 order.failure_count
             } + 1;
+            if compensating {
+                unit.get_mut(i).order.compensation_failures = failures;
+            } else {
+                unit.get_mut(i).order.failure_count = failures;
+            }
             let failures_u32 = u32::try_from(failures).unwrap_or(u32::MAX);
             let late = format!(
                 "complete-by passed ({failures} of {} allowed)",
                 settings.max_failures
             );
             if failures_u32 >= settings.max_failures {
-                orders::count_failure(&mut tx, &order).await?;
-                let mut order = order;
                 let ended = if compensating {
-                    order.compensation_failures = failures;
                     let reason = format!("compensation could not complete: {late}");
-                    self.fail(&mut tx, &order, &reason, me).await?
+                    self.fail(&mut unit, i, &reason, me)?
                 } else {
-                    order.failure_count = failures;
-                    let mut steps = steps::for_orders(&mut tx, &[order.order_id]).await?;
-                    wake_now = true;
-                    self.give_up(&mut tx, &order, &mut steps, &late, me, None)
-                        .await?
+                    unit.wake();
+                    self.give_up(&mut unit, i, &late, me, None)?
                 };
                 recovered.push(Expired::GaveUp {
                     order_id: order.order_id,
@@ -331,18 +408,28 @@ impl Transitions {
                 continue;
             }
             let delay = settings.retry_delay(failures_u32);
-            let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
-            wake_now |= delay_ms == 0;
+            let delay = chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+            if delay.is_zero() {
+                unit.wake();
+            }
             let to = if compensating {
                 ProcessState::Compensating
             } else {
                 ProcessState::Pending
             };
-            let Some(not_before) =
-                orders::requeue_after_failure(&mut tx, &order, to, delay_ms).await?
-            else {
-                continue;
-            };
+            let not_before = unit
+                .now
+                .checked_add_signed(delay)
+                .unwrap_or(DateTime::<Utc>::MAX_UTC);
+            unit.transition(
+                i,
+                order.process_state,
+                order.locked_by.as_deref(),
+                to,
+                None,
+                None,
+            )?;
+            unit.get_mut(i).order.not_before = Some(not_before);
             let event = Event {
                 kind: EventKind::RetryScheduled,
                 from: Some(order.process_state),
@@ -362,16 +449,14 @@ impl Transitions {
                     "error": late,
                 }),
             };
-            events::append(&mut tx, order.order_id, &event).await?;
+            unit.event(i, &event);
             recovered.push(Expired::Requeued {
                 order_id: order.order_id,
                 not_before,
             });
             crate::crash::point("supervisor.mid_sweep");
         }
-        if wake_now {
-            wake(&mut tx).await?;
-        }
+        unit.flush(&mut tx).await?;
         tx.commit().await?;
         Ok(recovered)
     }
@@ -386,31 +471,55 @@ impl Transitions {
     /// its undo instead.
     pub async fn retry(&self, operator: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
         let mut tx = self.store.pool().begin().await?;
-        let Some(order) = orders::lock(&mut tx, order_id).await? else {
+        let locked = orders::lock_many(&mut tx, &[order_id]).await?;
+        if locked.is_empty() {
             return Ok(Operated::NotFound);
-        };
-        if order.process_state != ProcessState::Error {
+        }
+        let mut unit = Unit::load(&mut tx, locked).await?;
+        let t = unit.get_mut(0);
+        if t.order.process_state != ProcessState::Error {
             return Ok(Operated::NotAllowed(
-                order.process_state,
+                t.order.process_state,
                 "only error orders can be retried",
             ));
         }
-        let steps = steps::for_orders(&mut tx, &[order_id]).await?;
-        if steps
+        if t.steps
             .iter()
             .any(|s| matches!(s.state, StepState::Compensated | StepState::Compensating))
         {
             return Ok(Operated::NotAllowed(
-                order.process_state,
+                t.order.process_state,
                 "some of its steps were undone; cancel it to finish the undo",
             ));
         }
-        steps::reset_for_retry(&mut tx, order_id).await?;
-        if !orders::reset_for_retry(&mut tx, order_id).await? {
-            return Err(StoreError::Corrupt(
-                "order changed under its row lock".into(),
-            ));
+        for s in &mut t.steps {
+            if matches!(
+                s.state,
+                StepState::Failed
+                    | StepState::Compensating
+                    | StepState::Compensated
+                    | StepState::Running
+            ) {
+                s.state = StepState::NotStarted;
+                s.dispatch_id = None;
+                s.complete_by = None;
+                s.error = None;
+            }
         }
+        let o = &mut t.order;
+        let holder = o.locked_by.clone();
+        o.not_before = None;
+        o.failure_count = 0;
+        o.compensation_failures = 0;
+        o.last_error = None;
+        unit.transition(
+            0,
+            ProcessState::Error,
+            holder.as_deref(),
+            ProcessState::Pending,
+            None,
+            None,
+        )?;
         let event = Event {
             kind: EventKind::RetryScheduled,
             from: Some(ProcessState::Error),
@@ -421,8 +530,9 @@ impl Transitions {
             reason: Some("retried by an operator"),
             detail: json!({ "operator": true, "next_attempt_at": crate::messages::rfc3339::format(&Utc::now()) }),
         };
-        events::append(&mut tx, order_id, &event).await?;
-        wake(&mut tx).await?;
+        unit.event(0, &event);
+        unit.wake();
+        unit.flush(&mut tx).await?;
         tx.commit().await?;
         Ok(Operated::Done(ProcessState::Pending))
     }
@@ -433,9 +543,12 @@ impl Transitions {
     /// `compensated` at once.
     pub async fn cancel(&self, operator: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
         let mut tx = self.store.pool().begin().await?;
-        let Some(order) = orders::lock(&mut tx, order_id).await? else {
+        let locked = orders::lock_many(&mut tx, &[order_id]).await?;
+        if locked.is_empty() {
             return Ok(Operated::NotFound);
-        };
+        }
+        let mut unit = Unit::load(&mut tx, locked).await?;
+        let order = unit.get(0).order.clone();
         if !matches!(
             order.process_state,
             ProcessState::Pending | ProcessState::Processing | ProcessState::Error
@@ -445,27 +558,24 @@ impl Transitions {
                 "only pending, processing or error orders can be cancelled",
             ));
         }
-        steps::withdraw_running(&mut tx, order_id).await?;
-        let steps = steps::for_orders(&mut tx, &[order_id]).await?;
-        let views: Vec<_> = steps.iter().map(StepRow::view).collect();
+        withdraw_running(&mut unit.get_mut(0).steps);
+        let views: Vec<_> = unit.get(0).steps.iter().map(StepRow::view).collect();
         let undo = workflow::next_compensation(&views) != Next::Finished;
         let to = if undo {
             ProcessState::Compensating
         } else {
             ProcessState::Compensated
         };
-        must_transition(
-            &mut tx,
-            order_id,
+        unit.transition(
+            0,
             order.process_state,
             order.locked_by.as_deref(),
             to,
             None,
             None,
-        )
-        .await?;
+        )?;
         let reason = "cancelled by an operator";
-        orders::set_last_error(&mut tx, order_id, reason).await?;
+        unit.get_mut(0).order.last_error = Some(reason.into());
         let event = Event {
             kind: if undo {
                 EventKind::Compensating
@@ -480,25 +590,26 @@ impl Transitions {
             reason: Some(reason),
             detail: json!({ "cancelled": true }),
         };
-        events::append(&mut tx, order_id, &event).await?;
+        unit.event(0, &event);
         if undo {
-            wake(&mut tx).await?;
+            unit.wake();
         }
+        unit.flush(&mut tx).await?;
         tx.commit().await?;
         Ok(Operated::Done(to))
     }
 
     /// Dispatches the order's next step (forward or undo), or finishes it.
     /// The order is held by `me`.
-    async fn advance(
+    fn advance(
         &self,
-        conn: &mut PgConnection,
-        order: &OrderRow,
-        steps: &mut [StepRow],
+        unit: &mut Unit,
+        i: usize,
         me: &Actor,
     ) -> Result<Option<ProcessState>, StoreError> {
-        let views: Vec<_> = steps.iter().map(StepRow::view).collect();
-        let (next, direction, finished, kind) = match order.process_state {
+        let t = unit.get(i);
+        let views: Vec<_> = t.steps.iter().map(StepRow::view).collect();
+        let (next, direction, finished, kind) = match t.order.process_state {
             ProcessState::Processing => (
                 workflow::next_forward(&views),
                 Direction::Forward,
@@ -519,32 +630,25 @@ impl Transitions {
         };
         match next {
             Next::Run(idx) => {
-                self.dispatch(conn, order, steps, idx, direction, me)
-                    .await?;
+                self.dispatch(unit, i, idx, direction, me)?;
                 Ok(None)
             }
             Next::Finished => {
-                must_transition(
-                    conn,
-                    order.order_id,
-                    order.process_state,
-                    Some(&me.name),
-                    finished,
-                    None,
-                    None,
-                )
-                .await?;
+                let from = t.order.process_state;
+                let attempt = t.order.attempt();
+                let detail = json!({ "results": results(&t.steps) });
+                unit.transition(i, from, Some(&me.name), finished, None, None)?;
                 let event = Event {
                     kind,
-                    from: Some(order.process_state),
+                    from: Some(from),
                     to: finished,
                     step: None,
-                    attempt: order.attempt(),
+                    attempt,
                     actor: &me.name,
                     reason: None,
-                    detail: json!({ "results": results(steps) }),
+                    detail,
                 };
-                events::append(conn, order.order_id, &event).await?;
+                unit.event(i, &event);
                 Ok(Some(finished))
             }
         }
@@ -552,60 +656,67 @@ impl Transitions {
 
     /// Sends step `idx` to its agent (or its compensating agent) through the
     /// outbox, with a fresh dispatch id and a complete-by from the database clock.
-    async fn dispatch(
+    fn dispatch(
         &self,
-        conn: &mut PgConnection,
-        order: &OrderRow,
-        steps: &mut [StepRow],
+        unit: &mut Unit,
+        i: usize,
         idx: i32,
         direction: Direction,
         me: &Actor,
     ) -> Result<(), StoreError> {
-        let pos = steps.iter().position(|s| s.idx == idx).ok_or_else(|| {
-            StoreError::Corrupt(format!("order {} has no step {idx}", order.order_id))
-        })?;
+        let now = unit.now;
+        let t = unit.get_mut(i);
+        let order_id = t.order.order_id;
+        let pos =
+            t.steps.iter().position(|s| s.idx == idx).ok_or_else(|| {
+                StoreError::Corrupt(format!("order {order_id} has no step {idx}"))
+            })?;
+        let step = &mut t.steps[pos];
         let (agent, state) = match direction {
-            Direction::Forward => (steps[pos].agent.clone(), StepState::Running),
+            Direction::Forward => (step.agent.clone(), StepState::Running),
             Direction::Compensate => (
-                steps[pos].compensate.clone().ok_or_else(|| {
-                    StoreError::Corrupt(format!("step {} has no compensation", steps[pos].name))
+                step.compensate.clone().ok_or_else(|| {
+                    StoreError::Corrupt(format!("step {} has no compensation", step.name))
                 })?,
                 StepState::Compensating,
             ),
         };
         let dispatch_id = Uuid::now_v7();
-        let complete_by = steps::dispatch(conn, order.order_id, idx, state, dispatch_id).await?;
-        steps[pos].state = state;
-        steps[pos].dispatch_id = Some(dispatch_id);
-        must_transition(
-            conn,
-            order.order_id,
-            order.process_state,
+        let complete_by = now + chrono::Duration::milliseconds(step.timeout_ms);
+        step.state = state;
+        step.dispatch_id = Some(dispatch_id);
+        step.dispatches += 1;
+        step.complete_by = Some(complete_by);
+        step.started_at.get_or_insert(now);
+        let state = t.order.process_state;
+        unit.transition(
+            i,
+            state,
             Some(&me.name),
-            order.process_state,
+            state,
             Some(&me.name),
             Some(complete_by),
-        )
-        .await?;
+        )?;
+        let t = unit.get(i);
         let request = StepRequest {
-            order_id: order.order_id,
-            workflow: order.workflow.clone(),
-            step: steps[pos].name.clone(),
+            order_id,
+            workflow: t.order.workflow.clone(),
+            step: t.steps[pos].name.clone(),
             step_index: idx,
             direction,
-            attempt: order.attempt(),
+            attempt: t.order.attempt(),
             dispatch_id,
             locked_by: me.name.clone(),
             complete_by,
-            payload: order.payload.clone(),
-            results: results(steps),
+            payload: t.order.payload.clone(),
+            results: results(&t.steps),
         };
         let body =
             serde_json::to_value(&request).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let trace = traceparent(order);
+        let trace = traceparent(&t.order);
         let correlation = dispatch_id.to_string();
         let message = outbox::Message {
-            order_id: order.order_id,
+            order_id,
             kind: "request",
             routing_key: &self.queues.agent_requests(&agent),
             correlation_id: Some(&correlation),
@@ -613,7 +724,7 @@ impl Transitions {
             traceparent: trace.as_deref(),
             body: &body,
         };
-        outbox::enqueue(conn, &message).await?;
+        unit.message(&message);
         Ok(())
     }
 
@@ -621,33 +732,30 @@ impl Transitions {
     /// steps, or fails it when there is nothing to undo. With `driver`, that
     /// scheduler dispatches the first compensation at once; without, the order
     /// is left for any scheduler to claim.
-    async fn give_up(
+    fn give_up(
         &self,
-        conn: &mut PgConnection,
-        order: &OrderRow,
-        steps: &mut [StepRow],
+        unit: &mut Unit,
+        i: usize,
         reason: &str,
         me: &Actor,
         driver: Option<&Actor>,
     ) -> Result<Option<ProcessState>, StoreError> {
-        let views: Vec<_> = steps.iter().map(StepRow::view).collect();
+        let views: Vec<_> = unit.get(i).steps.iter().map(StepRow::view).collect();
         if workflow::next_compensation(&views) == Next::Finished {
-            return self.fail(conn, order, reason, me).await;
+            return self.fail(unit, i, reason, me);
         }
-        self.alert(conn, order, ProcessState::Compensating, reason)
-            .await?;
-        orders::set_last_error(conn, order.order_id, reason).await?;
+        self.alert(unit, i, ProcessState::Compensating, reason)?;
+        let order = unit.get(i).order.clone();
+        unit.get_mut(i).order.last_error = Some(reason.into());
         let holder = driver.map(|d| d.name.as_str());
-        must_transition(
-            conn,
-            order.order_id,
+        unit.transition(
+            i,
             order.process_state,
             order.locked_by.as_deref(),
             ProcessState::Compensating,
             holder,
             None,
-        )
-        .await?;
+        )?;
         let event = Event {
             kind: EventKind::Compensating,
             from: Some(order.process_state),
@@ -658,36 +766,32 @@ impl Transitions {
             reason: Some(reason),
             detail: json!({ "error": reason }),
         };
-        events::append(conn, order.order_id, &event).await?;
+        unit.event(i, &event);
         if let Some(driver) = driver {
-            let mut order = order.clone();
-            order.process_state = ProcessState::Compensating;
-            order.locked_by = Some(driver.name.clone());
-            return self.advance(conn, &order, steps, driver).await;
+            return self.advance(unit, i, driver);
         }
         Ok(None)
     }
 
     /// Ends the order in `error` with an alert and a `failed` event; returns `Some(Error)`.
-    async fn fail(
+    fn fail(
         &self,
-        conn: &mut PgConnection,
-        order: &OrderRow,
+        unit: &mut Unit,
+        i: usize,
         reason: &str,
         me: &Actor,
     ) -> Result<Option<ProcessState>, StoreError> {
-        self.alert(conn, order, ProcessState::Error, reason).await?;
-        orders::set_last_error(conn, order.order_id, reason).await?;
-        must_transition(
-            conn,
-            order.order_id,
+        self.alert(unit, i, ProcessState::Error, reason)?;
+        let order = unit.get(i).order.clone();
+        unit.get_mut(i).order.last_error = Some(reason.into());
+        unit.transition(
+            i,
             order.process_state,
             order.locked_by.as_deref(),
             ProcessState::Error,
             None,
             None,
-        )
-        .await?;
+        )?;
         let event = Event {
             kind: EventKind::Failed,
             from: Some(order.process_state),
@@ -698,18 +802,19 @@ impl Transitions {
             reason: Some(reason),
             detail: json!({ "error": reason, "failure_count": order.failure_count }),
         };
-        events::append(conn, order.order_id, &event).await?;
+        unit.event(i, &event);
         Ok(Some(ProcessState::Error))
     }
 
     /// Queues an operator alert; the relay publishes it before the order's later events.
-    async fn alert(
+    fn alert(
         &self,
-        conn: &mut PgConnection,
-        order: &OrderRow,
+        unit: &mut Unit,
+        i: usize,
         state: ProcessState,
         reason: &str,
     ) -> Result<(), StoreError> {
+        let order = &unit.get(i).order;
         let alert = Alert {
             order_id: order.order_id,
             workflow: order.workflow.clone(),
@@ -729,8 +834,25 @@ impl Transitions {
             traceparent: trace.as_deref(),
             body: &body,
         };
-        outbox::enqueue(conn, &message).await?;
+        unit.message(&message);
         Ok(())
+    }
+}
+
+/// Withdraws the running dispatch of an order (its deadline passed, or an
+/// operator cancelled): a forward step goes back to `not_started`, a
+/// compensation back to `completed`, and any late reply to the old dispatch
+/// becomes stale.
+fn withdraw_running(steps: &mut [StepRow]) {
+    for s in steps {
+        let back = match s.state {
+            StepState::Running => StepState::NotStarted,
+            StepState::Compensating => StepState::Completed,
+            _ => continue,
+        };
+        s.state = back;
+        s.dispatch_id = None;
+        s.complete_by = None;
     }
 }
 
@@ -746,35 +868,6 @@ fn results(steps: &[StepRow]) -> Map<String, Value> {
         .iter()
         .filter_map(|s| s.result.clone().map(|r| (s.name.clone(), r)))
         .collect()
-}
-
-/// Moves an order whose row this transaction has locked. The guard cannot
-/// fail under our own lock; if it does, the data is not what we read.
-async fn must_transition(
-    conn: &mut PgConnection,
-    order_id: Uuid,
-    from: ProcessState,
-    holder: Option<&str>,
-    to: ProcessState,
-    locked_by: Option<&str>,
-    deadline: Option<DateTime<Utc>>,
-) -> Result<(), StoreError> {
-    if orders::transition(conn, order_id, from, holder, to, locked_by, deadline).await? {
-        Ok(())
-    } else {
-        Err(StoreError::Corrupt(format!(
-            "order {order_id} changed under its row lock"
-        )))
-    }
-}
-
-/// Wakes the schedulers when this transaction commits.
-async fn wake(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-    sqlx::query("SELECT pg_notify($1, '')")
-        .bind(WAKE_CHANNEL)
-        .execute(conn)
-        .await?;
-    Ok(())
 }
 
 impl StateStore {
