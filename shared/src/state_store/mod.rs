@@ -5,6 +5,8 @@
 //! `WHERE`, the state they expect, the lock holder and the dispatch they
 //! answer, so a stale actor changes nothing: the row count says so.
 
+mod breakers;
+mod dashboard;
 mod events;
 mod leases;
 mod orders;
@@ -19,6 +21,10 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
+pub use breakers::{
+    BREAKER_FORGET_AFTER, BREAKER_HEARTBEAT, BREAKER_STALE_AFTER, BreakerReport, BreakerRow,
+};
+pub use dashboard::{Bucket, CHART_BUCKET, CHART_WINDOW, FailedOrder, Overview, WaitingOrder};
 pub use events::EventRow;
 pub use leases::Lease;
 pub use orders::{NewOrder, OrderRow};
