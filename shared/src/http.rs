@@ -1,4 +1,5 @@
-//! `/healthz`, `/readyz` and `/metrics`, served by every service.
+//! `/healthz`, `/readyz` and `/metrics`, served by every service, beside
+//! whatever routes a service adds (the dashboard's pages).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,6 +21,9 @@ use crate::state_store::StateStore;
 #[derive(Default)]
 pub struct Health {
     broker: AtomicBool,
+    /// Set by services that use no broker (the dashboard): readiness is then
+    /// Postgres alone and `/readyz` reports `rabbitmq: null`.
+    no_broker: AtomicBool,
     store: Option<StateStore>,
     /// Service-specific detail shown in `/readyz` (e.g. breaker states).
     detail: std::sync::Mutex<serde_json::Map<String, serde_json::Value>>,
@@ -30,6 +34,7 @@ impl Health {
     pub fn new(store: Option<StateStore>) -> Self {
         Self {
             broker: AtomicBool::new(false),
+            no_broker: AtomicBool::new(false),
             store,
             detail: Default::default(),
         }
@@ -41,13 +46,19 @@ impl Health {
         detail.insert(key.to_owned(), value);
     }
 
+    /// Marks the service as one that never connects to RabbitMQ.
+    pub fn without_broker(&self) {
+        self.no_broker.store(true, Ordering::Relaxed);
+    }
+
     /// Records whether the broker connection is up.
     pub fn set_broker(&self, up: bool) {
         self.broker.store(up, Ordering::Relaxed);
     }
 
     async fn report(&self) -> (bool, serde_json::Value) {
-        let rabbitmq = self.broker.load(Ordering::Relaxed);
+        let rabbitmq =
+            (!self.no_broker.load(Ordering::Relaxed)).then(|| self.broker.load(Ordering::Relaxed));
         let postgres = match &self.store {
             // A health check answers at once; the pool would wait for a connection.
             Some(store) => Some(
@@ -57,7 +68,7 @@ impl Health {
             ),
             None => None,
         };
-        let ready = rabbitmq && postgres.unwrap_or(true);
+        let ready = rabbitmq.unwrap_or(true) && postgres.unwrap_or(true);
         let detail = self
             .detail
             .lock()
@@ -76,13 +87,15 @@ struct AppState {
     metrics: Arc<Metrics>,
 }
 
-/// Binds the HTTP port (`http.port`, else `default_port`) and serves until
-/// `shutdown`. Returns the bound address and the server task.
+/// Binds the HTTP port (`http.port`, else `default_port`) and serves the
+/// health and metrics endpoints plus `extra` until `shutdown`. Returns the
+/// bound address and the server task.
 pub async fn serve(
     settings: &HttpSettings,
     default_port: u16,
     health: Arc<Health>,
     metrics: Arc<Metrics>,
+    extra: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
     let port = settings.port.unwrap_or(default_port);
@@ -99,7 +112,8 @@ pub async fn serve(
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
-        .with_state(AppState { health, metrics });
+        .with_state(AppState { health, metrics })
+        .merge(extra);
     let task = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async move { shutdown.cancelled().await })

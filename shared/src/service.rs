@@ -68,6 +68,24 @@ where
     F: FnOnce(Arc<Context>) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
+    main_with_routes(spec, args, adjust, |_| axum::Router::new(), work).await
+}
+
+/// Like [`main`], for a service that serves its own HTTP routes (built by
+/// `routes` from its context) on its port, beside `/healthz`, `/readyz` and
+/// `/metrics`.
+pub async fn main_with_routes<R, F, Fut>(
+    spec: Spec,
+    args: CommonArgs,
+    adjust: impl FnOnce(&mut Settings),
+    routes: R,
+    work: F,
+) -> ExitCode
+where
+    R: FnOnce(Arc<Context>) -> axum::Router,
+    F: FnOnce(Arc<Context>) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
     let mut settings = match Settings::load(args.config.as_deref()) {
         Ok(s) => s,
         Err(e) => {
@@ -86,6 +104,7 @@ where
         spec.default_port,
         spec.uses_store,
         settings,
+        routes,
         work,
     )
     .await
@@ -102,14 +121,16 @@ where
     }
 }
 
-async fn run<F, Fut>(
+async fn run<R, F, Fut>(
     name: &'static str,
     default_port: u16,
     uses_store: bool,
     settings: Settings,
+    routes: R,
     work: F,
 ) -> anyhow::Result<()>
 where
+    R: FnOnce(Arc<Context>) -> axum::Router,
     F: FnOnce(Arc<Context>) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
@@ -121,25 +142,26 @@ where
     };
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::new(store.clone()));
-    let http_stop = CancellationToken::new();
-    let (addr, server) = http::serve(
-        &settings.http,
-        default_port,
-        health.clone(),
-        metrics.clone(),
-        http_stop.clone(),
-    )
-    .await?;
-    tracing::info!(%addr, prefix = %settings.broker.prefix, "{name} started");
     let ctx = Arc::new(Context {
         name,
         queues: QueueNames::new(&settings.broker.prefix),
         settings,
         store: store.clone(),
-        metrics,
-        health,
+        metrics: metrics.clone(),
+        health: health.clone(),
         shutdown,
     });
+    let http_stop = CancellationToken::new();
+    let (addr, server) = http::serve(
+        &ctx.settings.http,
+        default_port,
+        health,
+        metrics,
+        routes(ctx.clone()),
+        http_stop.clone(),
+    )
+    .await?;
+    tracing::info!(%addr, prefix = %ctx.settings.broker.prefix, "{name} started");
     let outcome = work(ctx).await;
     http_stop.cancel();
     server.await.ok();
