@@ -19,6 +19,7 @@ use tracing::Instrument;
 
 use crate::breaker::{Breaker, State};
 use crate::remote::{self, CallEnd};
+use crate::report;
 
 /// One served agent.
 struct Agent {
@@ -28,7 +29,8 @@ struct Agent {
     ctx: Arc<Context>,
     /// Cancelled when the shutdown grace period is over: in-flight calls stop and are handed back.
     hard_stop: CancellationToken,
-    breaker: Breaker,
+    /// Shared with the reporter that writes its state to Postgres.
+    breaker: Arc<Breaker>,
 }
 
 /// Runs the agents named in `only` (every configured agent when empty) until shutdown.
@@ -57,13 +59,27 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
             client: client.clone(),
             ctx: ctx.clone(),
             hard_stop: hard_stop.clone(),
-            breaker: Breaker::new(
+            breaker: Arc::new(Breaker::new(
                 ctx.settings.agent.breaker_threshold,
                 ctx.settings.agent.breaker_cooldown,
-            ),
+            )),
         }));
     }
     tracing::info!(agents = ?names, "serving");
+    let reported = agents
+        .iter()
+        .map(|a| report::Reported {
+            agent: a.name.clone(),
+            endpoint: a.spec.url.clone(),
+            breaker: a.breaker.clone(),
+        })
+        .collect();
+    let mut reporter = tokio::spawn(report::run(
+        ctx.settings.database.clone(),
+        report::instance_name(),
+        reported,
+        ctx.shutdown.clone(),
+    ));
     let grace = ctx.settings.shutdown.grace;
     let grace_timer = {
         let (shutdown, hard_stop) = (ctx.shutdown.clone(), hard_stop.clone());
@@ -73,7 +89,7 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
             hard_stop.cancel();
         })
     };
-    broker::run_sessions(
+    let sessions = broker::run_sessions(
         &ctx.settings.broker,
         &names,
         ctx.name,
@@ -97,9 +113,16 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
                 .unwrap_or(Ok(SessionEnd::Shutdown))
         },
     )
-    .await
-    .context("RabbitMQ")?;
+    .await;
     grace_timer.abort();
+    if ctx.shutdown.is_cancelled() {
+        // Let it delete this instance's rows; not long: Postgres may be gone.
+        tokio::time::timeout(std::time::Duration::from_secs(2), &mut reporter)
+            .await
+            .ok();
+    }
+    reporter.abort();
+    sessions.context("RabbitMQ")?;
     Ok(())
 }
 

@@ -7,6 +7,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -51,6 +52,9 @@ pub struct Breaker {
     threshold: u32,
     cooldown: Duration,
     inner: Mutex<Inner>,
+    /// Woken at every state change (half-open too), so the state reporter
+    /// writes it to Postgres at once, off the calls' path.
+    reported: Notify,
 }
 
 impl Breaker {
@@ -65,6 +69,7 @@ impl Breaker {
                 open_until: Instant::now(),
                 change: CancellationToken::new(),
             }),
+            reported: Notify::new(),
         }
     }
 
@@ -75,6 +80,18 @@ impl Breaker {
     /// The state now.
     pub fn state(&self) -> State {
         self.lock().state
+    }
+
+    /// The state now and the consecutive transient failures counted.
+    pub fn snapshot(&self) -> (State, u32) {
+        let inner = self.lock();
+        (inner.state, inner.failures)
+    }
+
+    /// Waits for the next state change (returns at once if one happened
+    /// since the last call).
+    pub async fn state_changed(&self) {
+        self.reported.notified().await;
     }
 
     /// Whether calls must stop (the breaker is open).
@@ -95,7 +112,7 @@ impl Breaker {
             return None;
         }
         inner.state = State::Closed;
-        Self::changed(&mut inner);
+        self.changed(&mut inner);
         Some(State::Closed)
     }
 
@@ -113,7 +130,7 @@ impl Breaker {
         }
         inner.state = State::Open;
         inner.open_until = Instant::now() + self.cooldown;
-        Self::changed(&mut inner);
+        self.changed(&mut inner);
         Some(State::Open)
     }
 
@@ -131,13 +148,15 @@ impl Breaker {
         let mut inner = self.lock();
         if inner.state == State::Open {
             inner.state = State::HalfOpen;
+            self.reported.notify_one();
         }
         inner.state
     }
 
-    fn changed(inner: &mut Inner) {
+    fn changed(&self, inner: &mut Inner) {
         inner.change.cancel();
         inner.change = CancellationToken::new();
+        self.reported.notify_one();
     }
 }
 

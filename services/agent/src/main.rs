@@ -4,6 +4,7 @@
 mod agent;
 mod breaker;
 mod remote;
+mod report;
 
 use std::process::ExitCode;
 
