@@ -1,0 +1,268 @@
+//! The dashboard's routes: the pages (see [`crate::assets`]) and the JSON API
+//! they poll.
+//!
+//! - `GET  /api/overview`: [`Overview`]: counts, chart buckets, waiting and
+//!   failed orders, breakers.
+//! - `GET  /api/orders/{id}`: one order, its steps and its event log with durations.
+//! - `POST /api/orders/{id}/retry`, `POST /api/orders/{id}/cancel`: the
+//!   operator's actions, through the same [`Transitions`] as `sasctl orders
+//!   retry|cancel`, so guards and status events are identical. They answer
+//!   `{"order_id", "state"}`, or `{"error"}` with 404 (no such order), 409 (not
+//!   allowed in the order's state, with `state`), 400 (not an order id) or
+//!   415 (not a JSON request: a plain HTML form from another site cannot send
+//!   one, so a page elsewhere cannot make a visitor's browser act here).
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use chrono::{DateTime, Utc};
+use sas::service::Context;
+use sas::state::{ProcessState, StepState};
+use sas::state_store::{Actor, EventRow, Operated, OrderRow, Overview, StepRow, Transitions};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+/// Orders listed at most per table of the overview.
+const LIST_LIMIT: i64 = 50;
+
+/// The pages and the API, over the service's context.
+pub fn routes(ctx: Arc<Context>) -> Router {
+    // The dashboard never connects to RabbitMQ: ready means Postgres answers.
+    ctx.health.without_broker();
+    crate::assets::routes()
+        .route("/api/overview", get(overview))
+        .route("/api/orders/{id}", get(order))
+        .route("/api/orders/{id}/retry", post(retry))
+        .route("/api/orders/{id}/cancel", post(cancel))
+        .with_state(ctx)
+}
+
+/// An API failure, answered as `{"error": …}` with its status.
+#[derive(Debug)]
+enum ApiError {
+    BadRequest(String),
+    NotFound(String),
+    NotAllowed {
+        message: String,
+        state: ProcessState,
+    },
+    UnsupportedMediaType,
+    Internal(anyhow::Error),
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, body) = match self {
+            Self::BadRequest(message) => (StatusCode::BAD_REQUEST, json!({ "error": message })),
+            Self::NotFound(message) => (StatusCode::NOT_FOUND, json!({ "error": message })),
+            Self::NotAllowed { message, state } => (
+                StatusCode::CONFLICT,
+                json!({ "error": message, "state": state.as_str() }),
+            ),
+            Self::UnsupportedMediaType => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                json!({ "error": "send the action as a JSON request (Content-Type: application/json)" }),
+            ),
+            Self::Internal(e) => {
+                tracing::error!(error = format!("{e:#}"), "dashboard request failed");
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    json!({ "error": format!("{e:#}") }),
+                )
+            }
+        };
+        (status, axum::Json(body)).into_response()
+    }
+}
+
+impl<E: Into<anyhow::Error>> From<E> for ApiError {
+    fn from(e: E) -> Self {
+        Self::Internal(e.into())
+    }
+}
+
+fn parse_id(text: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(text).map_err(|_| ApiError::BadRequest(format!("{text:?} is not an order id")))
+}
+
+async fn overview(State(ctx): State<Arc<Context>>) -> Result<axum::Json<Overview>, ApiError> {
+    Ok(axum::Json(ctx.store()?.overview(LIST_LIMIT).await?))
+}
+
+async fn order(
+    State(ctx): State<Arc<Context>>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>, ApiError> {
+    let id = parse_id(&id)?;
+    let Some((order, steps, events)) = ctx.store()?.order_details(id).await? else {
+        return Err(ApiError::NotFound(format!("no order {id}")));
+    };
+    Ok(axum::Json(order_json(&order, &steps, &events, Utc::now())))
+}
+
+/// An operator's action.
+#[derive(Debug, Clone, Copy)]
+enum Action {
+    Retry,
+    Cancel,
+}
+
+async fn retry(
+    State(ctx): State<Arc<Context>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<axum::Json<Value>, ApiError> {
+    operate(&ctx, Action::Retry, &id, &headers).await
+}
+
+async fn cancel(
+    State(ctx): State<Arc<Context>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<axum::Json<Value>, ApiError> {
+    operate(&ctx, Action::Cancel, &id, &headers).await
+}
+
+async fn operate(
+    ctx: &Context,
+    action: Action,
+    id: &str,
+    headers: &HeaderMap,
+) -> Result<axum::Json<Value>, ApiError> {
+    let json_request = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("application/json"));
+    if !json_request {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    let id = parse_id(id)?;
+    let transitions = Transitions::new(ctx.store()?.clone(), ctx.queues.clone());
+    let me = operator(headers);
+    let (outcome, verb) = match action {
+        Action::Retry => (transitions.retry(&me, id).await?, "retry"),
+        Action::Cancel => (transitions.cancel(&me, id).await?, "cancel"),
+    };
+    match outcome {
+        Operated::Done(state) => {
+            tracing::info!(order_id = %id, operator = %me.name, state = %state, "order {verb} by an operator");
+            Ok(axum::Json(
+                json!({ "order_id": id, "state": state.as_str() }),
+            ))
+        }
+        Operated::NotFound => Err(ApiError::NotFound(format!("no order {id}"))),
+        Operated::NotAllowed(state, why) => Err(ApiError::NotAllowed {
+            message: format!("cannot {verb} order {id}: it is {state} ({why})"),
+            state,
+        }),
+    }
+}
+
+/// Who the event log names for an action: `operator:<user>` when an
+/// authenticating proxy in front says who (`X-Forwarded-User`), else
+/// `operator:dashboard`.
+fn operator(headers: &HeaderMap) -> Actor {
+    let user = headers
+        .get("x-forwarded-user")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|u| {
+            !u.is_empty()
+                && u.len() <= 64
+                && u.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._@-".contains(c))
+        })
+        .unwrap_or("dashboard");
+    Actor {
+        name: format!("operator:{user}"),
+    }
+}
+
+/// Milliseconds from `from` to `to`, when both are known.
+fn millis(from: Option<DateTime<Utc>>, to: Option<DateTime<Utc>>) -> Option<i64> {
+    Some((to? - from?).num_milliseconds())
+}
+
+/// The order page's data: the order, its steps with their durations, its
+/// event log with the time since the previous event, and which actions the
+/// transitions would accept now (to grey out the others; they check again).
+fn order_json(
+    order: &OrderRow,
+    steps: &[StepRow],
+    events: &[EventRow],
+    now: DateTime<Utc>,
+) -> Value {
+    // The guards of `Transitions::retry` and `Transitions::cancel`.
+    let undone = steps
+        .iter()
+        .any(|s| matches!(s.state, StepState::Compensated | StepState::Compensating));
+    let retryable = order.process_state == ProcessState::Error && !undone;
+    let cancellable = matches!(
+        order.process_state,
+        ProcessState::Pending | ProcessState::Processing | ProcessState::Error
+    );
+    let mut previous = Some(order.created_at);
+    let events: Vec<Value> = events
+        .iter()
+        .map(|e| {
+            let since_previous_ms = millis(previous, Some(e.at));
+            previous = Some(e.at);
+            json!({
+                "seq": e.seq,
+                "at": e.at,
+                "event": e.event,
+                "from_state": e.from_state,
+                "to_state": e.to_state,
+                "step": e.step,
+                "attempt": e.attempt,
+                "actor": e.actor,
+                "reason": e.reason,
+                "detail": e.detail,
+                "since_previous_ms": since_previous_ms,
+                "since_created_ms": millis(Some(order.created_at), Some(e.at)),
+            })
+        })
+        .collect();
+    json!({
+        "now": now,
+        "order": {
+            "order_id": order.order_id,
+            "workflow": order.workflow,
+            "state": order.process_state.as_str(),
+            "payload": order.payload,
+            "reply_to": order.reply_to,
+            "priority": order.priority,
+            "not_before": order.not_before,
+            "locked_by": order.locked_by,
+            "complete_by": order.complete_by,
+            "failure_count": order.failure_count,
+            "compensation_failures": order.compensation_failures,
+            "attempt": order.attempt(),
+            "last_error": order.last_error,
+            "trace_id": order.trace_id,
+            "created_at": order.created_at,
+            "updated_at": order.updated_at,
+        },
+        "actions": { "retry": retryable, "cancel": cancellable },
+        "steps": steps.iter().map(|s| json!({
+            "idx": s.idx,
+            "name": s.name,
+            "agent": s.agent,
+            "compensate": s.compensate,
+            "state": s.state.as_str(),
+            "dispatches": s.dispatches,
+            "timeout_ms": s.timeout_ms,
+            "complete_by": s.complete_by,
+            "started_at": s.started_at,
+            "finished_at": s.finished_at,
+            "duration_ms": millis(s.started_at, s.finished_at),
+            "result": s.result,
+            "error": s.error,
+        })).collect::<Vec<_>>(),
+        "events": events,
+    })
+}

@@ -1,0 +1,42 @@
+//! `dashboard`: the operator's web page. Shows orders per state, throughput
+//! and latency, orders waiting for a re-attempt, failed orders with retry and
+//! cancel, breakers per agent endpoint and each order's timeline, refreshing
+//! itself. Reads Postgres only; retry and cancel are `sasctl`'s transitions.
+
+mod api;
+mod assets;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use sas::service::{CommonArgs, Spec};
+
+/// sas operator dashboard.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let spec = Spec {
+        name: "dashboard",
+        default_port: 9105,
+        uses_store: true,
+    };
+    sas::service::main_with_routes(
+        spec,
+        args.common,
+        |_| {},
+        api::routes,
+        |ctx| async move {
+            // The pages are all there is: serve them until stopped.
+            ctx.shutdown.cancelled().await;
+            Ok(())
+        },
+    )
+    .await
+}
