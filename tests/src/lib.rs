@@ -5,7 +5,9 @@
 //!
 //! The binaries come from the same target directory as the test binary, so
 //! run `cargo build --workspace` before the tests (`scripts/test.sh` does).
+//! [`browser`] drives a headless Chromium for the dashboard's test.
 
+pub mod browser;
 pub mod cli;
 
 use std::collections::BTreeMap;
