@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 #
 # One image for the whole sas suite: submission, scheduler, agent, supervisor,
-# sasctl and remote-sim, all in /usr/local/bin. Pick the program with the
+# dashboard, sasctl and remote-sim, all in /usr/local/bin. Pick the program with the
 # container command, e.g. `docker run IMAGE scheduler` or compose's `command:`.
 #
 # Needs BuildKit (the default builder of current Docker; `docker compose` uses
@@ -33,7 +33,7 @@ RUN --mount=type=cache,id=sas-cargo-registry,target=/usr/local/cargo/registry,sh
     set -eux; \
     cargo build --release --workspace --locked; \
     mkdir -p /out; \
-    for bin in submission scheduler agent supervisor sasctl remote-sim; do \
+    for bin in submission scheduler agent supervisor dashboard sasctl remote-sim; do \
         install -m 0755 "target/release/${bin}" "/out/${bin}"; \
     done
 
@@ -63,8 +63,9 @@ ENV REMOTE_SIM_HOST=0.0.0.0 \
 USER 10001:10001
 WORKDIR /tmp
 
-# submission 9101, scheduler 9102, agent 9103, supervisor 9104, remote-sim 8081.
-EXPOSE 9101 9102 9103 9104 8081
+# submission 9101, scheduler 9102, agent 9103, supervisor 9104, dashboard 9105,
+# remote-sim 8081.
+EXPOSE 9101 9102 9103 9104 9105 8081
 
 ENTRYPOINT ["/usr/bin/tini", "--"]
 CMD ["sasctl", "--help"]

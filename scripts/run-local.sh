@@ -3,8 +3,8 @@
 # Postgres (127.0.0.1:5432) and RabbitMQ (127.0.0.1:5672):
 #
 #   1. builds the release binaries (cargo build --release --workspace),
-#   2. starts remote-sim, submission, scheduler, agent and supervisor in the
-#      background with SAS_CONFIG=config/local.toml (logs in .run/<name>.log,
+#   2. starts remote-sim, submission, scheduler, agent, supervisor and the
+#      dashboard in the background with SAS_CONFIG=config/local.toml (logs in .run/<name>.log,
 #      process ids in .run/<name>.pid),
 #   3. waits until each answers /healthz (remote-sim) or /readyz (services),
 #   4. runs the demo application (scripts/demo-app.sh) with target/release/sasctl,
@@ -12,7 +12,8 @@
 #      waits for it to stop.
 #
 # Ports: remote-sim 8081 (the agents' URLs in config/local.toml), submission
-# 9101, scheduler 9102, agent 9103, supervisor 9104; they must be free.
+# 9101, scheduler 9102, agent 9103, supervisor 9104, dashboard 9105
+# (http://127.0.0.1:9105/); they must be free.
 #
 # Environment:
 #   SAS__BROKER__PREFIX   queue-name prefix (default sas); use a throwaway one
@@ -173,11 +174,11 @@ if [[ ${SAS_SKIP_BUILD:-0} != 1 ]]; then
     log "building (cargo build --release --workspace)"
     cargo build --release --workspace
 fi
-for bin in remote-sim submission scheduler agent supervisor sasctl; do
+for bin in remote-sim submission scheduler agent supervisor dashboard sasctl; do
     [[ -x $bin_dir/$bin ]] || die "$bin_dir/$bin is missing; build first (or unset SAS_SKIP_BUILD)"
 done
 
-for port in "$remote_sim_port" 9101 9102 9103 9104; do
+for port in "$remote_sim_port" 9101 9102 9103 9104 9105; do
     if port_in_use "$port"; then
         die "port $port is already in use (another run of the suite?); stop whatever listens there first"
     fi
@@ -193,12 +194,15 @@ start submission 9101 env SAS__HTTP__PORT=9101 "$bin_dir/submission"
 start scheduler 9102 env SAS__HTTP__PORT=9102 "$bin_dir/scheduler"
 start agent 9103 env SAS__HTTP__PORT=9103 "$bin_dir/agent"
 start supervisor 9104 env SAS__HTTP__PORT=9104 "$bin_dir/supervisor"
+start dashboard 9105 env SAS__HTTP__PORT=9105 "$bin_dir/dashboard"
 
 wait_ready remote-sim "http://127.0.0.1:$remote_sim_port/healthz"
 wait_ready submission http://127.0.0.1:9101/readyz
 wait_ready scheduler http://127.0.0.1:9102/readyz
 wait_ready agent http://127.0.0.1:9103/readyz
 wait_ready supervisor http://127.0.0.1:9104/readyz
+wait_ready dashboard http://127.0.0.1:9105/readyz
+log "the dashboard is on http://127.0.0.1:9105/"
 
 log "running the demo application (${DEMO_ORDERS} orders, status queue ${DEMO_QUEUE})"
 # In the background, so that a SIGTERM to this script is handled at once (bash
@@ -213,7 +217,7 @@ if ((demo_status != 0)); then
 fi
 
 if [[ ${SAS_KEEP_RUNNING:-0} == 1 ]]; then
-    log "the suite keeps running (metrics on http://127.0.0.1:910{1..4}/metrics); Ctrl-C stops it"
+    log "the suite keeps running (dashboard on http://127.0.0.1:9105/, metrics on http://127.0.0.1:910{1..5}/metrics); Ctrl-C stops it"
     wait
 fi
 exit "$demo_status"

@@ -58,6 +58,7 @@ fn compose_runs_only_programs_the_workspace_builds() {
         "scheduler",
         "agent",
         "supervisor",
+        "dashboard",
         "sasctl",
         "remote-sim",
     ];
