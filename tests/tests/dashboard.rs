@@ -319,6 +319,31 @@ async fn the_dashboard_shows_a_known_run_in_chromium_and_a_click_on_retry_sends_
     )
     .await;
 
+    // A retry the state no longer allows (a second operator's late click, say)
+    // is refused with the server's reason shown in the page.
+    browser
+        .execute(&format!("sas.act('retry', '{failed}'); return true;"))
+        .await
+        .expect("run the page's retry");
+    wait_page(
+        &browser,
+        "the page shows the 409",
+        Duration::from_secs(10),
+        || async {
+            let message = browser.text_of("#message").await?.unwrap_or_default();
+            Ok(
+                if message.starts_with(&format!(
+                    "409: cannot retry order {failed}: it is processed"
+                )) {
+                    Ok(())
+                } else {
+                    Err(message)
+                },
+            )
+        },
+    )
+    .await;
+
     // The order's page: its steps and its whole timeline, the retry included.
     let events: i64 = sqlx::query_scalar("SELECT count(*) FROM order_events WHERE order_id = $1")
         .bind(failed)
