@@ -267,6 +267,8 @@ async fn pg_limit(
 ) -> anyhow::Result<PgLimit> {
     const RELAY_BATCH: usize = 32;
     const CLAIM_BATCH: u32 = 32;
+    // Submissions or replies per transaction: about what the services' batches hold at full load.
+    const STORE_BATCH: usize = 32;
     const CLAIMERS: usize = 4;
     let db_name = format!("sasbench_{}_limits", env.run_id);
     env.create_db(&db_name).await?;
@@ -313,16 +315,23 @@ async fn pg_limit(
 
         let t = transitions.clone();
         let w = wf.clone();
-        let secs = on_tasks(new_orders, concurrency, move |_, o| {
+        // In batches, as the submission stores what arrives together.
+        let chunks: Vec<Vec<NewOrder>> = new_orders
+            .chunks(STORE_BATCH)
+            .map(<[NewOrder]>::to_vec)
+            .collect();
+        let n = chunks.len();
+        let secs = on_tasks(chunks, concurrency, move |_, chunk| {
             let (t, w) = (t.clone(), w.clone());
-            let o = o.clone();
+            let chunk = chunk.clone();
             async move {
-                t.submit(&o, &w).await?;
+                let batch: Vec<(&NewOrder, &Workflow)> = chunk.iter().map(|o| (o, &*w)).collect();
+                t.submit_many(&batch).await?;
                 Ok(())
             }
         })
         .await?;
-        phases.push(phase("submit", orders, orders, secs));
+        phases.push(phase("submit", n, orders, secs));
         vacuum(&store).await?;
 
         let relay = |label: &str| {
@@ -438,21 +447,22 @@ async fn pg_limit(
                     serde_json::to_vec(reply).unwrap_or_default().len(),
                 ));
             }
-            let secs = on_tasks(replies, concurrency, move |worker, reply| {
+            // In batches, as a scheduler applies what arrives together.
+            let chunks: Vec<Vec<StepReply>> = replies
+                .chunks(STORE_BATCH)
+                .map(<[StepReply]>::to_vec)
+                .collect();
+            let n = chunks.len();
+            let secs = on_tasks(chunks, concurrency, move |worker, chunk| {
                 let (t, actors) = (t.clone(), actors.clone());
-                let reply = reply.clone();
+                let chunk = chunk.clone();
                 async move {
-                    t.apply_reply(&actors[worker], &reply).await?;
+                    t.apply_replies(&actors[worker], &chunk).await?;
                     Ok(())
                 }
             })
             .await?;
-            phases.push(phase(
-                &format!("apply reply {}", s + 1),
-                orders,
-                orders,
-                secs,
-            ));
+            phases.push(phase(&format!("apply replies {}", s + 1), n, orders, secs));
             vacuum(&store).await?;
             phases.push(relay(&format!("relay (after reply {})", s + 1)).await?);
             vacuum(&store).await?;

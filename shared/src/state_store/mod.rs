@@ -125,6 +125,12 @@ impl StateStore {
             .await
     }
 
+    /// A store over a pool the caller built, without migrating: for tools and
+    /// tests that control the connections themselves.
+    pub fn from_pool(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
     /// Applies the embedded migrations; safe when several services start at once
     /// (sqlx takes an advisory lock).
     pub async fn migrate(&self) -> Result<(), StoreError> {

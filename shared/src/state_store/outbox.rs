@@ -37,12 +37,19 @@ pub struct Message<'a> {
 /// (a transaction-scoped advisory lock per order), so each order's messages
 /// are published by one relay at a time, in sequence, and relays never wait
 /// on each other. Returns the orders taken.
+///
+/// The relay's transaction only deletes rows already published, so it
+/// commits without waiting for the disk (`synchronous_commit = off`): if a
+/// crash loses the delete, the rows are published again, which at-least-once
+/// delivery allows (status events are deduplicated on `seq`, requests are
+/// fenced by their dispatch id).
 pub async fn take_orders(
     conn: &mut PgConnection,
     order_ids: &[Uuid],
 ) -> Result<Vec<Uuid>, sqlx::Error> {
     sqlx::query_scalar(
-        "SELECT id FROM unnest($1::uuid[]) AS t(id) \
+        "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) \
+         SELECT id FROM relaxed, unnest($1::uuid[]) AS t(id) \
          WHERE pg_try_advisory_xact_lock(hashtextextended('sas.outbox:' || id::text, 0))",
     )
     .bind(order_ids)

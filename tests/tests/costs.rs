@@ -1,0 +1,270 @@
+//! What one order costs the state store, counted by Postgres itself: the
+//! transactions a batch of orders takes, and the rows each transition writes.
+//! These pin the levers that make sas fast (batches share a transaction; a
+//! transition writes each order row once), whatever the timings.
+
+use std::collections::BTreeMap;
+
+use sas::config::Settings;
+use sas::messages::{StepOutcome, StepReply, StepRequest};
+use sas::state::ProcessState;
+use sas::state_store::{Actor, NewOrder, ReplyOutcome, StateStore, Submitted, Transitions};
+use sas_tests::TestApp;
+use serde_json::json;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgConnection};
+use uuid::Uuid;
+
+/// Orders per batch.
+const N: usize = 40;
+
+/// Postgres's counters for the test database: committed transactions, and
+/// rows inserted, updated and deleted per table. A backend reports its counts
+/// when it exits, so the readers poll until the numbers hold still.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Counters {
+    commits: i64,
+    rows: BTreeMap<(String, &'static str), i64>,
+}
+
+/// Committed transactions of the test database, read from another database
+/// so that reading does not count.
+async fn commits(url: &str) -> i64 {
+    let mut admin = PgConnection::connect(sas_tests::PG_ADMIN)
+        .await
+        .expect("connect");
+    let database = url.rsplit('/').next().unwrap_or_default();
+    let n = sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = $1")
+        .bind(database)
+        .fetch_one(&mut admin)
+        .await
+        .expect("pg_stat_database");
+    admin.close().await.ok();
+    n
+}
+
+/// Rows written per table (reading writes none).
+async fn rows(url: &str) -> BTreeMap<(String, &'static str), i64> {
+    let mut conn = PgConnection::connect(url).await.expect("connect");
+    let tables: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_user_tables",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .expect("pg_stat_user_tables");
+    conn.close().await.ok();
+    let mut rows = BTreeMap::new();
+    for (table, ins, upd, del) in tables {
+        rows.insert((table.clone(), "inserted"), ins);
+        rows.insert((table.clone(), "updated"), upd);
+        rows.insert((table, "deleted"), del);
+    }
+    rows
+}
+
+/// Polls `read` until two reads in a row agree.
+async fn settled<T: PartialEq, F: AsyncFn() -> T>(read: F) -> T {
+    let mut last = read().await;
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let now = read().await;
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+}
+
+impl Counters {
+    /// Before a run: the rows first, then the transactions, once the rows
+    /// reader's own transaction has been counted.
+    async fn before(url: &str) -> Self {
+        let rows = settled(async || rows(url).await).await;
+        let commits = settled(async || commits(url).await).await;
+        Self { commits, rows }
+    }
+
+    /// After a run whose connections are closed: the transactions first, so
+    /// that the rows reader's own transaction is not among them.
+    async fn after(url: &str) -> Self {
+        let commits = settled(async || commits(url).await).await;
+        let rows = settled(async || rows(url).await).await;
+        Self { commits, rows }
+    }
+
+    fn since(&self, before: &Self, table: &str, what: &'static str) -> i64 {
+        let key = (table.to_owned(), what);
+        self.rows.get(&key).copied().unwrap_or(0) - before.rows.get(&key).copied().unwrap_or(0)
+    }
+}
+
+/// One connection of a pool of one, opened and closed: what opening it
+/// costs on its own (the driver's set-up), to leave out of a run's count.
+async fn pool(url: &str) -> sqlx::PgPool {
+    PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect(url)
+        .await
+        .expect("pool")
+}
+
+async fn connect_cost(url: &str) -> i64 {
+    let before = Counters::before(url).await;
+    pool(url).await.close().await;
+    Counters::after(url).await.commits - before.commits
+}
+
+/// What a run cost: transactions, rows per table, and the messages relayed by kind.
+struct Cost {
+    commits: i64,
+    after: Counters,
+    before: Counters,
+    relayed: BTreeMap<String, usize>,
+}
+
+impl Cost {
+    fn rows(&self, table: &str, what: &'static str) -> i64 {
+        self.after.since(&self.before, table, what)
+    }
+}
+
+/// Runs `N` orders of `workflow` to `processed` through the library's
+/// transitions, as the services would with full batches, on one connection.
+async fn run_batch(app: &TestApp, workflow: &str) -> Cost {
+    let settings = Settings::load(Some(&app.config)).expect("settings");
+    let wf = settings.workflow(workflow).expect("workflow");
+    let status = app.status_queue("costs").await;
+    let setup = connect_cost(&app.db_url).await;
+    let before = Counters::before(&app.db_url).await;
+    let store = StateStore::from_pool(pool(&app.db_url).await);
+    let t = Transitions::new(store.clone(), app.queues.clone());
+    let orders: Vec<NewOrder> = (0..N)
+        .map(|_| NewOrder {
+            order_id: Uuid::new_v4(),
+            workflow: workflow.into(),
+            payload: json!({}),
+            reply_to: Some(status.clone()),
+            priority: 0,
+            not_before: None,
+            trace_id: Some(sas::trace::TraceContext::new_root().trace_id),
+        })
+        .collect();
+    let ids: Vec<Uuid> = orders.iter().map(|o| o.order_id).collect();
+    let mut relayed = BTreeMap::new();
+    // The relay hands the rows to the closure; collect them through a cell.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let relay_rows = async || {
+        let sink = seen.clone();
+        let (held, _) = store
+            .relay_outbox(&ids, move |rows| async move {
+                let ids = rows.iter().map(|r| r.id).collect();
+                sink.lock().unwrap().extend(rows);
+                (ids, Ok::<(), ()>(()))
+            })
+            .await
+            .expect("relay");
+        assert!(held.is_empty(), "no other relay runs");
+        let rows: Vec<_> = std::mem::take(&mut *seen.lock().unwrap());
+        rows
+    };
+
+    let batch: Vec<(&NewOrder, &sas::workflow::Workflow)> =
+        orders.iter().map(|o| (o, &wf)).collect();
+    let submitted = t.submit_many(&batch).await.expect("submit");
+    assert!(submitted.iter().all(|s| *s == Submitted::Created));
+    let note = |rows: &[sas::state_store::OutboxRow], relayed: &mut BTreeMap<String, usize>| {
+        for r in rows {
+            *relayed.entry(r.kind.clone()).or_default() += 1;
+        }
+    };
+    let rows = relay_rows().await;
+    note(&rows, &mut relayed);
+
+    let me = Actor::new_instance("scheduler");
+    let claimed = t.claim(&me, N as u32).await.expect("claim");
+    assert_eq!(claimed.len(), N);
+    let mut rows = relay_rows().await;
+    note(&rows, &mut relayed);
+    for _ in &wf.steps {
+        let replies: Vec<StepReply> = rows
+            .iter()
+            .filter(|r| r.kind == "request")
+            .map(|r| {
+                let req: StepRequest = serde_json::from_value(r.body.clone()).expect("request");
+                StepReply::to(
+                    &req,
+                    StepOutcome::Succeeded {
+                        result: json!({ "ok": true }),
+                    },
+                )
+            })
+            .collect();
+        assert_eq!(replies.len(), N);
+        let outcomes = t.apply_replies(&me, &replies).await.expect("replies");
+        assert!(
+            outcomes
+                .iter()
+                .all(|o| matches!(o, ReplyOutcome::Applied { .. }))
+        );
+        rows = relay_rows().await;
+        note(&rows, &mut relayed);
+    }
+    store.close().await;
+    let after = Counters::after(&app.db_url).await;
+    let processed: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE process_state = $1")
+        .bind(ProcessState::Processed.as_str())
+        .fetch_one(&app.db)
+        .await
+        .expect("count");
+    assert_eq!(processed, N as i64);
+    Cost {
+        commits: after.commits - before.commits - setup,
+        after,
+        before,
+        relayed,
+    }
+}
+
+#[tokio::test]
+async fn a_batch_of_one_step_orders_takes_six_transactions_and_writes_each_order_row_once_per_transition()
+ {
+    let app = TestApp::new().await;
+    let c = run_batch(&app, "one").await;
+    let n = N as i64;
+    // Submit, claim and reply, each followed by one relay: whatever the batch size.
+    assert_eq!(c.commits, 6, "transactions for {N} orders");
+    assert_eq!(c.rows("orders", "inserted"), n);
+    // Claimed, then finished: one new row version each.
+    assert_eq!(c.rows("orders", "updated"), 2 * n);
+    assert_eq!(c.rows("steps", "inserted"), n);
+    // Dispatched, then finished.
+    assert_eq!(c.rows("steps", "updated"), 2 * n);
+    // received, processing, step_succeeded, processed.
+    assert_eq!(c.rows("order_events", "inserted"), 4 * n);
+    // The four status events and the step request; each published once, then deleted.
+    assert_eq!(c.rows("outbox", "inserted"), 5 * n);
+    assert_eq!(c.rows("outbox", "deleted"), 5 * n);
+    assert_eq!(c.relayed.get("status"), Some(&(4 * N)));
+    assert_eq!(c.relayed.get("request"), Some(&N));
+}
+
+#[tokio::test]
+async fn a_batch_of_three_step_orders_takes_ten_transactions_and_writes_each_order_row_once_per_transition()
+ {
+    let app = TestApp::new().await;
+    let c = run_batch(&app, "three").await;
+    let n = N as i64;
+    // Submit, claim and three replies, each followed by one relay.
+    assert_eq!(c.commits, 10, "transactions for {N} orders");
+    assert_eq!(c.rows("orders", "inserted"), n);
+    assert_eq!(c.rows("orders", "updated"), 4 * n);
+    assert_eq!(c.rows("steps", "inserted"), 3 * n);
+    assert_eq!(c.rows("steps", "updated"), 6 * n);
+    // received, processing, three step_succeeded, processed.
+    assert_eq!(c.rows("order_events", "inserted"), 6 * n);
+    assert_eq!(c.rows("outbox", "inserted"), 9 * n);
+    assert_eq!(c.rows("outbox", "deleted"), 9 * n);
+    assert_eq!(c.relayed.get("status"), Some(&(6 * N)));
+    assert_eq!(c.relayed.get("request"), Some(&(3 * N)));
+}
