@@ -352,10 +352,9 @@ async fn pg_limit(
                                 let mut reqs = Vec::new();
                                 let mut sz = Vec::new();
                                 for row in rows {
-                                    let bytes = serde_json::to_vec(&row.body).unwrap_or_default();
-                                    sz.push((row.kind.clone(), bytes.len()));
+                                    sz.push((row.kind.clone(), row.body.len()));
                                     if row.kind == "request"
-                                        && let Ok(r) = serde_json::from_value(row.body)
+                                        && let Ok(r) = serde_json::from_slice(&row.body)
                                     {
                                         reqs.push(r);
                                     }

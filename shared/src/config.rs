@@ -103,7 +103,7 @@ impl Default for BrokerSettings {
         Self {
             url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
             prefix: "sas".into(),
-            prefetch: 64,
+            prefetch: 128,
             delivery_limit: 20,
             connect_timeout: Duration::from_secs(30),
         }
@@ -189,7 +189,7 @@ impl Default for SchedulerSettings {
         Self {
             instance_id: None,
             poll_interval: Duration::from_millis(500),
-            claim_batch: 32,
+            claim_batch: 64,
         }
     }
 }

@@ -177,20 +177,13 @@ async fn publish_rows(
     let mut sent = Vec::with_capacity(rows.len());
     let mut failure = None;
     for row in &rows {
-        let body = match serde_json::to_vec(&row.body) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::error!(id = row.id, error = %e, "outbox row cannot be encoded");
-                continue;
-            }
-        };
         let trace = row
             .traceparent
             .as_deref()
             .map(|t| [(crate::trace::HEADER, t)]);
         let msg = Outgoing {
             routing_key: &row.routing_key,
-            body: &body,
+            body: &row.body,
             correlation_id: row.correlation_id.as_deref(),
             reply_to: row.reply_to.as_deref(),
             headers: trace.as_ref().map_or(&[], |h| h.as_slice()),

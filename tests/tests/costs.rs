@@ -191,7 +191,7 @@ async fn run_batch(app: &TestApp, workflow: &str) -> Cost {
             .iter()
             .filter(|r| r.kind == "request")
             .map(|r| {
-                let req: StepRequest = serde_json::from_value(r.body.clone()).expect("request");
+                let req: StepRequest = serde_json::from_slice(&r.body).expect("request");
                 StepReply::to(
                     &req,
                     StepOutcome::Succeeded {

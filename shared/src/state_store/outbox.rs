@@ -17,7 +17,8 @@ pub struct OutboxRow {
     pub reply_to: Option<String>,
     /// The W3C `traceparent` to publish with.
     pub traceparent: Option<String>,
-    pub body: Value,
+    /// The JSON body, as published: encoded once, when the transition wrote it.
+    pub body: Vec<u8>,
 }
 
 /// A message to queue, other than a status event (those come with [`super::unit::Unit::event`]).

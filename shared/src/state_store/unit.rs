@@ -63,7 +63,8 @@ struct NewMessage {
     correlation_id: Option<String>,
     reply_to: Option<String>,
     traceparent: Option<String>,
-    body: Value,
+    /// The JSON to publish, encoded once here.
+    body: Vec<u8>,
 }
 
 /// The locked orders of one transaction and what it will write.
@@ -202,7 +203,7 @@ impl Unit {
                 correlation_id: Some(o.order_id.to_string()),
                 reply_to: None,
                 traceparent: o.trace_id.as_ref().map(|t| format!("00-{t}-{span}-01")),
-                body: Value::Object(body),
+                body: json_bytes(&Value::Object(body)),
             });
         }
         self.events.push(NewEvent {
@@ -228,7 +229,7 @@ impl Unit {
             correlation_id: m.correlation_id.map(str::to_owned),
             reply_to: m.reply_to.map(str::to_owned),
             traceparent: m.traceparent.map(str::to_owned),
-            body: m.body.clone(),
+            body: json_bytes(m.body),
         });
     }
 
@@ -271,6 +272,12 @@ impl Unit {
 /// The `at` of a status event: RFC 3339, UTC, microseconds.
 fn status_time(at: &DateTime<Utc>) -> String {
     at.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+}
+
+/// JSON as bytes, for a message body.
+fn json_bytes(v: &Value) -> Vec<u8> {
+    // A `Value` always serializes.
+    serde_json::to_vec(v).unwrap_or_default()
 }
 
 /// JSON as text, for a `text[]` parameter cast to `jsonb[]`.
@@ -434,12 +441,12 @@ async fn insert_messages(
         .collect();
     let reply_tos: Vec<Option<&str>> = messages.iter().map(|m| m.reply_to.as_deref()).collect();
     let traces: Vec<Option<&str>> = messages.iter().map(|m| m.traceparent.as_deref()).collect();
-    let bodies: Vec<String> = messages.iter().map(|m| json_text(&m.body)).collect();
+    let bodies: Vec<&[u8]> = messages.iter().map(|m| m.body.as_slice()).collect();
     // In the order given: the relay publishes an order's messages by `id`.
     sqlx::query(
         "INSERT INTO outbox (order_id, kind, routing_key, correlation_id, reply_to, traceparent, body) \
-         SELECT id, kind, routing_key, correlation_id, reply_to, traceparent, body::jsonb \
-         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) \
+         SELECT id, kind, routing_key, correlation_id, reply_to, traceparent, body \
+         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bytea[]) \
            WITH ORDINALITY AS u(id, kind, routing_key, correlation_id, reply_to, traceparent, body, n) \
          ORDER BY n",
     )
