@@ -106,7 +106,7 @@ impl Browser {
                         "--disable-component-update", "--disable-sync",
                         "--disable-dev-shm-usage",
                         format!("--user-data-dir={}", profile.display()),
-                        "--window-size=1400,1000",
+                        "--window-size=1400,1500",
                     ],
                 },
             }},

@@ -37,6 +37,15 @@ impl OrderRow {
     }
 }
 
+/// An order locked by this transaction, with the transaction's clock
+/// (`now()`, the same for every statement of it), read in the same round trip.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Locked {
+    #[sqlx(flatten)]
+    pub order: OrderRow,
+    pub tx_now: DateTime<Utc>,
+}
+
 /// An accepted order, ready to be stored.
 #[derive(Debug, Clone)]
 pub struct NewOrder {
@@ -98,9 +107,9 @@ pub async fn get(conn: &mut PgConnection, order_id: Uuid) -> Result<Option<Order
 pub async fn lock_many(
     conn: &mut PgConnection,
     order_ids: &[Uuid],
-) -> Result<Vec<OrderRow>, sqlx::Error> {
-    sqlx::query_as::<_, OrderRow>(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM orders WHERE order_id = ANY($1) ORDER BY order_id FOR UPDATE"
+) -> Result<Vec<Locked>, sqlx::Error> {
+    sqlx::query_as::<_, Locked>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS}, now() AS tx_now FROM orders WHERE order_id = ANY($1) ORDER BY order_id FOR UPDATE"
     )))
     .bind(order_ids)
     .fetch_all(conn)
@@ -110,9 +119,9 @@ pub async fn lock_many(
 /// Up to `limit` claimable orders, highest priority first, locked for this
 /// transaction: pending orders whose `not_before` has come, and compensating
 /// orders that nobody drives. Rows other claimers hold are skipped.
-pub async fn claimable(conn: &mut PgConnection, limit: i64) -> Result<Vec<OrderRow>, sqlx::Error> {
-    sqlx::query_as::<_, OrderRow>(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM orders \
+pub async fn claimable(conn: &mut PgConnection, limit: i64) -> Result<Vec<Locked>, sqlx::Error> {
+    sqlx::query_as::<_, Locked>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS}, now() AS tx_now FROM orders \
          WHERE (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL)) \
            AND (not_before IS NULL OR not_before <= now()) \
          ORDER BY priority DESC, created_at \
@@ -124,9 +133,9 @@ pub async fn claimable(conn: &mut PgConnection, limit: i64) -> Result<Vec<OrderR
 }
 
 /// Orders whose step deadline has passed, locked for this transaction.
-pub async fn expired(conn: &mut PgConnection, limit: i64) -> Result<Vec<OrderRow>, sqlx::Error> {
-    sqlx::query_as::<_, OrderRow>(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM orders \
+pub async fn expired(conn: &mut PgConnection, limit: i64) -> Result<Vec<Locked>, sqlx::Error> {
+    sqlx::query_as::<_, Locked>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS}, now() AS tx_now FROM orders \
          WHERE locked_by IS NOT NULL AND complete_by < now() \
            AND process_state IN ('processing', 'compensating') \
          ORDER BY complete_by LIMIT $1 FOR UPDATE SKIP LOCKED"

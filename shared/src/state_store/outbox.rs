@@ -34,42 +34,69 @@ pub struct Message<'a> {
     pub body: &'a Value,
 }
 
-/// Takes these orders for relaying: those no other relay holds right now
-/// (a transaction-scoped advisory lock per order), so each order's messages
-/// are published by one relay at a time, in sequence, and relays never wait
-/// on each other. Returns the orders taken.
+/// A row of [`take`]: an order taken, and one of its messages if it has any.
+#[derive(Debug, sqlx::FromRow)]
+struct TakenRow {
+    taken: Uuid,
+    id: Option<i64>,
+    kind: Option<String>,
+    routing_key: Option<String>,
+    correlation_id: Option<String>,
+    reply_to: Option<String>,
+    traceparent: Option<String>,
+    body: Option<Vec<u8>>,
+}
+
+/// Takes these orders for relaying and reads their messages, in the order
+/// they were written, in one round trip. Taken are the orders no other relay
+/// holds right now (a transaction-scoped advisory lock per order), so each
+/// order's messages are published by one relay at a time, in sequence, and
+/// relays never wait on each other. Returns the orders taken and their messages.
 ///
 /// The relay's transaction only deletes rows already published, so it
 /// commits without waiting for the disk (`synchronous_commit = off`): if a
 /// crash loses the delete, the rows are published again, which at-least-once
 /// delivery allows (status events are deduplicated on `seq`, requests are
 /// fenced by their dispatch id).
-pub async fn take_orders(
+pub async fn take(
     conn: &mut PgConnection,
     order_ids: &[Uuid],
-) -> Result<Vec<Uuid>, sqlx::Error> {
-    sqlx::query_scalar(
-        "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) \
-         SELECT id FROM relaxed, unnest($1::uuid[]) AS t(id) \
-         WHERE pg_try_advisory_xact_lock(hashtextextended('sas.outbox:' || id::text, 0))",
+) -> Result<(Vec<Uuid>, Vec<OutboxRow>), sqlx::Error> {
+    let found = sqlx::query_as::<_, TakenRow>(
+        "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), \
+         taken AS MATERIALIZED ( \
+           SELECT id FROM relaxed, unnest($1::uuid[]) AS t(id) \
+           WHERE pg_try_advisory_xact_lock(hashtextextended('sas.outbox:' || id::text, 0))) \
+         SELECT t.id AS taken, o.id, o.kind, o.routing_key, o.correlation_id, o.reply_to, \
+           o.traceparent, o.body \
+         FROM taken t LEFT JOIN outbox o ON o.order_id = t.id \
+         ORDER BY o.id NULLS LAST",
     )
     .bind(order_ids)
     .fetch_all(conn)
-    .await
-}
-
-/// Every queued message of these orders, in the order they were written.
-pub async fn for_orders(
-    conn: &mut PgConnection,
-    order_ids: &[Uuid],
-) -> Result<Vec<OutboxRow>, sqlx::Error> {
-    sqlx::query_as::<_, OutboxRow>(
-        "SELECT id, order_id, kind, routing_key, correlation_id, reply_to, traceparent, body \
-         FROM outbox WHERE order_id = ANY($1) ORDER BY id",
-    )
-    .bind(order_ids)
-    .fetch_all(conn)
-    .await
+    .await?;
+    let mut taken = Vec::new();
+    let mut rows = Vec::new();
+    for r in found {
+        if !taken.contains(&r.taken) {
+            taken.push(r.taken);
+        }
+        if let (Some(id), Some(kind), Some(routing_key), Some(body)) =
+            (r.id, r.kind, r.routing_key, r.body)
+        {
+            rows.push(OutboxRow {
+                id,
+                order_id: r.taken,
+                kind,
+                routing_key,
+                correlation_id: r.correlation_id,
+                reply_to: r.reply_to,
+                traceparent: r.traceparent,
+                body,
+            });
+        }
+    }
+    Ok((taken, rows))
 }
 
 /// Deletes published messages.

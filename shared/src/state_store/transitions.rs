@@ -177,7 +177,7 @@ impl Transitions {
         if claimed.is_empty() {
             return Ok(Vec::new());
         }
-        let ids: Vec<Uuid> = claimed.iter().map(|o| o.order_id).collect();
+        let ids: Vec<Uuid> = claimed.iter().map(|l| l.order.order_id).collect();
         let mut unit = Unit::load(&mut tx, claimed).await?;
         for i in 0..unit.len() {
             let o = &unit.get(i).order;
@@ -885,13 +885,12 @@ impl StateStore {
         Fut: std::future::Future<Output = (Vec<i64>, Result<(), E>)>,
     {
         let mut tx = self.pool().begin().await?;
-        let taken = outbox::take_orders(&mut tx, order_ids).await?;
+        let (taken, rows) = outbox::take(&mut tx, order_ids).await?;
         let held: Vec<Uuid> = order_ids
             .iter()
             .filter(|id| !taken.contains(id))
             .copied()
             .collect();
-        let rows = outbox::for_orders(&mut tx, &taken).await?;
         if rows.is_empty() {
             return Ok((held, Ok(0)));
         }

@@ -20,7 +20,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::events::Event;
-use super::orders::OrderRow;
+use super::orders::{Locked, OrderRow};
 use super::outbox::Message;
 use super::steps::{self, StepRow};
 use super::{StoreError, WAKE_CHANNEL};
@@ -79,12 +79,10 @@ pub(super) struct Unit {
 }
 
 impl Unit {
-    /// A unit over `orders`, which this transaction has locked: reads their
-    /// steps and the transaction's clock.
-    pub async fn load(conn: &mut PgConnection, orders: Vec<OrderRow>) -> Result<Self, StoreError> {
-        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-            .fetch_one(&mut *conn)
-            .await?;
+    /// A unit over `locked`, which this transaction has locked: reads their steps.
+    pub async fn load(conn: &mut PgConnection, locked: Vec<Locked>) -> Result<Self, StoreError> {
+        let now = locked.first().map_or_else(Utc::now, |l| l.tx_now);
+        let orders: Vec<OrderRow> = locked.into_iter().map(|l| l.order).collect();
         let ids: Vec<Uuid> = orders.iter().map(|o| o.order_id).collect();
         let mut all_steps = if ids.is_empty() {
             Vec::new()
@@ -233,16 +231,16 @@ impl Unit {
         });
     }
 
-    /// Writes everything back: at most five statements.
+    /// Writes everything back in one statement: the orders' and steps'
+    /// updates, the events, the messages and the wake-up, each a
+    /// data-modifying part of one `WITH`. Fails, for the transaction to roll
+    /// back, if a row no longer holds what was read.
     pub async fn flush(self, conn: &mut PgConnection) -> Result<(), StoreError> {
-        let changed: Vec<&Tracked> = self
+        let orders: Vec<&Tracked> = self
             .orders
             .iter()
             .filter(|t| !t.inserted && t.order != t.read)
             .collect();
-        if !changed.is_empty() {
-            update_orders(conn, &changed).await?;
-        }
         let steps: Vec<(&StepRow, &StepRow)> = self
             .orders
             .iter()
@@ -250,24 +248,81 @@ impl Unit {
             .flat_map(|t| t.steps.iter().zip(&t.read_steps))
             .filter(|(now, read)| now != read)
             .collect();
-        if !steps.is_empty() {
-            update_steps(conn, &steps).await?;
+        if orders.is_empty()
+            && steps.is_empty()
+            && self.events.is_empty()
+            && self.messages.is_empty()
+            && !self.wake
+        {
+            return Ok(());
         }
-        if !self.events.is_empty() {
-            insert_events(conn, &self.events).await?;
-        }
-        if !self.messages.is_empty() {
-            insert_messages(conn, &self.messages).await?;
-        }
-        if self.wake {
-            sqlx::query("SELECT pg_notify($1, '')")
-                .bind(WAKE_CHANNEL)
-                .execute(&mut *conn)
-                .await?;
+        let query = sqlx::query_as::<_, (i64, i64, i64)>(FLUSH);
+        let query = bind_orders(query, &orders);
+        let query = bind_steps(query, &steps);
+        let query = bind_events(query, &self.events);
+        let query = bind_messages(query, self.messages);
+        let (orders_done, steps_done, _woken) = query
+            .bind(WAKE_CHANNEL)
+            .bind(self.wake)
+            .fetch_one(&mut *conn)
+            .await?;
+        if orders_done != orders.len() as i64 || steps_done != steps.len() as i64 {
+            return Err(StoreError::Corrupt(format!(
+                "rows changed under their row locks: {orders_done} of {} orders and {steps_done} of {} steps written",
+                orders.len(),
+                steps.len()
+            )));
         }
         Ok(())
     }
 }
+
+/// The one statement of [`Unit::flush`]. Each part reads its rows from
+/// arrays (`unnest`), so it costs one round trip for any number of orders.
+/// Guards: an order is written only if its state, lock holder and event
+/// number are still what was read; a step only if its state and dispatch are.
+const FLUSH: &str = "\
+WITH o AS ( \
+  UPDATE orders o SET process_state = u.state, locked_by = u.locked_by, \
+    complete_by = u.complete_by, not_before = u.not_before, failure_count = u.failures, \
+    compensation_failures = u.comp_failures, last_seq = u.seq, last_error = u.error, \
+    updated_at = now() \
+  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::timestamptz[], $5::timestamptz[], \
+              $6::int[], $7::int[], $8::int[], $9::text[], $10::text[], $11::text[], $12::int[]) \
+    AS u(id, state, locked_by, complete_by, not_before, failures, comp_failures, seq, error, \
+         was_state, was_locked_by, was_seq) \
+  WHERE o.order_id = u.id AND o.process_state = u.was_state \
+    AND o.locked_by IS NOT DISTINCT FROM u.was_locked_by AND o.last_seq = u.was_seq \
+  RETURNING 1), \
+s AS ( \
+  UPDATE steps s SET state = u.state, dispatches = u.dispatches, dispatch_id = u.dispatch_id, \
+    complete_by = u.complete_by, result = u.result::jsonb, error = u.error, \
+    started_at = u.started_at, finished_at = u.finished_at \
+  FROM unnest($13::uuid[], $14::int[], $15::text[], $16::int[], $17::uuid[], $18::timestamptz[], \
+              $19::text[], $20::text[], $21::timestamptz[], $22::timestamptz[], $23::text[], $24::uuid[]) \
+    AS u(id, idx, state, dispatches, dispatch_id, complete_by, result, error, started_at, \
+         finished_at, was_state, was_dispatch) \
+  WHERE s.order_id = u.id AND s.idx = u.idx AND s.state = u.was_state \
+    AND s.dispatch_id IS NOT DISTINCT FROM u.was_dispatch \
+  RETURNING 1), \
+e AS ( \
+  INSERT INTO order_events (order_id, seq, event, from_state, to_state, step, attempt, actor, reason, detail, at) \
+  SELECT id, seq, event, from_state, to_state, step, attempt, actor, reason, detail::jsonb, now() \
+  FROM unnest($25::uuid[], $26::int[], $27::text[], $28::text[], $29::text[], $30::text[], $31::int[], \
+              $32::text[], $33::text[], $34::text[]) \
+    AS u(id, seq, event, from_state, to_state, step, attempt, actor, reason, detail)), \
+m AS ( \
+  INSERT INTO outbox (order_id, kind, routing_key, correlation_id, reply_to, traceparent, body) \
+  SELECT id, kind, routing_key, correlation_id, reply_to, traceparent, body \
+  FROM unnest($35::uuid[], $36::text[], $37::text[], $38::text[], $39::text[], $40::text[], $41::bytea[]) \
+    WITH ORDINALITY AS u(id, kind, routing_key, correlation_id, reply_to, traceparent, body, n) \
+  ORDER BY n), \
+w AS (SELECT pg_notify($42, '') WHERE $43) \
+SELECT (SELECT count(*) FROM o), (SELECT count(*) FROM s), (SELECT count(*) FROM w)";
+
+/// A query under construction.
+type Flush<'q> =
+    sqlx::query::QueryAs<'q, sqlx::Postgres, (i64, i64, i64), sqlx::postgres::PgArguments>;
 
 /// The `at` of a status event: RFC 3339, UTC, microseconds.
 fn status_time(at: &DateTime<Utc>) -> String {
@@ -285,7 +340,7 @@ fn json_text(v: &Value) -> String {
     v.to_string()
 }
 
-async fn update_orders(conn: &mut PgConnection, changed: &[&Tracked]) -> Result<(), StoreError> {
+fn bind_orders<'q>(q: Flush<'q>, changed: &[&Tracked]) -> Flush<'q> {
     let col = |f: fn(&Tracked) -> Option<String>| changed.iter().map(|t| f(t)).collect::<Vec<_>>();
     let ids: Vec<Uuid> = changed.iter().map(|t| t.order.order_id).collect();
     let states = col(|t| Some(t.order.process_state.as_str().to_owned()));
@@ -304,49 +359,24 @@ async fn update_orders(conn: &mut PgConnection, changed: &[&Tracked]) -> Result<
     let was_states = col(|t| Some(t.read.process_state.as_str().to_owned()));
     let was_locks = col(|t| t.read.locked_by.clone());
     let was_seqs: Vec<i32> = changed.iter().map(|t| t.read.last_seq).collect();
-    let done = sqlx::query(
-        "UPDATE orders o SET process_state = u.state, locked_by = u.locked_by, \
-           complete_by = u.complete_by, not_before = u.not_before, failure_count = u.failures, \
-           compensation_failures = u.comp_failures, last_seq = u.seq, last_error = u.error, \
-           updated_at = now() \
-         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::timestamptz[], $5::timestamptz[], \
-                     $6::int[], $7::int[], $8::int[], $9::text[], $10::text[], $11::text[], $12::int[]) \
-           AS u(id, state, locked_by, complete_by, not_before, failures, comp_failures, seq, error, \
-                was_state, was_locked_by, was_seq) \
-         WHERE o.order_id = u.id AND o.process_state = u.was_state \
-           AND o.locked_by IS NOT DISTINCT FROM u.was_locked_by AND o.last_seq = u.was_seq",
-    )
-    .bind(&ids)
-    .bind(&states)
-    .bind(&locks)
-    .bind(&deadlines)
-    .bind(&not_before)
-    .bind(&failures)
-    .bind(&comp_failures)
-    .bind(&seqs)
-    .bind(&errors)
-    .bind(&was_states)
-    .bind(&was_locks)
-    .bind(&was_seqs)
-    .execute(&mut *conn)
-    .await?;
-    if done.rows_affected() != changed.len() as u64 {
-        return Err(StoreError::Corrupt(format!(
-            "{} of {} orders changed under their row locks",
-            changed.len() as u64 - done.rows_affected(),
-            changed.len()
-        )));
-    }
-    Ok(())
+    q.bind(ids)
+        .bind(states)
+        .bind(locks)
+        .bind(deadlines)
+        .bind(not_before)
+        .bind(failures)
+        .bind(comp_failures)
+        .bind(seqs)
+        .bind(errors)
+        .bind(was_states)
+        .bind(was_locks)
+        .bind(was_seqs)
 }
 
-async fn update_steps(
-    conn: &mut PgConnection,
-    changed: &[(&StepRow, &StepRow)],
-) -> Result<(), StoreError> {
+fn bind_steps<'q>(q: Flush<'q>, changed: &[(&StepRow, &StepRow)]) -> Flush<'q> {
     let ids: Vec<Uuid> = changed.iter().map(|(s, _)| s.order_id).collect();
     let idx: Vec<i32> = changed.iter().map(|(s, _)| s.idx).collect();
-    let states: Vec<&str> = changed.iter().map(|(s, _)| s.state.as_str()).collect();
+    let states: Vec<&'static str> = changed.iter().map(|(s, _)| s.state.as_str()).collect();
     let dispatches: Vec<i32> = changed.iter().map(|(s, _)| s.dispatches).collect();
     let dispatch_ids: Vec<Option<Uuid>> = changed.iter().map(|(s, _)| s.dispatch_id).collect();
     let deadlines: Vec<Option<DateTime<Utc>>> =
@@ -355,109 +385,63 @@ async fn update_steps(
         .iter()
         .map(|(s, _)| s.result.as_ref().map(json_text))
         .collect();
-    let errors: Vec<Option<&str>> = changed.iter().map(|(s, _)| s.error.as_deref()).collect();
+    let errors: Vec<Option<String>> = changed.iter().map(|(s, _)| s.error.clone()).collect();
     let started: Vec<Option<DateTime<Utc>>> = changed.iter().map(|(s, _)| s.started_at).collect();
     let finished: Vec<Option<DateTime<Utc>>> = changed.iter().map(|(s, _)| s.finished_at).collect();
-    let was_states: Vec<&str> = changed.iter().map(|(_, r)| r.state.as_str()).collect();
+    let was_states: Vec<&'static str> = changed.iter().map(|(_, r)| r.state.as_str()).collect();
     let was_dispatch: Vec<Option<Uuid>> = changed.iter().map(|(_, r)| r.dispatch_id).collect();
-    let done = sqlx::query(
-        "UPDATE steps s SET state = u.state, dispatches = u.dispatches, dispatch_id = u.dispatch_id, \
-           complete_by = u.complete_by, result = u.result::jsonb, error = u.error, \
-           started_at = u.started_at, finished_at = u.finished_at \
-         FROM unnest($1::uuid[], $2::int[], $3::text[], $4::int[], $5::uuid[], $6::timestamptz[], \
-                     $7::text[], $8::text[], $9::timestamptz[], $10::timestamptz[], $11::text[], $12::uuid[]) \
-           AS u(id, idx, state, dispatches, dispatch_id, complete_by, result, error, started_at, \
-                finished_at, was_state, was_dispatch) \
-         WHERE s.order_id = u.id AND s.idx = u.idx AND s.state = u.was_state \
-           AND s.dispatch_id IS NOT DISTINCT FROM u.was_dispatch",
-    )
-    .bind(&ids)
-    .bind(&idx)
-    .bind(&states)
-    .bind(&dispatches)
-    .bind(&dispatch_ids)
-    .bind(&deadlines)
-    .bind(&results)
-    .bind(&errors)
-    .bind(&started)
-    .bind(&finished)
-    .bind(&was_states)
-    .bind(&was_dispatch)
-    .execute(&mut *conn)
-    .await?;
-    if done.rows_affected() != changed.len() as u64 {
-        return Err(StoreError::Corrupt(format!(
-            "{} of {} steps changed under their orders' row locks",
-            changed.len() as u64 - done.rows_affected(),
-            changed.len()
-        )));
-    }
-    Ok(())
+    q.bind(ids)
+        .bind(idx)
+        .bind(states)
+        .bind(dispatches)
+        .bind(dispatch_ids)
+        .bind(deadlines)
+        .bind(results)
+        .bind(errors)
+        .bind(started)
+        .bind(finished)
+        .bind(was_states)
+        .bind(was_dispatch)
 }
 
-async fn insert_events(conn: &mut PgConnection, events: &[NewEvent]) -> Result<(), StoreError> {
+fn bind_events<'q>(q: Flush<'q>, events: &[NewEvent]) -> Flush<'q> {
     let ids: Vec<Uuid> = events.iter().map(|e| e.order_id).collect();
     let seqs: Vec<i32> = events.iter().map(|e| e.seq).collect();
-    let kinds: Vec<&str> = events.iter().map(|e| e.kind).collect();
-    let froms: Vec<Option<&str>> = events.iter().map(|e| e.from).collect();
-    let tos: Vec<&str> = events.iter().map(|e| e.to).collect();
-    let steps: Vec<Option<&str>> = events.iter().map(|e| e.step.as_deref()).collect();
+    let kinds: Vec<&'static str> = events.iter().map(|e| e.kind).collect();
+    let froms: Vec<Option<&'static str>> = events.iter().map(|e| e.from).collect();
+    let tos: Vec<&'static str> = events.iter().map(|e| e.to).collect();
+    let steps: Vec<Option<String>> = events.iter().map(|e| e.step.clone()).collect();
     let attempts: Vec<i32> = events.iter().map(|e| e.attempt).collect();
-    let actors: Vec<&str> = events.iter().map(|e| e.actor.as_str()).collect();
-    let reasons: Vec<Option<&str>> = events.iter().map(|e| e.reason.as_deref()).collect();
+    let actors: Vec<String> = events.iter().map(|e| e.actor.clone()).collect();
+    let reasons: Vec<Option<String>> = events.iter().map(|e| e.reason.clone()).collect();
     let details: Vec<String> = events.iter().map(|e| json_text(&e.detail)).collect();
-    sqlx::query(
-        "INSERT INTO order_events (order_id, seq, event, from_state, to_state, step, attempt, actor, reason, detail, at) \
-         SELECT id, seq, event, from_state, to_state, step, attempt, actor, reason, detail::jsonb, now() \
-         FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[], \
-                     $8::text[], $9::text[], $10::text[]) \
-           AS u(id, seq, event, from_state, to_state, step, attempt, actor, reason, detail)",
-    )
-    .bind(&ids)
-    .bind(&seqs)
-    .bind(&kinds)
-    .bind(&froms)
-    .bind(&tos)
-    .bind(&steps)
-    .bind(&attempts)
-    .bind(&actors)
-    .bind(&reasons)
-    .bind(&details)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
+    q.bind(ids)
+        .bind(seqs)
+        .bind(kinds)
+        .bind(froms)
+        .bind(tos)
+        .bind(steps)
+        .bind(attempts)
+        .bind(actors)
+        .bind(reasons)
+        .bind(details)
 }
 
-async fn insert_messages(
-    conn: &mut PgConnection,
-    messages: &[NewMessage],
-) -> Result<(), StoreError> {
+fn bind_messages<'q>(q: Flush<'q>, messages: Vec<NewMessage>) -> Flush<'q> {
     let ids: Vec<Uuid> = messages.iter().map(|m| m.order_id).collect();
-    let kinds: Vec<&str> = messages.iter().map(|m| m.kind.as_str()).collect();
-    let keys: Vec<&str> = messages.iter().map(|m| m.routing_key.as_str()).collect();
-    let correlations: Vec<Option<&str>> = messages
-        .iter()
-        .map(|m| m.correlation_id.as_deref())
-        .collect();
-    let reply_tos: Vec<Option<&str>> = messages.iter().map(|m| m.reply_to.as_deref()).collect();
-    let traces: Vec<Option<&str>> = messages.iter().map(|m| m.traceparent.as_deref()).collect();
-    let bodies: Vec<&[u8]> = messages.iter().map(|m| m.body.as_slice()).collect();
+    let kinds: Vec<String> = messages.iter().map(|m| m.kind.clone()).collect();
+    let keys: Vec<String> = messages.iter().map(|m| m.routing_key.clone()).collect();
+    let correlations: Vec<Option<String>> =
+        messages.iter().map(|m| m.correlation_id.clone()).collect();
+    let reply_tos: Vec<Option<String>> = messages.iter().map(|m| m.reply_to.clone()).collect();
+    let traces: Vec<Option<String>> = messages.iter().map(|m| m.traceparent.clone()).collect();
+    let bodies: Vec<Vec<u8>> = messages.into_iter().map(|m| m.body).collect();
     // In the order given: the relay publishes an order's messages by `id`.
-    sqlx::query(
-        "INSERT INTO outbox (order_id, kind, routing_key, correlation_id, reply_to, traceparent, body) \
-         SELECT id, kind, routing_key, correlation_id, reply_to, traceparent, body \
-         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bytea[]) \
-           WITH ORDINALITY AS u(id, kind, routing_key, correlation_id, reply_to, traceparent, body, n) \
-         ORDER BY n",
-    )
-    .bind(&ids)
-    .bind(&kinds)
-    .bind(&keys)
-    .bind(&correlations)
-    .bind(&reply_tos)
-    .bind(&traces)
-    .bind(&bodies)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
+    q.bind(ids)
+        .bind(kinds)
+        .bind(keys)
+        .bind(correlations)
+        .bind(reply_tos)
+        .bind(traces)
+        .bind(bodies)
 }
