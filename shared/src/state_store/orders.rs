@@ -61,37 +61,6 @@ pub struct NewOrder {
 const COLUMNS: &str = "order_id, workflow, payload, reply_to, priority, not_before, process_state, \
      locked_by, complete_by, failure_count, compensation_failures, last_seq, last_error, created_at, updated_at, trace_id";
 
-/// Inserts the orders as `pending`, numbered for their `received` event
-/// (`last_seq` 1), skipping ids that exist. Returns the orders created.
-pub async fn insert_many(
-    conn: &mut PgConnection,
-    orders: &[&NewOrder],
-) -> Result<Vec<OrderRow>, sqlx::Error> {
-    let ids: Vec<Uuid> = orders.iter().map(|o| o.order_id).collect();
-    let workflows: Vec<&str> = orders.iter().map(|o| o.workflow.as_str()).collect();
-    let payloads: Vec<String> = orders.iter().map(|o| o.payload.to_string()).collect();
-    let reply_tos: Vec<Option<&str>> = orders.iter().map(|o| o.reply_to.as_deref()).collect();
-    let priorities: Vec<i16> = orders.iter().map(|o| o.priority).collect();
-    let not_before: Vec<Option<DateTime<Utc>>> = orders.iter().map(|o| o.not_before).collect();
-    let traces: Vec<Option<&str>> = orders.iter().map(|o| o.trace_id.as_deref()).collect();
-    sqlx::query_as::<_, OrderRow>(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO orders (order_id, workflow, payload, reply_to, priority, not_before, trace_id, last_seq) \
-         SELECT id, workflow, payload::jsonb, reply_to, priority, not_before, trace_id, 1 \
-         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::smallint[], $6::timestamptz[], $7::text[]) \
-           AS u(id, workflow, payload, reply_to, priority, not_before, trace_id) \
-         ON CONFLICT (order_id) DO NOTHING RETURNING {COLUMNS}"
-    )))
-    .bind(ids)
-    .bind(workflows)
-    .bind(payloads)
-    .bind(reply_tos)
-    .bind(priorities)
-    .bind(not_before)
-    .bind(traces)
-    .fetch_all(conn)
-    .await
-}
-
 /// The order, without locking it.
 pub async fn get(conn: &mut PgConnection, order_id: Uuid) -> Result<Option<OrderRow>, sqlx::Error> {
     sqlx::query_as::<_, OrderRow>(sqlx::AssertSqlSafe(format!(

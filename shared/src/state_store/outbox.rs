@@ -47,13 +47,15 @@ struct TakenRow {
     body: Option<Vec<u8>>,
 }
 
-/// Takes these orders for relaying and reads their messages, in the order
-/// they were written, in one round trip. Taken are the orders no other relay
-/// holds right now (a transaction-scoped advisory lock per order), so each
-/// order's messages are published by one relay at a time, in sequence, and
-/// relays never wait on each other. Returns the orders taken and their messages.
+/// Takes these orders for relaying and removes their messages, returning
+/// them in the order they were written, in one round trip; the caller
+/// publishes them and commits, or rolls back to keep them. Taken are the
+/// orders no other relay holds right now (a transaction-scoped advisory lock
+/// per order), so each order's messages are published by one relay at a
+/// time, in sequence, and relays never wait on each other. Returns the
+/// orders taken and their messages.
 ///
-/// The relay's transaction only deletes rows already published, so it
+/// The relay's transaction only removes rows it has published, so it
 /// commits without waiting for the disk (`synchronous_commit = off`): if a
 /// crash loses the delete, the rows are published again, which at-least-once
 /// delivery allows (status events are deduplicated on `seq`, requests are
@@ -66,11 +68,12 @@ pub async fn take(
         "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), \
          taken AS MATERIALIZED ( \
            SELECT id FROM relaxed, unnest($1::uuid[]) AS t(id) \
-           WHERE pg_try_advisory_xact_lock(hashtextextended('sas.outbox:' || id::text, 0))) \
-         SELECT t.id AS taken, o.id, o.kind, o.routing_key, o.correlation_id, o.reply_to, \
-           o.traceparent, o.body \
-         FROM taken t LEFT JOIN outbox o ON o.order_id = t.id \
-         ORDER BY o.id NULLS LAST",
+           WHERE pg_try_advisory_xact_lock(hashtextextended('sas.outbox:' || id::text, 0))), \
+         gone AS (DELETE FROM outbox o USING taken t WHERE o.order_id = t.id RETURNING o.*) \
+         SELECT t.id AS taken, g.id, g.kind, g.routing_key, g.correlation_id, g.reply_to, \
+           g.traceparent, g.body \
+         FROM taken t LEFT JOIN gone g ON g.order_id = t.id \
+         ORDER BY g.id NULLS LAST",
     )
     .bind(order_ids)
     .fetch_all(conn)

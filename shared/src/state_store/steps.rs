@@ -6,7 +6,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::state::StepState;
-use crate::workflow::{Step, StepView};
+use crate::workflow::StepView;
 
 /// A step row.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -37,42 +37,6 @@ impl StepRow {
             compensate: self.compensate.as_deref(),
         }
     }
-}
-
-/// Inserts the steps of new orders, all `not_started`.
-pub async fn insert_many(
-    conn: &mut PgConnection,
-    orders: &[(Uuid, &[Step])],
-) -> Result<(), sqlx::Error> {
-    let mut ids = Vec::new();
-    let mut idx = Vec::new();
-    let mut names = Vec::new();
-    let mut agents = Vec::new();
-    let mut comps = Vec::new();
-    let mut timeouts = Vec::new();
-    for (order_id, steps) in orders {
-        for (i, s) in steps.iter().enumerate() {
-            ids.push(*order_id);
-            idx.push(i32::try_from(i).unwrap_or(i32::MAX));
-            names.push(s.name.as_str());
-            agents.push(s.agent.as_str());
-            comps.push(s.compensate.as_deref());
-            timeouts.push(i64::try_from(s.timeout.as_millis()).unwrap_or(i64::MAX));
-        }
-    }
-    sqlx::query(
-        "INSERT INTO steps (order_id, idx, name, agent, compensate, timeout_ms) \
-         SELECT * FROM UNNEST($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::bigint[])",
-    )
-    .bind(ids)
-    .bind(idx)
-    .bind(names)
-    .bind(agents)
-    .bind(comps)
-    .bind(timeouts)
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 /// The steps of these orders, ordered by order and index.

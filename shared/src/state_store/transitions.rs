@@ -13,7 +13,7 @@ use uuid::Uuid;
 use super::events::Event;
 use super::orders::{self, NewOrder, OrderRow};
 use super::outbox;
-use super::steps::{self, StepRow};
+use super::steps::StepRow;
 use super::unit::Unit;
 use super::{StateStore, StoreError};
 use crate::config::SupervisorSettings;
@@ -125,31 +125,13 @@ impl Transitions {
         &self,
         batch: &[(&NewOrder, &Workflow)],
     ) -> Result<Vec<Submitted>, StoreError> {
+        let mut unit = Unit::empty(Utc::now());
         let mut seen = std::collections::HashSet::with_capacity(batch.len());
-        let fresh: Vec<&NewOrder> = batch
-            .iter()
-            .map(|(o, _)| *o)
-            .filter(|o| seen.insert(o.order_id))
-            .collect();
-        let mut tx = self.store.pool().begin().await?;
-        let created = orders::insert_many(&mut tx, &fresh).await?;
-        let mut outcome = vec![Submitted::Duplicate; batch.len()];
-        if created.is_empty() {
-            tx.commit().await?;
-            return Ok(outcome);
-        }
-        let mut unit = Unit::empty(created[0].created_at);
-        let mut new_steps = Vec::with_capacity(created.len());
-        for mut row in created {
-            let Some(pos) = batch.iter().position(|(o, _)| o.order_id == row.order_id) else {
-                return Err(StoreError::Corrupt("created an order nobody sent".into()));
-            };
-            outcome[pos] = Submitted::Created;
-            let (order, workflow) = batch[pos];
-            new_steps.push((row.order_id, workflow.steps.as_slice()));
-            // Inserted with the `received` event's number: the unit counts it again.
-            row.last_seq = 0;
-            unit.track(row, Vec::new(), true);
+        for &(order, workflow) in batch {
+            if !seen.insert(order.order_id) {
+                continue;
+            }
+            let i = unit.insert(order, &workflow.steps);
             let event = Event {
                 kind: EventKind::Received,
                 from: None,
@@ -160,12 +142,18 @@ impl Transitions {
                 reason: None,
                 detail: json!({ "workflow": workflow.name, "priority": order.priority }),
             };
-            unit.event(unit.len() - 1, &event);
+            unit.event(i, &event);
         }
-        steps::insert_many(&mut tx, &new_steps).await?;
         unit.wake();
-        unit.flush(&mut tx).await?;
-        tx.commit().await?;
+        // One statement: atomic on its own, no transaction to open and close.
+        let mut conn = self.store.pool().acquire().await?;
+        let created = unit.flush(&mut conn).await?;
+        let mut outcome = vec![Submitted::Duplicate; batch.len()];
+        for id in created {
+            if let Some(pos) = batch.iter().position(|(o, _)| o.order_id == id) {
+                outcome[pos] = Submitted::Created;
+            }
+        }
         Ok(outcome)
     }
 
@@ -894,12 +882,20 @@ impl StateStore {
         if rows.is_empty() {
             return Ok((held, Ok(0)));
         }
+        let all = rows.len();
         let (done, outcome) = publish(rows).await;
         crate::crash::point("outbox.after_publish");
-        if !done.is_empty() {
-            outbox::delete(&mut tx, &done).await?;
+        if done.len() == all {
+            tx.commit().await?;
+        } else {
+            // Some were not confirmed: keep every row, then delete the
+            // confirmed ones alone.
+            tx.rollback().await?;
+            if !done.is_empty() {
+                let mut conn = self.pool().acquire().await?;
+                outbox::delete(&mut conn, &done).await?;
+            }
         }
-        tx.commit().await?;
         Ok((held, outcome.map(|()| done.len())))
     }
 

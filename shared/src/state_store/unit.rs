@@ -20,11 +20,12 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::events::Event;
-use super::orders::{Locked, OrderRow};
+use super::orders::{Locked, NewOrder, OrderRow};
 use super::outbox::Message;
 use super::steps::{self, StepRow};
 use super::{StoreError, WAKE_CHANNEL};
 use crate::state::ProcessState;
+use crate::workflow::Step;
 
 /// One locked order: as read, and as the transitions have changed it.
 #[derive(Debug)]
@@ -75,6 +76,8 @@ pub(super) struct Unit {
     orders: Vec<Tracked>,
     events: Vec<NewEvent>,
     messages: Vec<NewMessage>,
+    /// The steps of the orders this unit inserts.
+    new_steps: Vec<(Uuid, Vec<Step>)>,
     wake: bool,
 }
 
@@ -107,12 +110,39 @@ impl Unit {
             orders: Vec::new(),
             events: Vec::new(),
             messages: Vec::new(),
+            new_steps: Vec::new(),
             wake: false,
         }
     }
 
-    /// Adds an order; `inserted` when this transaction created it as it is.
-    pub fn track(&mut self, order: OrderRow, steps: Vec<StepRow>, inserted: bool) {
+    /// Adds a new order, to be inserted as `pending` with its steps unless
+    /// its id exists (then nothing of it is written); returns its position.
+    pub fn insert(&mut self, order: &NewOrder, steps: &[Step]) -> usize {
+        let row = OrderRow {
+            order_id: order.order_id,
+            workflow: order.workflow.clone(),
+            payload: order.payload.clone(),
+            reply_to: order.reply_to.clone(),
+            priority: order.priority,
+            not_before: order.not_before,
+            process_state: ProcessState::Pending,
+            locked_by: None,
+            complete_by: None,
+            failure_count: 0,
+            compensation_failures: 0,
+            last_seq: 0,
+            last_error: None,
+            created_at: self.now,
+            updated_at: self.now,
+            trace_id: order.trace_id.clone(),
+        };
+        self.track(row, Vec::new(), true);
+        self.new_steps.push((order.order_id, steps.to_vec()));
+        self.orders.len() - 1
+    }
+
+    /// Adds an order; `inserted` when this unit creates it.
+    fn track(&mut self, order: OrderRow, steps: Vec<StepRow>, inserted: bool) {
         self.orders.push(Tracked {
             read: order.clone(),
             read_steps: steps.clone(),
@@ -231,11 +261,12 @@ impl Unit {
         });
     }
 
-    /// Writes everything back in one statement: the orders' and steps'
-    /// updates, the events, the messages and the wake-up, each a
-    /// data-modifying part of one `WITH`. Fails, for the transaction to roll
-    /// back, if a row no longer holds what was read.
-    pub async fn flush(self, conn: &mut PgConnection) -> Result<(), StoreError> {
+    /// Writes everything back in one statement: the new orders with their
+    /// steps, the orders' and steps' updates, the events, the messages and
+    /// the wake-up, each a data-modifying part of one `WITH`. Fails, for the
+    /// transaction to roll back, if a row no longer holds what was read.
+    /// Returns the ids of the new orders inserted (an id that existed is not).
+    pub async fn flush(self, conn: &mut PgConnection) -> Result<Vec<Uuid>, StoreError> {
         let orders: Vec<&Tracked> = self
             .orders
             .iter()
@@ -248,24 +279,24 @@ impl Unit {
             .flat_map(|t| t.steps.iter().zip(&t.read_steps))
             .filter(|(now, read)| now != read)
             .collect();
-        if orders.is_empty()
+        if self.new_steps.is_empty()
+            && orders.is_empty()
             && steps.is_empty()
             && self.events.is_empty()
             && self.messages.is_empty()
             && !self.wake
         {
-            return Ok(());
+            return Ok(Vec::new());
         }
-        let query = sqlx::query_as::<_, (i64, i64, i64)>(FLUSH);
+        let inserted: Vec<&Tracked> = self.orders.iter().filter(|t| t.inserted).collect();
+        let query = sqlx::query_as::<_, (i64, i64, i64, Vec<Uuid>)>(FLUSH);
         let query = bind_orders(query, &orders);
         let query = bind_steps(query, &steps);
         let query = bind_events(query, &self.events);
         let query = bind_messages(query, self.messages);
-        let (orders_done, steps_done, _woken) = query
-            .bind(WAKE_CHANNEL)
-            .bind(self.wake)
-            .fetch_one(&mut *conn)
-            .await?;
+        let query = query.bind(WAKE_CHANNEL).bind(self.wake);
+        let query = bind_inserts(query, &inserted, &self.new_steps).bind(self.now);
+        let (orders_done, steps_done, _woken, created) = query.fetch_one(&mut *conn).await?;
         if orders_done != orders.len() as i64 || steps_done != steps.len() as i64 {
             return Err(StoreError::Corrupt(format!(
                 "rows changed under their row locks: {orders_done} of {} orders and {steps_done} of {} steps written",
@@ -273,7 +304,7 @@ impl Unit {
                 steps.len()
             )));
         }
-        Ok(())
+        Ok(created)
     }
 }
 
@@ -282,7 +313,20 @@ impl Unit {
 /// Guards: an order is written only if its state, lock holder and event
 /// number are still what was read; a step only if its state and dispatch are.
 const FLUSH: &str = "\
-WITH o AS ( \
+WITH n AS ( \
+  INSERT INTO orders (order_id, workflow, payload, reply_to, priority, not_before, trace_id, \
+    last_seq, created_at, updated_at) \
+  SELECT id, workflow, payload::jsonb, reply_to, priority, not_before, trace_id, seq, $58, $58 \
+  FROM unnest($44::uuid[], $45::text[], $46::text[], $47::text[], $48::smallint[], \
+              $49::timestamptz[], $50::text[], $51::int[]) \
+    AS u(id, workflow, payload, reply_to, priority, not_before, trace_id, seq) \
+  ON CONFLICT (order_id) DO NOTHING RETURNING order_id), \
+ns AS ( \
+  INSERT INTO steps (order_id, idx, name, agent, compensate, timeout_ms) \
+  SELECT * FROM unnest($52::uuid[], $53::int[], $54::text[], $55::text[], $56::text[], $57::bigint[]) \
+    AS u(id, idx, name, agent, compensate, timeout_ms) \
+  WHERE u.id IN (SELECT order_id FROM n)), \
+o AS ( \
   UPDATE orders o SET process_state = u.state, locked_by = u.locked_by, \
     complete_by = u.complete_by, not_before = u.not_before, failure_count = u.failures, \
     compensation_failures = u.comp_failures, last_seq = u.seq, last_error = u.error, \
@@ -307,22 +351,29 @@ s AS ( \
   RETURNING 1), \
 e AS ( \
   INSERT INTO order_events (order_id, seq, event, from_state, to_state, step, attempt, actor, reason, detail, at) \
-  SELECT id, seq, event, from_state, to_state, step, attempt, actor, reason, detail::jsonb, now() \
+  SELECT id, seq, event, from_state, to_state, step, attempt, actor, reason, detail::jsonb, $58 \
   FROM unnest($25::uuid[], $26::int[], $27::text[], $28::text[], $29::text[], $30::text[], $31::int[], \
               $32::text[], $33::text[], $34::text[]) \
-    AS u(id, seq, event, from_state, to_state, step, attempt, actor, reason, detail)), \
+    AS u(id, seq, event, from_state, to_state, step, attempt, actor, reason, detail) \
+  WHERE u.id <> ALL($44) OR u.id IN (SELECT order_id FROM n)), \
 m AS ( \
   INSERT INTO outbox (order_id, kind, routing_key, correlation_id, reply_to, traceparent, body) \
   SELECT id, kind, routing_key, correlation_id, reply_to, traceparent, body \
   FROM unnest($35::uuid[], $36::text[], $37::text[], $38::text[], $39::text[], $40::text[], $41::bytea[]) \
     WITH ORDINALITY AS u(id, kind, routing_key, correlation_id, reply_to, traceparent, body, n) \
+  WHERE u.id <> ALL($44) OR u.id IN (SELECT order_id FROM n) \
   ORDER BY n), \
-w AS (SELECT pg_notify($42, '') WHERE $43) \
-SELECT (SELECT count(*) FROM o), (SELECT count(*) FROM s), (SELECT count(*) FROM w)";
+w AS (SELECT pg_notify($42, '') WHERE $43 AND (cardinality($44) = 0 OR EXISTS (SELECT 1 FROM n))) \
+SELECT (SELECT count(*) FROM o), (SELECT count(*) FROM s), (SELECT count(*) FROM w), \
+  ARRAY(SELECT order_id FROM n)";
 
 /// A query under construction.
-type Flush<'q> =
-    sqlx::query::QueryAs<'q, sqlx::Postgres, (i64, i64, i64), sqlx::postgres::PgArguments>;
+type Flush<'q> = sqlx::query::QueryAs<
+    'q,
+    sqlx::Postgres,
+    (i64, i64, i64, Vec<Uuid>),
+    sqlx::postgres::PgArguments,
+>;
 
 /// The `at` of a status event: RFC 3339, UTC, microseconds.
 fn status_time(at: &DateTime<Utc>) -> String {
@@ -338,6 +389,49 @@ fn json_bytes(v: &Value) -> Vec<u8> {
 /// JSON as text, for a `text[]` parameter cast to `jsonb[]`.
 fn json_text(v: &Value) -> String {
     v.to_string()
+}
+
+/// The new orders and their steps; the events and messages of a new order
+/// whose id existed are left out.
+fn bind_inserts<'q>(q: Flush<'q>, new: &[&Tracked], steps: &[(Uuid, Vec<Step>)]) -> Flush<'q> {
+    let ids: Vec<Uuid> = new.iter().map(|t| t.order.order_id).collect();
+    let workflows: Vec<String> = new.iter().map(|t| t.order.workflow.clone()).collect();
+    let payloads: Vec<String> = new.iter().map(|t| json_text(&t.order.payload)).collect();
+    let reply_tos: Vec<Option<String>> = new.iter().map(|t| t.order.reply_to.clone()).collect();
+    let priorities: Vec<i16> = new.iter().map(|t| t.order.priority).collect();
+    let not_before: Vec<Option<DateTime<Utc>>> = new.iter().map(|t| t.order.not_before).collect();
+    let traces: Vec<Option<String>> = new.iter().map(|t| t.order.trace_id.clone()).collect();
+    let seqs: Vec<i32> = new.iter().map(|t| t.order.last_seq).collect();
+    let mut step_ids = Vec::new();
+    let mut idx = Vec::new();
+    let mut names = Vec::new();
+    let mut agents = Vec::new();
+    let mut comps = Vec::new();
+    let mut timeouts = Vec::new();
+    for (order_id, steps) in steps {
+        for (i, s) in steps.iter().enumerate() {
+            step_ids.push(*order_id);
+            idx.push(i32::try_from(i).unwrap_or(i32::MAX));
+            names.push(s.name.clone());
+            agents.push(s.agent.clone());
+            comps.push(s.compensate.clone());
+            timeouts.push(i64::try_from(s.timeout.as_millis()).unwrap_or(i64::MAX));
+        }
+    }
+    q.bind(ids)
+        .bind(workflows)
+        .bind(payloads)
+        .bind(reply_tos)
+        .bind(priorities)
+        .bind(not_before)
+        .bind(traces)
+        .bind(seqs)
+        .bind(step_ids)
+        .bind(idx)
+        .bind(names)
+        .bind(agents)
+        .bind(comps)
+        .bind(timeouts)
 }
 
 fn bind_orders<'q>(q: Flush<'q>, changed: &[&Tracked]) -> Flush<'q> {
