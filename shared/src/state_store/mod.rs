@@ -121,6 +121,10 @@ impl StateStore {
             .max_connections(max)
             .min_connections(1)
             .acquire_timeout(Duration::from_secs(10))
+            // No ping before each use: it is a round trip per transaction.
+            // A connection that died fails its next statement instead, which
+            // every caller treats as transient and retries.
+            .test_before_acquire(false)
             .connect_with(options.clone())
             .await
     }
