@@ -393,7 +393,7 @@ async fn pg_limit(
             tasks.spawn(async move {
                 let mut empty = 0;
                 while claimed.load(Ordering::Relaxed) < orders && empty < 200 {
-                    let got = t.claim(&actors[worker], CLAIM_BATCH).await?;
+                    let got = t.claim(&actors[worker], CLAIM_BATCH, u32::MAX).await?;
                     claims.fetch_add(1, Ordering::Relaxed);
                     if got.is_empty() {
                         empty += 1;

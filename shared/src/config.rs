@@ -182,6 +182,10 @@ pub struct SchedulerSettings {
     pub poll_interval: Duration,
     /// Orders claimed per claim transaction.
     pub claim_batch: u32,
+    /// Most orders this instance holds at once (claimed and not yet ended).
+    /// Beyond it, orders wait as `pending` in the state store rather than as
+    /// requests in the agents' queues, where they would outlive complete-by.
+    pub max_in_flight: u32,
 }
 
 impl Default for SchedulerSettings {
@@ -190,6 +194,7 @@ impl Default for SchedulerSettings {
             instance_id: None,
             poll_interval: Duration::from_millis(500),
             claim_batch: 64,
+            max_in_flight: 1000,
         }
     }
 }
@@ -425,6 +430,9 @@ impl Settings {
         }
         if self.supervisor.interval.is_zero() {
             return invalid("supervisor.interval must be more than 0".into());
+        }
+        if self.scheduler.max_in_flight == 0 {
+            return invalid("scheduler.max_in_flight must be at least 1".into());
         }
         if self.scheduler.claim_batch == 0 {
             return invalid("scheduler.claim_batch must be at least 1".into());

@@ -188,7 +188,7 @@ async fn run_batch(app: &TestApp, workflow: &str) -> Cost {
     note(&rows, &mut relayed);
 
     let me = Actor::new_instance("scheduler");
-    let claimed = t.claim(&me, N as u32).await.expect("claim");
+    let claimed = t.claim(&me, N as u32, N as u32).await.expect("claim");
     assert_eq!(claimed.len(), N);
     let mut rows = relay_rows().await;
     note(&rows, &mut relayed);

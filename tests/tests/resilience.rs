@@ -407,3 +407,52 @@ async fn a_compensation_that_cannot_complete_leaves_the_order_in_error_with_an_a
     // a was never undone: b's undo did not complete, so the undo stopped there.
     assert!(!app.stats().keys.contains_key(&format!("{id}:a:compensate")));
 }
+
+/// A scheduler holds at most `scheduler.max_in_flight` orders: the rest wait
+/// as `pending` in Postgres, where no complete-by runs, and are claimed as
+/// the held ones end. (Without the bound, a burst would become requests
+/// waiting in an agent's queue until their complete-by passed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduler_holds_no_more_than_max_in_flight_orders_and_claims_more_as_they_end() {
+    let app = TestApp::new().await;
+    app.knobs(
+        "a",
+        Knobs {
+            latency_ms: 200,
+            ..Knobs::default()
+        },
+    );
+    for name in ["submission", "agent", "supervisor"] {
+        app.start(name, name, &[]).await;
+    }
+    app.start_with_env(
+        "scheduler",
+        "scheduler",
+        &[],
+        &[("SAS__SCHEDULER__MAX_IN_FLIGHT", "3")],
+    )
+    .await;
+    app.submit_many("one", 12, None).await;
+    let mut most_held = 0;
+    let started = std::time::Instant::now();
+    while app.count_in("processed").await < 12 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "not all processed: {:?}",
+            app.states().await
+        );
+        most_held = most_held.max(app.count_in("processing").await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        (1..=3).contains(&most_held),
+        "held {most_held} orders at once"
+    );
+    // Nothing waited long enough in a queue to be re-attempted.
+    let retried: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM order_events WHERE event = 'retry_scheduled'")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(retried, 0);
+}

@@ -30,6 +30,9 @@ struct Scheduler {
     /// Applies replies in batches: those that arrive while a transaction
     /// commits share the next one.
     replies: Batcher,
+    /// An order this instance held has ended: room to claim another
+    /// (`scheduler.max_in_flight`).
+    ended: tokio::sync::Notify,
     relay: Arc<Relay>,
     ctx: Arc<Context>,
 }
@@ -48,6 +51,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         me,
         transitions,
         replies,
+        ended: tokio::sync::Notify::new(),
         relay: Relay::new(store, ctx.settings.outbox.clone(), ctx.metrics.clone()),
         ctx: ctx.clone(),
     });
@@ -134,6 +138,7 @@ impl Scheduler {
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = woken => {}
+                () = self.ended.notified() => {}
             }
         }
     }
@@ -141,8 +146,9 @@ impl Scheduler {
     /// Claims batches until there is nothing left to claim.
     async fn claim_all(&self, stop: &CancellationToken) {
         let batch = self.ctx.settings.scheduler.claim_batch;
+        let max_in_flight = self.ctx.settings.scheduler.max_in_flight;
         while !stop.is_cancelled() {
-            match self.transitions.claim(&self.me, batch).await {
+            match self.transitions.claim(&self.me, batch, max_in_flight).await {
                 Ok(ids) => {
                     let n = ids.len();
                     if n > 0 {
@@ -151,7 +157,8 @@ impl Scheduler {
                         self.ctx.metrics.orders_claimed.inc_by(n as u64);
                         self.relay.push(ids);
                     }
-                    // Fewer than a batch: caught up (or others hold the rest).
+                    // Fewer than a batch: caught up, others hold the rest, or
+                    // this instance holds all it may.
                     if n < batch as usize {
                         return;
                     }
@@ -198,6 +205,7 @@ impl Scheduler {
                     tracing::debug!(?ended, "reply applied");
                     if let Some(state) = ended {
                         self.ctx.metrics.finished(state, Some(age));
+                        self.ended.notify_one();
                     }
                     self.count_reply("applied");
                     broker::ack(&delivery).await?;

@@ -87,16 +87,25 @@ pub async fn lock_many(
 
 /// Up to `limit` claimable orders, highest priority first, locked for this
 /// transaction: pending orders whose `not_before` has come, and compensating
-/// orders that nobody drives. Rows other claimers hold are skipped.
-pub async fn claimable(conn: &mut PgConnection, limit: i64) -> Result<Vec<Locked>, sqlx::Error> {
+/// orders that nobody drives. Rows other claimers hold are skipped. Fewer
+/// when `holder` already holds nearly `max_held` orders.
+pub async fn claimable(
+    conn: &mut PgConnection,
+    limit: i64,
+    holder: &str,
+    max_held: i64,
+) -> Result<Vec<Locked>, sqlx::Error> {
     sqlx::query_as::<_, Locked>(sqlx::AssertSqlSafe(format!(
         "SELECT {COLUMNS}, now() AS tx_now FROM orders \
          WHERE (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL)) \
            AND (not_before IS NULL OR not_before <= now()) \
          ORDER BY priority DESC, created_at \
-         LIMIT $1 FOR UPDATE SKIP LOCKED"
+         LIMIT LEAST($1, GREATEST(0, $3 - (SELECT count(*) FROM orders WHERE locked_by = $2))) \
+         FOR UPDATE SKIP LOCKED"
     )))
     .bind(limit)
+    .bind(holder)
+    .bind(max_held)
     .fetch_all(conn)
     .await
 }

@@ -157,11 +157,18 @@ impl Transitions {
         Ok(outcome)
     }
 
-    /// Claims up to `limit` orders for `me` and dispatches each one's next
-    /// step, all in one transaction. Returns the claimed orders' ids.
-    pub async fn claim(&self, me: &Actor, limit: u32) -> Result<Vec<Uuid>, StoreError> {
+    /// Claims up to `limit` orders for `me`, as long as `me` then holds no
+    /// more than `max_held`, and dispatches each one's next step, all in one
+    /// transaction. Returns the claimed orders' ids.
+    pub async fn claim(
+        &self,
+        me: &Actor,
+        limit: u32,
+        max_held: u32,
+    ) -> Result<Vec<Uuid>, StoreError> {
         let mut tx = self.store.pool().begin().await?;
-        let claimed = orders::claimable(&mut tx, i64::from(limit)).await?;
+        let claimed =
+            orders::claimable(&mut tx, i64::from(limit), &me.name, i64::from(max_held)).await?;
         if claimed.is_empty() {
             return Ok(Vec::new());
         }
