@@ -8,6 +8,7 @@
 //! it picks up orders whose `not_before` has come.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -30,9 +31,14 @@ struct Scheduler {
     /// Applies replies in batches: those that arrive while a transaction
     /// commits share the next one.
     replies: Batcher,
-    /// An order this instance held has ended: room to claim another
-    /// (`scheduler.max_in_flight`).
-    ended: tokio::sync::Notify,
+    /// An order ended while this instance held about as many as it may
+    /// (`scheduler.max_in_flight`): room to claim another.
+    room: tokio::sync::Notify,
+    /// About how many orders this instance holds: claimed, not yet ended.
+    /// Only a hint for when to wake the claimer (orders also leave through
+    /// the supervisor, or another scheduler); the limit itself is counted
+    /// in the state store.
+    held: std::sync::atomic::AtomicUsize,
     relay: Arc<Relay>,
     ctx: Arc<Context>,
 }
@@ -51,7 +57,8 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         me,
         transitions,
         replies,
-        ended: tokio::sync::Notify::new(),
+        room: tokio::sync::Notify::new(),
+        held: std::sync::atomic::AtomicUsize::new(0),
         relay: Relay::new(store, ctx.settings.outbox.clone(), ctx.metrics.clone()),
         ctx: ctx.clone(),
     });
@@ -138,7 +145,7 @@ impl Scheduler {
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = woken => {}
-                () = self.ended.notified() => {}
+                () = self.room.notified() => {}
             }
         }
     }
@@ -155,6 +162,7 @@ impl Scheduler {
                         sas::crash::point("scheduler.after_dispatch");
                         tracing::debug!(claimed = n, "claimed orders");
                         self.ctx.metrics.orders_claimed.inc_by(n as u64);
+                        self.held.fetch_add(n, Ordering::Relaxed);
                         self.relay.push(ids);
                     }
                     // Fewer than a batch: caught up, others hold the rest, or
@@ -205,7 +213,7 @@ impl Scheduler {
                     tracing::debug!(?ended, "reply applied");
                     if let Some(state) = ended {
                         self.ctx.metrics.finished(state, Some(age));
-                        self.ended.notify_one();
+                        self.ended_one();
                     }
                     self.count_reply("applied");
                     broker::ack(&delivery).await?;
@@ -226,6 +234,22 @@ impl Scheduler {
         }
         .instrument(span)
         .await
+    }
+
+    /// Counts an order of ours as ended, and wakes the claimer if it may
+    /// have stopped at the limit.
+    fn ended_one(&self) {
+        let before = self
+            .held
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
+                Some(h.saturating_sub(1))
+            })
+            .unwrap_or(0);
+        let settings = &self.ctx.settings.scheduler;
+        let near = settings.max_in_flight.saturating_sub(settings.claim_batch) as usize;
+        if before >= near {
+            self.room.notify_one();
+        }
     }
 
     fn count_reply(&self, outcome: &str) {
