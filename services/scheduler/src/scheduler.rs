@@ -216,8 +216,9 @@ impl Scheduler {
                         self.ended_one();
                     }
                     self.count_reply("applied");
-                    broker::ack(&delivery).await?;
+                    // The messages first: the relay need not wait for the ack.
                     self.relay.push([order_id]);
+                    broker::ack(&delivery).await?;
                 }
                 Ok(ReplyOutcome::Stale(why)) => {
                     tracing::info!(%why, "stale reply ignored");

@@ -147,8 +147,9 @@ impl Submitter {
                     sas::crash::point("submission.after_commit");
                     tracing::debug!("order stored");
                     self.ctx.metrics.orders_received.inc();
-                    broker::ack(&delivery).await?;
+                    // The messages first: the relay need not wait for the ack.
                     self.relay.push([order_id]);
+                    broker::ack(&delivery).await?;
                 }
                 Ok(Submitted::Duplicate) => {
                     tracing::info!("order already exists; nothing to do");
