@@ -1,8 +1,9 @@
-//! A unit of work: the orders one transaction has locked, with their steps,
-//! changed in memory by the transitions and then written back by a fixed
-//! handful of set-based statements, however many orders the transaction
-//! holds: one `UPDATE` of `orders`, one of `steps`, one `INSERT` into
-//! `order_events`, one into `outbox`, and at most one `NOTIFY`.
+//! A unit of work: the orders one transaction has locked (or is about to
+//! insert), with their steps, changed in memory by the transitions and then
+//! written back by one statement, however many orders the unit holds: the
+//! new orders and their steps, one `UPDATE` of `orders`, one of `steps`, the
+//! `order_events` and `outbox` rows, and the wake-up, each a data-modifying
+//! part of one `WITH` over arrays.
 //!
 //! Why: a statement per change cost a round trip and, for `orders`, a new
 //! row version (with an entry in every index) per change. Now each order row
@@ -36,7 +37,7 @@ pub(super) struct Tracked {
     pub steps: Vec<StepRow>,
     read: OrderRow,
     read_steps: Vec<StepRow>,
-    /// Inserted by this transaction: written already, nothing to update.
+    /// New: written by the unit's insert, nothing to update.
     inserted: bool,
 }
 
@@ -71,7 +72,8 @@ struct NewMessage {
 /// The locked orders of one transaction and what it will write.
 #[derive(Debug)]
 pub(super) struct Unit {
-    /// The transaction's `now()`: every timestamp the unit writes.
+    /// Every timestamp the unit writes: the transaction's `now()`, or for
+    /// new orders the submitting process's clock.
     pub now: DateTime<Utc>,
     orders: Vec<Tracked>,
     events: Vec<NewEvent>,
