@@ -78,7 +78,21 @@ impl Broker {
         let mut wait = Duration::from_millis(100);
         loop {
             let props = ConnectionProperties::default().with_connection_name(app.into());
-            match Connection::connect(&settings.url, props).await {
+            // Bound each attempt: an address that swallows packets would
+            // otherwise hold one for the kernel's TCP timeout (minutes).
+            let left = settings
+                .connect_timeout
+                .saturating_sub(started.elapsed())
+                .clamp(Duration::from_millis(500), Duration::from_secs(10));
+            let attempt = tokio::time::timeout(left, Connection::connect(&settings.url, props))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(lapin::Error::from(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no answer within {left:?}"),
+                    )))
+                });
+            match attempt {
                 Ok(conn) => {
                     return Ok(Self {
                         conn,
