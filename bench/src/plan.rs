@@ -456,9 +456,7 @@ async fn sas_runs(
     }
     .await;
     merge_memory(memory, suite.peak_memory());
-    let dir = suite.dir().to_owned();
-    suite.teardown(args.keep_logs).await;
-    result.map_err(|e| with_logs(e, &dir, args.keep_logs))?;
+    finish(suite, result, args.keep_logs).await?;
 
     // 3. Two schedulers, two agents.
     if !args.skip_scaled {
@@ -481,9 +479,7 @@ async fn sas_runs(
         }
         .await;
         merge_memory(memory, suite.peak_memory());
-        let dir = suite.dir().to_owned();
-        suite.teardown(args.keep_logs).await;
-        result.map_err(|e| with_logs(e, &dir, args.keep_logs))?;
+        finish(suite, result, args.keep_logs).await?;
     }
 
     // 4. Recovery: 3-step orders at half the full-load rate, two agents, one SIGKILLed.
@@ -527,9 +523,7 @@ async fn sas_runs(
             Ok::<(), anyhow::Error>(())
         }
         .await;
-        let dir = suite.dir().to_owned();
-        suite.teardown(args.keep_logs).await;
-        result.map_err(|e| with_logs(e, &dir, args.keep_logs))?;
+        finish(suite, result, args.keep_logs).await?;
     }
 
     Ok(())
@@ -646,6 +640,13 @@ fn merge_memory(
         let e = into.entry(k).or_default();
         *e = e.max(v);
     }
+}
+
+/// Tears a suite down after its runs; an error of the runs says where the logs are.
+async fn finish(suite: Suite, result: anyhow::Result<()>, keep_logs: bool) -> anyhow::Result<()> {
+    let dir = suite.dir().to_owned();
+    suite.teardown(keep_logs).await;
+    result.map_err(|e| with_logs(e, &dir, keep_logs))
 }
 
 fn with_logs(e: anyhow::Error, dir: &Path, kept: bool) -> anyhow::Error {
