@@ -493,6 +493,23 @@ mod tests {
     }
 
     #[test]
+    fn batch_and_admission_settings_refuse_zero() {
+        for key in [
+            "SAS__DATABASE__BATCH_SIZE",
+            "SAS__DATABASE__BATCH_WORKERS",
+            "SAS__SCHEDULER__MAX_IN_FLIGHT",
+        ] {
+            let env = [(key.to_owned(), "0".to_owned())].into_iter().collect();
+            let err = Settings::load_with(None, Some(env)).expect_err(key);
+            let name = key
+                .trim_start_matches("SAS__")
+                .replace("__", ".")
+                .to_lowercase();
+            assert!(err.to_string().contains(&name), "{key}: {err}");
+        }
+    }
+
+    #[test]
     fn retry_delay_repeats_the_last_entry() {
         let s = SupervisorSettings::default();
         assert_eq!(s.retry_delay(1), Duration::from_secs(60));

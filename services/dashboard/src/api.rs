@@ -21,8 +21,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use sas::service::Context;
-use sas::state::{ProcessState, StepState};
-use sas::state_store::{Actor, EventRow, Operated, OrderRow, Overview, StepRow, Transitions};
+use sas::state::ProcessState;
+use sas::state_store::{
+    Actor, EventRow, Operated, OrderRow, Overview, StepRow, Transitions, any_undone,
+    cancel_refusal, retry_refusal,
+};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -196,15 +199,9 @@ fn order_json(
     events: &[EventRow],
     now: DateTime<Utc>,
 ) -> Value {
-    // The guards of `Transitions::retry` and `Transitions::cancel`.
-    let undone = steps
-        .iter()
-        .any(|s| matches!(s.state, StepState::Compensated | StepState::Compensating));
-    let retryable = order.process_state == ProcessState::Error && !undone;
-    let cancellable = matches!(
-        order.process_state,
-        ProcessState::Pending | ProcessState::Processing | ProcessState::Error
-    );
+    // The rules `Transitions::retry` and `Transitions::cancel` enforce.
+    let retryable = retry_refusal(order.process_state, any_undone(steps)).is_none();
+    let cancellable = cancel_refusal(order.process_state).is_none();
     let mut previous = Some(order.created_at);
     let events: Vec<Value> = events
         .iter()

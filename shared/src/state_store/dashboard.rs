@@ -86,10 +86,15 @@ pub struct FailedOrder {
     pub reason: Option<String>,
     /// Whether its alert is still open: it is in `error`, waiting for an operator.
     pub alert_open: bool,
+    /// Whether some of its steps were undone (a retry is then refused).
+    #[serde(skip)]
+    pub undone: bool,
     /// Whether [`super::Transitions::retry`] would accept it now (shown as an
     /// enabled button; the transition checks again).
+    #[sqlx(skip)]
     pub retryable: bool,
     /// Whether [`super::Transitions::cancel`] would accept it now.
+    #[sqlx(skip)]
     pub cancellable: bool,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -238,20 +243,23 @@ async fn waiting(
 
 /// Orders in `error` or `compensated`, most recently changed first.
 async fn failed(conn: &mut PgConnection, limit: i64) -> Result<Vec<FailedOrder>, sqlx::Error> {
-    // `retryable` mirrors the guards of `Transitions::retry` so the page can
-    // grey out a button that would be refused; the transition still decides.
-    sqlx::query_as::<_, FailedOrder>(
+    // The page greys out a button the transition would refuse, by the
+    // transitions' own rules; the transition still decides.
+    let mut rows = sqlx::query_as::<_, FailedOrder>(
         "SELECT o.order_id, o.workflow, o.process_state, o.failure_count, o.last_error AS reason, \
            o.process_state = 'error' AS alert_open, \
-           o.process_state = 'error' AND NOT EXISTS ( \
-             SELECT 1 FROM steps s WHERE s.order_id = o.order_id \
-               AND s.state IN ('compensated', 'compensating')) AS retryable, \
-           o.process_state IN ('pending', 'processing', 'error') AS cancellable, \
+           EXISTS (SELECT 1 FROM steps s WHERE s.order_id = o.order_id \
+             AND s.state IN ('compensated', 'compensating')) AS undone, \
            o.created_at, o.updated_at \
          FROM orders o WHERE o.process_state IN ('error', 'compensated') \
          ORDER BY o.process_state = 'error' DESC, o.updated_at DESC LIMIT $1",
     )
     .bind(limit)
     .fetch_all(conn)
-    .await
+    .await?;
+    for o in &mut rows {
+        o.retryable = super::retry_refusal(o.process_state, o.undone).is_none();
+        o.cancellable = super::cancel_refusal(o.process_state).is_none();
+    }
+    Ok(rows)
 }

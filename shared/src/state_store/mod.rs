@@ -31,7 +31,10 @@ pub use orders::{NewOrder, OrderRow};
 pub use outbox::OutboxRow;
 pub use stats::Stats;
 pub use steps::StepRow;
-pub use transitions::{Actor, Expired, Operated, ReplyOutcome, Submitted, Transitions};
+pub use transitions::{
+    Actor, Expired, Operated, ReplyOutcome, Submitted, Transitions, any_undone, cancel_refusal,
+    retry_refusal,
+};
 
 use crate::config::DatabaseSettings;
 

@@ -472,20 +472,8 @@ impl Transitions {
         }
         let mut unit = Unit::load(&mut tx, locked).await?;
         let t = unit.get_mut(0);
-        if t.order.process_state != ProcessState::Error {
-            return Ok(Operated::NotAllowed(
-                t.order.process_state,
-                "only error orders can be retried",
-            ));
-        }
-        if t.steps
-            .iter()
-            .any(|s| matches!(s.state, StepState::Compensated | StepState::Compensating))
-        {
-            return Ok(Operated::NotAllowed(
-                t.order.process_state,
-                "some of its steps were undone; cancel it to finish the undo",
-            ));
+        if let Some(why) = retry_refusal(t.order.process_state, any_undone(&t.steps)) {
+            return Ok(Operated::NotAllowed(t.order.process_state, why));
         }
         for s in &mut t.steps {
             if matches!(
@@ -544,14 +532,8 @@ impl Transitions {
         }
         let mut unit = Unit::load(&mut tx, locked).await?;
         let order = unit.get(0).order.clone();
-        if !matches!(
-            order.process_state,
-            ProcessState::Pending | ProcessState::Processing | ProcessState::Error
-        ) {
-            return Ok(Operated::NotAllowed(
-                order.process_state,
-                "only pending, processing or error orders can be cancelled",
-            ));
+        if let Some(why) = cancel_refusal(order.process_state) {
+            return Ok(Operated::NotAllowed(order.process_state, why));
         }
         withdraw_running(&mut unit.get_mut(0).steps);
         let views: Vec<_> = unit.get(0).steps.iter().map(StepRow::view).collect();
@@ -834,6 +816,36 @@ impl Transitions {
     }
 }
 
+/// Why an operator may not retry an order in `state` (`undone`: some of its
+/// steps were undone), or `None` when a retry is allowed. The one rule that
+/// [`Transitions::retry`] enforces and that tools show ahead of time.
+pub fn retry_refusal(state: ProcessState, undone: bool) -> Option<&'static str> {
+    if state != ProcessState::Error {
+        Some("only error orders can be retried")
+    } else if undone {
+        Some("some of its steps were undone; cancel it to finish the undo")
+    } else {
+        None
+    }
+}
+
+/// Why an operator may not cancel an order in `state`, or `None` when a
+/// cancel is allowed ([`Transitions::cancel`]).
+pub fn cancel_refusal(state: ProcessState) -> Option<&'static str> {
+    match state {
+        ProcessState::Pending | ProcessState::Processing | ProcessState::Error => None,
+        _ => Some("only pending, processing or error orders can be cancelled"),
+    }
+}
+
+/// Whether any of these steps was undone or is being undone: their
+/// idempotency keys are spent, so the order cannot go forward again.
+pub fn any_undone(steps: &[StepRow]) -> bool {
+    steps
+        .iter()
+        .any(|s| matches!(s.state, StepState::Compensated | StepState::Compensating))
+}
+
 /// Withdraws the running dispatch of an order (its deadline passed, or an
 /// operator cancelled): a forward step goes back to `not_started`, a
 /// compensation back to `completed`, and any late reply to the old dispatch
@@ -920,5 +932,43 @@ impl StateStore {
     ) -> Result<Vec<Uuid>, StoreError> {
         let mut conn = self.pool().acquire().await?;
         Ok(outbox::stale_orders(&mut conn, age_ms, limit).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_error_orders_with_nothing_undone_can_be_retried() {
+        assert_eq!(retry_refusal(ProcessState::Error, false), None);
+        assert!(retry_refusal(ProcessState::Error, true).is_some_and(|w| w.contains("undone")));
+        for state in [
+            ProcessState::Pending,
+            ProcessState::Processing,
+            ProcessState::Processed,
+            ProcessState::Compensating,
+            ProcessState::Compensated,
+        ] {
+            assert!(retry_refusal(state, false).is_some(), "{state}");
+        }
+    }
+
+    #[test]
+    fn pending_processing_and_error_orders_can_be_cancelled() {
+        for state in [
+            ProcessState::Pending,
+            ProcessState::Processing,
+            ProcessState::Error,
+        ] {
+            assert_eq!(cancel_refusal(state), None, "{state}");
+        }
+        for state in [
+            ProcessState::Processed,
+            ProcessState::Compensating,
+            ProcessState::Compensated,
+        ] {
+            assert!(cancel_refusal(state).is_some(), "{state}");
+        }
     }
 }
