@@ -677,7 +677,7 @@ async fn cleanup(env: &Env) {
             sas::topology::QueueNames::new(&prefix)
                 .all(AGENTS)
                 .into_iter()
-                .map(|(q, _)| q),
+                .map(|q| q.name),
         );
         queues.push(format!("{prefix}.app.status"));
     }

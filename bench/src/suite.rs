@@ -285,12 +285,13 @@ impl Suite {
         .context("migrating the bench database")?;
         store.close().await;
         let db = PgPool::connect(&db_url).await?;
-        let broker = Broker::connect(&env.broker_settings(&prefix), "sas-bench").await?;
+        let broker_settings = env.broker_settings(&prefix);
+        let broker = Broker::connect(&broker_settings, "sas-bench").await?;
         let publisher = broker.publisher().await?;
         let queues = QueueNames::new(&prefix);
         let agents: Vec<String> = AGENTS.iter().map(|s| s.to_string()).collect();
         broker
-            .declare_topology(&queues, &agents, 20)
+            .declare_topology(&queues, &agents, &broker_settings)
             .await
             .context("declaring the sas queues")?;
         let status_queue = format!("{prefix}.app.status");
@@ -496,7 +497,7 @@ impl Suite {
             .queues
             .all(AGENTS)
             .into_iter()
-            .map(|(q, _)| q)
+            .map(|q| q.name)
             .collect();
         queues.push(self.status_queue.clone());
         self.broker.delete_queues(&queues).await.ok();

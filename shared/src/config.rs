@@ -96,6 +96,30 @@ pub struct BrokerSettings {
     /// How long start-up keeps trying to reach RabbitMQ before giving up.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
+    /// The type of the step queues (the agents' request queues and the
+    /// schedulers' reply queue) when sas declares them.
+    pub step_queues: QueueType,
+}
+
+/// A RabbitMQ queue type (`x-queue-type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueType {
+    /// Replicated (Raft), with a delivery limit against poison messages.
+    Quorum,
+    /// One node's durable queue: persistent messages are on disk before they
+    /// are confirmed, and one consumed at once is never written at all.
+    Classic,
+}
+
+impl QueueType {
+    /// The `x-queue-type` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Quorum => "quorum",
+            Self::Classic => "classic",
+        }
+    }
 }
 
 impl Default for BrokerSettings {
@@ -106,6 +130,7 @@ impl Default for BrokerSettings {
             prefetch: 128,
             delivery_limit: 20,
             connect_timeout: Duration::from_secs(30),
+            step_queues: QueueType::Quorum,
         }
     }
 }

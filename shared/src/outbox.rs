@@ -7,6 +7,13 @@
 //! time takes an order (an advisory lock for its transaction) and publishes
 //! all its rows in sequence; a relay that finds an order taken leaves it and
 //! tries again a moment later, so relays never queue behind each other.
+//!
+//! The usual path skips the relay's own transaction: a transition hands its
+//! committed messages over ([`Handoff`]) together with the connection that
+//! still holds its orders' outbox locks, and they are published at once,
+//! then deleted. The relay's pass is the way back for what that path could
+//! not do: messages of orders with older ones still waiting, messages whose
+//! publish failed, and rows that a dead process left behind.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -18,7 +25,7 @@ use uuid::Uuid;
 use crate::broker::{BrokerError, Outgoing, PublishError, Publisher};
 use crate::config::OutboxSettings;
 use crate::metrics::{Metrics, labels};
-use crate::state_store::{OutboxRow, StateStore};
+use crate::state_store::{Handoff, Held, OutboxRow, StateStore};
 
 /// The relay of one process; transitions tell it which orders have new rows.
 pub struct Relay {
@@ -28,6 +35,63 @@ pub struct Relay {
     /// Orders with rows this process committed and has not yet relayed.
     pending: Mutex<BTreeSet<Uuid>>,
     wake: Notify,
+    /// The confirm channel of the broker session, for handed-over messages.
+    publisher: Mutex<Option<Publisher>>,
+    /// Handed-over messages being published.
+    handoffs: tokio_util::task::TaskTracker,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("handoffs", &self.handoffs.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Handoff for Relay {
+    fn publish(self: Arc<Self>, held: Held, rows: Vec<OutboxRow>) {
+        let publisher = self
+            .publisher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let relay = self.clone();
+        self.handoffs.spawn(async move {
+            let orders: Vec<(i64, Uuid)> = rows.iter().map(|r| (r.id, r.order_id)).collect();
+            let (done, outcome) = match publisher {
+                Some(publisher) if !rows.is_empty() => {
+                    publish_rows(&publisher, &relay.metrics, rows).await
+                }
+                // Between broker sessions: the relay's next pass sends them.
+                None => (
+                    Vec::new(),
+                    Err(BrokerError::ConsumerEnded("no session".into())),
+                ),
+                Some(_) => (Vec::new(), Ok(())),
+            };
+            crate::crash::point("outbox.after_publish");
+            if let Err(e) = held.release(&done).await {
+                // Published all the same: the sweep sends them again, later.
+                tracing::warn!(error = %e, "could not delete published messages");
+            }
+            if outcome.is_err() {
+                // Unsent (a message the broker refused as unroutable stays
+                // for the sweep, as in the relay's own pass).
+                let mut left: Vec<Uuid> = orders
+                    .iter()
+                    .filter(|(id, _)| !done.contains(id))
+                    .map(|&(_, order)| order)
+                    .collect();
+                left.dedup();
+                relay.push(left);
+            }
+        });
+    }
+
+    fn later(&self, orders: Vec<Uuid>) {
+        self.push(orders);
+    }
 }
 
 impl Relay {
@@ -39,6 +103,8 @@ impl Relay {
             metrics,
             pending: Mutex::new(BTreeSet::new()),
             wake: Notify::new(),
+            publisher: Mutex::new(None),
+            handoffs: tokio_util::task::TaskTracker::new(),
         })
     }
 
@@ -228,6 +294,7 @@ async fn publish_rows(
 
 /// A relay running for one broker session.
 pub struct RelayTask {
+    relay: Arc<Relay>,
     stop: CancellationToken,
     /// Cancelled when the relay fails on the broker: the session must end.
     lost: CancellationToken,
@@ -241,6 +308,7 @@ impl Relay {
         broker: &crate::broker::Broker,
     ) -> Result<RelayTask, BrokerError> {
         let publisher = broker.publisher().await?;
+        *self.publisher.lock().unwrap_or_else(|p| p.into_inner()) = Some(publisher.clone());
         let stop = CancellationToken::new();
         let lost = CancellationToken::new();
         let relay = self.clone();
@@ -252,7 +320,12 @@ impl Relay {
             }
             outcome
         });
-        Ok(RelayTask { stop, lost, handle })
+        Ok(RelayTask {
+            relay: self.clone(),
+            stop,
+            lost,
+            handle,
+        })
     }
 }
 
@@ -265,6 +338,17 @@ impl RelayTask {
     /// Flushes what this process queued and stops; combines with the session's
     /// own outcome so that the first error wins.
     pub async fn stop<T>(self, session: Result<T, BrokerError>) -> Result<T, BrokerError> {
+        // Hand-overs from now on wait for the next session's relay; those
+        // under way finish first (what they cannot send, the relay's pass
+        // below sends).
+        *self
+            .relay
+            .publisher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
+        self.relay.handoffs.close();
+        self.relay.handoffs.wait().await;
+        self.relay.handoffs.reopen();
         self.stop.cancel();
         let relayed = self.handle.await.unwrap_or_else(|e| {
             Err(BrokerError::ConsumerEnded(format!(

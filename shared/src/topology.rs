@@ -70,26 +70,36 @@ impl QueueNames {
     /// Every queue of the deployment for these agents, each work queue with
     /// its dead-letter queue: `(queue, Some(dead-letter queue))`, dead-letter
     /// and alert queues with `None`.
-    pub fn all<'a>(
-        &self,
-        agents: impl IntoIterator<Item = &'a str>,
-    ) -> Vec<(String, Option<String>)> {
+    pub fn all<'a>(&self, agents: impl IntoIterator<Item = &'a str>) -> Vec<Queue> {
+        let queue = |name: &str, dead: Option<&str>, step: bool| Queue {
+            name: name.to_owned(),
+            dead_letters: dead.map(str::to_owned),
+            step,
+        };
         let mut all = vec![
-            (self.orders_dead.clone(), None),
-            (self.orders.clone(), Some(self.orders_dead.clone())),
-            (self.alerts.clone(), None),
-            (self.replies_dead.clone(), None),
-            (self.replies.clone(), Some(self.replies_dead.clone())),
+            queue(&self.orders_dead, None, false),
+            queue(&self.orders, Some(&self.orders_dead), false),
+            queue(&self.alerts, None, false),
+            queue(&self.replies_dead, None, false),
+            queue(&self.replies, Some(&self.replies_dead), true),
         ];
         for agent in agents {
-            all.push((self.agent_requests_dead(agent), None));
-            all.push((
-                self.agent_requests(agent),
-                Some(self.agent_requests_dead(agent)),
-            ));
+            let dead = self.agent_requests_dead(agent);
+            all.push(queue(&dead, None, false));
+            all.push(queue(&self.agent_requests(agent), Some(&dead), true));
         }
         all
     }
+}
+
+/// A queue of the deployment, as [`QueueNames::all`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Queue {
+    pub name: String,
+    /// Where it dead-letters, for a work queue.
+    pub dead_letters: Option<String>,
+    /// A step queue (agent requests, replies): of the type `broker.step_queues` says.
+    pub step: bool,
 }
 
 #[cfg(test)]

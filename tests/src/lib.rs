@@ -143,14 +143,15 @@ impl TestApp {
         std::fs::write(&config, config_toml(&options, &db_url, &prefix, sim_addr))
             .expect("write config");
 
-        let broker = Broker::connect(&broker_settings(&prefix), "test")
+        let settings = broker_settings(&prefix);
+        let broker = Broker::connect(&settings, "test")
             .await
             .expect("RabbitMQ is up");
         let publisher = broker.publisher().await.expect("publisher");
         let queues = QueueNames::new(&prefix);
         let agents: Vec<String> = AGENTS.iter().map(|s| s.to_string()).collect();
         broker
-            .declare_topology(&queues, &agents, 20)
+            .declare_topology(&queues, &agents, &settings)
             .await
             .expect("topology");
         Self {
@@ -674,8 +675,9 @@ impl TestApp {
             assert!(k.applied <= 1, "{key} applied {} times", k.applied);
         }
         let agents: Vec<&str> = AGENTS.to_vec();
-        for (queue, dead) in self.queues.all(agents.iter().copied()) {
-            if let Some(dead) = dead {
+        for q in self.queues.all(agents.iter().copied()) {
+            let queue = q.name;
+            if let Some(dead) = q.dead_letters {
                 let want = expected_dead
                     .iter()
                     .find(|(q, _)| *q == dead)
@@ -718,7 +720,7 @@ impl Drop for TestApp {
             .queues
             .all(AGENTS)
             .into_iter()
-            .map(|(q, _)| q)
+            .map(|q| q.name)
             .collect();
         queues.extend(self.extra_queues.lock().unwrap().drain(..));
         let (db_name, prefix, dir) = (self.db_name.clone(), self.prefix.clone(), self.dir.clone());

@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use sas::config::Settings;
 use sas::messages::{StepOutcome, StepReply, StepRequest};
 use sas::state::ProcessState;
-use sas::state_store::{Actor, NewOrder, ReplyOutcome, StateStore, Submitted, Transitions};
+use sas::state_store::{
+    Actor, Handoff, Held, NewOrder, OutboxRow, ReplyOutcome, StateStore, Submitted, Transitions,
+};
 use sas_tests::TestApp;
 use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
@@ -121,6 +123,47 @@ async fn connect_cost(url: &str) -> i64 {
     Counters::after(url).await.commits - before.commits
 }
 
+/// Takes the messages transitions hand over, as a service's relay would,
+/// and deletes them at once.
+#[derive(Debug, Default)]
+struct Recorder {
+    rows: std::sync::Mutex<Vec<OutboxRow>>,
+    later: std::sync::Mutex<Vec<Uuid>>,
+    releases: tokio_util::task::TaskTracker,
+}
+
+impl Handoff for Recorder {
+    fn publish(self: std::sync::Arc<Self>, held: Held, rows: Vec<OutboxRow>) {
+        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+        self.rows.lock().unwrap().extend(rows);
+        self.releases
+            .spawn(async move { held.release(&ids).await.expect("release") });
+    }
+
+    fn later(&self, orders: Vec<Uuid>) {
+        self.later.lock().unwrap().extend(orders);
+    }
+}
+
+impl Recorder {
+    /// The messages handed over since the last call, once deleted.
+    async fn take(&self) -> Vec<OutboxRow> {
+        self.releases.close();
+        self.releases.wait().await;
+        self.releases.reopen();
+        std::mem::take(&mut *self.rows.lock().unwrap())
+    }
+}
+
+/// How a run's messages leave the outbox.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Publishing {
+    /// A relay's pass after each transition (the operators' tools).
+    Relay,
+    /// Handed over by each transition as it commits (the services).
+    Handoff,
+}
+
 /// What a run cost: transactions, rows per table, and the messages relayed by kind.
 struct Cost {
     commits: i64,
@@ -137,14 +180,19 @@ impl Cost {
 
 /// Runs `N` orders of `workflow` to `processed` through the library's
 /// transitions, as the services would with full batches, on one connection.
-async fn run_batch(app: &TestApp, workflow: &str) -> Cost {
+async fn run_batch(app: &TestApp, workflow: &str, publishing: Publishing) -> Cost {
     let settings = Settings::load(Some(&app.config)).expect("settings");
     let wf = settings.workflow(workflow).expect("workflow");
     let status = app.status_queue("costs").await;
     let setup = connect_cost(&app.db_url).await;
     let before = Counters::before(&app.db_url).await;
     let store = StateStore::from_pool(pool(&app.db_url).await);
+    let recorder = std::sync::Arc::new(Recorder::default());
     let t = Transitions::new(store.clone(), app.queues.clone());
+    let t = match publishing {
+        Publishing::Relay => t,
+        Publishing::Handoff => t.with_handoff(recorder.clone()),
+    };
     let orders: Vec<NewOrder> = (0..N)
         .map(|_| NewOrder {
             order_id: Uuid::new_v4(),
@@ -161,6 +209,9 @@ async fn run_batch(app: &TestApp, workflow: &str) -> Cost {
     // The relay hands the rows to the closure; collect them through a cell.
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let relay_rows = async || {
+        if publishing == Publishing::Handoff {
+            return recorder.take().await;
+        }
         let sink = seen.clone();
         let (held, _) = store
             .relay_outbox(&ids, move |rows| async move {
@@ -216,6 +267,10 @@ async fn run_batch(app: &TestApp, workflow: &str) -> Cost {
         rows = relay_rows().await;
         note(&rows, &mut relayed);
     }
+    assert!(
+        recorder.later.lock().unwrap().is_empty(),
+        "nothing was left to the relay"
+    );
     store.close().await;
     let after = Counters::after(&app.db_url).await;
     let processed: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE process_state = $1")
@@ -236,7 +291,7 @@ async fn run_batch(app: &TestApp, workflow: &str) -> Cost {
 async fn a_batch_of_one_step_orders_takes_six_transactions_and_writes_each_order_row_once_per_transition()
  {
     let app = TestApp::new().await;
-    let c = run_batch(&app, "one").await;
+    let c = run_batch(&app, "one", Publishing::Relay).await;
     let n = N as i64;
     // Submit, claim and reply, each followed by one relay: whatever the batch size.
     assert_eq!(c.commits, 6 + FIRST_PREPARE, "transactions for {N} orders");
@@ -259,7 +314,7 @@ async fn a_batch_of_one_step_orders_takes_six_transactions_and_writes_each_order
 async fn a_batch_of_three_step_orders_takes_ten_transactions_and_writes_each_order_row_once_per_transition()
  {
     let app = TestApp::new().await;
-    let c = run_batch(&app, "three").await;
+    let c = run_batch(&app, "three", Publishing::Relay).await;
     let n = N as i64;
     // Submit, claim and three replies, each followed by one relay.
     assert_eq!(c.commits, 10 + FIRST_PREPARE, "transactions for {N} orders");
@@ -273,4 +328,81 @@ async fn a_batch_of_three_step_orders_takes_ten_transactions_and_writes_each_ord
     assert_eq!(c.rows("outbox", "deleted"), 9 * n);
     assert_eq!(c.relayed.get("status"), Some(&(6 * N)));
     assert_eq!(c.relayed.get("request"), Some(&(3 * N)));
+}
+
+#[tokio::test]
+async fn handed_over_messages_cost_one_statement_per_transition_and_need_no_relay() {
+    let app = TestApp::new().await;
+    let c = run_batch(&app, "one", Publishing::Handoff).await;
+    let n = N as i64;
+    // Submit, claim and reply, each followed by the one statement that
+    // deletes the published messages and lets the outbox locks go (also
+    // outside a transaction, so its first prepare counts too).
+    assert_eq!(
+        c.commits,
+        6 + 2 * FIRST_PREPARE,
+        "transactions for {N} orders"
+    );
+    assert_eq!(c.rows("orders", "updated"), 2 * n);
+    assert_eq!(c.rows("outbox", "inserted"), 5 * n);
+    assert_eq!(c.rows("outbox", "deleted"), 5 * n);
+    assert_eq!(c.relayed.get("status"), Some(&(4 * N)));
+    assert_eq!(c.relayed.get("request"), Some(&N));
+    let locks: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .fetch_one(&app.db)
+    .await
+    .expect("pg_locks");
+    assert_eq!(locks, 0, "every outbox lock was let go");
+}
+
+#[tokio::test]
+async fn an_order_with_older_messages_waiting_is_left_to_the_relay_so_its_events_stay_in_order() {
+    let app = TestApp::new().await;
+    let settings = Settings::load(Some(&app.config)).expect("settings");
+    let wf = settings.workflow("one").expect("workflow");
+    let status = app.status_queue("older").await;
+    let store = StateStore::from_pool(pool(&app.db_url).await);
+    let order = NewOrder {
+        order_id: Uuid::new_v4(),
+        workflow: "one".into(),
+        payload: json!({}),
+        reply_to: Some(status),
+        priority: 0,
+        not_before: None,
+        trace_id: None,
+    };
+    // Submitted by a process that leaves its `received` event in the outbox.
+    let plain = Transitions::new(store.clone(), app.queues.clone());
+    plain.submit(&order, &wf).await.expect("submit");
+    let recorder = std::sync::Arc::new(Recorder::default());
+    let direct = plain.clone().with_handoff(recorder.clone());
+    let me = Actor::new_instance("scheduler");
+    let claimed = direct.claim(&me, 10, 10).await.expect("claim");
+    assert_eq!(claimed, vec![order.order_id]);
+    assert!(
+        recorder.take().await.is_empty(),
+        "nothing published ahead of `received`"
+    );
+    assert_eq!(*recorder.later.lock().unwrap(), vec![order.order_id]);
+    let kinds: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT kind, convert_from(body, 'UTF8')::jsonb->>'state' FROM outbox \
+         WHERE order_id = $1 ORDER BY id",
+    )
+    .bind(order.order_id)
+    .fetch_all(&app.db)
+    .await
+    .expect("outbox");
+    let kinds: Vec<String> = kinds
+        .into_iter()
+        .map(|(k, s)| s.map_or(k.clone(), |s| format!("{k}:{s}")))
+        .collect();
+    assert_eq!(
+        kinds,
+        ["status:received", "status:processing", "request"],
+        "every message waits for the relay, oldest first"
+    );
+    store.close().await;
 }

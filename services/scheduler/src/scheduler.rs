@@ -51,7 +51,12 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         None => Actor::new_instance("scheduler"),
     };
     tracing::info!(instance = %me.name, "scheduler instance");
-    let transitions = Transitions::new(store.clone(), ctx.queues.clone());
+    let relay = Relay::new(
+        store.clone(),
+        ctx.settings.outbox.clone(),
+        ctx.metrics.clone(),
+    );
+    let transitions = Transitions::new(store, ctx.queues.clone()).with_handoff(relay.clone());
     let replies = apply_in_batches(transitions.clone(), me.clone(), &ctx.settings.database);
     let scheduler = Arc::new(Scheduler {
         me,
@@ -59,7 +64,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         replies,
         room: tokio::sync::Notify::new(),
         held: std::sync::atomic::AtomicUsize::new(0),
-        relay: Relay::new(store, ctx.settings.outbox.clone(), ctx.metrics.clone()),
+        relay,
         ctx: ctx.clone(),
     });
     let agents = ctx.settings.agent_names();
@@ -163,7 +168,6 @@ impl Scheduler {
                         tracing::debug!(claimed = n, "claimed orders");
                         self.ctx.metrics.orders_claimed.inc_by(n as u64);
                         self.held.fetch_add(n, Ordering::Relaxed);
-                        self.relay.push(ids);
                     }
                     // Fewer than a batch: caught up, others hold the rest, or
                     // this instance holds all it may.
@@ -201,7 +205,6 @@ impl Scheduler {
             attempt = reply.attempt,
             trace_id = %trace,
         );
-        let order_id = reply.order_id;
         async {
             let applied = self.replies.call(reply).await.unwrap_or_else(|| {
                 Err(Arc::new(StoreError::Corrupt(
@@ -216,8 +219,7 @@ impl Scheduler {
                         self.ended_one();
                     }
                     self.count_reply("applied");
-                    // The messages first: the relay need not wait for the ack.
-                    self.relay.push([order_id]);
+                    // Its messages went to the relay with the commit.
                     broker::ack(&delivery).await?;
                 }
                 Ok(ReplyOutcome::Stale(why)) => {

@@ -20,10 +20,15 @@ use uuid::Uuid;
 /// Runs the submission until shutdown.
 pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     let store = ctx.store()?.clone();
-    let transitions = Transitions::new(store.clone(), ctx.queues.clone());
+    let relay = Relay::new(
+        store.clone(),
+        ctx.settings.outbox.clone(),
+        ctx.metrics.clone(),
+    );
+    let transitions = Transitions::new(store, ctx.queues.clone()).with_handoff(relay.clone());
     let submission = Arc::new(Submitter {
         batcher: store_in_batches(transitions, &ctx.settings.database),
-        relay: Relay::new(store, ctx.settings.outbox.clone(), ctx.metrics.clone()),
+        relay,
         ctx: ctx.clone(),
     });
     let agents = ctx.settings.agent_names();
@@ -147,8 +152,7 @@ impl Submitter {
                     sas::crash::point("submission.after_commit");
                     tracing::debug!("order stored");
                     self.ctx.metrics.orders_received.inc();
-                    // The messages first: the relay need not wait for the ack.
-                    self.relay.push([order_id]);
+                    // Its `received` event went to the relay with the commit.
                     broker::ack(&delivery).await?;
                 }
                 Ok(Submitted::Duplicate) => {

@@ -23,12 +23,13 @@ use sas::state_store::{Actor, Expired, Lease, StateStore, Transitions};
 pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     let store = ctx.store()?.clone();
     let me = Actor::new_instance("supervisor");
-    let transitions = Transitions::new(store.clone(), ctx.queues.clone());
     let relay = Relay::new(
         store.clone(),
         ctx.settings.outbox.clone(),
         ctx.metrics.clone(),
     );
+    let transitions =
+        Transitions::new(store.clone(), ctx.queues.clone()).with_handoff(relay.clone());
     let agents = ctx.settings.agent_names();
     let mut lease = Lease::new("sas.supervisor");
     let mut leading = false;
@@ -69,10 +70,6 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                             );
                         }
                         report(&ctx, &recovered);
-                        relay.push(recovered.iter().map(|r| match r {
-                            Expired::Requeued { order_id, .. }
-                            | Expired::GaveUp { order_id, .. } => *order_id,
-                        }));
                     }
                     Err(e) => tracing::warn!(error = %e, "sweep failed; will retry"),
                 }

@@ -27,7 +27,7 @@ pub use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 pub use publisher::{Outgoing, PendingConfirm, PublishError, Publisher};
 pub use session::{SessionEnd, run_sessions};
 
-use crate::config::BrokerSettings;
+use crate::config::{BrokerSettings, QueueType};
 use crate::topology::QueueNames;
 
 /// What went wrong with the broker.
@@ -142,22 +142,29 @@ impl Broker {
         Publisher::new(self.channel().await?).await
     }
 
-    /// Declares every queue of the deployment (idempotent): durable quorum
-    /// queues, each work queue dead-lettering to its `.dead` queue after
-    /// `delivery_limit` deliveries or a reject.
+    /// Declares every queue of the deployment (idempotent): durable queues,
+    /// quorum but for the step queues (`broker.step_queues`), each work queue
+    /// dead-lettering to its `.dead` queue after a reject or, when quorum,
+    /// `broker.delivery_limit` deliveries.
     pub async fn declare_topology(
         &self,
         names: &QueueNames,
         agents: &[String],
-        delivery_limit: u32,
+        settings: &BrokerSettings,
     ) -> Result<(), BrokerError> {
         let mut channel = self.channel().await?;
-        for (queue, dead) in names.all(agents.iter().map(String::as_str)) {
+        for q in names.all(agents.iter().map(String::as_str)) {
+            let queue = &q.name;
+            let kind = if q.step {
+                settings.step_queues
+            } else {
+                QueueType::Quorum
+            };
             let declared = channel
                 .queue_declare(
                     queue.as_str().into(),
                     QueueDeclareOptions::durable(),
-                    queue_arguments(dead.as_deref(), delivery_limit),
+                    queue_arguments(kind, q.dead_letters.as_deref(), settings.delivery_limit),
                 )
                 .await;
             match declared.map_err(BrokerError::from) {
@@ -310,12 +317,13 @@ pub struct Subscription {
     consumer: Consumer,
 }
 
-/// Arguments of a sas queue: quorum, and for work queues a dead-letter route and delivery limit.
-fn queue_arguments(dead_letter: Option<&str>, delivery_limit: u32) -> FieldTable {
+/// Arguments of a sas queue: its type, and for work queues a dead-letter
+/// route and (quorum only) a delivery limit.
+fn queue_arguments(kind: QueueType, dead_letter: Option<&str>, delivery_limit: u32) -> FieldTable {
     let mut args = FieldTable::default();
     args.insert(
         "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
+        AMQPValue::LongString(kind.as_str().into()),
     );
     if let Some(dead) = dead_letter {
         args.insert(
@@ -326,10 +334,12 @@ fn queue_arguments(dead_letter: Option<&str>, delivery_limit: u32) -> FieldTable
             "x-dead-letter-routing-key".into(),
             AMQPValue::LongString(dead.into()),
         );
-        args.insert(
-            "x-delivery-limit".into(),
-            AMQPValue::LongLongInt(i64::from(delivery_limit)),
-        );
+        if kind == QueueType::Quorum {
+            args.insert(
+                "x-delivery-limit".into(),
+                AMQPValue::LongLongInt(i64::from(delivery_limit)),
+            );
+        }
     }
     args
 }

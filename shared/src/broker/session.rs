@@ -55,10 +55,7 @@ where
             tracing::info!("reconnected to RabbitMQ");
         }
         let names = QueueNames::new(&settings.prefix);
-        let outcome = match broker
-            .declare_topology(&names, agents, settings.delivery_limit)
-            .await
-        {
+        let outcome = match broker.declare_topology(&names, agents, settings).await {
             Ok(()) => {
                 first = false;
                 health.set_broker(true);

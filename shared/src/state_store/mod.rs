@@ -28,7 +28,7 @@ pub use dashboard::{Bucket, CHART_BUCKET, CHART_WINDOW, FailedOrder, Overview, W
 pub use events::EventRow;
 pub use leases::Lease;
 pub use orders::{NewOrder, OrderRow};
-pub use outbox::OutboxRow;
+pub use outbox::{Handoff, Held, OutboxRow};
 pub use stats::Stats;
 pub use steps::StepRow;
 pub use transitions::{

@@ -44,6 +44,26 @@ pub struct Locked {
     #[sqlx(flatten)]
     pub order: OrderRow,
     pub tx_now: DateTime<Utc>,
+    /// Whether this connection took the order's outbox lock with it.
+    pub outbox_locked: Option<bool>,
+}
+
+/// Wraps a `SELECT … FOR UPDATE` of orders (`locked`, returning [`COLUMNS`]
+/// and `tx_now`) so that, when parameter `$flag` is true, the connection also
+/// takes each returned order's outbox lock ([`super::outbox::Held`]), in
+/// order id order, waiting for a publisher that holds it. The rows come
+/// back in order id order.
+fn taking_outbox_locks(locked: &str, flag: u8) -> String {
+    format!(
+        "WITH l AS MATERIALIZED ({locked}) \
+         SELECT l.*, k.outbox_locked FROM l LEFT JOIN LATERAL ( \
+           SELECT set_config('lock_timeout', '{timeout}', true) IS NOT NULL \
+             AND pg_advisory_lock({key})::text IS NOT NULL AS outbox_locked \
+           WHERE ${flag}) k ON k.outbox_locked \
+         ORDER BY l.order_id",
+        timeout = super::outbox::LOCK_TIMEOUT,
+        key = super::outbox::lock_key("l.order_id"),
+    )
 }
 
 /// An accepted order, ready to be stored.
@@ -73,14 +93,21 @@ pub async fn get(conn: &mut PgConnection, order_id: Uuid) -> Result<Option<Order
 
 /// These orders, locked for this transaction in id order (so that two
 /// transactions locking overlapping sets cannot deadlock).
+/// With `outbox_locks`, also takes their outbox locks.
 pub async fn lock_many(
     conn: &mut PgConnection,
     order_ids: &[Uuid],
+    outbox_locks: bool,
 ) -> Result<Vec<Locked>, sqlx::Error> {
-    sqlx::query_as::<_, Locked>(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS}, now() AS tx_now FROM orders WHERE order_id = ANY($1) ORDER BY order_id FOR UPDATE"
+    sqlx::query_as::<_, Locked>(sqlx::AssertSqlSafe(taking_outbox_locks(
+        &format!(
+            "SELECT {COLUMNS}, now() AS tx_now FROM orders WHERE order_id = ANY($1) \
+             ORDER BY order_id FOR UPDATE"
+        ),
+        2,
     )))
     .bind(order_ids)
+    .bind(outbox_locks)
     .fetch_all(conn)
     .await
 }
@@ -88,37 +115,52 @@ pub async fn lock_many(
 /// Up to `limit` claimable orders, highest priority first, locked for this
 /// transaction: pending orders whose `not_before` has come, and compensating
 /// orders that nobody drives. Rows other claimers hold are skipped. Fewer
-/// when `holder` already holds nearly `max_held` orders.
+/// when `holder` already holds nearly `max_held` orders. With
+/// `outbox_locks`, also takes their outbox locks.
 pub async fn claimable(
     conn: &mut PgConnection,
     limit: i64,
     holder: &str,
     max_held: i64,
+    outbox_locks: bool,
 ) -> Result<Vec<Locked>, sqlx::Error> {
-    sqlx::query_as::<_, Locked>(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS}, now() AS tx_now FROM orders \
-         WHERE (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL)) \
-           AND (not_before IS NULL OR not_before <= now()) \
-         ORDER BY priority DESC, created_at \
-         LIMIT LEAST($1, GREATEST(0, $3 - (SELECT count(*) FROM orders WHERE locked_by = $2))) \
-         FOR UPDATE SKIP LOCKED"
+    sqlx::query_as::<_, Locked>(sqlx::AssertSqlSafe(taking_outbox_locks(
+        &format!(
+            "SELECT {COLUMNS}, now() AS tx_now FROM orders \
+             WHERE (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL)) \
+               AND (not_before IS NULL OR not_before <= now()) \
+             ORDER BY priority DESC, created_at \
+             LIMIT LEAST($1, GREATEST(0, $3 - (SELECT count(*) FROM orders WHERE locked_by = $2))) \
+             FOR UPDATE SKIP LOCKED"
+        ),
+        4,
     )))
     .bind(limit)
     .bind(holder)
     .bind(max_held)
+    .bind(outbox_locks)
     .fetch_all(conn)
     .await
 }
 
 /// Orders whose step deadline has passed, locked for this transaction.
-pub async fn expired(conn: &mut PgConnection, limit: i64) -> Result<Vec<Locked>, sqlx::Error> {
-    sqlx::query_as::<_, Locked>(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS}, now() AS tx_now FROM orders \
-         WHERE locked_by IS NOT NULL AND complete_by < now() \
-           AND process_state IN ('processing', 'compensating') \
-         ORDER BY complete_by LIMIT $1 FOR UPDATE SKIP LOCKED"
+/// With `outbox_locks`, also takes their outbox locks.
+pub async fn expired(
+    conn: &mut PgConnection,
+    limit: i64,
+    outbox_locks: bool,
+) -> Result<Vec<Locked>, sqlx::Error> {
+    sqlx::query_as::<_, Locked>(sqlx::AssertSqlSafe(taking_outbox_locks(
+        &format!(
+            "SELECT {COLUMNS}, now() AS tx_now FROM orders \
+             WHERE locked_by IS NOT NULL AND complete_by < now() \
+               AND process_state IN ('processing', 'compensating') \
+             ORDER BY complete_by LIMIT $1 FOR UPDATE SKIP LOCKED"
+        ),
+        2,
     )))
     .bind(limit)
+    .bind(outbox_locks)
     .fetch_all(conn)
     .await
 }

@@ -34,6 +34,77 @@ pub struct Message<'a> {
     pub body: &'a Value,
 }
 
+/// How long a transition waits for an order's outbox lock before it fails:
+/// a publisher holds the lock for a publish and a delete, milliseconds.
+pub(super) const LOCK_TIMEOUT: &str = "30s";
+
+/// The SQL of an order's outbox lock key, for the order id in `column`: one
+/// advisory lock per order, held by whoever is publishing its messages (a
+/// relay's transaction, or a connection handed over with [`Held`]).
+pub(super) fn lock_key(column: &str) -> String {
+    format!("hashtextextended('sas.outbox:' || {column}::text, 0)")
+}
+
+/// Where a transition hands the messages it just committed, to be published
+/// at once instead of by the relay's next pass.
+pub trait Handoff: Send + Sync + std::fmt::Debug {
+    /// Publishes `rows` (in order, several orders' messages) over the
+    /// connection that holds their orders' outbox locks, then deletes them
+    /// and lets the locks go ([`Held::release`]).
+    fn publish(self: std::sync::Arc<Self>, held: Held, rows: Vec<OutboxRow>);
+
+    /// These orders' messages are left for the relay's next pass.
+    fn later(&self, orders: Vec<Uuid>);
+}
+
+/// A pooled connection holding orders' outbox locks (session-level advisory
+/// locks, taken by the transition that wrote their messages and kept past
+/// its commit), so that nobody else publishes those orders' messages until
+/// they are published and deleted. Dropped without [`release`](Self::release)
+/// (an error, a cancelled task), it closes the connection instead of
+/// returning it to the pool, and the server lets the locks go with the session.
+#[derive(Debug)]
+pub struct Held {
+    conn: Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
+}
+
+impl Held {
+    /// Wraps a connection that has taken outbox locks.
+    pub(super) fn new(conn: sqlx::pool::PoolConnection<sqlx::Postgres>) -> Self {
+        Self { conn: Some(conn) }
+    }
+
+    /// Deletes the published messages and lets every lock go, in one
+    /// statement that does not wait for the disk (a lost delete republishes);
+    /// then the connection goes back to the pool.
+    pub async fn release(mut self, published: &[i64]) -> Result<(), sqlx::Error> {
+        let Some(mut conn) = self.conn.take() else {
+            return Ok(());
+        };
+        let done = sqlx::query(
+            "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), \
+             gone AS (DELETE FROM outbox WHERE id = ANY($1)) \
+             SELECT pg_advisory_unlock_all() FROM relaxed",
+        )
+        .bind(published)
+        .execute(&mut *conn)
+        .await;
+        if done.is_err() {
+            // The locks may still be held: never hand this session to anyone.
+            conn.close_on_drop();
+        }
+        done.map(drop)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.as_mut() {
+            conn.close_on_drop();
+        }
+    }
+}
+
 /// A row of [`take`]: an order taken, and one of its messages if it has any.
 #[derive(Debug, sqlx::FromRow)]
 struct TakenRow {
@@ -64,17 +135,18 @@ pub async fn take(
     conn: &mut PgConnection,
     order_ids: &[Uuid],
 ) -> Result<(Vec<Uuid>, Vec<OutboxRow>), sqlx::Error> {
-    let found = sqlx::query_as::<_, TakenRow>(
+    let found = sqlx::query_as::<_, TakenRow>(sqlx::AssertSqlSafe(format!(
         "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), \
          taken AS MATERIALIZED ( \
            SELECT id FROM relaxed, unnest($1::uuid[]) AS t(id) \
-           WHERE pg_try_advisory_xact_lock(hashtextextended('sas.outbox:' || id::text, 0))), \
+           WHERE pg_try_advisory_xact_lock({key})), \
          gone AS (DELETE FROM outbox o USING taken t WHERE o.order_id = t.id RETURNING o.*) \
          SELECT t.id AS taken, g.id, g.kind, g.routing_key, g.correlation_id, g.reply_to, \
            g.traceparent, g.body \
          FROM taken t LEFT JOIN gone g ON g.order_id = t.id \
          ORDER BY g.id NULLS LAST",
-    )
+        key = lock_key("id")
+    )))
     .bind(order_ids)
     .fetch_all(conn)
     .await?;

@@ -6,15 +6,20 @@
 //! writes the unit back with a few set-based statements; batches of orders
 //! (submissions, claims, replies) share one transaction.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value, json};
+use sqlx::pool::PoolConnection;
+use sqlx::{Acquire as _, PgConnection, Postgres};
 use uuid::Uuid;
 
 use super::events::Event;
 use super::orders::{self, NewOrder, OrderRow};
 use super::outbox;
+use super::outbox::{Handoff, Held};
 use super::steps::StepRow;
-use super::unit::Unit;
+use super::unit::{Flushed, Unit};
 use super::{StateStore, StoreError};
 use crate::config::SupervisorSettings;
 use crate::messages::{Alert, Direction, EventKind, StepOutcome, StepReply, StepRequest};
@@ -91,12 +96,62 @@ pub enum Operated {
 pub struct Transitions {
     store: StateStore,
     queues: QueueNames,
+    /// Takes the messages a transition committed, to publish them at once.
+    handoff: Option<Arc<dyn Handoff>>,
 }
 
 impl Transitions {
     /// Transitions over `store`, routing messages to the queues of `queues`.
+    /// Their messages wait in the outbox for a relay's pass.
     pub fn new(store: StateStore, queues: QueueNames) -> Self {
-        Self { store, queues }
+        Self {
+            store,
+            queues,
+            handoff: None,
+        }
+    }
+
+    /// The same transitions, handing the messages of each submission, claim,
+    /// reply and recovery to `handoff` as soon as they are committed: the
+    /// transition keeps its orders' outbox locks past its commit and passes
+    /// them on with the connection, so the messages go out at once and in
+    /// order, without a relay's transaction of their own.
+    pub fn with_handoff(mut self, handoff: Arc<dyn Handoff>) -> Self {
+        self.handoff = Some(handoff);
+        self
+    }
+
+    /// Whether transitions take their orders' outbox locks for a handoff.
+    fn direct(&self) -> bool {
+        self.handoff.is_some()
+    }
+
+    /// Ends a transition run on `conn`: hands its committed messages on, or,
+    /// when it failed while the connection may hold outbox locks, closes the
+    /// connection so that the server lets them go.
+    fn settle<T>(
+        &self,
+        conn: PoolConnection<Postgres>,
+        outcome: Result<(T, Flushed), StoreError>,
+    ) -> Result<(T, Vec<Uuid>), StoreError> {
+        let (value, flushed) = match outcome {
+            Ok(done) => done,
+            Err(e) => {
+                if self.direct() {
+                    drop(Held::new(conn));
+                }
+                return Err(e);
+            }
+        };
+        if let Some(handoff) = &self.handoff {
+            if !flushed.later.is_empty() {
+                handoff.later(flushed.later);
+            }
+            if flushed.holds_locks {
+                handoff.clone().publish(Held::new(conn), flushed.publish);
+            }
+        }
+        Ok((value, flushed.created))
     }
 
     /// The state store underneath.
@@ -147,7 +202,8 @@ impl Transitions {
         unit.wake();
         // One statement: atomic on its own, no transaction to open and close.
         let mut conn = self.store.pool().acquire().await?;
-        let created = unit.flush(&mut conn).await?;
+        let flushed = unit.flush(&mut conn, self.direct()).await;
+        let ((), created) = self.settle(conn, flushed.map(|f| ((), f)))?;
         let mut outcome = vec![Submitted::Duplicate; batch.len()];
         for id in created {
             if let Some(pos) = batch.iter().position(|(o, _)| o.order_id == id) {
@@ -166,11 +222,29 @@ impl Transitions {
         limit: u32,
         max_held: u32,
     ) -> Result<Vec<Uuid>, StoreError> {
-        let mut tx = self.store.pool().begin().await?;
-        let claimed =
-            orders::claimable(&mut tx, i64::from(limit), &me.name, i64::from(max_held)).await?;
+        let mut conn = self.store.pool().acquire().await?;
+        let outcome = self.claim_on(&mut conn, me, limit, max_held).await;
+        self.settle(conn, outcome).map(|(ids, _)| ids)
+    }
+
+    async fn claim_on(
+        &self,
+        conn: &mut PgConnection,
+        me: &Actor,
+        limit: u32,
+        max_held: u32,
+    ) -> Result<(Vec<Uuid>, Flushed), StoreError> {
+        let mut tx = conn.begin().await?;
+        let claimed = orders::claimable(
+            &mut tx,
+            i64::from(limit),
+            &me.name,
+            i64::from(max_held),
+            self.direct(),
+        )
+        .await?;
         if claimed.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Flushed::default()));
         }
         let ids: Vec<Uuid> = claimed.iter().map(|l| l.order.order_id).collect();
         let mut unit = Unit::load(&mut tx, claimed).await?;
@@ -199,9 +273,9 @@ impl Transitions {
             }
             self.advance(&mut unit, i, me)?;
         }
-        unit.flush(&mut tx).await?;
+        let flushed = unit.flush(&mut tx, self.direct()).await?;
         tx.commit().await?;
-        Ok(ids)
+        Ok((ids, flushed))
     }
 
     /// Applies an agent's reply, guarded by the order's state, its lock holder,
@@ -227,19 +301,30 @@ impl Transitions {
         me: &Actor,
         replies: &[StepReply],
     ) -> Result<Vec<ReplyOutcome>, StoreError> {
+        let mut conn = self.store.pool().acquire().await?;
+        let outcome = self.apply_on(&mut conn, me, replies).await;
+        self.settle(conn, outcome).map(|(outcome, _)| outcome)
+    }
+
+    async fn apply_on(
+        &self,
+        conn: &mut PgConnection,
+        me: &Actor,
+        replies: &[StepReply],
+    ) -> Result<(Vec<ReplyOutcome>, Flushed), StoreError> {
         let mut ids: Vec<Uuid> = replies.iter().map(|r| r.order_id).collect();
         ids.sort_unstable();
         ids.dedup();
-        let mut tx = self.store.pool().begin().await?;
-        let locked = orders::lock_many(&mut tx, &ids).await?;
+        let mut tx = conn.begin().await?;
+        let locked = orders::lock_many(&mut tx, &ids, self.direct()).await?;
         let mut unit = Unit::load(&mut tx, locked).await?;
         let mut outcome = Vec::with_capacity(replies.len());
         for reply in replies {
             outcome.push(self.apply_one(&mut unit, me, reply)?);
         }
-        unit.flush(&mut tx).await?;
+        let flushed = unit.flush(&mut tx, self.direct()).await?;
         tx.commit().await?;
-        Ok(outcome)
+        Ok((outcome, flushed))
     }
 
     /// One reply against the unit's orders (see [`apply_reply`](Self::apply_reply)).
@@ -362,10 +447,21 @@ impl Transitions {
         me: &Actor,
         settings: &SupervisorSettings,
     ) -> Result<Vec<Expired>, StoreError> {
-        let mut tx = self.store.pool().begin().await?;
-        let expired = orders::expired(&mut tx, i64::from(settings.batch)).await?;
+        let mut conn = self.store.pool().acquire().await?;
+        let outcome = self.recover_on(&mut conn, me, settings).await;
+        self.settle(conn, outcome).map(|(recovered, _)| recovered)
+    }
+
+    async fn recover_on(
+        &self,
+        conn: &mut PgConnection,
+        me: &Actor,
+        settings: &SupervisorSettings,
+    ) -> Result<(Vec<Expired>, Flushed), StoreError> {
+        let mut tx = conn.begin().await?;
+        let expired = orders::expired(&mut tx, i64::from(settings.batch), self.direct()).await?;
         if expired.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Flushed::default()));
         }
         let mut unit = Unit::load(&mut tx, expired).await?;
         let mut recovered = Vec::with_capacity(unit.len());
@@ -451,9 +547,9 @@ impl Transitions {
             });
             crate::crash::point("supervisor.mid_sweep");
         }
-        unit.flush(&mut tx).await?;
+        let flushed = unit.flush(&mut tx, self.direct()).await?;
         tx.commit().await?;
-        Ok(recovered)
+        Ok((recovered, flushed))
     }
 
     /// An operator's retry of an `error` order: back to `pending` with its
@@ -466,7 +562,7 @@ impl Transitions {
     /// its undo instead.
     pub async fn retry(&self, operator: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
         let mut tx = self.store.pool().begin().await?;
-        let locked = orders::lock_many(&mut tx, &[order_id]).await?;
+        let locked = orders::lock_many(&mut tx, &[order_id], false).await?;
         if locked.is_empty() {
             return Ok(Operated::NotFound);
         }
@@ -515,7 +611,7 @@ impl Transitions {
         };
         unit.event(0, &event);
         unit.wake();
-        unit.flush(&mut tx).await?;
+        unit.flush(&mut tx, false).await?;
         tx.commit().await?;
         Ok(Operated::Done(ProcessState::Pending))
     }
@@ -526,7 +622,7 @@ impl Transitions {
     /// `compensated` at once.
     pub async fn cancel(&self, operator: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
         let mut tx = self.store.pool().begin().await?;
-        let locked = orders::lock_many(&mut tx, &[order_id]).await?;
+        let locked = orders::lock_many(&mut tx, &[order_id], false).await?;
         if locked.is_empty() {
             return Ok(Operated::NotFound);
         }
@@ -571,7 +667,7 @@ impl Transitions {
         if undo {
             unit.wake();
         }
-        unit.flush(&mut tx).await?;
+        unit.flush(&mut tx, false).await?;
         tx.commit().await?;
         Ok(Operated::Done(to))
     }

@@ -39,6 +39,8 @@ pub(super) struct Tracked {
     read_steps: Vec<StepRow>,
     /// New: written by the unit's insert, nothing to update.
     inserted: bool,
+    /// This connection holds the order's outbox lock.
+    outbox_locked: bool,
 }
 
 /// An event row to insert.
@@ -87,20 +89,26 @@ impl Unit {
     /// A unit over `locked`, which this transaction has locked: reads their steps.
     pub async fn load(conn: &mut PgConnection, locked: Vec<Locked>) -> Result<Self, StoreError> {
         let now = locked.first().map_or_else(Utc::now, |l| l.tx_now);
-        let orders: Vec<OrderRow> = locked.into_iter().map(|l| l.order).collect();
-        let ids: Vec<Uuid> = orders.iter().map(|o| o.order_id).collect();
+        let orders: Vec<(OrderRow, bool)> = locked
+            .into_iter()
+            .map(|l| (l.order, l.outbox_locked.unwrap_or(false)))
+            .collect();
+        let ids: Vec<Uuid> = orders.iter().map(|(o, _)| o.order_id).collect();
         let mut all_steps = if ids.is_empty() {
             Vec::new()
         } else {
             steps::for_orders(conn, &ids).await?
         };
         let mut unit = Self::empty(now);
-        for order in orders {
+        for (order, outbox_locked) in orders {
             let (mine, rest): (Vec<StepRow>, Vec<StepRow>) = all_steps
                 .into_iter()
                 .partition(|s| s.order_id == order.order_id);
             all_steps = rest;
             unit.track(order, mine, false);
+            if let Some(t) = unit.orders.last_mut() {
+                t.outbox_locked = outbox_locked;
+            }
         }
         Ok(unit)
     }
@@ -151,6 +159,7 @@ impl Unit {
             order,
             steps,
             inserted,
+            outbox_locked: false,
         });
     }
 
@@ -267,8 +276,12 @@ impl Unit {
     /// steps, the orders' and steps' updates, the events, the messages and
     /// the wake-up, each a data-modifying part of one `WITH`. Fails, for the
     /// transaction to roll back, if a row no longer holds what was read.
-    /// Returns the ids of the new orders inserted (an id that existed is not).
-    pub async fn flush(self, conn: &mut PgConnection) -> Result<Vec<Uuid>, StoreError> {
+    ///
+    /// With `direct`, the new orders' outbox locks are taken too (the
+    /// locked orders' were taken when they were read), and the messages of
+    /// locked orders with no older message waiting come back to be
+    /// published at once; the others' are left to the relay.
+    pub async fn flush(self, conn: &mut PgConnection, direct: bool) -> Result<Flushed, StoreError> {
         let orders: Vec<&Tracked> = self
             .orders
             .iter()
@@ -281,6 +294,12 @@ impl Unit {
             .flat_map(|t| t.steps.iter().zip(&t.read_steps))
             .filter(|(now, read)| now != read)
             .collect();
+        let locked: Vec<Uuid> = self
+            .orders
+            .iter()
+            .filter(|t| t.outbox_locked)
+            .map(|t| t.order.order_id)
+            .collect();
         if self.new_steps.is_empty()
             && orders.is_empty()
             && steps.is_empty()
@@ -288,25 +307,111 @@ impl Unit {
             && self.messages.is_empty()
             && !self.wake
         {
-            return Ok(Vec::new());
+            return Ok(Flushed {
+                holds_locks: !locked.is_empty(),
+                ..Flushed::default()
+            });
         }
         let inserted: Vec<&Tracked> = self.orders.iter().filter(|t| t.inserted).collect();
-        let query = sqlx::query_as::<_, (i64, i64, i64, Vec<Uuid>)>(FLUSH);
+        let query = sqlx::query_as::<_, FlushRow>(FLUSH);
         let query = bind_orders(query, &orders);
         let query = bind_steps(query, &steps);
         let query = bind_events(query, &self.events);
-        let query = bind_messages(query, self.messages);
+        let query = bind_messages(query, &self.messages);
         let query = query.bind(WAKE_CHANNEL).bind(self.wake);
-        let query = bind_inserts(query, &inserted, &self.new_steps).bind(self.now);
-        let (orders_done, steps_done, _woken, created) = query.fetch_one(&mut *conn).await?;
-        if orders_done != orders.len() as i64 || steps_done != steps.len() as i64 {
+        let query = bind_inserts(query, &inserted, &self.new_steps)
+            .bind(self.now)
+            .bind(direct)
+            .bind(&locked);
+        let row = query.fetch_one(&mut *conn).await?;
+        if row.orders_done != orders.len() as i64 || row.steps_done != steps.len() as i64 {
             return Err(StoreError::Corrupt(format!(
-                "rows changed under their row locks: {orders_done} of {} orders and {steps_done} of {} steps written",
+                "rows changed under their row locks: {} of {} orders and {} of {} steps written",
+                row.orders_done,
                 orders.len(),
+                row.steps_done,
                 steps.len()
             )));
         }
-        Ok(created)
+        let new: std::collections::HashSet<Uuid> =
+            inserted.iter().map(|t| t.order.order_id).collect();
+        Ok(row.sort(self.messages, &new, locked))
+    }
+}
+
+/// What [`Unit::flush`] wrote, and where its messages go.
+#[derive(Debug, Default)]
+pub(super) struct Flushed {
+    /// The new orders inserted (an id that existed is not).
+    pub created: Vec<Uuid>,
+    /// Messages to publish at once, in order, with their outbox ids: those
+    /// of orders whose outbox lock this connection holds and that have no
+    /// older message waiting.
+    pub publish: Vec<super::OutboxRow>,
+    /// Orders whose new messages are left to the relay.
+    pub later: Vec<Uuid>,
+    /// This connection holds outbox locks, to let go after publishing.
+    pub holds_locks: bool,
+}
+
+/// The row [`FLUSH`] returns.
+#[derive(Debug, sqlx::FromRow)]
+struct FlushRow {
+    orders_done: i64,
+    steps_done: i64,
+    created: Vec<Uuid>,
+    /// The ids of the messages written, ascending: the order they were given in.
+    message_ids: Vec<i64>,
+    /// New orders whose outbox lock this connection took.
+    locked_new: Vec<Uuid>,
+    /// Locked orders that had messages waiting from earlier transitions.
+    waiting: Vec<Uuid>,
+}
+
+impl FlushRow {
+    /// Pairs the messages written with their ids and splits them between
+    /// publishing now and the relay. `new` are the orders the unit inserted
+    /// (the messages of one that existed were not written); `locked` the
+    /// existing orders whose outbox lock this connection holds.
+    fn sort(
+        self,
+        messages: Vec<NewMessage>,
+        new: &std::collections::HashSet<Uuid>,
+        mut locked: Vec<Uuid>,
+    ) -> Flushed {
+        locked.extend(&self.locked_new);
+        let written: Vec<NewMessage> = messages
+            .into_iter()
+            .filter(|m| !new.contains(&m.order_id) || self.created.contains(&m.order_id))
+            .collect();
+        let mut out = Flushed {
+            holds_locks: !locked.is_empty(),
+            ..Flushed::default()
+        };
+        // Written as many as given: ids ascend in the order given.
+        let paired = written.len() == self.message_ids.len();
+        for (i, m) in written.into_iter().enumerate() {
+            let now = paired && locked.contains(&m.order_id) && !self.waiting.contains(&m.order_id);
+            match self.message_ids.get(i) {
+                Some(&id) if now => out.publish.push(super::OutboxRow {
+                    id,
+                    order_id: m.order_id,
+                    kind: m.kind,
+                    routing_key: m.routing_key,
+                    correlation_id: m.correlation_id,
+                    reply_to: m.reply_to,
+                    traceparent: m.traceparent,
+                    body: m.body,
+                }),
+                _ => {
+                    if !out.later.contains(&m.order_id) {
+                        out.later.push(m.order_id);
+                    }
+                }
+            }
+        }
+        out.created = self.created;
+        out
     }
 }
 
@@ -322,7 +427,9 @@ WITH n AS ( \
   FROM unnest($44::uuid[], $45::text[], $46::text[], $47::text[], $48::smallint[], \
               $49::timestamptz[], $50::text[], $51::int[]) \
     AS u(id, workflow, payload, reply_to, priority, not_before, trace_id, seq) \
-  ON CONFLICT (order_id) DO NOTHING RETURNING order_id), \
+  ON CONFLICT (order_id) DO NOTHING \
+  RETURNING order_id, CASE WHEN $59 \
+    THEN pg_try_advisory_lock(hashtextextended('sas.outbox:' || order_id::text, 0)) ELSE false END AS locked), \
 ns AS ( \
   INSERT INTO steps (order_id, idx, name, agent, compensate, timeout_ms) \
   SELECT * FROM unnest($52::uuid[], $53::int[], $54::text[], $55::text[], $56::text[], $57::bigint[]) \
@@ -364,18 +471,16 @@ m AS ( \
   FROM unnest($35::uuid[], $36::text[], $37::text[], $38::text[], $39::text[], $40::text[], $41::bytea[]) \
     WITH ORDINALITY AS u(id, kind, routing_key, correlation_id, reply_to, traceparent, body, n) \
   WHERE u.id <> ALL($44) OR u.id IN (SELECT order_id FROM n) \
-  ORDER BY n), \
+  ORDER BY n RETURNING id), \
 w AS (SELECT pg_notify($42, '') WHERE $43 AND (cardinality($44) = 0 OR EXISTS (SELECT 1 FROM n))) \
-SELECT (SELECT count(*) FROM o), (SELECT count(*) FROM s), (SELECT count(*) FROM w), \
-  ARRAY(SELECT order_id FROM n)";
+SELECT (SELECT count(*) FROM o) AS orders_done, (SELECT count(*) FROM s) AS steps_done, \
+  (SELECT count(*) FROM w) AS woken, ARRAY(SELECT order_id FROM n) AS created, \
+  ARRAY(SELECT id FROM m ORDER BY id) AS message_ids, \
+  ARRAY(SELECT order_id FROM n WHERE locked) AS locked_new, \
+  ARRAY(SELECT DISTINCT order_id FROM outbox WHERE order_id = ANY($60::uuid[])) AS waiting";
 
 /// A query under construction.
-type Flush<'q> = sqlx::query::QueryAs<
-    'q,
-    sqlx::Postgres,
-    (i64, i64, i64, Vec<Uuid>),
-    sqlx::postgres::PgArguments,
->;
+type Flush<'q> = sqlx::query::QueryAs<'q, sqlx::Postgres, FlushRow, sqlx::postgres::PgArguments>;
 
 /// The `at` of a status event: RFC 3339, UTC, microseconds.
 fn status_time(at: &DateTime<Utc>) -> String {
@@ -523,7 +628,7 @@ fn bind_events<'q>(q: Flush<'q>, events: &[NewEvent]) -> Flush<'q> {
         .bind(details)
 }
 
-fn bind_messages<'q>(q: Flush<'q>, messages: Vec<NewMessage>) -> Flush<'q> {
+fn bind_messages<'q>(q: Flush<'q>, messages: &[NewMessage]) -> Flush<'q> {
     let ids: Vec<Uuid> = messages.iter().map(|m| m.order_id).collect();
     let kinds: Vec<String> = messages.iter().map(|m| m.kind.clone()).collect();
     let keys: Vec<String> = messages.iter().map(|m| m.routing_key.clone()).collect();
@@ -531,7 +636,7 @@ fn bind_messages<'q>(q: Flush<'q>, messages: Vec<NewMessage>) -> Flush<'q> {
         messages.iter().map(|m| m.correlation_id.clone()).collect();
     let reply_tos: Vec<Option<String>> = messages.iter().map(|m| m.reply_to.clone()).collect();
     let traces: Vec<Option<String>> = messages.iter().map(|m| m.traceparent.clone()).collect();
-    let bodies: Vec<Vec<u8>> = messages.into_iter().map(|m| m.body).collect();
+    let bodies: Vec<Vec<u8>> = messages.iter().map(|m| m.body.clone()).collect();
     // In the order given: the relay publishes an order's messages by `id`.
     q.bind(ids)
         .bind(kinds)
