@@ -32,6 +32,11 @@ pub struct Args {
     /// Orders of each 10%-load run (fewer when the run would exceed --low-max-secs).
     #[arg(long)]
     pub low_orders: Option<usize>,
+    /// Offer the "10%" runs this many 1-step orders/s (3-step: a third)
+    /// instead of a tenth of the full-load rate just measured: to compare
+    /// builds at the same load.
+    #[arg(long, value_name = "ORDERS_PER_SEC")]
+    pub low_rate: Option<f64>,
     /// Longest 10%-load run, seconds.
     #[arg(long)]
     pub low_max_secs: Option<f64>,

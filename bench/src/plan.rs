@@ -422,7 +422,10 @@ async fn sas_runs(
         warm_up(&mut suite, sim, sizes.warmup).await?;
         for (workflow, steps, n) in [("one", 1, sizes.one), ("three", 3, sizes.three)] {
             let full = full_load(&mut suite, sim, workflow, steps, n).await?;
-            let rate = full.throughput * 0.1;
+            // Per step: a 3-step order is about three 1-step orders' work.
+            let rate = args
+                .low_rate
+                .map_or(full.throughput * 0.1, |r| r / steps as f64);
             let low_n = sizes.low.min((rate * sizes.low_max_secs) as usize).max(50);
             let deployment = "1 scheduler, 1 agent".to_owned();
             runs.push(SasRun {

@@ -48,10 +48,19 @@ impl Env {
 
     /// Broker settings for `prefix`.
     pub fn broker_settings(&self, prefix: &str) -> BrokerSettings {
+        // The harness declares the queues before the services start: as
+        // they will, when --sas-env chooses the step queues' type.
+        let step_queues = self
+            .sas_env
+            .iter()
+            .find(|(k, _)| k == "SAS__BROKER__STEP_QUEUES")
+            .and_then(|(_, v)| serde_json::from_value(serde_json::Value::String(v.clone())).ok());
+        let defaults = BrokerSettings::default();
         BrokerSettings {
             url: self.amqp.clone(),
             prefix: prefix.into(),
-            ..Default::default()
+            step_queues: step_queues.unwrap_or(defaults.step_queues),
+            ..defaults
         }
     }
 

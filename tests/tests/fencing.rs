@@ -208,3 +208,91 @@ async fn snapshot(app: &TestApp, id: Uuid) -> Value {
     .unwrap();
     row.0
 }
+
+/// A reply whose order another transaction holds waits for it, then judges
+/// the reply against the order and steps as that transaction left them (the
+/// steps are read afresh when the order changed during the wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_that_waited_for_the_orders_lock_sees_the_steps_as_they_were_left() {
+    use sas::state_store::{Actor, NewOrder, ReplyOutcome, StateStore, Transitions};
+    use sqlx::Connection as _;
+
+    let app = TestApp::new().await;
+    let settings = sas::config::Settings::load(Some(&app.config)).expect("settings");
+    let wf = settings.workflow("one").expect("workflow");
+    let store = StateStore::from_pool(app.db.clone());
+    let t = Transitions::new(store, app.queues.clone());
+    let order = NewOrder {
+        order_id: Uuid::new_v4(),
+        workflow: "one".into(),
+        payload: json!({}),
+        reply_to: None,
+        priority: 0,
+        not_before: None,
+        trace_id: None,
+    };
+    t.submit(&order, &wf).await.expect("submit");
+    let me = Actor::new_instance("scheduler");
+    assert_eq!(t.claim(&me, 1, 1).await.expect("claim").len(), 1);
+    let (dispatch_id, attempt): (Uuid, i32) = sqlx::query_as(
+        "SELECT s.dispatch_id, o.failure_count + 1 FROM steps s JOIN orders o USING (order_id) \
+         WHERE order_id = $1",
+    )
+    .bind(order.order_id)
+    .fetch_one(&app.db)
+    .await
+    .expect("dispatch");
+    let mut req = request(60_000);
+    req.order_id = order.order_id;
+    req.dispatch_id = dispatch_id;
+    req.attempt = attempt;
+    req.locked_by = me.name.clone();
+    let reply = StepReply::to(
+        &req,
+        StepOutcome::Succeeded {
+            result: json!({ "ok": true }),
+        },
+    );
+
+    // Another transaction holds the order and re-dispatches its step.
+    let mut other = sqlx::PgConnection::connect(&app.db_url)
+        .await
+        .expect("connect");
+    let mut tx = other.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM orders WHERE order_id = $1 FOR UPDATE")
+        .bind(order.order_id)
+        .execute(&mut *tx)
+        .await
+        .expect("lock");
+    let applying = tokio::spawn({
+        let t = t.clone();
+        let me = me.clone();
+        async move { t.apply_reply(&me, &reply).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !applying.is_finished(),
+        "the reply waits for the order's lock"
+    );
+    sqlx::query("UPDATE steps SET dispatch_id = $2 WHERE order_id = $1")
+        .bind(order.order_id)
+        .bind(Uuid::new_v4())
+        .execute(&mut *tx)
+        .await
+        .expect("re-dispatch");
+    sqlx::query("UPDATE orders SET updated_at = now() WHERE order_id = $1")
+        .bind(order.order_id)
+        .execute(&mut *tx)
+        .await
+        .expect("touch");
+    tx.commit().await.expect("commit");
+
+    let outcome = applying
+        .await
+        .expect("task")
+        .expect("applied without error");
+    assert_eq!(
+        outcome,
+        ReplyOutcome::Stale("the dispatch was superseded".into())
+    );
+}

@@ -46,21 +46,33 @@ pub struct Locked {
     pub tx_now: DateTime<Utc>,
     /// Whether this connection took the order's outbox lock with it.
     pub outbox_locked: Option<bool>,
+    /// Its steps, read in the same round trip, unless the order changed
+    /// while this statement waited for its lock (then read them afresh).
+    pub steps: Option<sqlx::types::Json<Vec<super::steps::StepRow>>>,
 }
 
-/// Wraps a `SELECT … FOR UPDATE` of orders (`locked`, returning [`COLUMNS`]
-/// and `tx_now`) so that, when parameter `$flag` is true, the connection also
-/// takes each returned order's outbox lock ([`super::outbox::Held`]), in
-/// order id order, waiting for a publisher that holds it. The rows come
-/// back in order id order.
+/// Wraps a `SELECT … FOR UPDATE` of orders (`locked`, returning [`COLUMNS`],
+/// `tx_now` and `row_xmin`) so that it also returns each order's steps and,
+/// when parameter `$flag` is true, the connection takes each returned
+/// order's outbox lock ([`super::outbox::Held`]), waiting for a publisher
+/// that holds it. The rows come back in order id order.
+///
+/// The steps are read with the statement's snapshot, from before any wait
+/// for a row lock: when the locked row is newer than that snapshot's (it
+/// changed while we waited), they may be too, and come back `NULL` instead.
 fn taking_outbox_locks(locked: &str, flag: u8) -> String {
     format!(
         "WITH l AS MATERIALIZED ({locked}) \
-         SELECT l.*, k.outbox_locked FROM l LEFT JOIN LATERAL ( \
+         SELECT l.*, k.outbox_locked, \
+           CASE WHEN l.row_xmin = (SELECT o.xmin FROM orders o WHERE o.order_id = l.order_id) \
+           THEN (SELECT coalesce(json_agg(s ORDER BY s.idx), '[]') FROM ( \
+             SELECT {steps} FROM steps WHERE steps.order_id = l.order_id) s) END AS steps \
+         FROM l LEFT JOIN LATERAL ( \
            SELECT set_config('lock_timeout', '{timeout}', true) IS NOT NULL \
              AND pg_advisory_lock({key})::text IS NOT NULL AS outbox_locked \
            WHERE ${flag}) k ON k.outbox_locked \
          ORDER BY l.order_id",
+        steps = super::steps::COLUMNS,
         timeout = super::outbox::LOCK_TIMEOUT,
         key = super::outbox::lock_key("l.order_id"),
     )
@@ -101,7 +113,7 @@ pub async fn lock_many(
 ) -> Result<Vec<Locked>, sqlx::Error> {
     sqlx::query_as::<_, Locked>(sqlx::AssertSqlSafe(taking_outbox_locks(
         &format!(
-            "SELECT {COLUMNS}, now() AS tx_now FROM orders WHERE order_id = ANY($1) \
+            "SELECT {COLUMNS}, now() AS tx_now, xmin AS row_xmin FROM orders WHERE order_id = ANY($1) \
              ORDER BY order_id FOR UPDATE"
         ),
         2,
@@ -126,7 +138,7 @@ pub async fn claimable(
 ) -> Result<Vec<Locked>, sqlx::Error> {
     sqlx::query_as::<_, Locked>(sqlx::AssertSqlSafe(taking_outbox_locks(
         &format!(
-            "SELECT {COLUMNS}, now() AS tx_now FROM orders \
+            "SELECT {COLUMNS}, now() AS tx_now, xmin AS row_xmin FROM orders \
              WHERE (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL)) \
                AND (not_before IS NULL OR not_before <= now()) \
              ORDER BY priority DESC, created_at \
@@ -152,7 +164,7 @@ pub async fn expired(
 ) -> Result<Vec<Locked>, sqlx::Error> {
     sqlx::query_as::<_, Locked>(sqlx::AssertSqlSafe(taking_outbox_locks(
         &format!(
-            "SELECT {COLUMNS}, now() AS tx_now FROM orders \
+            "SELECT {COLUMNS}, now() AS tx_now, xmin AS row_xmin FROM orders \
              WHERE locked_by IS NOT NULL AND complete_by < now() \
                AND process_state IN ('processing', 'compensating') \
              ORDER BY complete_by LIMIT $1 FOR UPDATE SKIP LOCKED"

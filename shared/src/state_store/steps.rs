@@ -9,7 +9,7 @@ use crate::state::StepState;
 use crate::workflow::StepView;
 
 /// A step row.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow, serde::Deserialize)]
 pub struct StepRow {
     pub order_id: Uuid,
     pub idx: i32,
@@ -39,16 +39,18 @@ impl StepRow {
     }
 }
 
+/// The columns of a [`StepRow`].
+pub(super) const COLUMNS: &str = "order_id, idx, name, agent, compensate, timeout_ms, state, \
+     dispatches, dispatch_id, complete_by, result, error, started_at, finished_at";
+
 /// The steps of these orders, ordered by order and index.
 pub async fn for_orders(
     conn: &mut PgConnection,
     order_ids: &[Uuid],
 ) -> Result<Vec<StepRow>, sqlx::Error> {
-    sqlx::query_as::<_, StepRow>(
-        "SELECT order_id, idx, name, agent, compensate, timeout_ms, state, dispatches, dispatch_id, \
-           complete_by, result, error, started_at, finished_at \
-         FROM steps WHERE order_id = ANY($1) ORDER BY order_id, idx",
-    )
+    sqlx::query_as::<_, StepRow>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM steps WHERE order_id = ANY($1) ORDER BY order_id, idx"
+    )))
     .bind(order_ids)
     .fetch_all(conn)
     .await

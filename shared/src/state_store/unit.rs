@@ -86,25 +86,33 @@ pub(super) struct Unit {
 }
 
 impl Unit {
-    /// A unit over `locked`, which this transaction has locked: reads their steps.
+    /// A unit over `locked`, which this transaction has locked, with their
+    /// steps (read again for the orders whose steps did not come with them).
     pub async fn load(conn: &mut PgConnection, locked: Vec<Locked>) -> Result<Self, StoreError> {
         let now = locked.first().map_or_else(Utc::now, |l| l.tx_now);
-        let orders: Vec<(OrderRow, bool)> = locked
-            .into_iter()
-            .map(|l| (l.order, l.outbox_locked.unwrap_or(false)))
+        let stale: Vec<Uuid> = locked
+            .iter()
+            .filter(|l| l.steps.is_none())
+            .map(|l| l.order.order_id)
             .collect();
-        let ids: Vec<Uuid> = orders.iter().map(|(o, _)| o.order_id).collect();
-        let mut all_steps = if ids.is_empty() {
+        let mut all_steps = if stale.is_empty() {
             Vec::new()
         } else {
-            steps::for_orders(conn, &ids).await?
+            steps::for_orders(conn, &stale).await?
         };
         let mut unit = Self::empty(now);
-        for (order, outbox_locked) in orders {
-            let (mine, rest): (Vec<StepRow>, Vec<StepRow>) = all_steps
-                .into_iter()
-                .partition(|s| s.order_id == order.order_id);
-            all_steps = rest;
+        for l in locked {
+            let (order, outbox_locked) = (l.order, l.outbox_locked.unwrap_or(false));
+            let mine = match l.steps {
+                Some(steps) => steps.0,
+                None => {
+                    let (mine, rest): (Vec<StepRow>, Vec<StepRow>) = all_steps
+                        .into_iter()
+                        .partition(|s| s.order_id == order.order_id);
+                    all_steps = rest;
+                    mine
+                }
+            };
             unit.track(order, mine, false);
             if let Some(t) = unit.orders.last_mut() {
                 t.outbox_locked = outbox_locked;
