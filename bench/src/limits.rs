@@ -1,17 +1,23 @@
 //! The machine's limit for sas's work, measured in the same run:
 //!
-//! - Postgres: the transactions sas issues per order, through the library
-//!   itself (`Transitions::submit`, `claim`, `apply_reply` and the outbox
-//!   relay's `relay_outbox`), each kind in a loop on several concurrent
-//!   tasks, with no broker and no services;
-//! - RabbitMQ: confirmed publishes (64 in flight) and manual-ack consumes of
+//! - Postgres: the statements sas issues per order, through the library
+//!   itself (`Transitions::submit_many`, `claim`, `apply_replies`, each
+//!   handing its messages over to be deleted as the services' relay does
+//!   once the broker confirmed them), in the services' batch sizes, each
+//!   kind in a loop on several concurrent tasks, with no broker and no
+//!   services;
+//! - RabbitMQ: confirmed publishes (as many in flight as `broker.prefetch`,
+//!   128) and manual-ack consumes of
 //!   messages of the sizes sas sends, on a quorum queue (orders, step
 //!   requests, replies) and a classic one (status events);
 //! - the remote calls: the agent's HTTP POST to remote-sim, 64 concurrent.
 //!
-//! Each is measured with the machine to itself, so its time per order is what
-//! it costs of the shared cores; added up they give the most orders/s any
-//! design doing sas's transactions and messages could reach here.
+//! Each is measured with the machine to itself, and costed in machine time:
+//! the busy CPU time of every process (the servers, the client, the
+//! kernel's networking) divided by the cores, so time spent waiting (an
+//! fsync, a round trip) costs nothing that other work could not use. Added
+//! up they give the most orders/s any design doing sas's transactions and
+//! messages could reach here.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,7 +30,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use sas::broker::{BasicAckOptions, Broker, Outgoing};
 use sas::config::{DatabaseSettings, StepSpec, WorkflowSpec};
 use sas::messages::{StepOutcome, StepReply, StepRequest};
-use sas::state_store::{Actor, NewOrder, StateStore, Transitions};
+use sas::state_store::{Actor, Handoff, Held, NewOrder, OutboxRow, StateStore, Transitions};
 use sas::topology::QueueNames;
 use sas::workflow::Workflow;
 use serde::Serialize;
@@ -51,18 +57,22 @@ pub struct PgLimit {
     pub workflow: String,
     pub orders: usize,
     pub concurrency: usize,
-    pub relay_batch: usize,
+    /// Submissions or replies per transaction.
+    pub store_batch: usize,
     pub claim_batch: u32,
     pub phases: Vec<Phase>,
     /// Transactions per order (relay and claim transactions shared by their batch).
     pub tx_per_order: f64,
     /// All transactions / all time.
     pub tx_per_s: f64,
-    /// Machine time per order for the transactions, ms.
+    /// Machine time per order for the transactions (busy CPU ÷ cores), ms.
     pub ms_per_order: f64,
     /// Sizes of the messages sas sent in those transactions, by kind: mean bytes.
     pub message_bytes: Vec<(String, f64)>,
 }
+
+/// Queues a RabbitMQ limit run drives at once.
+pub const LANES: usize = 4;
 
 /// RabbitMQ moving messages of one size mix through one kind of queue.
 #[derive(Debug, Clone, Serialize)]
@@ -73,6 +83,8 @@ pub struct MqLimit {
     pub in_flight: usize,
     pub seconds: f64,
     pub msg_per_s: f64,
+    /// Messages per second of machine time (busy CPU ÷ cores).
+    pub machine_msg_per_s: f64,
 }
 
 /// remote-sim answering the agent's POSTs.
@@ -173,22 +185,26 @@ pub async fn measure(
         let mut quorum = Vec::new();
         let mut classic = Vec::new();
         for _ in 0..REPEATS {
-            quorum.push(mq_limit(env, "quorum", &quorum_sizes, o.messages).await?);
-            classic.push(mq_limit(env, "classic", &classic_sizes, o.messages).await?);
+            for (kind, sizes, runs) in [
+                ("quorum", &quorum_sizes, &mut quorum),
+                ("classic", &classic_sizes, &mut classic),
+            ] {
+                runs.push(mq_limit(env, kind, sizes, o.messages).await?);
+            }
         }
         let mq_runs: Vec<(f64, f64)> = quorum
             .iter()
             .zip(&classic)
-            .map(|(q, c)| (q.msg_per_s, c.msg_per_s))
+            .map(|(q, c)| (q.machine_msg_per_s, c.machine_msg_per_s))
             .collect();
-        let mq_quorum = median_by(quorum, |m| m.msg_per_s);
-        let mq_classic = median_by(classic, |m| m.msg_per_s);
+        let mq_quorum = median_by(quorum, |m| m.machine_msg_per_s);
+        let mq_classic = median_by(classic, |m| m.machine_msg_per_s);
         let other_share = crate::procs::snapshot(&ours).since(&before).other_share();
         let messages_per_order = (quorum_sizes.len(), classic_sizes.len());
         let pg_ms = pg.ms_per_order;
         let mq_ms = 1000.0
-            * (messages_per_order.0 as f64 / mq_quorum.msg_per_s
-                + messages_per_order.1 as f64 / mq_classic.msg_per_s);
+            * (messages_per_order.0 as f64 / mq_quorum.machine_msg_per_s
+                + messages_per_order.1 as f64 / mq_classic.machine_msg_per_s);
         let http_ms = 1000.0 * steps as f64 / http.calls_per_s;
         out.push(WorkflowLimit {
             workflow: workflow.into(),
@@ -265,11 +281,10 @@ async fn pg_limit(
     orders: usize,
     concurrency: usize,
 ) -> anyhow::Result<PgLimit> {
-    const RELAY_BATCH: usize = 32;
-    const CLAIM_BATCH: u32 = 32;
-    // Submissions or replies per transaction: about what the services' batches hold at full load.
-    const STORE_BATCH: usize = 32;
     const CLAIMERS: usize = 4;
+    // What the services' batches hold at full load: their largest.
+    let store_batch = DatabaseSettings::default().batch_size;
+    let claim_batch = sas::config::SchedulerSettings::default().claim_batch;
     let db_name = format!("sasbench_{}_limits", env.run_id);
     env.create_db(&db_name).await?;
     let result = async {
@@ -283,7 +298,9 @@ async fn pg_limit(
         )
         .await?;
         let prefix = format!("sasbench{}limits", env.run_id);
-        let transitions = Transitions::new(store.clone(), QueueNames::new(&prefix));
+        let outlet = Arc::new(Outlet::default());
+        let transitions =
+            Transitions::new(store.clone(), QueueNames::new(&prefix)).with_handoff(outlet.clone());
         let wf = Arc::new(workflow(name, steps)?);
         let status = format!("{prefix}.app.status");
         let new_orders: Vec<NewOrder> = (0..orders)
@@ -307,21 +324,28 @@ async fn pg_limit(
                 .map(|_| Actor::new_instance("scheduler"))
                 .collect(),
         );
-        // Requests the relay saw, to answer in the next round; sizes by kind.
-        let requests: Arc<Mutex<Vec<StepRequest>>> = Arc::new(Mutex::new(Vec::new()));
-        let sizes: Arc<Mutex<Vec<(String, usize)>>> =
-            Arc::new(Mutex::new(vec![("order".into(), order_body.len())]));
+        // Requests handed over, to answer in the next round; sizes by kind.
+        let requests = outlet.requests.clone();
+        let sizes = outlet.sizes.clone();
+        sizes
+            .lock()
+            .unwrap()
+            .push(("order".into(), order_body.len()));
         let mut phases = Vec::new();
+        // Machine time of the timed phases.
+        let mut machine_s = 0.0;
 
         let t = transitions.clone();
         let w = wf.clone();
         // In batches, as the submission stores what arrives together.
         let chunks: Vec<Vec<NewOrder>> = new_orders
-            .chunks(STORE_BATCH)
+            .chunks(store_batch)
             .map(<[NewOrder]>::to_vec)
             .collect();
         let n = chunks.len();
-        let secs = on_tasks(chunks, concurrency, move |_, chunk| {
+        let started = Instant::now();
+        let cpu = crate::procs::snapshot(&[]);
+        on_tasks(chunks, concurrency, move |_, chunk| {
             let (t, w) = (t.clone(), w.clone());
             let chunk = chunk.clone();
             async move {
@@ -331,56 +355,17 @@ async fn pg_limit(
             }
         })
         .await?;
-        phases.push(phase("submit", n, orders, secs));
-        vacuum(&store).await?;
-
-        let relay = |label: &str| {
-            let store = store.clone();
-            let requests = requests.clone();
-            let sizes = sizes.clone();
-            let chunks: Vec<Vec<Uuid>> = ids.chunks(RELAY_BATCH).map(<[Uuid]>::to_vec).collect();
-            let n = chunks.len();
-            let label = label.to_owned();
-            async move {
-                let secs = on_tasks(chunks, concurrency, move |_, chunk| {
-                    let (store, requests, sizes) = (store.clone(), requests.clone(), sizes.clone());
-                    let chunk = chunk.clone();
-                    async move {
-                        store
-                            .relay_outbox(&chunk, |rows| async move {
-                                let mut done = Vec::with_capacity(rows.len());
-                                let mut reqs = Vec::new();
-                                let mut sz = Vec::new();
-                                for row in rows {
-                                    sz.push((row.kind.clone(), row.body.len()));
-                                    if row.kind == "request"
-                                        && let Ok(r) = serde_json::from_slice(&row.body)
-                                    {
-                                        reqs.push(r);
-                                    }
-                                    done.push(row.id);
-                                }
-                                requests.lock().unwrap().extend(reqs);
-                                sizes.lock().unwrap().extend(sz);
-                                (done, Ok::<(), ()>(()))
-                            })
-                            .await?
-                            .1
-                            .ok();
-                        Ok(())
-                    }
-                })
-                .await?;
-                Ok::<Phase, anyhow::Error>(phase(&label, n, orders, secs))
-            }
-        };
-        phases.push(relay("relay (received)").await?);
+        let released = outlet.settle().await;
+        let secs = started.elapsed().as_secs_f64();
+        machine_s += machine_since(&cpu);
+        phases.push(phase("submit (+ delete)", n + released, orders, secs));
         vacuum(&store).await?;
 
         // Claim until every order is claimed; a claim may come back empty under concurrency.
         let claimed = Arc::new(AtomicUsize::new(0));
         let claims = Arc::new(AtomicUsize::new(0));
         let started = Instant::now();
+        let cpu = crate::procs::snapshot(&[]);
         let mut tasks = tokio::task::JoinSet::new();
         // A few claimers, as a few schedulers would; more only skip each other's rows.
         for worker in 0..concurrency.min(CLAIMERS) {
@@ -393,7 +378,7 @@ async fn pg_limit(
             tasks.spawn(async move {
                 let mut empty = 0;
                 while claimed.load(Ordering::Relaxed) < orders && empty < 200 {
-                    let got = t.claim(&actors[worker], CLAIM_BATCH, u32::MAX).await?;
+                    let got = t.claim(&actors[worker], claim_batch, u32::MAX).await?;
                     claims.fetch_add(1, Ordering::Relaxed);
                     if got.is_empty() {
                         empty += 1;
@@ -408,14 +393,14 @@ async fn pg_limit(
         while let Some(r) = tasks.join_next().await {
             r??;
         }
+        let released = outlet.settle().await;
+        machine_s += machine_since(&cpu);
         phases.push(phase(
-            "claim",
-            claims.load(Ordering::Relaxed),
+            "claim (+ delete)",
+            claims.load(Ordering::Relaxed) + released,
             claimed.load(Ordering::Relaxed),
             started.elapsed().as_secs_f64(),
         ));
-        vacuum(&store).await?;
-        phases.push(relay("relay (processing, request)").await?);
         vacuum(&store).await?;
 
         for s in 0..steps {
@@ -448,11 +433,13 @@ async fn pg_limit(
             }
             // In batches, as a scheduler applies what arrives together.
             let chunks: Vec<Vec<StepReply>> = replies
-                .chunks(STORE_BATCH)
+                .chunks(store_batch)
                 .map(<[StepReply]>::to_vec)
                 .collect();
             let n = chunks.len();
-            let secs = on_tasks(chunks, concurrency, move |worker, chunk| {
+            let started = Instant::now();
+            let cpu = crate::procs::snapshot(&[]);
+            on_tasks(chunks, concurrency, move |worker, chunk| {
                 let (t, actors) = (t.clone(), actors.clone());
                 let chunk = chunk.clone();
                 async move {
@@ -461,9 +448,15 @@ async fn pg_limit(
                 }
             })
             .await?;
-            phases.push(phase(&format!("apply replies {}", s + 1), n, orders, secs));
-            vacuum(&store).await?;
-            phases.push(relay(&format!("relay (after reply {})", s + 1)).await?);
+            let released = outlet.settle().await;
+            let secs = started.elapsed().as_secs_f64();
+            machine_s += machine_since(&cpu);
+            phases.push(phase(
+                &format!("apply replies {} (+ delete)", s + 1),
+                n + released,
+                orders,
+                secs,
+            ));
             vacuum(&store).await?;
         }
         let unfinished: i64 =
@@ -489,12 +482,12 @@ async fn pg_limit(
             workflow: name.into(),
             orders,
             concurrency,
-            relay_batch: RELAY_BATCH,
-            claim_batch: CLAIM_BATCH,
+            store_batch,
+            claim_batch,
             phases,
             tx_per_order: total_tx as f64 / orders as f64,
             tx_per_s: total_tx as f64 / total_s,
-            ms_per_order: total_s * 1000.0 / orders as f64,
+            ms_per_order: machine_s * 1000.0 / orders as f64,
             message_bytes: by_kind
                 .into_iter()
                 .map(|(k, (sum, n))| (k, sum / n as f64))
@@ -504,6 +497,59 @@ async fn pg_limit(
     .await;
     env.drop_db(&db_name).await;
     result
+}
+
+/// Machine time since `before`: busy CPU seconds of the whole machine over the cores.
+fn machine_since(before: &crate::procs::CpuSnapshot) -> f64 {
+    let used = crate::procs::snapshot(&[]).since(before);
+    used.machine_busy_share * used.wall_s
+}
+
+/// Takes the messages the transitions hand over, as the services' relay
+/// does, but instead of publishing them (the broker is measured on its
+/// own) notes the requests and sizes, then deletes them at once.
+#[derive(Debug, Default)]
+struct Outlet {
+    requests: Arc<Mutex<Vec<StepRequest>>>,
+    sizes: Arc<Mutex<Vec<(String, usize)>>>,
+    releases: tokio_util::task::TaskTracker,
+    released: AtomicUsize,
+}
+
+impl Handoff for Outlet {
+    fn publish(self: Arc<Self>, held: Held, rows: Vec<OutboxRow>) {
+        let mut ids = Vec::with_capacity(rows.len());
+        for row in rows {
+            self.sizes
+                .lock()
+                .unwrap()
+                .push((row.kind.clone(), row.body.len()));
+            if row.kind == "request"
+                && let Ok(r) = serde_json::from_slice(&row.body)
+            {
+                self.requests.lock().unwrap().push(r);
+            }
+            ids.push(row.id);
+        }
+        let outlet = self.clone();
+        self.releases.spawn(async move {
+            if held.release(&ids).await.is_ok() {
+                outlet.released.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+
+    fn later(&self, _orders: Vec<Uuid>) {}
+}
+
+impl Outlet {
+    /// Waits for the deletes under way; how many statements ran since last time.
+    async fn settle(&self) -> usize {
+        self.releases.close();
+        self.releases.wait().await;
+        self.releases.reopen();
+        self.released.swap(0, Ordering::Relaxed)
+    }
 }
 
 /// Between phases, untimed: what autovacuum would do, so every phase runs
@@ -526,94 +572,118 @@ fn phase(name: &str, transactions: usize, orders: usize, seconds: f64) -> Phase 
     }
 }
 
-/// RabbitMQ: `messages` persistent messages (sizes cycling through `sizes`)
-/// published with confirms, 64 in flight, and consumed with manual acks.
+/// RabbitMQ moving `messages` messages of the given sizes through queues of
+/// one type: published with confirms, as many in flight as the services
+/// allow, and consumed with manual acks, on [`LANES`] queues at once (sas
+/// too runs several flows at once: orders, requests, replies, events), each
+/// with its own publisher and consumer channel.
 async fn mq_limit(
     env: &Env,
     queue_type: &str,
     sizes: &[usize],
     messages: usize,
 ) -> anyhow::Result<MqLimit> {
-    const IN_FLIGHT: usize = 64;
+    // As many unconfirmed publishes and unacknowledged deliveries as the
+    // services allow themselves (`broker.prefetch`).
+    let in_flight = usize::from(sas::config::BrokerSettings::default().prefetch);
     let prefix = format!("sasbench{}limits", env.run_id);
-    let queue = format!("{prefix}.mq.{queue_type}");
+    let queues: Vec<String> = (0..LANES)
+        .map(|lane| format!("{prefix}.mq.{queue_type}.{lane}"))
+        .collect();
     let publisher_conn = Broker::connect(&env.broker_settings(&prefix), "sas-bench-mq-pub").await?;
     let consumer_conn = Broker::connect(&env.broker_settings(&prefix), "sas-bench-mq-sub").await?;
     let result = async {
-        let channel = publisher_conn.channel().await?;
-        let mut args = FieldTable::default();
-        args.insert(
-            "x-queue-type".into(),
-            AMQPValue::LongString(queue_type.into()),
-        );
-        channel
-            .queue_declare(queue.as_str().into(), QueueDeclareOptions::durable(), args)
-            .await
-            .with_context(|| format!("declaring {queue}"))?;
-        let sub = consumer_conn.channel().await?;
-        sub.basic_qos(IN_FLIGHT as u16, BasicQosOptions::default())
-            .await?;
-        let mut consumer = sub
-            .basic_consume(
-                queue.as_str().into(),
-                "sas-bench-mq".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
-        let bodies: Vec<Vec<u8>> = sizes.iter().map(|s| body_of(*s)).collect();
+        let bodies: Arc<Vec<Vec<u8>>> = Arc::new(sizes.iter().map(|s| body_of(*s)).collect());
         let mean_bytes = (0..messages)
             .map(|i| bodies[i % bodies.len()].len() as f64)
             .sum::<f64>()
             / messages as f64;
-        let started = Instant::now();
-        let consume = tokio::spawn(async move {
-            let mut got = 0;
-            while got < messages {
-                match tokio::time::timeout(Duration::from_secs(30), consumer.next()).await {
-                    Ok(Some(Ok(d))) => {
-                        d.acker.ack(BasicAckOptions::default()).await?;
-                        got += 1;
-                    }
-                    _ => anyhow::bail!("consumer stopped after {got} of {messages} messages"),
-                }
-            }
-            Ok(Instant::now())
-        });
-        let publisher = publisher_conn.publisher().await?;
-        let mut pending = std::collections::VecDeque::with_capacity(IN_FLIGHT);
-        for i in 0..messages {
-            if pending.len() >= IN_FLIGHT {
-                let p: sas::broker::PendingConfirm = pending.pop_front().expect("pending");
-                p.wait().await?;
-            }
-            let p = publisher
-                .send(&Outgoing {
-                    routing_key: &queue,
-                    body: &bodies[i % bodies.len()],
-                    mandatory: true,
-                    ..Outgoing::default()
-                })
+        let per_lane = messages.div_ceil(LANES);
+        let mut lanes = Vec::new();
+        for queue in &queues {
+            let channel = publisher_conn.channel().await?;
+            let mut args = FieldTable::default();
+            args.insert(
+                "x-queue-type".into(),
+                AMQPValue::LongString(queue_type.into()),
+            );
+            channel
+                .queue_declare(queue.as_str().into(), QueueDeclareOptions::durable(), args)
+                .await
+                .with_context(|| format!("declaring {queue}"))?;
+            let sub = consumer_conn.channel().await?;
+            sub.basic_qos(in_flight as u16, BasicQosOptions::default())
                 .await?;
-            pending.push_back(p);
+            let consumer = sub
+                .basic_consume(
+                    queue.as_str().into(),
+                    "sas-bench-mq".into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+            lanes.push((queue.clone(), publisher_conn.publisher().await?, consumer));
         }
-        for p in pending {
-            p.wait().await?;
+        let started = Instant::now();
+        let cpu = crate::procs::snapshot(&[]);
+        let mut tasks = tokio::task::JoinSet::new();
+        for (queue, publisher, mut consumer) in lanes {
+            tasks.spawn(async move {
+                let mut got = 0;
+                while got < per_lane {
+                    match tokio::time::timeout(Duration::from_secs(30), consumer.next()).await {
+                        Ok(Some(Ok(d))) => {
+                            d.acker.ack(BasicAckOptions::default()).await?;
+                            got += 1;
+                        }
+                        _ => anyhow::bail!("consumer stopped after {got} of {per_lane} messages"),
+                    }
+                }
+                Ok(())
+            });
+            let bodies = bodies.clone();
+            tasks.spawn(async move {
+                let mut pending = std::collections::VecDeque::with_capacity(in_flight);
+                for i in 0..per_lane {
+                    if pending.len() >= in_flight {
+                        let p: sas::broker::PendingConfirm = pending.pop_front().expect("pending");
+                        p.wait().await?;
+                    }
+                    let p = publisher
+                        .send(&Outgoing {
+                            routing_key: &queue,
+                            body: &bodies[i % bodies.len()],
+                            mandatory: true,
+                            ..Outgoing::default()
+                        })
+                        .await?;
+                    pending.push_back(p);
+                }
+                for p in pending {
+                    p.wait().await?;
+                }
+                Ok(())
+            });
         }
-        let done = consume.await??;
-        let seconds = done.duration_since(started).as_secs_f64();
+        while let Some(done) = tasks.join_next().await {
+            done??;
+        }
+        let machine_s = machine_since(&cpu);
+        let seconds = started.elapsed().as_secs_f64();
+        let moved = per_lane * LANES;
         Ok::<MqLimit, anyhow::Error>(MqLimit {
             queue_type: queue_type.into(),
-            messages,
+            messages: moved,
             mean_bytes,
-            in_flight: IN_FLIGHT,
+            in_flight,
             seconds,
-            msg_per_s: messages as f64 / seconds,
+            msg_per_s: moved as f64 / seconds,
+            machine_msg_per_s: moved as f64 / machine_s.max(1e-9),
         })
     }
     .await;
     consumer_conn.close().await;
-    publisher_conn.delete_queues(&[queue]).await.ok();
+    publisher_conn.delete_queues(&queues).await.ok();
     publisher_conn.close().await;
     result
 }

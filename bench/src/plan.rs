@@ -685,7 +685,9 @@ async fn cleanup(env: &Env) {
         queues.push(format!("{prefix}.app.status"));
     }
     for t in ["quorum", "classic"] {
-        queues.push(format!("sasbench{}limits.mq.{t}", env.run_id));
+        for lane in 0..crate::limits::LANES {
+            queues.push(format!("sasbench{}limits.mq.{t}.{lane}", env.run_id));
+        }
     }
     let celery: Vec<String> = ["postgres", "rpc"]
         .iter()

@@ -535,6 +535,22 @@ mod tests {
     }
 
     #[test]
+    fn the_step_queues_are_quorum_or_classic() {
+        assert_eq!(Settings::default().broker.step_queues, QueueType::Quorum);
+        let load = |v: &str| {
+            let env = [("SAS__BROKER__STEP_QUEUES".to_owned(), v.to_owned())]
+                .into_iter()
+                .collect();
+            Settings::load_with(None, Some(env))
+        };
+        let classic = load("classic").expect("classic");
+        assert_eq!(classic.broker.step_queues, QueueType::Classic);
+        assert_eq!(classic.broker.step_queues.as_str(), "classic");
+        let err = load("stream").expect_err("stream");
+        assert!(err.to_string().contains("stream"), "{err}");
+    }
+
+    #[test]
     fn retry_delay_repeats_the_last_entry() {
         let s = SupervisorSettings::default();
         assert_eq!(s.retry_delay(1), Duration::from_secs(60));
