@@ -92,7 +92,21 @@ impl Handoff for Relay {
     fn later(&self, orders: Vec<Uuid>) {
         self.push(orders);
     }
+
+    fn ready(&self) -> bool {
+        self.handoffs.len() < MAX_HANDOFFS
+            && self
+                .publisher
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some()
+    }
 }
+
+/// Hand-overs under way beyond which transitions leave their messages to
+/// the relay's passes: each holds a connection until its confirms arrive,
+/// and under load one pass for many orders costs less than a hand-over each.
+const MAX_HANDOFFS: usize = 4;
 
 impl Relay {
     /// A relay over `store`.

@@ -143,6 +143,10 @@ impl Handoff for Recorder {
     fn later(&self, orders: Vec<Uuid>) {
         self.later.lock().unwrap().extend(orders);
     }
+
+    fn ready(&self) -> bool {
+        true
+    }
 }
 
 impl Recorder {

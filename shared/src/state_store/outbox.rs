@@ -55,6 +55,14 @@ pub trait Handoff: Send + Sync + std::fmt::Debug {
 
     /// These orders' messages are left for the relay's next pass.
     fn later(&self, orders: Vec<Uuid>);
+
+    /// Whether a hand-over now would go out at once: a broker session is up
+    /// and few hand-overs are under way. Under load, when it says no, the
+    /// transitions take no outbox locks and leave their messages to the
+    /// relay, whose passes publish many orders' messages together (and a
+    /// transition never waits on a lock a busy publisher holds, nor holds a
+    /// connection while its messages wait for their confirms).
+    fn ready(&self) -> bool;
 }
 
 /// A pooled connection holding orders' outbox locks (session-level advisory

@@ -121,9 +121,10 @@ impl Transitions {
         self
     }
 
-    /// Whether transitions take their orders' outbox locks for a handoff.
+    /// Whether the transition about to run takes its orders' outbox locks
+    /// for a hand-over (decided once per transition).
     fn direct(&self) -> bool {
-        self.handoff.is_some()
+        self.handoff.as_ref().is_some_and(|h| h.ready())
     }
 
     /// Ends a transition run on `conn`: hands its committed messages on, or,
@@ -132,12 +133,13 @@ impl Transitions {
     fn settle<T>(
         &self,
         conn: PoolConnection<Postgres>,
+        direct: bool,
         outcome: Result<(T, Flushed), StoreError>,
     ) -> Result<(T, Vec<Uuid>), StoreError> {
         let (value, flushed) = match outcome {
             Ok(done) => done,
             Err(e) => {
-                if self.direct() {
+                if direct {
                     drop(Held::new(conn));
                 }
                 return Err(e);
@@ -202,8 +204,9 @@ impl Transitions {
         unit.wake();
         // One statement: atomic on its own, no transaction to open and close.
         let mut conn = self.store.pool().acquire().await?;
-        let flushed = unit.flush(&mut conn, self.direct()).await;
-        let ((), created) = self.settle(conn, flushed.map(|f| ((), f)))?;
+        let direct = self.direct();
+        let flushed = unit.flush(&mut conn, direct).await;
+        let ((), created) = self.settle(conn, direct, flushed.map(|f| ((), f)))?;
         let mut outcome = vec![Submitted::Duplicate; batch.len()];
         for id in created {
             if let Some(pos) = batch.iter().position(|(o, _)| o.order_id == id) {
@@ -223,8 +226,9 @@ impl Transitions {
         max_held: u32,
     ) -> Result<Vec<Uuid>, StoreError> {
         let mut conn = self.store.pool().acquire().await?;
-        let outcome = self.claim_on(&mut conn, me, limit, max_held).await;
-        self.settle(conn, outcome).map(|(ids, _)| ids)
+        let direct = self.direct();
+        let outcome = self.claim_on(&mut conn, me, limit, max_held, direct).await;
+        self.settle(conn, direct, outcome).map(|(ids, _)| ids)
     }
 
     async fn claim_on(
@@ -233,6 +237,7 @@ impl Transitions {
         me: &Actor,
         limit: u32,
         max_held: u32,
+        direct: bool,
     ) -> Result<(Vec<Uuid>, Flushed), StoreError> {
         let mut tx = conn.begin().await?;
         let claimed = orders::claimable(
@@ -240,7 +245,7 @@ impl Transitions {
             i64::from(limit),
             &me.name,
             i64::from(max_held),
-            self.direct(),
+            direct,
         )
         .await?;
         if claimed.is_empty() {
@@ -273,7 +278,7 @@ impl Transitions {
             }
             self.advance(&mut unit, i, me)?;
         }
-        let flushed = unit.flush(&mut tx, self.direct()).await?;
+        let flushed = unit.flush(&mut tx, direct).await?;
         tx.commit().await?;
         Ok((ids, flushed))
     }
@@ -302,8 +307,10 @@ impl Transitions {
         replies: &[StepReply],
     ) -> Result<Vec<ReplyOutcome>, StoreError> {
         let mut conn = self.store.pool().acquire().await?;
-        let outcome = self.apply_on(&mut conn, me, replies).await;
-        self.settle(conn, outcome).map(|(outcome, _)| outcome)
+        let direct = self.direct();
+        let outcome = self.apply_on(&mut conn, me, replies, direct).await;
+        self.settle(conn, direct, outcome)
+            .map(|(outcome, _)| outcome)
     }
 
     async fn apply_on(
@@ -311,18 +318,19 @@ impl Transitions {
         conn: &mut PgConnection,
         me: &Actor,
         replies: &[StepReply],
+        direct: bool,
     ) -> Result<(Vec<ReplyOutcome>, Flushed), StoreError> {
         let mut ids: Vec<Uuid> = replies.iter().map(|r| r.order_id).collect();
         ids.sort_unstable();
         ids.dedup();
         let mut tx = conn.begin().await?;
-        let locked = orders::lock_many(&mut tx, &ids, self.direct()).await?;
+        let locked = orders::lock_many(&mut tx, &ids, direct).await?;
         let mut unit = Unit::load(&mut tx, locked).await?;
         let mut outcome = Vec::with_capacity(replies.len());
         for reply in replies {
             outcome.push(self.apply_one(&mut unit, me, reply)?);
         }
-        let flushed = unit.flush(&mut tx, self.direct()).await?;
+        let flushed = unit.flush(&mut tx, direct).await?;
         tx.commit().await?;
         Ok((outcome, flushed))
     }
@@ -448,8 +456,10 @@ impl Transitions {
         settings: &SupervisorSettings,
     ) -> Result<Vec<Expired>, StoreError> {
         let mut conn = self.store.pool().acquire().await?;
-        let outcome = self.recover_on(&mut conn, me, settings).await;
-        self.settle(conn, outcome).map(|(recovered, _)| recovered)
+        let direct = self.direct();
+        let outcome = self.recover_on(&mut conn, me, settings, direct).await;
+        self.settle(conn, direct, outcome)
+            .map(|(recovered, _)| recovered)
     }
 
     async fn recover_on(
@@ -457,9 +467,10 @@ impl Transitions {
         conn: &mut PgConnection,
         me: &Actor,
         settings: &SupervisorSettings,
+        direct: bool,
     ) -> Result<(Vec<Expired>, Flushed), StoreError> {
         let mut tx = conn.begin().await?;
-        let expired = orders::expired(&mut tx, i64::from(settings.batch), self.direct()).await?;
+        let expired = orders::expired(&mut tx, i64::from(settings.batch), direct).await?;
         if expired.is_empty() {
             return Ok((Vec::new(), Flushed::default()));
         }
@@ -547,7 +558,7 @@ impl Transitions {
             });
             crate::crash::point("supervisor.mid_sweep");
         }
-        let flushed = unit.flush(&mut tx, self.direct()).await?;
+        let flushed = unit.flush(&mut tx, direct).await?;
         tx.commit().await?;
         Ok((recovered, flushed))
     }
