@@ -127,6 +127,8 @@ async fn connect_cost(url: &str) -> i64 {
 /// and deletes them at once.
 #[derive(Debug, Default)]
 struct Recorder {
+    /// Says it is too busy to take hand-overs.
+    busy: bool,
     rows: std::sync::Mutex<Vec<OutboxRow>>,
     later: std::sync::Mutex<Vec<Uuid>>,
     releases: tokio_util::task::TaskTracker,
@@ -145,7 +147,7 @@ impl Handoff for Recorder {
     }
 
     fn ready(&self) -> bool {
-        true
+        !self.busy
     }
 }
 
@@ -425,5 +427,46 @@ async fn a_stores_connections_plan_each_statement_once() {
         .await
         .expect("show");
     assert_eq!(mode, "force_generic_plan");
+    store.close().await;
+}
+
+#[tokio::test]
+async fn a_relay_too_busy_for_hand_overs_gets_every_message_through_its_pass() {
+    let app = TestApp::new().await;
+    let settings = Settings::load(Some(&app.config)).expect("settings");
+    let wf = settings.workflow("one").expect("workflow");
+    let store = StateStore::from_pool(pool(&app.db_url).await);
+    let busy = std::sync::Arc::new(Recorder {
+        busy: true,
+        ..Recorder::default()
+    });
+    let t = Transitions::new(store.clone(), app.queues.clone()).with_handoff(busy.clone());
+    let order = NewOrder {
+        order_id: Uuid::new_v4(),
+        workflow: "one".into(),
+        payload: json!({}),
+        reply_to: Some(app.status_queue("busy").await),
+        priority: 0,
+        not_before: None,
+        trace_id: None,
+    };
+    t.submit(&order, &wf).await.expect("submit");
+    let me = Actor::new_instance("scheduler");
+    assert_eq!(t.claim(&me, 10, 10).await.expect("claim").len(), 1);
+    assert!(busy.take().await.is_empty(), "nothing handed over");
+    assert_eq!(
+        *busy.later.lock().unwrap(),
+        vec![order.order_id, order.order_id],
+        "each transition told the relay"
+    );
+    let (held, relayed) = store
+        .relay_outbox(&[order.order_id], |rows| async move {
+            let ids = rows.iter().map(|r| r.id).collect();
+            (ids, Ok::<(), ()>(()))
+        })
+        .await
+        .expect("relay");
+    assert!(held.is_empty(), "no outbox lock was taken");
+    assert_eq!(relayed, Ok(3), "received, processing and the request");
     store.close().await;
 }
