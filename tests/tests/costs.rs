@@ -414,23 +414,6 @@ async fn an_order_with_older_messages_waiting_is_left_to_the_relay_so_its_events
 }
 
 #[tokio::test]
-async fn a_stores_connections_plan_each_statement_once() {
-    let app = TestApp::new().await;
-    let settings = Settings::load(Some(&app.config)).expect("settings");
-    let store = StateStore::connect(&settings.database, "costs")
-        .await
-        .expect("connect");
-    // Planned afresh on every run, sas's large statements cost a batch of
-    // one (low load) more to plan than to run.
-    let mode: String = sqlx::query_scalar("SHOW plan_cache_mode")
-        .fetch_one(store.pool())
-        .await
-        .expect("show");
-    assert_eq!(mode, "force_generic_plan");
-    store.close().await;
-}
-
-#[tokio::test]
 async fn a_relay_too_busy_for_hand_overs_gets_every_message_through_its_pass() {
     let app = TestApp::new().await;
     let settings = Settings::load(Some(&app.config)).expect("settings");

@@ -89,18 +89,10 @@ impl StateStore {
             .url
             .parse::<PgConnectOptions>()?
             .application_name(app)
-            .options([
-                (
-                    "statement_timeout",
-                    settings.statement_timeout.as_millis().to_string(),
-                ),
-                // Plan each prepared statement once per connection: left to
-                // choose, Postgres plans sas's large statements afresh on
-                // every run (their cost depends on the arrays bound), and at
-                // low load, where a batch is one order, planning was most
-                // of Postgres's work per order.
-                ("plan_cache_mode", "force_generic_plan".to_owned()),
-            ])
+            .options([(
+                "statement_timeout",
+                settings.statement_timeout.as_millis().to_string(),
+            )])
             .log_statements(tracing::log::LevelFilter::Trace);
         let started = std::time::Instant::now();
         let mut wait = Duration::from_millis(100);
