@@ -163,7 +163,7 @@ impl Default for Metrics {
         );
         registry.register(
             "outbox_published",
-            "Outbox messages confirmed, by kind",
+            "Outbox messages confirmed, by kind and by path (handed over by the transition, or taken by a pass of the relay)",
             m.outbox_published.clone(),
         );
         registry.register(

@@ -8,12 +8,14 @@
 //! all its rows in sequence; a relay that finds an order taken leaves it and
 //! tries again a moment later, so relays never queue behind each other.
 //!
-//! The usual path skips the relay's own transaction: a transition hands its
-//! committed messages over ([`Handoff`]) together with the connection that
-//! still holds its orders' outbox locks, and they are published at once,
-//! then deleted. The relay's pass is the way back for what that path could
-//! not do: messages of orders with older ones still waiting, messages whose
-//! publish failed, and rows that a dead process left behind.
+//! While the relay is not busy, transitions skip its transaction: a
+//! transition hands its committed messages over ([`Handoff`]) together with
+//! the connection that still holds its orders' outbox locks, and they are
+//! published at once, then deleted. Under load (a few hand-overs under way)
+//! the relay's passes take everything, many orders at a time; they are also
+//! the way back for what a hand-over could not do: messages of orders with
+//! older ones still waiting, messages whose publish failed, and rows that a
+//! dead process left behind. `outbox_published{kind, path}` counts both.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -61,7 +63,7 @@ impl Handoff for Relay {
             let orders: Vec<(i64, Uuid)> = rows.iter().map(|r| (r.id, r.order_id)).collect();
             let (done, outcome) = match publisher {
                 Some(publisher) if !rows.is_empty() => {
-                    publish_rows(&publisher, &relay.metrics, rows).await
+                    publish_rows(&publisher, &relay.metrics, "handoff", rows).await
                 }
                 // Between broker sessions: the relay's next pass sends them.
                 None => (
@@ -223,7 +225,9 @@ impl Relay {
         let started = std::time::Instant::now();
         let outcome = self
             .store
-            .relay_outbox(orders, |rows| publish_rows(publisher, &self.metrics, rows))
+            .relay_outbox(orders, |rows| {
+                publish_rows(publisher, &self.metrics, "relay", rows)
+            })
             .await;
         match outcome {
             Ok((held, Ok(n))) => {
@@ -249,9 +253,11 @@ impl Relay {
 
 /// Publishes rows pipelined: every message first, then every confirmation.
 /// Returns the ids that may be deleted, and whether the broker is still usable.
+/// `path` labels the count: `handoff` or `relay`.
 async fn publish_rows(
     publisher: &Publisher,
     metrics: &Metrics,
+    path: &str,
     rows: Vec<OutboxRow>,
 ) -> (Vec<i64>, Result<(), BrokerError>) {
     let mut sent = Vec::with_capacity(rows.len());
@@ -284,7 +290,7 @@ async fn publish_rows(
             Ok(()) => {
                 metrics
                     .outbox_published
-                    .get_or_create(&labels(&[("kind", &row.kind)]))
+                    .get_or_create(&labels(&[("kind", &row.kind), ("path", path)]))
                     .inc();
                 done.push(row.id);
             }

@@ -140,3 +140,33 @@ async fn the_counters_equal_what_happened() {
         0.0
     );
 }
+
+/// One order at a time, the relay is never busy: every step request goes out
+/// handed over by the claim that wrote it, none through a pass of the relay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_low_load_the_messages_are_handed_over_not_relayed() {
+    let app = TestApp::new().await;
+    app.start_all().await;
+    for n in 1..=3 {
+        app.submit_many("one", 1, None).await;
+        app.eventually("the order ended", Duration::from_secs(30), || async {
+            app.count_in("processed").await == n
+        })
+        .await;
+    }
+    let scheduler = app.metrics("scheduler").await;
+    assert_eq!(
+        sample(
+            &scheduler,
+            r#"sas_outbox_published_total{kind="request",path="handoff"}"#
+        ),
+        3.0
+    );
+    assert_eq!(
+        sample(
+            &scheduler,
+            r#"sas_outbox_published_total{kind="request",path="relay"}"#
+        ),
+        0.0
+    );
+}

@@ -16,8 +16,7 @@ use uuid::Uuid;
 
 use super::events::Event;
 use super::orders::{self, NewOrder, OrderRow};
-use super::outbox;
-use super::outbox::{Handoff, Held};
+use super::outbox::{self, Handoff, Held};
 use super::steps::StepRow;
 use super::unit::{Flushed, Unit};
 use super::{StateStore, StoreError};
@@ -112,10 +111,12 @@ impl Transitions {
     }
 
     /// The same transitions, handing the messages of each submission, claim,
-    /// reply and recovery to `handoff` as soon as they are committed: the
-    /// transition keeps its orders' outbox locks past its commit and passes
-    /// them on with the connection, so the messages go out at once and in
-    /// order, without a relay's transaction of their own.
+    /// reply and recovery to `handoff` as soon as they are committed, while
+    /// it is [`ready`](Handoff::ready): the transition keeps its orders'
+    /// outbox locks past its commit and passes them on with the connection,
+    /// so the messages go out at once and in order, without a relay's
+    /// transaction of their own. Otherwise, and for the messages it cannot
+    /// send in order, it tells `handoff` which orders the relay should take.
     pub fn with_handoff(mut self, handoff: Arc<dyn Handoff>) -> Self {
         self.handoff = Some(handoff);
         self

@@ -654,3 +654,14 @@ fn bind_messages<'q>(q: Flush<'q>, messages: &[NewMessage]) -> Flush<'q> {
         .bind(traces)
         .bind(bodies)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_write_back_takes_new_orders_outbox_locks_by_the_relays_key() {
+        // A literal in the statement: it must stay the key the relay try-locks.
+        assert!(FLUSH.contains(&super::super::outbox::lock_key("order_id")));
+    }
+}
