@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Settings;
 use crate::http::{self, Health};
 use crate::metrics::Metrics;
-use crate::state_store::StateStore;
+use crate::state_store::{Plans, StateStore};
 use crate::telemetry;
 use crate::topology::QueueNames;
 
@@ -51,8 +51,8 @@ pub struct Spec {
     pub name: &'static str,
     /// Its HTTP port unless `http.port` says otherwise.
     pub default_port: u16,
-    /// Whether it connects to Postgres.
-    pub uses_store: bool,
+    /// Whether it connects to Postgres, and how its statements are planned.
+    pub store: Option<Plans>,
 }
 
 /// Runs a service to completion and turns the outcome into an exit code:
@@ -102,7 +102,7 @@ where
     match run(
         spec.name,
         spec.default_port,
-        spec.uses_store,
+        spec.store,
         settings,
         routes,
         work,
@@ -124,7 +124,7 @@ where
 async fn run<R, F, Fut>(
     name: &'static str,
     default_port: u16,
-    uses_store: bool,
+    store: Option<Plans>,
     settings: Settings,
     routes: R,
     work: F,
@@ -135,10 +135,9 @@ where
     Fut: Future<Output = anyhow::Result<()>>,
 {
     let shutdown = crate::shutdown::on_signal()?;
-    let store = if uses_store {
-        Some(StateStore::connect(&settings.database, name).await?)
-    } else {
-        None
+    let store = match store {
+        Some(plans) => Some(StateStore::connect_with(&settings.database, name, plans).await?),
+        None => None,
     };
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::new(store.clone()));

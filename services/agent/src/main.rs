@@ -28,7 +28,7 @@ async fn main() -> ExitCode {
     let spec = Spec {
         name: "agent",
         default_port: 9103,
-        uses_store: false,
+        store: None,
     };
     let only = args.agents;
     sas::service::main(spec, args.common, |_| {}, move |ctx| agent::run(ctx, only)).await

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use sas::service::{CommonArgs, Spec};
+use sas::state_store::Plans;
 
 /// sas operator dashboard.
 #[derive(Parser)]
@@ -25,7 +26,7 @@ async fn main() -> ExitCode {
     let spec = Spec {
         name: "dashboard",
         default_port: 9105,
-        uses_store: true,
+        store: Some(Plans::PerExecution),
     };
     sas::service::main_with_routes(
         spec,

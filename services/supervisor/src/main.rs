@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use sas::service::{CommonArgs, Spec};
+use sas::state_store::Plans;
 
 /// sas supervisor.
 #[derive(Parser)]
@@ -22,7 +23,7 @@ async fn main() -> ExitCode {
     let spec = Spec {
         name: "supervisor",
         default_port: 9104,
-        uses_store: true,
+        store: Some(Plans::Generic),
     };
     sas::service::main(spec, args.common, |_| {}, supervisor::run).await
 }
