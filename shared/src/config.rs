@@ -91,13 +91,18 @@ pub struct BrokerSettings {
     pub prefix: String,
     /// Unacknowledged deliveries per consumer.
     pub prefetch: u16,
-    /// Deliveries of one message before the broker dead-letters it (quorum queues).
+    /// Deliveries of one message before the broker dead-letters it (quorum
+    /// queues only: the orders queue, and the step queues when quorum).
     pub delivery_limit: u32,
     /// How long start-up keeps trying to reach RabbitMQ before giving up.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// The type of the step queues (the agents' request queues and the
-    /// schedulers' reply queue) when sas declares them.
+    /// schedulers' reply queue) when sas declares them. Classic by default:
+    /// they carry nothing Postgres does not hold (a lost request or reply
+    /// is re-dispatched once complete-by passes), and a classic queue hands
+    /// a message to a waiting consumer without first writing it to a
+    /// replicated log, which is most of a step's latency at low load.
     pub step_queues: QueueType,
 }
 
@@ -130,7 +135,7 @@ impl Default for BrokerSettings {
             prefetch: 128,
             delivery_limit: 20,
             connect_timeout: Duration::from_secs(30),
-            step_queues: QueueType::Quorum,
+            step_queues: QueueType::Classic,
         }
     }
 }
@@ -536,16 +541,16 @@ mod tests {
 
     #[test]
     fn the_step_queues_are_quorum_or_classic() {
-        assert_eq!(Settings::default().broker.step_queues, QueueType::Quorum);
+        assert_eq!(Settings::default().broker.step_queues, QueueType::Classic);
         let load = |v: &str| {
             let env = [("SAS__BROKER__STEP_QUEUES".to_owned(), v.to_owned())]
                 .into_iter()
                 .collect();
             Settings::load_with(None, Some(env))
         };
-        let classic = load("classic").expect("classic");
-        assert_eq!(classic.broker.step_queues, QueueType::Classic);
-        assert_eq!(classic.broker.step_queues.as_str(), "classic");
+        let quorum = load("quorum").expect("quorum");
+        assert_eq!(quorum.broker.step_queues, QueueType::Quorum);
+        assert_eq!(quorum.broker.step_queues.as_str(), "quorum");
         let err = load("stream").expect_err("stream");
         assert!(err.to_string().contains("stream"), "{err}");
     }
