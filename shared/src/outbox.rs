@@ -95,6 +95,32 @@ impl Handoff for Relay {
         self.push(orders);
     }
 
+    fn follow(self: Arc<Self>, mut orders: Vec<Uuid>) {
+        let publisher = self
+            .publisher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let Some(publisher) = publisher else {
+            return self.push(orders);
+        };
+        orders.sort_unstable();
+        let relay = self.clone();
+        // Its own transaction, waiting for the locks: the relay's passes
+        // never wait, so that one busy order cannot hold up the rest.
+        self.handoffs.spawn(async move {
+            let outcome = relay
+                .store
+                .relay_outbox(&orders, true, |rows| {
+                    publish_rows(&publisher, &relay.metrics, "follow", rows)
+                })
+                .await;
+            if !matches!(outcome, Ok((_, Ok(_)))) {
+                relay.push(orders);
+            }
+        });
+    }
+
     fn ready(&self) -> bool {
         self.handoffs.len() < MAX_HANDOFFS
             && self
@@ -225,7 +251,7 @@ impl Relay {
         let started = std::time::Instant::now();
         let outcome = self
             .store
-            .relay_outbox(orders, |rows| {
+            .relay_outbox(orders, false, |rows| {
                 publish_rows(publisher, &self.metrics, "relay", rows)
             })
             .await;

@@ -129,8 +129,12 @@ async fn connect_cost(url: &str) -> i64 {
 struct Recorder {
     /// Says it is too busy to take hand-overs.
     busy: bool,
+    /// Keeps what it is handed, unreleased, in `kept`.
+    keep: bool,
+    kept: std::sync::Mutex<Vec<(Held, Vec<i64>)>>,
     rows: std::sync::Mutex<Vec<OutboxRow>>,
     later: std::sync::Mutex<Vec<Uuid>>,
+    follow: std::sync::Mutex<Vec<Uuid>>,
     releases: tokio_util::task::TaskTracker,
 }
 
@@ -138,12 +142,19 @@ impl Handoff for Recorder {
     fn publish(self: std::sync::Arc<Self>, held: Held, rows: Vec<OutboxRow>) {
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
         self.rows.lock().unwrap().extend(rows);
+        if self.keep {
+            return self.kept.lock().unwrap().push((held, ids));
+        }
         self.releases
             .spawn(async move { held.release(&ids).await.expect("release") });
     }
 
     fn later(&self, orders: Vec<Uuid>) {
         self.later.lock().unwrap().extend(orders);
+    }
+
+    fn follow(self: std::sync::Arc<Self>, orders: Vec<Uuid>) {
+        self.follow.lock().unwrap().extend(orders);
     }
 
     fn ready(&self) -> bool {
@@ -220,7 +231,7 @@ async fn run_batch(app: &TestApp, workflow: &str, publishing: Publishing) -> Cos
         }
         let sink = seen.clone();
         let (held, _) = store
-            .relay_outbox(&ids, move |rows| async move {
+            .relay_outbox(&ids, false, move |rows| async move {
                 let ids = rows.iter().map(|r| r.id).collect();
                 sink.lock().unwrap().extend(rows);
                 (ids, Ok::<(), ()>(()))
@@ -443,7 +454,7 @@ async fn a_relay_too_busy_for_hand_overs_gets_every_message_through_its_pass() {
         "each transition told the relay"
     );
     let (held, relayed) = store
-        .relay_outbox(&[order.order_id], |rows| async move {
+        .relay_outbox(&[order.order_id], false, |rows| async move {
             let ids = rows.iter().map(|r| r.id).collect();
             (ids, Ok::<(), ()>(()))
         })
@@ -451,5 +462,142 @@ async fn a_relay_too_busy_for_hand_overs_gets_every_message_through_its_pass() {
         .expect("relay");
     assert!(held.is_empty(), "no outbox lock was taken");
     assert_eq!(relayed, Ok(3), "received, processing and the request");
+    store.close().await;
+}
+
+#[tokio::test]
+async fn a_transition_does_not_wait_for_the_previous_publisher_and_its_messages_follow_in_order() {
+    let app = TestApp::new().await;
+    let settings = Settings::load(Some(&app.config)).expect("settings");
+    let wf = settings.workflow("one").expect("workflow");
+    let order = NewOrder {
+        order_id: Uuid::new_v4(),
+        workflow: "one".into(),
+        payload: json!({}),
+        reply_to: Some(app.status_queue("follow").await),
+        priority: 0,
+        not_before: None,
+        trace_id: None,
+    };
+    // The submission hands `received` over and is still publishing it: its
+    // connection holds the order's outbox lock.
+    let submitter = StateStore::from_pool(pool(&app.db_url).await);
+    let publishing = std::sync::Arc::new(Recorder {
+        keep: true,
+        ..Recorder::default()
+    });
+    Transitions::new(submitter.clone(), app.queues.clone())
+        .with_handoff(publishing.clone())
+        .submit(&order, &wf)
+        .await
+        .expect("submit");
+    let (held, received) = publishing.kept.lock().unwrap().pop().expect("handed over");
+    assert_eq!(received.len(), 1);
+    let store = StateStore::from_pool(pool(&app.db_url).await);
+    let recorder = std::sync::Arc::new(Recorder::default());
+    let direct = Transitions::new(store.clone(), app.queues.clone()).with_handoff(recorder.clone());
+    let me = Actor::new_instance("scheduler");
+    let claimed =
+        tokio::time::timeout(std::time::Duration::from_secs(5), direct.claim(&me, 10, 10))
+            .await
+            .expect("the claim does not wait for the publisher")
+            .expect("claim");
+    assert_eq!(claimed, vec![order.order_id]);
+    assert!(
+        recorder.take().await.is_empty(),
+        "nothing published ahead of `received`"
+    );
+    assert!(recorder.later.lock().unwrap().is_empty());
+    assert_eq!(*recorder.follow.lock().unwrap(), vec![order.order_id]);
+    // A follower waits for the lock, then publishes the rest in order.
+    let published = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let follower = {
+        let store = store.clone();
+        let id = order.order_id;
+        let published = published.clone();
+        tokio::spawn(async move {
+            store
+                .relay_outbox(&[id], true, |rows| async move {
+                    let ids = rows.iter().map(|r| r.id).collect();
+                    published.lock().unwrap().extend(rows.iter().map(|r| {
+                        let body: serde_json::Value =
+                            serde_json::from_slice(&r.body).expect("json");
+                        body["state"]
+                            .as_str()
+                            .map_or(r.kind.clone(), |s| format!("{}:{s}", r.kind))
+                    }));
+                    (ids, Ok::<(), ()>(()))
+                })
+                .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !follower.is_finished(),
+        "the follower waits for the publisher"
+    );
+    held.release(&received).await.expect("release");
+    let (held, relayed) = follower.await.expect("join").expect("relay");
+    assert!(held.is_empty());
+    assert_eq!(relayed, Ok(2));
+    assert_eq!(
+        *published.lock().unwrap(),
+        ["status:processing", "request"],
+        "the rest of the order's messages, oldest first, and not `received` again"
+    );
+    submitter.close().await;
+    store.close().await;
+}
+
+#[tokio::test]
+async fn a_hand_over_lets_its_outbox_locks_go_only_once_its_messages_are_deleted() {
+    let app = TestApp::new().await;
+    let settings = Settings::load(Some(&app.config)).expect("settings");
+    let wf = settings.workflow("one").expect("workflow");
+    let order = NewOrder {
+        order_id: Uuid::new_v4(),
+        workflow: "one".into(),
+        payload: json!({}),
+        reply_to: Some(app.status_queue("release").await),
+        priority: 0,
+        not_before: None,
+        trace_id: None,
+    };
+    let store = StateStore::from_pool(pool(&app.db_url).await);
+    let publishing = std::sync::Arc::new(Recorder {
+        keep: true,
+        ..Recorder::default()
+    });
+    Transitions::new(store.clone(), app.queues.clone())
+        .with_handoff(publishing.clone())
+        .submit(&order, &wf)
+        .await
+        .expect("submit");
+    let (held, received) = publishing.kept.lock().unwrap().pop().expect("handed over");
+    // Someone holds the published row, so the hand-over's delete must wait.
+    let mut blocker = PgConnection::connect(&app.db_url).await.expect("connect");
+    let mut tx = blocker.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM outbox WHERE id = ANY($1) FOR UPDATE")
+        .bind(&received)
+        .execute(&mut *tx)
+        .await
+        .expect("row lock");
+    let release = tokio::spawn(async move { held.release(&received).await });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let mut other = PgConnection::connect(&app.db_url).await.expect("connect");
+    let free: bool = sqlx::query_scalar(
+        "SELECT pg_try_advisory_lock(hashtextextended('sas.outbox:' || $1::text, 0))",
+    )
+    .bind(order.order_id)
+    .fetch_one(&mut other)
+    .await
+    .expect("try lock");
+    assert!(
+        !free,
+        "the order's lock is still held while its published rows are not deleted: \
+         a relay taking it now would publish them again"
+    );
+    tx.rollback().await.expect("rollback");
+    release.await.expect("join").expect("release");
     store.close().await;
 }

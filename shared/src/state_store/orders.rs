@@ -44,7 +44,8 @@ pub struct Locked {
     #[sqlx(flatten)]
     pub order: OrderRow,
     pub tx_now: DateTime<Utc>,
-    /// Whether this connection took the order's outbox lock with it.
+    /// Whether this connection took the order's outbox lock with it (`None`:
+    /// not asked to, or another publisher holds it).
     pub outbox_locked: Option<bool>,
     /// Its steps, read in the same round trip, unless the order changed
     /// while this statement waited for its lock (then read them afresh).
@@ -53,9 +54,12 @@ pub struct Locked {
 
 /// Wraps a `SELECT … FOR UPDATE` of orders (`locked`, returning [`COLUMNS`],
 /// `tx_now` and `row_xmin`) so that it also returns each order's steps and,
-/// when parameter `$flag` is true, the connection takes each returned
-/// order's outbox lock ([`super::outbox::Held`]), waiting for a publisher
-/// that holds it. The rows come back in order id order.
+/// when parameter `$flag` is true, the connection tries to take each
+/// returned order's outbox lock ([`super::outbox::Held`]). It does not wait
+/// for a publisher that holds one (the previous transition's messages on
+/// their way): the transaction goes on, and its messages for that order
+/// follow once the lock comes free ([`super::outbox::Handoff::follow`]).
+/// The rows come back in order id order.
 ///
 /// The steps are read with the statement's snapshot, from before any wait
 /// for a row lock: when the locked row is newer than that snapshot's (it
@@ -68,12 +72,10 @@ fn taking_outbox_locks(locked: &str, flag: u8) -> String {
            THEN (SELECT coalesce(json_agg(s ORDER BY s.idx), '[]') FROM ( \
              SELECT {steps} FROM steps WHERE steps.order_id = l.order_id) s) END AS steps \
          FROM l LEFT JOIN LATERAL ( \
-           SELECT set_config('lock_timeout', '{timeout}', true) IS NOT NULL \
-             AND pg_advisory_lock({key})::text IS NOT NULL AS outbox_locked \
+           SELECT pg_try_advisory_lock({key}) AS outbox_locked \
            WHERE ${flag}) k ON k.outbox_locked \
          ORDER BY l.order_id",
         steps = super::steps::COLUMNS,
-        timeout = super::outbox::LOCK_TIMEOUT,
         key = super::outbox::lock_key("l.order_id"),
     )
 }

@@ -34,8 +34,9 @@ pub struct Message<'a> {
     pub body: &'a Value,
 }
 
-/// How long a transition waits for an order's outbox lock before it fails:
-/// a publisher holds the lock for a publish and a delete, milliseconds.
+/// How long a follower ([`Handoff::follow`]) waits for an order's outbox
+/// lock before it gives up and leaves the order to the relay's passes: a
+/// publisher holds the lock for a publish and a delete, milliseconds.
 pub(super) const LOCK_TIMEOUT: &str = "30s";
 
 /// The SQL of an order's outbox lock key, for the order id in `column`: one
@@ -55,6 +56,14 @@ pub trait Handoff: Send + Sync + std::fmt::Debug {
 
     /// These orders' messages are left for the relay's next pass.
     fn later(&self, orders: Vec<Uuid>);
+
+    /// These orders' outbox locks were held by another publisher when the
+    /// transition tried to take them (their previous messages were on their
+    /// way): publish their messages once the locks come free. By default,
+    /// the relay's next pass.
+    fn follow(self: std::sync::Arc<Self>, orders: Vec<Uuid>) {
+        self.later(orders);
+    }
 
     /// Whether a hand-over now would go out at once: a broker session is up
     /// and few hand-overs are under way. Under load, when it says no, the
@@ -89,10 +98,14 @@ impl Held {
         let Some(mut conn) = self.conn.take() else {
             return Ok(());
         };
+        // The locks go only once the rows are deleted (the delete is read
+        // first): a relay waiting for a lock must find its order's published
+        // rows deleted, if not yet committed, or it would publish them again.
+        // An unread data-modifying `WITH` runs after the rest of its statement.
         let done = sqlx::query(
             "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), \
-             gone AS (DELETE FROM outbox WHERE id = ANY($1)) \
-             SELECT pg_advisory_unlock_all() FROM relaxed",
+             gone AS (DELETE FROM outbox WHERE id = ANY($1) RETURNING 1) \
+             SELECT pg_advisory_unlock_all() FROM relaxed, (SELECT count(*) FROM gone) g",
         )
         .bind(published)
         .execute(&mut *conn)
@@ -131,8 +144,10 @@ struct TakenRow {
 /// publishes them and commits, or rolls back to keep them. Taken are the
 /// orders no other relay holds right now (a transaction-scoped advisory lock
 /// per order), so each order's messages are published by one relay at a
-/// time, in sequence, and relays never wait on each other. Returns the
-/// orders taken and their messages.
+/// time, in sequence, and relays never wait on each other; with `wait`,
+/// every order, once its publisher lets it go (give `order_ids` sorted, so
+/// that two waiters cannot deadlock). Returns the orders taken and their
+/// messages.
 ///
 /// The relay's transaction only removes rows it has published, so it
 /// commits without waiting for the disk (`synchronous_commit = off`): if a
@@ -142,12 +157,16 @@ struct TakenRow {
 pub async fn take(
     conn: &mut PgConnection,
     order_ids: &[Uuid],
+    wait: bool,
 ) -> Result<(Vec<Uuid>, Vec<OutboxRow>), sqlx::Error> {
     let found = sqlx::query_as::<_, TakenRow>(sqlx::AssertSqlSafe(format!(
         "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), \
          taken AS MATERIALIZED ( \
            SELECT id FROM relaxed, unnest($1::uuid[]) AS t(id) \
-           WHERE pg_try_advisory_xact_lock({key})), \
+           WHERE CASE WHEN $2 \
+             THEN set_config('lock_timeout', '{LOCK_TIMEOUT}', true) IS NOT NULL \
+               AND pg_advisory_xact_lock({key})::text IS NOT NULL \
+             ELSE pg_try_advisory_xact_lock({key}) END), \
          gone AS (DELETE FROM outbox o USING taken t WHERE o.order_id = t.id RETURNING o.*) \
          SELECT t.id AS taken, g.id, g.kind, g.routing_key, g.correlation_id, g.reply_to, \
            g.traceparent, g.body \
@@ -156,6 +175,7 @@ pub async fn take(
         key = lock_key("id")
     )))
     .bind(order_ids)
+    .bind(wait)
     .fetch_all(conn)
     .await?;
     let mut taken = Vec::new();

@@ -150,6 +150,9 @@ impl Transitions {
             if !flushed.later.is_empty() {
                 handoff.later(flushed.later);
             }
+            if !flushed.follow.is_empty() {
+                handoff.clone().follow(flushed.follow);
+            }
             if flushed.holds_locks {
                 handoff.clone().publish(Held::new(conn), flushed.publish);
             }
@@ -990,9 +993,11 @@ impl StateStore {
     /// the orders no other relay holds, runs `publish` on their messages,
     /// deletes the ones it reports published, and commits. Returns the orders
     /// another relay held (to try again shortly) and `publish`'s verdict.
+    /// With `wait`, it waits for those instead ([`outbox::take`]).
     pub async fn relay_outbox<F, Fut, E>(
         &self,
         order_ids: &[Uuid],
+        wait: bool,
         publish: F,
     ) -> Result<(Vec<Uuid>, Result<usize, E>), StoreError>
     where
@@ -1000,7 +1005,7 @@ impl StateStore {
         Fut: std::future::Future<Output = (Vec<i64>, Result<(), E>)>,
     {
         let mut tx = self.pool().begin().await?;
-        let (taken, rows) = outbox::take(&mut tx, order_ids).await?;
+        let (taken, rows) = outbox::take(&mut tx, order_ids, wait).await?;
         let held: Vec<Uuid> = order_ids
             .iter()
             .filter(|id| !taken.contains(id))

@@ -343,7 +343,7 @@ impl Unit {
         }
         let new: std::collections::HashSet<Uuid> =
             inserted.iter().map(|t| t.order.order_id).collect();
-        Ok(row.sort(self.messages, &new, locked))
+        Ok(row.sort(self.messages, &new, locked, direct))
     }
 }
 
@@ -358,6 +358,9 @@ pub(super) struct Flushed {
     pub publish: Vec<super::OutboxRow>,
     /// Orders whose new messages are left to the relay.
     pub later: Vec<Uuid>,
+    /// Orders whose outbox lock another publisher held (in a transition
+    /// that asked for the locks): their messages follow once it lets go.
+    pub follow: Vec<Uuid>,
     /// This connection holds outbox locks, to let go after publishing.
     pub holds_locks: bool,
 }
@@ -386,6 +389,7 @@ impl FlushRow {
         messages: Vec<NewMessage>,
         new: &std::collections::HashSet<Uuid>,
         mut locked: Vec<Uuid>,
+        direct: bool,
     ) -> Flushed {
         locked.extend(&self.locked_new);
         let written: Vec<NewMessage> = messages
@@ -412,8 +416,14 @@ impl FlushRow {
                     body: m.body,
                 }),
                 _ => {
-                    if !out.later.contains(&m.order_id) {
-                        out.later.push(m.order_id);
+                    let busy = direct && paired && !locked.contains(&m.order_id);
+                    let to = if busy {
+                        &mut out.follow
+                    } else {
+                        &mut out.later
+                    };
+                    if !to.contains(&m.order_id) {
+                        to.push(m.order_id);
                     }
                 }
             }
