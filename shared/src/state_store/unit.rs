@@ -288,7 +288,8 @@ impl Unit {
     /// With `direct`, the new orders' outbox locks are taken too (the
     /// locked orders' were taken when they were read), and the messages of
     /// locked orders with no older message waiting come back to be
-    /// published at once; the others' are left to the relay.
+    /// published at once; those of orders whose lock another publisher held
+    /// follow it ([`Flushed::follow`]), the others' are left to the relay.
     pub async fn flush(self, conn: &mut PgConnection, direct: bool) -> Result<Flushed, StoreError> {
         let orders: Vec<&Tracked> = self
             .orders
