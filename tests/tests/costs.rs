@@ -172,6 +172,45 @@ impl Recorder {
     }
 }
 
+/// A one-step order whose events go to `reply_to`.
+fn one_step_order(reply_to: String) -> NewOrder {
+    NewOrder {
+        order_id: Uuid::new_v4(),
+        workflow: "one".into(),
+        payload: json!({}),
+        reply_to: Some(reply_to),
+        priority: 0,
+        not_before: None,
+        trace_id: None,
+    }
+}
+
+/// A one-step order submitted with a hand-over that has not let go yet, as
+/// while `received` is being published: the returned [`Held`] (on a pool of
+/// its own, the returned store's) holds the order's outbox lock, to be
+/// released with the id of `received`.
+async fn submitted_still_publishing(
+    app: &TestApp,
+    queue: &str,
+) -> (NewOrder, StateStore, Held, Vec<i64>) {
+    let settings = Settings::load(Some(&app.config)).expect("settings");
+    let wf = settings.workflow("one").expect("workflow");
+    let order = one_step_order(app.status_queue(queue).await);
+    let store = StateStore::from_pool(pool(&app.db_url).await);
+    let publishing = std::sync::Arc::new(Recorder {
+        keep: true,
+        ..Recorder::default()
+    });
+    Transitions::new(store.clone(), app.queues.clone())
+        .with_handoff(publishing.clone())
+        .submit(&order, &wf)
+        .await
+        .expect("submit");
+    let (held, received) = publishing.kept.lock().unwrap().pop().expect("handed over");
+    assert_eq!(received.len(), 1, "received");
+    (order, store, held, received)
+}
+
 /// How a run's messages leave the outbox.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Publishing {
@@ -382,15 +421,7 @@ async fn an_order_with_older_messages_waiting_is_left_to_the_relay_so_its_events
     let wf = settings.workflow("one").expect("workflow");
     let status = app.status_queue("older").await;
     let store = StateStore::from_pool(pool(&app.db_url).await);
-    let order = NewOrder {
-        order_id: Uuid::new_v4(),
-        workflow: "one".into(),
-        payload: json!({}),
-        reply_to: Some(status),
-        priority: 0,
-        not_before: None,
-        trace_id: None,
-    };
+    let order = one_step_order(status);
     // Submitted by a process that leaves its `received` event in the outbox.
     let plain = Transitions::new(store.clone(), app.queues.clone());
     plain.submit(&order, &wf).await.expect("submit");
@@ -435,15 +466,7 @@ async fn a_relay_too_busy_for_hand_overs_gets_every_message_through_its_pass() {
         ..Recorder::default()
     });
     let t = Transitions::new(store.clone(), app.queues.clone()).with_handoff(busy.clone());
-    let order = NewOrder {
-        order_id: Uuid::new_v4(),
-        workflow: "one".into(),
-        payload: json!({}),
-        reply_to: Some(app.status_queue("busy").await),
-        priority: 0,
-        not_before: None,
-        trace_id: None,
-    };
+    let order = one_step_order(app.status_queue("busy").await);
     t.submit(&order, &wf).await.expect("submit");
     let me = Actor::new_instance("scheduler");
     assert_eq!(t.claim(&me, 10, 10).await.expect("claim").len(), 1);
@@ -468,31 +491,7 @@ async fn a_relay_too_busy_for_hand_overs_gets_every_message_through_its_pass() {
 #[tokio::test]
 async fn a_transition_does_not_wait_for_the_previous_publisher_and_its_messages_follow_in_order() {
     let app = TestApp::new().await;
-    let settings = Settings::load(Some(&app.config)).expect("settings");
-    let wf = settings.workflow("one").expect("workflow");
-    let order = NewOrder {
-        order_id: Uuid::new_v4(),
-        workflow: "one".into(),
-        payload: json!({}),
-        reply_to: Some(app.status_queue("follow").await),
-        priority: 0,
-        not_before: None,
-        trace_id: None,
-    };
-    // The submission hands `received` over and is still publishing it: its
-    // connection holds the order's outbox lock.
-    let submitter = StateStore::from_pool(pool(&app.db_url).await);
-    let publishing = std::sync::Arc::new(Recorder {
-        keep: true,
-        ..Recorder::default()
-    });
-    Transitions::new(submitter.clone(), app.queues.clone())
-        .with_handoff(publishing.clone())
-        .submit(&order, &wf)
-        .await
-        .expect("submit");
-    let (held, received) = publishing.kept.lock().unwrap().pop().expect("handed over");
-    assert_eq!(received.len(), 1);
+    let (order, submitter, held, received) = submitted_still_publishing(&app, "follow").await;
     let store = StateStore::from_pool(pool(&app.db_url).await);
     let recorder = std::sync::Arc::new(Recorder::default());
     let direct = Transitions::new(store.clone(), app.queues.clone()).with_handoff(recorder.clone());
@@ -552,28 +551,7 @@ async fn a_transition_does_not_wait_for_the_previous_publisher_and_its_messages_
 #[tokio::test]
 async fn a_hand_over_lets_its_outbox_locks_go_only_once_its_messages_are_deleted() {
     let app = TestApp::new().await;
-    let settings = Settings::load(Some(&app.config)).expect("settings");
-    let wf = settings.workflow("one").expect("workflow");
-    let order = NewOrder {
-        order_id: Uuid::new_v4(),
-        workflow: "one".into(),
-        payload: json!({}),
-        reply_to: Some(app.status_queue("release").await),
-        priority: 0,
-        not_before: None,
-        trace_id: None,
-    };
-    let store = StateStore::from_pool(pool(&app.db_url).await);
-    let publishing = std::sync::Arc::new(Recorder {
-        keep: true,
-        ..Recorder::default()
-    });
-    Transitions::new(store.clone(), app.queues.clone())
-        .with_handoff(publishing.clone())
-        .submit(&order, &wf)
-        .await
-        .expect("submit");
-    let (held, received) = publishing.kept.lock().unwrap().pop().expect("handed over");
+    let (order, store, held, received) = submitted_still_publishing(&app, "release").await;
     // Someone holds the published row, so the hand-over's delete must wait.
     let mut blocker = PgConnection::connect(&app.db_url).await.expect("connect");
     let mut tx = blocker.begin().await.expect("begin");
