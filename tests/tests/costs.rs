@@ -9,7 +9,8 @@ use sas::config::Settings;
 use sas::messages::{StepOutcome, StepReply, StepRequest};
 use sas::state::ProcessState;
 use sas::state_store::{
-    Actor, Handoff, Held, NewOrder, OutboxRow, ReplyOutcome, StateStore, Submitted, Transitions,
+    Actor, Handoff, Held, NewOrder, OutboxRow, Plans, ReplyOutcome, StateStore, Submitted,
+    Transitions,
 };
 use sas_tests::TestApp;
 use serde_json::json;
@@ -578,4 +579,26 @@ async fn a_hand_over_lets_its_outbox_locks_go_only_once_its_messages_are_deleted
     tx.rollback().await.expect("rollback");
     release.await.expect("join").expect("release");
     store.close().await;
+}
+
+#[tokio::test]
+async fn the_services_connections_plan_each_statement_once_and_the_operators_per_execution() {
+    let app = TestApp::new().await;
+    let settings = Settings::load(Some(&app.config)).expect("settings");
+    let mode = |store: StateStore| async move {
+        let mode: String = sqlx::query_scalar("SHOW plan_cache_mode")
+            .fetch_one(store.pool())
+            .await
+            .expect("show");
+        store.close().await;
+        mode
+    };
+    let services = StateStore::connect_with(&settings.database, "costs", Plans::Generic)
+        .await
+        .expect("connect");
+    assert_eq!(mode(services).await, "force_generic_plan");
+    let operators = StateStore::connect(&settings.database, "costs")
+        .await
+        .expect("connect");
+    assert_eq!(mode(operators).await, "auto");
 }

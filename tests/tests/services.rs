@@ -178,3 +178,53 @@ async fn an_orders_queue_declared_by_the_application_with_other_arguments_is_use
     assert_eq!(events.last().unwrap()["state"], "processed", "order {id}");
     assert!(app.log("submission").contains("using it as it is"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_services_declare_classic_step_queues_and_a_quorum_orders_queue_by_default() {
+    use sas::config::{BrokerSettings, QueueType};
+    let app = TestApp::new().await;
+    app.start_all().await;
+    let settings = BrokerSettings {
+        url: sas_tests::AMQP.into(),
+        ..Default::default()
+    };
+    let broker = sas::broker::Broker::connect(&settings, "test-application")
+        .await
+        .unwrap();
+    // Declaring an existing queue again succeeds only with its own arguments.
+    let declared_as = |queue: String, dead: String, kind: QueueType| {
+        let broker = &broker;
+        let limit = settings.delivery_limit;
+        async move {
+            let channel = broker.channel().await.unwrap();
+            let args = sas::broker::queue_arguments(kind, Some(&dead), limit);
+            let ok = channel
+                .queue_declare(
+                    queue.as_str().into(),
+                    lapin::options::QueueDeclareOptions::durable(),
+                    args,
+                )
+                .await
+                .is_ok();
+            channel.close(200, "checked".into()).await.ok();
+            ok
+        }
+    };
+    let q = &app.queues;
+    let requests = (q.agent_requests("a"), q.agent_requests_dead("a"));
+    let replies = (q.replies().to_owned(), q.replies_dead().to_owned());
+    let orders = (q.orders().to_owned(), q.orders_dead().to_owned());
+    for (queue, dead) in [requests, replies] {
+        assert!(
+            !declared_as(queue.clone(), dead.clone(), QueueType::Quorum).await,
+            "{queue}"
+        );
+        assert!(
+            declared_as(queue.clone(), dead, QueueType::Classic).await,
+            "{queue}"
+        );
+    }
+    assert!(!declared_as(orders.0.clone(), orders.1.clone(), QueueType::Classic).await);
+    assert!(declared_as(orders.0, orders.1, QueueType::Quorum).await);
+    broker.close().await;
+}

@@ -318,8 +318,13 @@ pub struct Subscription {
 }
 
 /// Arguments of a sas queue: its type, and for work queues a dead-letter
-/// route and (quorum only) a delivery limit.
-fn queue_arguments(kind: QueueType, dead_letter: Option<&str>, delivery_limit: u32) -> FieldTable {
+/// route and (quorum only) a delivery limit. A declaration with other
+/// arguments than an existing queue's fails (`PRECONDITION_FAILED`).
+pub fn queue_arguments(
+    kind: QueueType,
+    dead_letter: Option<&str>,
+    delivery_limit: u32,
+) -> FieldTable {
     let mut args = FieldTable::default();
     args.insert(
         "x-queue-type".into(),
