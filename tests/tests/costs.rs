@@ -586,19 +586,30 @@ async fn the_services_connections_plan_each_statement_once_and_the_operators_per
     let app = TestApp::new().await;
     let settings = Settings::load(Some(&app.config)).expect("settings");
     let mode = |store: StateStore| async move {
-        let mode: String = sqlx::query_scalar("SHOW plan_cache_mode")
-            .fetch_one(store.pool())
-            .await
-            .expect("show");
+        let show = |setting: &'static str| sqlx::query_scalar::<_, String>(setting);
+        let mode = (
+            show("SHOW plan_cache_mode")
+                .fetch_one(store.pool())
+                .await
+                .expect("show"),
+            show("SHOW enable_seqscan")
+                .fetch_one(store.pool())
+                .await
+                .expect("show"),
+        );
         store.close().await;
         mode
     };
     let services = StateStore::connect_with(&settings.database, "costs", Plans::Generic)
         .await
         .expect("connect");
-    assert_eq!(mode(services).await, "force_generic_plan");
+    assert_eq!(
+        mode(services).await,
+        ("force_generic_plan".into(), "off".into()),
+        "the services plan once, and never scan a table whole where an index serves"
+    );
     let operators = StateStore::connect(&settings.database, "costs")
         .await
         .expect("connect");
-    assert_eq!(mode(operators).await, "auto");
+    assert_eq!(mode(operators).await, ("auto".into(), "on".into()));
 }

@@ -89,19 +89,25 @@ pub enum Plans {
     /// operator queries with optional filters (`$1 IS NULL OR …`).
     PerExecution,
     /// One generic plan per statement and connection, made at its first
-    /// execution. The services' statements lock and write orders by key from
-    /// arrays; for the one or two orders of a quiet moment Postgres would
-    /// otherwise re-plan each (0.5 to 1 ms per statement here, more than
-    /// running it), on every transition of every order.
+    /// execution, and no sequential scan where an index serves. The
+    /// services' statements lock and write orders by key from arrays; for
+    /// the one or two orders of a quiet moment Postgres would otherwise
+    /// re-plan each (0.5 to 1 ms per statement here, more than running it),
+    /// on every transition of every order. A plan made while a table was
+    /// small (a new deployment, statistics older than its growth) would scan
+    /// it whole on every execution until the next `ANALYZE`.
     Generic,
 }
 
 impl Plans {
-    /// The `plan_cache_mode` setting.
-    fn mode(self) -> &'static str {
+    /// The planner settings, sent with the connection's start-up.
+    fn settings(self) -> &'static [(&'static str, &'static str)] {
         match self {
-            Self::PerExecution => "auto",
-            Self::Generic => "force_generic_plan",
+            Self::PerExecution => &[("plan_cache_mode", "auto")],
+            Self::Generic => &[
+                ("plan_cache_mode", "force_generic_plan"),
+                ("enable_seqscan", "off"),
+            ],
         }
     }
 }
@@ -125,13 +131,11 @@ impl StateStore {
             .parse::<PgConnectOptions>()?
             .application_name(app)
             // Sent with the start-up packet: no round trip.
-            .options([
-                (
-                    "statement_timeout",
-                    settings.statement_timeout.as_millis().to_string(),
-                ),
-                ("plan_cache_mode", plans.mode().to_owned()),
-            ])
+            .options([(
+                "statement_timeout",
+                settings.statement_timeout.as_millis().to_string(),
+            )])
+            .options(plans.settings().iter().copied())
             .log_statements(tracing::log::LevelFilter::Trace);
         let started = std::time::Instant::now();
         let mut wait = Duration::from_millis(100);
