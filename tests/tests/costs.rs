@@ -613,3 +613,88 @@ async fn the_services_connections_plan_each_statement_once_and_the_operators_per
         .expect("connect");
     assert_eq!(mode(operators).await, ("auto".into(), "on".into()));
 }
+
+/// Counts the statements sqlx sends (its `sqlx::query` events), one per
+/// round trip: a simple query of several statements is one.
+#[derive(Clone, Default)]
+struct RoundTrips(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl RoundTrips {
+    fn take(&self) -> usize {
+        self.0.swap(0, std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RoundTrips {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if event.metadata().target() == "sqlx::query" {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_claim_and_a_reply_open_their_transactions_with_their_first_statement() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let app = TestApp::new().await;
+    let settings = Settings::load(Some(&app.config)).expect("settings");
+    let wf = settings.workflow("one").expect("workflow");
+    let status = app.status_queue("trips").await;
+    // One connection: the one that prepared the statements in round one.
+    let mut database = settings.database.clone();
+    database.max_connections = 1;
+    let store = StateStore::connect_with(&database, "costs", Plans::Generic)
+        .await
+        .expect("connect");
+    let t = Transitions::new(store.clone(), app.queues.clone());
+    let trips = RoundTrips::default();
+    // The test's runtime has one thread: every task of it reports here.
+    let _counting =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(trips.clone()));
+    let me = Actor::new_instance("scheduler");
+    for round in 0..2 {
+        let order = one_step_order(status.clone());
+        t.submit(&order, &wf).await.expect("submit");
+        trips.take();
+        let claimed = t.claim(&me, 10, 10).await.expect("claim");
+        assert_eq!(claimed, vec![order.order_id]);
+        // The first claim on a connection prepares its statement (one more).
+        let claim = trips.take();
+        let request: Vec<u8> =
+            sqlx::query_scalar("SELECT body FROM outbox WHERE order_id = $1 AND kind = 'request'")
+                .bind(order.order_id)
+                .fetch_one(store.pool())
+                .await
+                .expect("request");
+        let request: StepRequest = serde_json::from_slice(&request).expect("request");
+        let reply = StepReply::to(
+            &request,
+            StepOutcome::Succeeded {
+                result: json!({ "ok": true }),
+            },
+        );
+        trips.take();
+        let applied = t.apply_reply(&me, &reply).await.expect("reply");
+        assert!(
+            matches!(applied, ReplyOutcome::Applied { .. }),
+            "{applied:?}"
+        );
+        let apply = trips.take();
+        if round == 1 {
+            assert_eq!(
+                (claim, apply),
+                (3, 3),
+                "BEGIN with the lock, the write-back, COMMIT: three round trips each"
+            );
+        }
+    }
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+           AND state LIKE 'idle in transaction%'",
+    )
+    .fetch_one(&app.db)
+    .await
+    .expect("activity");
+    assert_eq!(open, 0, "no connection left a transaction open");
+    store.close().await;
+}

@@ -90,6 +90,41 @@ pub enum Operated {
     NotAllowed(ProcessState, &'static str),
 }
 
+/// A transaction that [`orders::begin_claimable`] or
+/// [`orders::begin_lock_many`] opened with its first statement, outside
+/// sqlx's own transaction tracking. Dropped before [`commit`](Self::commit)
+/// (an error, a cancelled task), it closes the connection rather than let
+/// it go back to the pool with the transaction open; the server then rolls
+/// the transaction back.
+struct Begun<'c> {
+    conn: &'c mut PoolConnection<Postgres>,
+    open: bool,
+}
+
+impl<'c> Begun<'c> {
+    fn new(conn: &'c mut PoolConnection<Postgres>) -> Self {
+        Self { conn, open: true }
+    }
+
+    fn conn(&mut self) -> &mut PgConnection {
+        self.conn
+    }
+
+    async fn commit(mut self) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql("COMMIT").execute(&mut **self.conn).await?;
+        self.open = false;
+        Ok(())
+    }
+}
+
+impl Drop for Begun<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
 /// The transitions, bound to a state store and the queue names of a deployment.
 #[derive(Clone, Debug)]
 pub struct Transitions {
@@ -237,15 +272,15 @@ impl Transitions {
 
     async fn claim_on(
         &self,
-        conn: &mut PgConnection,
+        conn: &mut PoolConnection<Postgres>,
         me: &Actor,
         limit: u32,
         max_held: u32,
         direct: bool,
     ) -> Result<(Vec<Uuid>, Flushed), StoreError> {
-        let mut tx = conn.begin().await?;
-        let claimed = orders::claimable(
-            &mut tx,
+        let mut tx = Begun::new(conn);
+        let claimed = orders::begin_claimable(
+            tx.conn(),
             i64::from(limit),
             &me.name,
             i64::from(max_held),
@@ -253,10 +288,11 @@ impl Transitions {
         )
         .await?;
         if claimed.is_empty() {
+            tx.commit().await?;
             return Ok((Vec::new(), Flushed::default()));
         }
         let ids: Vec<Uuid> = claimed.iter().map(|l| l.order.order_id).collect();
-        let mut unit = Unit::load(&mut tx, claimed).await?;
+        let mut unit = Unit::load(tx.conn(), claimed).await?;
         for i in 0..unit.len() {
             let o = &unit.get(i).order;
             let (state, holder) = (o.process_state, o.locked_by.clone());
@@ -282,7 +318,7 @@ impl Transitions {
             }
             self.advance(&mut unit, i, me)?;
         }
-        let flushed = unit.flush(&mut tx, direct).await?;
+        let flushed = unit.flush(tx.conn(), direct).await?;
         tx.commit().await?;
         Ok((ids, flushed))
     }
@@ -319,7 +355,7 @@ impl Transitions {
 
     async fn apply_on(
         &self,
-        conn: &mut PgConnection,
+        conn: &mut PoolConnection<Postgres>,
         me: &Actor,
         replies: &[StepReply],
         direct: bool,
@@ -327,14 +363,14 @@ impl Transitions {
         let mut ids: Vec<Uuid> = replies.iter().map(|r| r.order_id).collect();
         ids.sort_unstable();
         ids.dedup();
-        let mut tx = conn.begin().await?;
-        let locked = orders::lock_many(&mut tx, &ids, direct).await?;
-        let mut unit = Unit::load(&mut tx, locked).await?;
+        let mut tx = Begun::new(conn);
+        let locked = orders::begin_lock_many(tx.conn(), &ids, direct).await?;
+        let mut unit = Unit::load(tx.conn(), locked).await?;
         let mut outcome = Vec::with_capacity(replies.len());
         for reply in replies {
             outcome.push(self.apply_one(&mut unit, me, reply)?);
         }
-        let flushed = unit.flush(&mut tx, direct).await?;
+        let flushed = unit.flush(tx.conn(), direct).await?;
         tx.commit().await?;
         Ok((outcome, flushed))
     }
