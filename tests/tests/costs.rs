@@ -634,7 +634,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RoundTrips {
 }
 
 #[tokio::test]
-async fn a_claim_and_a_reply_open_their_transactions_with_their_first_statement() {
+async fn claims_replies_and_relay_passes_open_their_transactions_with_their_first_statement() {
     use tracing_subscriber::layer::SubscriberExt as _;
     let app = TestApp::new().await;
     let settings = Settings::load(Some(&app.config)).expect("settings");
@@ -660,13 +660,23 @@ async fn a_claim_and_a_reply_open_their_transactions_with_their_first_statement(
         assert_eq!(claimed, vec![order.order_id]);
         // The first claim on a connection prepares its statement (one more).
         let claim = trips.take();
-        let request: Vec<u8> =
-            sqlx::query_scalar("SELECT body FROM outbox WHERE order_id = $1 AND kind = 'request'")
-                .bind(order.order_id)
-                .fetch_one(store.pool())
-                .await
-                .expect("request");
-        let request: StepRequest = serde_json::from_slice(&request).expect("request");
+        // A relay's pass takes the messages and commits once they are out.
+        let request = std::sync::Mutex::new(Vec::new());
+        let (held, published) = store
+            .relay_outbox(&[order.order_id], false, |rows| async {
+                let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+                if let Some(r) = rows.into_iter().find(|r| r.kind == "request") {
+                    *request.lock().unwrap() = r.body;
+                }
+                (ids, Ok::<(), ()>(()))
+            })
+            .await
+            .expect("relay");
+        let relay = trips.take();
+        assert!(held.is_empty());
+        assert_eq!(published, Ok(3), "received, processing and the request");
+        let request: StepRequest =
+            serde_json::from_slice(&request.into_inner().unwrap()).expect("request");
         let reply = StepReply::to(
             &request,
             StepOutcome::Succeeded {
@@ -686,6 +696,7 @@ async fn a_claim_and_a_reply_open_their_transactions_with_their_first_statement(
                 (3, 3),
                 "BEGIN with the lock, the write-back, COMMIT: three round trips each"
             );
+            assert_eq!(relay, 2, "BEGIN with the take, then COMMIT");
         }
     }
     let open: i64 = sqlx::query_scalar(

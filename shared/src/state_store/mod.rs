@@ -11,6 +11,7 @@ mod events;
 mod leases;
 mod orders;
 mod outbox;
+mod prepared;
 mod stats;
 mod steps;
 mod transitions;
@@ -100,13 +101,16 @@ pub enum Plans {
 }
 
 impl Plans {
-    /// The planner settings, sent with the connection's start-up.
+    /// The planner settings, sent with the connection's start-up, and the
+    /// text form of `bytea` that the relay's simple query decodes (the
+    /// server's default, whatever its configuration says).
     fn settings(self) -> &'static [(&'static str, &'static str)] {
         match self {
-            Self::PerExecution => &[("plan_cache_mode", "auto")],
+            Self::PerExecution => &[("plan_cache_mode", "auto"), ("bytea_output", "hex")],
             Self::Generic => &[
                 ("plan_cache_mode", "force_generic_plan"),
                 ("enable_seqscan", "off"),
+                ("bytea_output", "hex"),
             ],
         }
     }

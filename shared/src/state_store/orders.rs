@@ -107,7 +107,7 @@ pub async fn get(conn: &mut PgConnection, order_id: Uuid) -> Result<Option<Order
 
 /// The statement of [`lock_many`]: `$1` the order ids, `$2` whether to take
 /// their outbox locks.
-fn lock_many_sql() -> String {
+pub(super) fn lock_many_sql() -> String {
     taking_outbox_locks(
         &format!(
             "SELECT {COLUMNS}, now() AS tx_now, xmin AS row_xmin FROM orders WHERE order_id = ANY($1) \
@@ -133,23 +133,22 @@ pub async fn lock_many(
 }
 
 /// Opens a transaction on `conn` and locks these orders as [`lock_many`]
-/// does, in one round trip instead of two ([`begin_and_lock`]).
+/// does, in one round trip instead of two ([`super::prepared::begin_with`]).
 pub async fn begin_lock_many(
     conn: &mut PgConnection,
     order_ids: &[Uuid],
     outbox_locks: bool,
 ) -> Result<Vec<Locked>, sqlx::Error> {
-    let ids: Vec<String> = order_ids.iter().map(Uuid::to_string).collect();
     let execute = format!(
-        "EXECUTE sas_lock_many('{{{}}}', {outbox_locks})",
-        ids.join(",")
+        "EXECUTE sas_lock_many({}, {outbox_locks})",
+        super::prepared::uuid_array(order_ids)
     );
-    begin_and_lock(conn, &execute).await
+    super::prepared::begin_with(conn, &execute).await
 }
 
 /// Up to `limit` claimable orders, highest priority first, locked for a
 /// transaction that this opens on `conn` in the same round trip
-/// ([`begin_and_lock`]): pending orders whose `not_before` has come, and
+/// ([`super::prepared::begin_with`]): pending orders whose `not_before` has come, and
 /// compensating orders that nobody drives. Rows other claimers hold are
 /// skipped. Fewer when `holder` already holds nearly `max_held` orders.
 /// With `outbox_locks`, also takes their outbox locks.
@@ -162,68 +161,14 @@ pub async fn begin_claimable(
 ) -> Result<Vec<Locked>, sqlx::Error> {
     let execute = format!(
         "EXECUTE sas_claimable({limit}, {}, {max_held}, {outbox_locks})",
-        literal(holder)
+        super::prepared::literal(holder)
     );
-    begin_and_lock(conn, &execute).await
-}
-
-/// The statements that [`begin_and_lock`] runs by name, prepared once per
-/// connection (server-side, with a generic plan as every statement of the
-/// services).
-fn prepare_sql() -> String {
-    format!(
-        "PREPARE sas_lock_many(uuid[], boolean) AS {}; \
-         PREPARE sas_claimable(bigint, text, bigint, boolean) AS {}",
-        lock_many_sql(),
-        claimable_sql()
-    )
-}
-
-/// Runs `BEGIN` and `execute` (an `EXECUTE` of a statement of
-/// [`prepare_sql`], its arguments literals) as one simple query: one round
-/// trip where sqlx's `begin()` and a query cost two, and at low load each
-/// round trip wakes two processes. On a connection that has not prepared
-/// the statement yet, prepares it and tries again. The caller ends the
-/// transaction, and must not let the connection go back to the pool with
-/// it open (sqlx does not know about it): see `transitions::Begun`.
-async fn begin_and_lock(
-    conn: &mut PgConnection,
-    execute: &str,
-) -> Result<Vec<Locked>, sqlx::Error> {
-    let first = rows(conn, format!("BEGIN; {execute}")).await;
-    match first {
-        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(UNKNOWN_STATEMENT) => {
-            rows(
-                conn,
-                format!("ROLLBACK; {}; BEGIN; {execute}", prepare_sql()),
-            )
-            .await
-        }
-        other => other,
-    }
-}
-
-/// `invalid_sql_statement_name`: no prepared statement of that name.
-const UNKNOWN_STATEMENT: &str = "26000";
-
-/// The locked orders a simple query returned (in text format).
-async fn rows(conn: &mut PgConnection, sql: String) -> Result<Vec<Locked>, sqlx::Error> {
-    use sqlx::FromRow as _;
-    let found = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-        .fetch_all(conn)
-        .await?;
-    found.iter().map(Locked::from_row).collect()
-}
-
-/// `text` as an SQL string literal (quotes doubled; Postgres keeps
-/// backslashes as they are, `standard_conforming_strings` being on).
-fn literal(text: &str) -> String {
-    format!("'{}'", text.replace('\'', "''"))
+    super::prepared::begin_with(conn, &execute).await
 }
 
 /// The statement of [`begin_claimable`]: `$1` the limit, `$2` the holder, `$3`
 /// the most it may hold, `$4` whether to take outbox locks.
-fn claimable_sql() -> String {
+pub(super) fn claimable_sql() -> String {
     taking_outbox_locks(
         &format!(
             "SELECT {COLUMNS}, now() AS tx_now, xmin AS row_xmin FROM orders \

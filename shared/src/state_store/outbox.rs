@@ -139,27 +139,10 @@ struct TakenRow {
     body: Option<Vec<u8>>,
 }
 
-/// Takes these orders for relaying and removes their messages, returning
-/// them in the order they were written, in one round trip; the caller
-/// publishes them and commits, or rolls back to keep them. Taken are the
-/// orders no other relay holds right now (a transaction-scoped advisory lock
-/// per order), so each order's messages are published by one relay at a
-/// time, in sequence, and relays never wait on each other; with `wait`,
-/// every order, once its publisher lets it go (give `order_ids` sorted, so
-/// that two waiters cannot deadlock). Returns the orders taken and their
-/// messages.
-///
-/// The relay's transaction only removes rows it has published, so it
-/// commits without waiting for the disk (`synchronous_commit = off`): if a
-/// crash loses the delete, the rows are published again, which at-least-once
-/// delivery allows (status events are deduplicated on `seq`, requests are
-/// fenced by their dispatch id).
-pub async fn take(
-    conn: &mut PgConnection,
-    order_ids: &[Uuid],
-    wait: bool,
-) -> Result<(Vec<Uuid>, Vec<OutboxRow>), sqlx::Error> {
-    let found = sqlx::query_as::<_, TakenRow>(sqlx::AssertSqlSafe(format!(
+/// The statement of [`begin_take`]: `$1` the orders, `$2` whether to wait
+/// for their locks.
+pub(super) fn take_sql() -> String {
+    format!(
         "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), \
          taken AS MATERIALIZED ( \
            SELECT id FROM relaxed, unnest($1::uuid[]) AS t(id) \
@@ -173,11 +156,35 @@ pub async fn take(
          FROM taken t LEFT JOIN gone g ON g.order_id = t.id \
          ORDER BY g.id NULLS LAST",
         key = lock_key("id")
-    )))
-    .bind(order_ids)
-    .bind(wait)
-    .fetch_all(conn)
-    .await?;
+    )
+}
+
+/// Opens a transaction on `conn` that takes these orders for relaying and
+/// removes their messages, returning them in the order they were written,
+/// in one round trip ([`super::prepared::begin_with`]); the caller
+/// publishes them and commits, or rolls back to keep them. Taken are the
+/// orders no other relay holds right now (a transaction-scoped advisory lock
+/// per order), so each order's messages are published by one relay at a
+/// time, in sequence, and relays never wait on each other; with `wait`,
+/// every order, once its publisher lets it go (give `order_ids` sorted, so
+/// that two waiters cannot deadlock). Returns the orders taken and their
+/// messages.
+///
+/// The relay's transaction only removes rows it has published, so it
+/// commits without waiting for the disk (`synchronous_commit = off`): if a
+/// crash loses the delete, the rows are published again, which at-least-once
+/// delivery allows (status events are deduplicated on `seq`, requests are
+/// fenced by their dispatch id).
+pub async fn begin_take(
+    conn: &mut PgConnection,
+    order_ids: &[Uuid],
+    wait: bool,
+) -> Result<(Vec<Uuid>, Vec<OutboxRow>), sqlx::Error> {
+    let execute = format!(
+        "EXECUTE sas_take({}, {wait})",
+        super::prepared::uuid_array(order_ids)
+    );
+    let found: Vec<TakenRow> = super::prepared::begin_with(conn, &execute).await?;
     let mut taken = Vec::new();
     let mut rows = Vec::new();
     for r in found {

@@ -90,8 +90,9 @@ pub enum Operated {
     NotAllowed(ProcessState, &'static str),
 }
 
-/// A transaction that [`orders::begin_claimable`] or
-/// [`orders::begin_lock_many`] opened with its first statement, outside
+/// A transaction that [`orders::begin_claimable`],
+/// [`orders::begin_lock_many`] or [`outbox::begin_take`] opened with its
+/// first statement, outside
 /// sqlx's own transaction tracking. Dropped before [`commit`](Self::commit)
 /// (an error, a cancelled task), it closes the connection rather than let
 /// it go back to the pool with the transaction open; the server then rolls
@@ -110,8 +111,13 @@ impl<'c> Begun<'c> {
         self.conn
     }
 
-    async fn commit(mut self) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql("COMMIT").execute(&mut **self.conn).await?;
+    async fn commit(self) -> Result<(), sqlx::Error> {
+        self.end("COMMIT").await
+    }
+
+    /// Ends the transaction with `COMMIT` or `ROLLBACK`.
+    async fn end(mut self, how: &'static str) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(how).execute(&mut **self.conn).await?;
         self.open = false;
         Ok(())
     }
@@ -1040,27 +1046,28 @@ impl StateStore {
         F: FnOnce(Vec<outbox::OutboxRow>) -> Fut,
         Fut: std::future::Future<Output = (Vec<i64>, Result<(), E>)>,
     {
-        let mut tx = self.pool().begin().await?;
-        let (taken, rows) = outbox::take(&mut tx, order_ids, wait).await?;
+        let mut conn = self.pool().acquire().await?;
+        let mut tx = Begun::new(&mut conn);
+        let (taken, rows) = outbox::begin_take(tx.conn(), order_ids, wait).await?;
         let held: Vec<Uuid> = order_ids
             .iter()
             .filter(|id| !taken.contains(id))
             .copied()
             .collect();
         if rows.is_empty() {
+            tx.end("COMMIT").await?;
             return Ok((held, Ok(0)));
         }
         let all = rows.len();
         let (done, outcome) = publish(rows).await;
         crate::crash::point("outbox.after_publish");
         if done.len() == all {
-            tx.commit().await?;
+            tx.end("COMMIT").await?;
         } else {
             // Some were not confirmed: keep every row, then delete the
             // confirmed ones alone.
-            tx.rollback().await?;
+            tx.end("ROLLBACK").await?;
             if !done.is_empty() {
-                let mut conn = self.pool().acquire().await?;
                 outbox::delete(&mut conn, &done).await?;
             }
         }
