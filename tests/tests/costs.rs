@@ -708,4 +708,16 @@ async fn claims_replies_and_relay_passes_open_their_transactions_with_their_firs
     .expect("activity");
     assert_eq!(open, 0, "no connection left a transaction open");
     store.close().await;
+    // A connection made once the tables exist prepares them at once (no
+    // failed first use, no error in the server's log).
+    let store = StateStore::connect_with(&database, "costs", Plans::Generic)
+        .await
+        .expect("connect");
+    let prepared: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'sas\\_%'")
+            .fetch_one(store.pool())
+            .await
+            .expect("prepared");
+    assert_eq!(prepared, 3, "sas_lock_many, sas_claimable and sas_take");
+    store.close().await;
 }

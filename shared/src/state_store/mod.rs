@@ -175,6 +175,12 @@ impl StateStore {
             // A connection that died fails its next statement instead, which
             // every caller treats as transient and retries.
             .test_before_acquire(false)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    prepared::prepare(conn).await;
+                    Ok(())
+                })
+            })
             .connect_with(options.clone())
             .await
     }

@@ -8,8 +8,8 @@ use sqlx::PgConnection;
 use sqlx::postgres::PgRow;
 
 /// The statements [`begin_with`] runs by name, prepared on a connection's
-/// first use (server-side: each keeps its generic plan, as every statement
-/// of the services does).
+/// first use or when it is made ([`prepare`]; server-side: each keeps its
+/// generic plan, as every statement of the services does).
 fn prepare_sql() -> String {
     format!(
         "PREPARE sas_lock_many(uuid[], boolean) AS {}; \
@@ -19,6 +19,26 @@ fn prepare_sql() -> String {
         super::orders::claimable_sql(),
         super::outbox::take_sql(),
     )
+}
+
+/// Prepares the statements on a new connection, when the tables they name
+/// exist (a connection made before the migrations prepares them on its
+/// first use instead, see [`begin_with`]). A failure is only logged: the
+/// first use tries again.
+pub(super) async fn prepare(conn: &mut PgConnection) {
+    let migrated: Result<bool, sqlx::Error> = sqlx::query_scalar(
+        "SELECT to_regclass('orders') IS NOT NULL AND to_regclass('steps') IS NOT NULL \
+           AND to_regclass('outbox') IS NOT NULL",
+    )
+    .fetch_one(&mut *conn)
+    .await;
+    if let Ok(true) = migrated
+        && let Err(e) = sqlx::raw_sql(sqlx::AssertSqlSafe(prepare_sql()))
+            .execute(&mut *conn)
+            .await
+    {
+        tracing::warn!(error = %e, "could not prepare the transitions' statements; will on first use");
+    }
 }
 
 /// `invalid_sql_statement_name`: no prepared statement of that name.
