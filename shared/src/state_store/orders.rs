@@ -148,10 +148,10 @@ pub async fn begin_lock_many(
 
 /// Up to `limit` claimable orders, highest priority first, locked for a
 /// transaction that this opens on `conn` in the same round trip
-/// ([`super::prepared::begin_with`]): pending orders whose `not_before` has come, and
-/// compensating orders that nobody drives. Rows other claimers hold are
-/// skipped. Fewer when `holder` already holds nearly `max_held` orders.
-/// With `outbox_locks`, also takes their outbox locks.
+/// ([`super::prepared::begin_with`]): pending orders whose `not_before` has
+/// come, and compensating orders that nobody drives. Rows other claimers
+/// hold are skipped. Fewer when `holder` already holds nearly `max_held`
+/// orders. With `outbox_locks`, also takes their outbox locks.
 pub async fn begin_claimable(
     conn: &mut PgConnection,
     limit: i64,

@@ -92,11 +92,10 @@ pub enum Operated {
 
 /// A transaction that [`orders::begin_claimable`],
 /// [`orders::begin_lock_many`] or [`outbox::begin_take`] opened with its
-/// first statement, outside
-/// sqlx's own transaction tracking. Dropped before [`commit`](Self::commit)
-/// (an error, a cancelled task), it closes the connection rather than let
-/// it go back to the pool with the transaction open; the server then rolls
-/// the transaction back.
+/// first statement, outside sqlx's own transaction tracking. Dropped before
+/// it [ends](Self::end) (an error, a cancelled task), it closes the
+/// connection rather than let it go back to the pool with the transaction
+/// open; the server then rolls the transaction back.
 struct Begun<'c> {
     conn: &'c mut PoolConnection<Postgres>,
     open: bool,
