@@ -721,3 +721,73 @@ async fn claims_replies_and_relay_passes_open_their_transactions_with_their_firs
     assert_eq!(prepared, 3, "sas_lock_many, sas_claimable and sas_take");
     store.close().await;
 }
+
+#[tokio::test]
+async fn a_reply_cancelled_inside_its_transaction_does_not_leave_it_open_in_the_pool() {
+    let app = TestApp::new().await;
+    let settings = Settings::load(Some(&app.config)).expect("settings");
+    let wf = settings.workflow("one").expect("workflow");
+    let status = app.status_queue("cancelled").await;
+    let mut database = settings.database.clone();
+    database.max_connections = 1;
+    let store = StateStore::connect_with(&database, "cancelled", Plans::Generic)
+        .await
+        .expect("connect");
+    let t = Transitions::new(store.clone(), app.queues.clone());
+    let me = Actor::new_instance("scheduler");
+    let order = one_step_order(status);
+    t.submit(&order, &wf).await.expect("submit");
+    assert_eq!(
+        t.claim(&me, 1, 1).await.expect("claim"),
+        vec![order.order_id]
+    );
+    let request: Vec<u8> =
+        sqlx::query_scalar("SELECT body FROM outbox WHERE order_id = $1 AND kind = 'request'")
+            .bind(order.order_id)
+            .fetch_one(&app.db)
+            .await
+            .expect("request");
+    let request: StepRequest = serde_json::from_slice(&request).expect("request");
+    let reply = StepReply::to(
+        &request,
+        StepOutcome::Succeeded {
+            result: json!({ "ok": true }),
+        },
+    );
+    // Someone else holds the order's row: the reply's first statement
+    // (`BEGIN` with the lock) waits, and the task is dropped right there.
+    let mut other = PgConnection::connect(&app.db_url).await.expect("connect");
+    let mut tx = other.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM orders WHERE order_id = $1 FOR UPDATE")
+        .bind(order.order_id)
+        .execute(&mut *tx)
+        .await
+        .expect("lock");
+    let waiting = tokio::spawn({
+        let (t, me, reply) = (t.clone(), me.clone(), reply.clone());
+        async move { t.apply_reply(&me, &reply).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    waiting.abort();
+    assert!(waiting.await.is_err(), "cancelled while it waited");
+    tx.rollback().await.expect("rollback");
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'cancelled' \
+           AND state LIKE 'idle in transaction%'",
+    )
+    .fetch_one(&app.db)
+    .await
+    .expect("activity");
+    assert_eq!(
+        open, 0,
+        "the cancelled transaction went back to the pool open"
+    );
+    // The pool's next connection applies the reply as if nothing happened.
+    let applied = t.apply_reply(&me, &reply).await.expect("reply");
+    assert!(
+        matches!(applied, ReplyOutcome::Applied { .. }),
+        "{applied:?}"
+    );
+    store.close().await;
+}
