@@ -21,10 +21,11 @@ use uuid::Uuid;
 /// Orders per batch.
 const N: usize = 40;
 
-/// The submission is one statement outside an explicit transaction; its first
-/// use on a new connection is prepared first, and Postgres counts that
-/// (empty) round trip as a transaction of its own. A service's long-lived
-/// connections have it prepared already.
+/// A hand-over's release is one statement outside an explicit transaction;
+/// its first use on a new connection is prepared first, and Postgres counts
+/// that (empty) round trip as a transaction of its own. A service's
+/// long-lived connections have it prepared already. (The write-back, run by
+/// name, prepares in the same round trip as its first use: no extra count.)
 const FIRST_PREPARE: i64 = 1;
 
 /// Postgres's counters for the test database: committed transactions, and
@@ -351,7 +352,7 @@ async fn a_batch_of_one_step_orders_takes_six_transactions_and_writes_each_order
     let c = run_batch(&app, "one", Publishing::Relay).await;
     let n = N as i64;
     // Submit, claim and reply, each followed by one relay: whatever the batch size.
-    assert_eq!(c.commits, 6 + FIRST_PREPARE, "transactions for {N} orders");
+    assert_eq!(c.commits, 6, "transactions for {N} orders");
     assert_eq!(c.rows("orders", "inserted"), n);
     // Claimed, then finished: one new row version each.
     assert_eq!(c.rows("orders", "updated"), 2 * n);
@@ -374,7 +375,7 @@ async fn a_batch_of_three_step_orders_takes_ten_transactions_and_writes_each_ord
     let c = run_batch(&app, "three", Publishing::Relay).await;
     let n = N as i64;
     // Submit, claim and three replies, each followed by one relay.
-    assert_eq!(c.commits, 10 + FIRST_PREPARE, "transactions for {N} orders");
+    assert_eq!(c.commits, 10, "transactions for {N} orders");
     assert_eq!(c.rows("orders", "inserted"), n);
     assert_eq!(c.rows("orders", "updated"), 4 * n);
     assert_eq!(c.rows("steps", "inserted"), 3 * n);
@@ -395,11 +396,7 @@ async fn handed_over_messages_cost_one_statement_per_transition_and_need_no_rela
     // Submit, claim and reply, each followed by the one statement that
     // deletes the published messages and lets the outbox locks go (also
     // outside a transaction, so its first prepare counts too).
-    assert_eq!(
-        c.commits,
-        6 + 2 * FIRST_PREPARE,
-        "transactions for {N} orders"
-    );
+    assert_eq!(c.commits, 6 + FIRST_PREPARE, "transactions for {N} orders");
     assert_eq!(c.rows("orders", "updated"), 2 * n);
     assert_eq!(c.rows("outbox", "inserted"), 5 * n);
     assert_eq!(c.rows("outbox", "deleted"), 5 * n);
@@ -634,7 +631,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RoundTrips {
 }
 
 #[tokio::test]
-async fn claims_replies_and_relay_passes_open_their_transactions_with_their_first_statement() {
+async fn claims_and_replies_cost_two_round_trips_and_relay_passes_two() {
     use tracing_subscriber::layer::SubscriberExt as _;
     let app = TestApp::new().await;
     let settings = Settings::load(Some(&app.config)).expect("settings");
@@ -693,8 +690,8 @@ async fn claims_replies_and_relay_passes_open_their_transactions_with_their_firs
         if round == 1 {
             assert_eq!(
                 (claim, apply),
-                (3, 3),
-                "BEGIN with the lock, the write-back, COMMIT: three round trips each"
+                (2, 2),
+                "BEGIN with the lock, then the write-back with COMMIT: two round trips each"
             );
             assert_eq!(relay, 2, "BEGIN with the take, then COMMIT");
         }
@@ -718,7 +715,180 @@ async fn claims_replies_and_relay_passes_open_their_transactions_with_their_firs
             .fetch_one(store.pool())
             .await
             .expect("prepared");
-    assert_eq!(prepared, 3, "sas_lock_many, sas_claimable and sas_take");
+    assert_eq!(
+        prepared, 4,
+        "sas_flush, sas_lock_many, sas_claimable and sas_take"
+    );
+    store.close().await;
+}
+
+/// The write-back's arguments (`EXECUTE sas_flush`) for one order whose
+/// state is read as `was_state`: the order moves to `processing` with an
+/// event; nothing else is written.
+fn write_back_args(order_id: Uuid, was_state: &str) -> String {
+    let none = || "'{}'".to_owned();
+    let mut args: Vec<String> = vec![
+        // The order's update and its guard (state, holder, event number).
+        format!("ARRAY['{order_id}']::uuid[]"),
+        "ARRAY['processing']".into(),
+        "ARRAY['someone']".into(),
+        "ARRAY[NULL]::timestamptz[]".into(),
+        "ARRAY[NULL]::timestamptz[]".into(),
+        "ARRAY[0]".into(),
+        "ARRAY[0]".into(),
+        "ARRAY[2]".into(),
+        "ARRAY[NULL]::text[]".into(),
+        format!("ARRAY['{was_state}']"),
+        "ARRAY[NULL]::text[]".into(),
+        "ARRAY[1]".into(),
+    ];
+    args.extend((0..12).map(|_| none()));
+    args.extend([
+        format!("ARRAY['{order_id}']::uuid[]"),
+        "ARRAY[2]".into(),
+        "ARRAY['processing']".into(),
+        "ARRAY['pending']".into(),
+        "ARRAY['processing']".into(),
+        "ARRAY[NULL]::text[]".into(),
+        "ARRAY[1]".into(),
+        "ARRAY['tester']".into(),
+        "ARRAY[NULL]::text[]".into(),
+        "ARRAY['{}']".into(),
+    ]);
+    args.extend((0..7).map(|_| none()));
+    args.extend(["'sas_test'".into(), "false".into()]);
+    args.extend((0..14).map(|_| none()));
+    args.extend([
+        "now()".into(),
+        "false".into(),
+        none(),
+        "1".into(),
+        "0".into(),
+    ]);
+    assert_eq!(args.len(), 62);
+    args.join(",")
+}
+
+#[tokio::test]
+async fn a_write_back_whose_guard_fails_fails_on_the_server_so_the_commit_sent_with_it_keeps_nothing()
+ {
+    let app = TestApp::new().await;
+    let settings = Settings::load(Some(&app.config)).expect("settings");
+    let wf = settings.workflow("one").expect("workflow");
+    let status = app.status_queue("guard").await;
+    let store = StateStore::connect_with(&settings.database, "guard", Plans::Generic)
+        .await
+        .expect("connect");
+    let t = Transitions::new(store.clone(), app.queues.clone());
+    let order = one_step_order(status);
+    t.submit(&order, &wf).await.expect("submit");
+    let mut conn = store.pool().acquire().await.expect("connection");
+    let state = async || -> (String, i64) {
+        sqlx::query_as(
+            "SELECT process_state, (SELECT count(*) FROM order_events e \
+               WHERE e.order_id = o.order_id) FROM orders o WHERE order_id = $1",
+        )
+        .bind(order.order_id)
+        .fetch_one(&app.db)
+        .await
+        .expect("order")
+    };
+    // Read as `failed`, but it is `pending`: the order's update finds no
+    // row, the event's insert would, and the statement fails whole.
+    let stale = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "BEGIN; EXECUTE sas_flush({}); COMMIT",
+        write_back_args(order.order_id, "failed")
+    )))
+    .execute(&mut *conn)
+    .await;
+    let code = match &stale {
+        Err(sqlx::Error::Database(e)) => e.code().map(|c| c.into_owned()),
+        other => panic!("the write-back went through: {other:?}"),
+    };
+    assert_eq!(code.as_deref(), Some("SAS01"), "{stale:?}");
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut *conn)
+        .await
+        .expect("rollback");
+    assert_eq!(state().await, ("pending".into(), 1), "nothing was kept");
+    // The same arguments with the state as it is: written and committed.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "BEGIN; EXECUTE sas_flush({}); COMMIT",
+        write_back_args(order.order_id, "pending")
+    )))
+    .execute(&mut *conn)
+    .await
+    .expect("write-back");
+    assert_eq!(state().await, ("processing".into(), 2));
+    drop(conn);
+    store.close().await;
+}
+
+/// Text that would break a badly quoted literal: the write-back sends its
+/// arguments as literals in a simple query.
+const AWKWARD: &str = "it's \\ a '); DROP TABLE orders; -- $$ \"quoted\" \\x00 ünïcödé \u{1F980}\n";
+
+#[tokio::test]
+async fn text_that_looks_like_sql_goes_through_the_write_back_unchanged() {
+    let app = TestApp::new().await;
+    let settings = Settings::load(Some(&app.config)).expect("settings");
+    let wf = settings.workflow("one").expect("workflow");
+    let status = app.status_queue("awkward").await;
+    let store = StateStore::connect_with(&settings.database, "awkward", Plans::Generic)
+        .await
+        .expect("connect");
+    let t = Transitions::new(store.clone(), app.queues.clone());
+    let me = Actor::new_instance("scheduler");
+    let mut payload = json!({});
+    payload[AWKWARD] = json!([AWKWARD, 1.5, null, { "n": -7 }]);
+    let mut order = one_step_order(format!("{status}{AWKWARD}"));
+    order.payload = payload.clone();
+    order.trace_id = Some(AWKWARD.into());
+    t.submit(&order, &wf).await.expect("submit");
+    assert_eq!(
+        t.claim(&me, 1, 1).await.expect("claim"),
+        vec![order.order_id]
+    );
+    let request: Vec<u8> =
+        sqlx::query_scalar("SELECT body FROM outbox WHERE order_id = $1 AND kind = 'request'")
+            .bind(order.order_id)
+            .fetch_one(&app.db)
+            .await
+            .expect("request");
+    let request: StepRequest = serde_json::from_slice(&request).expect("request bytes intact");
+    assert_eq!(request.payload, payload);
+    let reply = StepReply::to(
+        &request,
+        StepOutcome::Failed {
+            error: AWKWARD.into(),
+        },
+    );
+    let applied = t.apply_reply(&me, &reply).await.expect("reply");
+    assert!(
+        matches!(applied, ReplyOutcome::Applied { .. }),
+        "{applied:?}"
+    );
+    let (stored, reply_to, trace): (serde_json::Value, Option<String>, Option<String>) =
+        sqlx::query_as("SELECT payload, reply_to, trace_id FROM orders WHERE order_id = $1")
+            .bind(order.order_id)
+            .fetch_one(&app.db)
+            .await
+            .expect("order");
+    assert_eq!(stored, payload);
+    assert_eq!(reply_to, order.reply_to);
+    assert_eq!(trace.as_deref(), Some(AWKWARD));
+    let error: Option<String> =
+        sqlx::query_scalar("SELECT error FROM steps WHERE order_id = $1 AND idx = 0")
+            .bind(order.order_id)
+            .fetch_one(&app.db)
+            .await
+            .expect("step");
+    assert_eq!(error.as_deref(), Some(AWKWARD));
+    let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&app.db)
+        .await
+        .expect("orders still there");
+    assert_eq!(tables, 1);
     store.close().await;
 }
 

@@ -9,6 +9,7 @@ mod breakers;
 mod dashboard;
 mod events;
 mod leases;
+mod literal;
 mod orders;
 mod outbox;
 mod prepared;
@@ -101,16 +102,22 @@ pub enum Plans {
 }
 
 impl Plans {
-    /// The planner settings, sent with the connection's start-up, and the
-    /// text form of `bytea` that the relay's simple query decodes (the
-    /// server's default, whatever its configuration says).
+    /// The planner settings, sent with the connection's start-up, the text
+    /// form of `bytea` that the relay's simple query decodes, and the
+    /// string literals the simple queries' arguments are written as
+    /// ([`literal`]): the server's defaults, whatever its configuration says.
     fn settings(self) -> &'static [(&'static str, &'static str)] {
         match self {
-            Self::PerExecution => &[("plan_cache_mode", "auto"), ("bytea_output", "hex")],
+            Self::PerExecution => &[
+                ("plan_cache_mode", "auto"),
+                ("bytea_output", "hex"),
+                ("standard_conforming_strings", "on"),
+            ],
             Self::Generic => &[
                 ("plan_cache_mode", "force_generic_plan"),
                 ("enable_seqscan", "off"),
                 ("bytea_output", "hex"),
+                ("standard_conforming_strings", "on"),
             ],
         }
     }

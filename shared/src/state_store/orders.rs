@@ -5,6 +5,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use super::literal::Args;
 use crate::state::ProcessState;
 
 /// An order row.
@@ -139,10 +140,10 @@ pub async fn begin_lock_many(
     order_ids: &[Uuid],
     outbox_locks: bool,
 ) -> Result<Vec<Locked>, sqlx::Error> {
-    let execute = format!(
-        "EXECUTE sas_lock_many({}, {outbox_locks})",
-        super::prepared::uuid_array(order_ids)
-    );
+    let execute = Args::default()
+        .array(order_ids)
+        .scalar(outbox_locks)
+        .execute("sas_lock_many");
     super::prepared::begin_with(conn, &execute).await
 }
 
@@ -159,10 +160,12 @@ pub async fn begin_claimable(
     max_held: i64,
     outbox_locks: bool,
 ) -> Result<Vec<Locked>, sqlx::Error> {
-    let execute = format!(
-        "EXECUTE sas_claimable({limit}, {}, {max_held}, {outbox_locks})",
-        super::prepared::literal(holder)
-    );
+    let execute = Args::default()
+        .scalar(limit)
+        .scalar(holder)
+        .scalar(max_held)
+        .scalar(outbox_locks)
+        .execute("sas_claimable");
     super::prepared::begin_with(conn, &execute).await
 }
 

@@ -180,10 +180,10 @@ pub async fn begin_take(
     order_ids: &[Uuid],
     wait: bool,
 ) -> Result<(Vec<Uuid>, Vec<OutboxRow>), sqlx::Error> {
-    let execute = format!(
-        "EXECUTE sas_take({}, {wait})",
-        super::prepared::uuid_array(order_ids)
-    );
+    let execute = super::literal::Args::default()
+        .array(order_ids)
+        .scalar(wait)
+        .execute("sas_take");
     let found: Vec<TakenRow> = super::prepared::begin_with(conn, &execute).await?;
     let mut taken = Vec::new();
     let mut rows = Vec::new();

@@ -18,7 +18,7 @@ use super::events::Event;
 use super::orders::{self, NewOrder, OrderRow};
 use super::outbox::{self, Handoff, Held};
 use super::steps::StepRow;
-use super::unit::{Flushed, Unit};
+use super::unit::{Flushed, Unit, WriteBack};
 use super::{StateStore, StoreError};
 use crate::config::SupervisorSettings;
 use crate::messages::{Alert, Direction, EventKind, StepOutcome, StepReply, StepRequest};
@@ -112,6 +112,11 @@ impl<'c> Begun<'c> {
 
     async fn commit(self) -> Result<(), sqlx::Error> {
         self.end("COMMIT").await
+    }
+
+    /// The transaction was ended by the last statement sent on it.
+    fn ended(mut self) {
+        self.open = false;
     }
 
     /// Ends the transaction with `COMMIT` or `ROLLBACK`.
@@ -249,7 +254,7 @@ impl Transitions {
         // One statement: atomic on its own, no transaction to open and close.
         let mut conn = self.store.pool().acquire().await?;
         let direct = self.direct();
-        let flushed = unit.flush(&mut conn, direct).await;
+        let flushed = unit.flush(&mut conn, direct, WriteBack::Alone).await;
         let ((), created) = self.settle(conn, direct, flushed.map(|f| ((), f)))?;
         let mut outcome = vec![Submitted::Duplicate; batch.len()];
         for id in created {
@@ -323,8 +328,8 @@ impl Transitions {
             }
             self.advance(&mut unit, i, me)?;
         }
-        let flushed = unit.flush(tx.conn(), direct).await?;
-        tx.commit().await?;
+        let flushed = unit.flush(tx.conn(), direct, WriteBack::Commit).await?;
+        tx.ended();
         Ok((ids, flushed))
     }
 
@@ -375,8 +380,8 @@ impl Transitions {
         for reply in replies {
             outcome.push(self.apply_one(&mut unit, me, reply)?);
         }
-        let flushed = unit.flush(tx.conn(), direct).await?;
-        tx.commit().await?;
+        let flushed = unit.flush(tx.conn(), direct, WriteBack::Commit).await?;
+        tx.ended();
         Ok((outcome, flushed))
     }
 
@@ -603,7 +608,9 @@ impl Transitions {
             });
             crate::crash::point("supervisor.mid_sweep");
         }
-        let flushed = unit.flush(&mut tx, direct).await?;
+        let flushed = unit
+            .flush(&mut tx, direct, WriteBack::InTransaction)
+            .await?;
         tx.commit().await?;
         Ok((recovered, flushed))
     }
@@ -667,7 +674,7 @@ impl Transitions {
         };
         unit.event(0, &event);
         unit.wake();
-        unit.flush(&mut tx, false).await?;
+        unit.flush(&mut tx, false, WriteBack::InTransaction).await?;
         tx.commit().await?;
         Ok(Operated::Done(ProcessState::Pending))
     }
@@ -723,7 +730,7 @@ impl Transitions {
         if undo {
             unit.wake();
         }
-        unit.flush(&mut tx, false).await?;
+        unit.flush(&mut tx, false, WriteBack::InTransaction).await?;
         tx.commit().await?;
         Ok(Operated::Done(to))
     }

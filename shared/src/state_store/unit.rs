@@ -21,8 +21,10 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::events::Event;
+use super::literal::Args;
 use super::orders::{Locked, NewOrder, OrderRow};
 use super::outbox::Message;
+use super::prepared;
 use super::steps::{self, StepRow};
 use super::{StoreError, WAKE_CHANNEL};
 use crate::state::ProcessState;
@@ -282,15 +284,23 @@ impl Unit {
 
     /// Writes everything back in one statement: the new orders with their
     /// steps, the orders' and steps' updates, the events, the messages and
-    /// the wake-up, each a data-modifying part of one `WITH`. Fails, for the
-    /// transaction to roll back, if a row no longer holds what was read.
+    /// the wake-up, each a data-modifying part of one `WITH`. Fails on the
+    /// server, writing nothing, if a row no longer holds what was read.
     ///
     /// With `direct`, the new orders' outbox locks are taken too (the
     /// locked orders' were taken when they were read), and the messages of
     /// locked orders with no older message waiting come back to be
     /// published at once; those of orders whose lock another publisher held
     /// follow it ([`Flushed::follow`]), the others' are left to the relay.
-    pub async fn flush(self, conn: &mut PgConnection, direct: bool) -> Result<Flushed, StoreError> {
+    ///
+    /// The statement runs by name with its arguments as literals
+    /// ([`super::prepared`]); `how` says whether it ends the transaction.
+    pub async fn flush(
+        self,
+        conn: &mut PgConnection,
+        direct: bool,
+        how: WriteBack,
+    ) -> Result<Flushed, StoreError> {
         let orders: Vec<&Tracked> = self
             .orders
             .iter()
@@ -316,37 +326,65 @@ impl Unit {
             && self.messages.is_empty()
             && !self.wake
         {
+            if how == WriteBack::Commit {
+                sqlx::raw_sql("COMMIT").execute(&mut *conn).await?;
+            }
             return Ok(Flushed {
                 holds_locks: !locked.is_empty(),
                 ..Flushed::default()
             });
         }
         let inserted: Vec<&Tracked> = self.orders.iter().filter(|t| t.inserted).collect();
-        let query = sqlx::query_as::<_, FlushRow>(FLUSH);
-        let query = bind_orders(query, &orders);
-        let query = bind_steps(query, &steps);
-        let query = bind_events(query, &self.events);
-        let query = bind_messages(query, &self.messages);
-        let query = query.bind(WAKE_CHANNEL).bind(self.wake);
-        let query = bind_inserts(query, &inserted, &self.new_steps)
-            .bind(self.now)
-            .bind(direct)
-            .bind(&locked);
-        let row = query.fetch_one(&mut *conn).await?;
-        if row.orders_done != orders.len() as i64 || row.steps_done != steps.len() as i64 {
-            return Err(StoreError::Corrupt(format!(
-                "rows changed under their row locks: {} of {} orders and {} of {} steps written",
-                row.orders_done,
-                orders.len(),
-                row.steps_done,
-                steps.len()
-            )));
+        let args = bind_orders(Args::default(), &orders);
+        let args = bind_steps(args, &steps);
+        let args = bind_events(args, &self.events);
+        let args = bind_messages(args, &self.messages);
+        let args = args.scalar(WAKE_CHANNEL).scalar(self.wake);
+        let mut sql = bind_inserts(args, &inserted, &self.new_steps)
+            .scalar(self.now)
+            .scalar(direct)
+            .array(&locked)
+            .scalar(orders.len() as i64)
+            .scalar(steps.len() as i64)
+            .execute("sas_flush");
+        match how {
+            WriteBack::Alone => {}
+            WriteBack::InTransaction => prepared::ensure(conn).await?,
+            WriteBack::Commit => sql.push_str("; COMMIT"),
         }
+        let found: Result<Vec<FlushRow>, sqlx::Error> =
+            prepared::run(conn, sql, how != WriteBack::Alone).await;
+        let row = match found {
+            Ok(mut rows) => rows
+                .pop()
+                .ok_or_else(|| StoreError::Corrupt("the write-back returned no row".into()))?,
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(GUARD_FAILED) => {
+                return Err(StoreError::Corrupt(e.message().to_owned()));
+            }
+            Err(e) => return Err(e.into()),
+        };
         let new: std::collections::HashSet<Uuid> =
             inserted.iter().map(|t| t.order.order_id).collect();
         Ok(row.sort(self.messages, &new, locked, direct))
     }
 }
+
+/// How [`Unit::flush`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum WriteBack {
+    /// On its own: a statement commits as it ends.
+    Alone,
+    /// Inside a transaction that sqlx opened and the caller commits.
+    InTransaction,
+    /// Last in a transaction opened with [`super::prepared::begin_with`]:
+    /// `COMMIT` goes in the same round trip. The statement's guards fail it
+    /// (and so the transaction) on the server, before the `COMMIT` runs.
+    Commit,
+}
+
+/// The SQLSTATE of `sas_fail`, raised when a guard of [`FLUSH`] finds a row
+/// changed under its lock.
+const GUARD_FAILED: &str = "SAS01";
 
 /// What [`Unit::flush`] wrote, and where its messages go.
 #[derive(Debug, Default)]
@@ -369,8 +407,6 @@ pub(super) struct Flushed {
 /// The row [`FLUSH`] returns.
 #[derive(Debug, sqlx::FromRow)]
 struct FlushRow {
-    orders_done: i64,
-    steps_done: i64,
     created: Vec<Uuid>,
     /// The ids of the messages written, ascending: the order they were given in.
     message_ids: Vec<i64>,
@@ -437,8 +473,11 @@ impl FlushRow {
 /// The one statement of [`Unit::flush`]. Each part reads its rows from
 /// arrays (`unnest`), so it costs one round trip for any number of orders.
 /// Guards: an order is written only if its state, lock holder and event
-/// number are still what was read; a step only if its state and dispatch are.
-const FLUSH: &str = "\
+/// number are still what was read; a step only if its state and dispatch
+/// are; and when a guard leaves a row unwritten (`$61` orders and `$62`
+/// steps are expected), `sas_fail` fails the statement, so that nothing of
+/// it stays and the transaction cannot commit.
+pub(super) const FLUSH: &str = "\
 WITH n AS ( \
   INSERT INTO orders (order_id, workflow, payload, reply_to, priority, not_before, trace_id, \
     last_seq, created_at, updated_at) \
@@ -492,14 +531,12 @@ m AS ( \
   WHERE u.id <> ALL($44) OR u.id IN (SELECT order_id FROM n) \
   ORDER BY n RETURNING id), \
 w AS (SELECT pg_notify($42, '') WHERE $43 AND (cardinality($44) = 0 OR EXISTS (SELECT 1 FROM n))) \
-SELECT (SELECT count(*) FROM o) AS orders_done, (SELECT count(*) FROM s) AS steps_done, \
-  (SELECT count(*) FROM w) AS woken, ARRAY(SELECT order_id FROM n) AS created, \
+SELECT (SELECT count(*) FROM w) AS woken, ARRAY(SELECT order_id FROM n) AS created, \
   ARRAY(SELECT id FROM m ORDER BY id) AS message_ids, \
   ARRAY(SELECT order_id FROM n WHERE locked) AS locked_new, \
-  ARRAY(SELECT DISTINCT order_id FROM outbox WHERE order_id = ANY($60::uuid[])) AS waiting";
-
-/// A query under construction.
-type Flush<'q> = sqlx::query::QueryAs<'q, sqlx::Postgres, FlushRow, sqlx::postgres::PgArguments>;
+  ARRAY(SELECT DISTINCT order_id FROM outbox WHERE order_id = ANY($60::uuid[])) AS waiting, \
+  CASE WHEN (SELECT count(*) FROM o) = $61::bigint AND (SELECT count(*) FROM s) = $62::bigint \
+    THEN true ELSE sas_fail('rows changed under their row locks') END AS guarded";
 
 /// The `at` of a status event: RFC 3339, UTC, microseconds.
 fn status_time(at: &DateTime<Utc>) -> String {
@@ -519,7 +556,7 @@ fn json_text(v: &Value) -> String {
 
 /// The new orders and their steps; the events and messages of a new order
 /// whose id existed are left out.
-fn bind_inserts<'q>(q: Flush<'q>, new: &[&Tracked], steps: &[(Uuid, Vec<Step>)]) -> Flush<'q> {
+fn bind_inserts(q: Args, new: &[&Tracked], steps: &[(Uuid, Vec<Step>)]) -> Args {
     let ids: Vec<Uuid> = new.iter().map(|t| t.order.order_id).collect();
     let workflows: Vec<String> = new.iter().map(|t| t.order.workflow.clone()).collect();
     let payloads: Vec<String> = new.iter().map(|t| json_text(&t.order.payload)).collect();
@@ -544,23 +581,23 @@ fn bind_inserts<'q>(q: Flush<'q>, new: &[&Tracked], steps: &[(Uuid, Vec<Step>)])
             timeouts.push(i64::try_from(s.timeout.as_millis()).unwrap_or(i64::MAX));
         }
     }
-    q.bind(ids)
-        .bind(workflows)
-        .bind(payloads)
-        .bind(reply_tos)
-        .bind(priorities)
-        .bind(not_before)
-        .bind(traces)
-        .bind(seqs)
-        .bind(step_ids)
-        .bind(idx)
-        .bind(names)
-        .bind(agents)
-        .bind(comps)
-        .bind(timeouts)
+    q.array(&ids)
+        .array(&workflows)
+        .array(&payloads)
+        .array(&reply_tos)
+        .array(&priorities)
+        .array(&not_before)
+        .array(&traces)
+        .array(&seqs)
+        .array(&step_ids)
+        .array(&idx)
+        .array(&names)
+        .array(&agents)
+        .array(&comps)
+        .array(&timeouts)
 }
 
-fn bind_orders<'q>(q: Flush<'q>, changed: &[&Tracked]) -> Flush<'q> {
+fn bind_orders(q: Args, changed: &[&Tracked]) -> Args {
     let col = |f: fn(&Tracked) -> Option<String>| changed.iter().map(|t| f(t)).collect::<Vec<_>>();
     let ids: Vec<Uuid> = changed.iter().map(|t| t.order.order_id).collect();
     let states = col(|t| Some(t.order.process_state.as_str().to_owned()));
@@ -579,21 +616,21 @@ fn bind_orders<'q>(q: Flush<'q>, changed: &[&Tracked]) -> Flush<'q> {
     let was_states = col(|t| Some(t.read.process_state.as_str().to_owned()));
     let was_locks = col(|t| t.read.locked_by.clone());
     let was_seqs: Vec<i32> = changed.iter().map(|t| t.read.last_seq).collect();
-    q.bind(ids)
-        .bind(states)
-        .bind(locks)
-        .bind(deadlines)
-        .bind(not_before)
-        .bind(failures)
-        .bind(comp_failures)
-        .bind(seqs)
-        .bind(errors)
-        .bind(was_states)
-        .bind(was_locks)
-        .bind(was_seqs)
+    q.array(&ids)
+        .array(&states)
+        .array(&locks)
+        .array(&deadlines)
+        .array(&not_before)
+        .array(&failures)
+        .array(&comp_failures)
+        .array(&seqs)
+        .array(&errors)
+        .array(&was_states)
+        .array(&was_locks)
+        .array(&was_seqs)
 }
 
-fn bind_steps<'q>(q: Flush<'q>, changed: &[(&StepRow, &StepRow)]) -> Flush<'q> {
+fn bind_steps(q: Args, changed: &[(&StepRow, &StepRow)]) -> Args {
     let ids: Vec<Uuid> = changed.iter().map(|(s, _)| s.order_id).collect();
     let idx: Vec<i32> = changed.iter().map(|(s, _)| s.idx).collect();
     let states: Vec<&'static str> = changed.iter().map(|(s, _)| s.state.as_str()).collect();
@@ -610,21 +647,21 @@ fn bind_steps<'q>(q: Flush<'q>, changed: &[(&StepRow, &StepRow)]) -> Flush<'q> {
     let finished: Vec<Option<DateTime<Utc>>> = changed.iter().map(|(s, _)| s.finished_at).collect();
     let was_states: Vec<&'static str> = changed.iter().map(|(_, r)| r.state.as_str()).collect();
     let was_dispatch: Vec<Option<Uuid>> = changed.iter().map(|(_, r)| r.dispatch_id).collect();
-    q.bind(ids)
-        .bind(idx)
-        .bind(states)
-        .bind(dispatches)
-        .bind(dispatch_ids)
-        .bind(deadlines)
-        .bind(results)
-        .bind(errors)
-        .bind(started)
-        .bind(finished)
-        .bind(was_states)
-        .bind(was_dispatch)
+    q.array(&ids)
+        .array(&idx)
+        .array(&states)
+        .array(&dispatches)
+        .array(&dispatch_ids)
+        .array(&deadlines)
+        .array(&results)
+        .array(&errors)
+        .array(&started)
+        .array(&finished)
+        .array(&was_states)
+        .array(&was_dispatch)
 }
 
-fn bind_events<'q>(q: Flush<'q>, events: &[NewEvent]) -> Flush<'q> {
+fn bind_events(q: Args, events: &[NewEvent]) -> Args {
     let ids: Vec<Uuid> = events.iter().map(|e| e.order_id).collect();
     let seqs: Vec<i32> = events.iter().map(|e| e.seq).collect();
     let kinds: Vec<&'static str> = events.iter().map(|e| e.kind).collect();
@@ -635,19 +672,19 @@ fn bind_events<'q>(q: Flush<'q>, events: &[NewEvent]) -> Flush<'q> {
     let actors: Vec<String> = events.iter().map(|e| e.actor.clone()).collect();
     let reasons: Vec<Option<String>> = events.iter().map(|e| e.reason.clone()).collect();
     let details: Vec<String> = events.iter().map(|e| json_text(&e.detail)).collect();
-    q.bind(ids)
-        .bind(seqs)
-        .bind(kinds)
-        .bind(froms)
-        .bind(tos)
-        .bind(steps)
-        .bind(attempts)
-        .bind(actors)
-        .bind(reasons)
-        .bind(details)
+    q.array(&ids)
+        .array(&seqs)
+        .array(&kinds)
+        .array(&froms)
+        .array(&tos)
+        .array(&steps)
+        .array(&attempts)
+        .array(&actors)
+        .array(&reasons)
+        .array(&details)
 }
 
-fn bind_messages<'q>(q: Flush<'q>, messages: &[NewMessage]) -> Flush<'q> {
+fn bind_messages(q: Args, messages: &[NewMessage]) -> Args {
     let ids: Vec<Uuid> = messages.iter().map(|m| m.order_id).collect();
     let kinds: Vec<String> = messages.iter().map(|m| m.kind.clone()).collect();
     let keys: Vec<String> = messages.iter().map(|m| m.routing_key.clone()).collect();
@@ -657,13 +694,13 @@ fn bind_messages<'q>(q: Flush<'q>, messages: &[NewMessage]) -> Flush<'q> {
     let traces: Vec<Option<String>> = messages.iter().map(|m| m.traceparent.clone()).collect();
     let bodies: Vec<Vec<u8>> = messages.iter().map(|m| m.body.clone()).collect();
     // In the order given: the relay publishes an order's messages by `id`.
-    q.bind(ids)
-        .bind(kinds)
-        .bind(keys)
-        .bind(correlations)
-        .bind(reply_tos)
-        .bind(traces)
-        .bind(bodies)
+    q.array(&ids)
+        .array(&kinds)
+        .array(&keys)
+        .array(&correlations)
+        .array(&reply_tos)
+        .array(&traces)
+        .array(&bodies)
 }
 
 #[cfg(test)]
