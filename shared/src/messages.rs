@@ -134,14 +134,23 @@ impl Submission {
         };
         let payload = match obj.remove("payload") {
             None | Some(Value::Null) => return fail(RejectReason::MissingField("payload")),
-            Some(Value::Object(m)) => m,
+            // Postgres stores no NUL character in text or jsonb.
+            Some(Value::Object(m)) if !holds_nul(&m) => m,
+            Some(Value::Object(_)) => {
+                return fail(wrong(
+                    "payload",
+                    "free of NUL characters (\\u0000), which cannot be stored",
+                ));
+            }
             Some(_) => return fail(wrong("payload", "an object")),
         };
         let reply_to = match obj.remove("reply_to") {
             None | Some(Value::Null) => reply_to_property
-                .filter(|q| !q.is_empty())
+                .filter(|q| !q.is_empty() && !q.contains('\0'))
                 .map(str::to_owned),
-            Some(Value::String(s)) if !s.is_empty() && s.len() <= 255 => Some(s),
+            Some(Value::String(s)) if !s.is_empty() && s.len() <= 255 && !s.contains('\0') => {
+                Some(s)
+            }
             Some(_) => return fail(wrong("reply_to", "a queue name (1 to 255 bytes)")),
         };
         let priority = match obj.remove("priority") {
@@ -169,6 +178,19 @@ impl Submission {
             not_before,
         })
     }
+}
+
+/// Whether a key or a string anywhere in `object` holds a NUL character.
+fn holds_nul(object: &serde_json::Map<String, Value>) -> bool {
+    fn value(v: &Value) -> bool {
+        match v {
+            Value::String(s) => s.contains('\0'),
+            Value::Array(items) => items.iter().any(value),
+            Value::Object(o) => holds_nul(o),
+            Value::Null | Value::Bool(_) | Value::Number(_) => false,
+        }
+    }
+    object.iter().any(|(k, v)| k.contains('\0') || value(v))
 }
 
 fn wrong(field: &'static str, expected: &'static str) -> RejectReason {
@@ -409,6 +431,31 @@ mod tests {
         assert_eq!(
             s.not_before.unwrap().to_rfc3339(),
             "2029-12-31T23:00:00+00:00"
+        );
+    }
+
+    #[test]
+    fn nul_characters_which_postgres_cannot_store_are_refused() {
+        for body in [
+            r#"{"workflow":"w","payload":{"a":"x\u0000"}}"#,
+            r#"{"workflow":"w","payload":{"a\u0000":1}}"#,
+            r#"{"workflow":"w","payload":{"a":[{"b":["\u0000"]}]}}"#,
+        ] {
+            let reason = decode(body).unwrap_err();
+            assert_eq!(reason.label(), "wrong_type", "{body}");
+            assert!(reason.to_string().contains("NUL"), "{reason}");
+        }
+        assert_eq!(
+            decode(r#"{"workflow":"w","payload":{},"reply_to":"q\u0000"}"#)
+                .unwrap_err()
+                .label(),
+            "wrong_type"
+        );
+        let property =
+            Submission::decode(br#"{"workflow":"w","payload":{}}"#, Some("q\0"), 1024).unwrap();
+        assert_eq!(
+            property.reply_to, None,
+            "a reply_to property with NUL is ignored"
         );
     }
 

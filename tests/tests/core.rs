@@ -186,6 +186,10 @@ async fn bad_messages_are_dead_lettered_with_a_reason_and_later_orders_still_flo
             "field `order_id` must be",
         ),
         (vec![0xff, 0xfe, 0x00], "not valid UTF-8"),
+        (
+            br#"{"workflow":"three","payload":{"note":"a\u0000b"}}"#.to_vec(),
+            "field `payload` must be free of NUL characters",
+        ),
         (vec![b' '; 2 * 1024 * 1024], "larger than the limit"),
     ];
     for (body, _) in &bad {
@@ -235,7 +239,7 @@ async fn bad_messages_are_dead_lettered_with_a_reason_and_later_orders_still_flo
     }
     let metrics = app.metrics("submission").await;
     assert!(
-        metrics.contains(r#"sas_orders_rejected_total{reason="wrong_type"} 2"#),
+        metrics.contains(r#"sas_orders_rejected_total{reason="wrong_type"} 3"#),
         "{metrics}"
     );
 }
