@@ -338,6 +338,44 @@ pub enum StepOutcome {
     Failed { error: String },
 }
 
+impl StepOutcome {
+    /// Replaces every NUL character (`\u0000`, which Postgres cannot store)
+    /// in the result's keys and strings, or in the error, with U+FFFD.
+    /// Returns whether there was any: a remote's answer is stored as it came
+    /// but for those.
+    pub fn replace_nul(&mut self) -> bool {
+        fn text(s: &mut String) -> bool {
+            let found = s.contains('\0');
+            if found {
+                *s = s.replace('\0', "\u{FFFD}");
+            }
+            found
+        }
+        fn value(v: &mut Value) -> bool {
+            match v {
+                Value::String(s) => text(s),
+                Value::Array(items) => items.iter_mut().fold(false, |f, i| value(i) | f),
+                Value::Object(o) => {
+                    let mut found = false;
+                    if o.keys().any(|k| k.contains('\0')) {
+                        found = true;
+                        *o = std::mem::take(o)
+                            .into_iter()
+                            .map(|(k, v)| (k.replace('\0', "\u{FFFD}"), v))
+                            .collect();
+                    }
+                    o.values_mut().fold(found, |f, v| value(v) | f)
+                }
+                Value::Null | Value::Bool(_) | Value::Number(_) => false,
+            }
+        }
+        match self {
+            Self::Succeeded { result } => value(result),
+            Self::Failed { error } => text(error),
+        }
+    }
+}
+
 /// An agent's answer to a [`StepRequest`], on the scheduler's reply queue.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepReply {
@@ -431,6 +469,31 @@ mod tests {
         assert_eq!(
             s.not_before.unwrap().to_rfc3339(),
             "2029-12-31T23:00:00+00:00"
+        );
+    }
+
+    #[test]
+    fn nul_characters_in_an_outcome_are_replaced() {
+        let mut ok = StepOutcome::Succeeded {
+            result: serde_json::json!({ "a\u{0}": ["x\u{0}y", 1, { "b": "\u{0}" }], "c": "clean" }),
+        };
+        assert!(ok.replace_nul());
+        assert_eq!(
+            ok,
+            StepOutcome::Succeeded {
+                result: serde_json::json!({ "a\u{FFFD}": ["x\u{FFFD}y", 1, { "b": "\u{FFFD}" }], "c": "clean" }),
+            }
+        );
+        assert!(!ok.replace_nul(), "nothing left");
+        let mut failed = StepOutcome::Failed {
+            error: "HTTP 400: \u{0}".into(),
+        };
+        assert!(failed.replace_nul());
+        assert_eq!(
+            failed,
+            StepOutcome::Failed {
+                error: "HTTP 400: \u{FFFD}".into()
+            }
         );
     }
 

@@ -186,7 +186,7 @@ impl Scheduler {
 
     /// Applies one reply; an error means the broker is gone.
     async fn on_reply(&self, delivery: Delivery) -> Result<(), BrokerError> {
-        let reply: StepReply = match serde_json::from_slice(&delivery.data) {
+        let mut reply: StepReply = match serde_json::from_slice(&delivery.data) {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "unreadable reply; dead-lettered");
@@ -206,6 +206,9 @@ impl Scheduler {
             trace_id = %trace,
         );
         async {
+            if reply.outcome.replace_nul() {
+                tracing::warn!("the remote's answer held NUL characters; stored as U+FFFD");
+            }
             let applied = self.replies.call(reply).await.unwrap_or_else(|| {
                 Err(Arc::new(StoreError::Corrupt(
                     "the batch workers stopped".into(),
