@@ -824,6 +824,29 @@ async fn a_write_back_whose_guard_fails_fails_on_the_server_so_the_commit_sent_w
     store.close().await;
 }
 
+/// Submits `order`, claims it for `me`, and returns its step request as the
+/// outbox holds it.
+async fn submit_and_claim(
+    app: &TestApp,
+    t: &Transitions,
+    wf: &sas::workflow::Workflow,
+    me: &Actor,
+    order: &NewOrder,
+) -> StepRequest {
+    t.submit(order, wf).await.expect("submit");
+    assert_eq!(
+        t.claim(me, 1, 1).await.expect("claim"),
+        vec![order.order_id]
+    );
+    let request: Vec<u8> =
+        sqlx::query_scalar("SELECT body FROM outbox WHERE order_id = $1 AND kind = 'request'")
+            .bind(order.order_id)
+            .fetch_one(&app.db)
+            .await
+            .expect("request");
+    serde_json::from_slice(&request).expect("request bytes intact")
+}
+
 /// Text that would break a badly quoted literal: the write-back sends its
 /// arguments as literals in a simple query.
 const AWKWARD: &str = "it's \\ a '); DROP TABLE orders; -- $$ \"quoted\" \\x00 ünïcödé \u{1F980}\n";
@@ -844,18 +867,7 @@ async fn text_that_looks_like_sql_goes_through_the_write_back_unchanged() {
     let mut order = one_step_order(format!("{status}{AWKWARD}"));
     order.payload = payload.clone();
     order.trace_id = Some(AWKWARD.into());
-    t.submit(&order, &wf).await.expect("submit");
-    assert_eq!(
-        t.claim(&me, 1, 1).await.expect("claim"),
-        vec![order.order_id]
-    );
-    let request: Vec<u8> =
-        sqlx::query_scalar("SELECT body FROM outbox WHERE order_id = $1 AND kind = 'request'")
-            .bind(order.order_id)
-            .fetch_one(&app.db)
-            .await
-            .expect("request");
-    let request: StepRequest = serde_json::from_slice(&request).expect("request bytes intact");
+    let request = submit_and_claim(&app, &t, &wf, &me, &order).await;
     assert_eq!(request.payload, payload);
     let reply = StepReply::to(
         &request,
@@ -906,18 +918,7 @@ async fn a_reply_cancelled_inside_its_transaction_does_not_leave_it_open_in_the_
     let t = Transitions::new(store.clone(), app.queues.clone());
     let me = Actor::new_instance("scheduler");
     let order = one_step_order(status);
-    t.submit(&order, &wf).await.expect("submit");
-    assert_eq!(
-        t.claim(&me, 1, 1).await.expect("claim"),
-        vec![order.order_id]
-    );
-    let request: Vec<u8> =
-        sqlx::query_scalar("SELECT body FROM outbox WHERE order_id = $1 AND kind = 'request'")
-            .bind(order.order_id)
-            .fetch_one(&app.db)
-            .await
-            .expect("request");
-    let request: StepRequest = serde_json::from_slice(&request).expect("request");
+    let request = submit_and_claim(&app, &t, &wf, &me, &order).await;
     let reply = StepReply::to(
         &request,
         StepOutcome::Succeeded {
