@@ -134,13 +134,15 @@ impl Submission {
         };
         let payload = match obj.remove("payload") {
             None | Some(Value::Null) => return fail(RejectReason::MissingField("payload")),
-            // Postgres stores no NUL character in text or jsonb.
-            Some(Value::Object(m)) if !holds_nul(&m) => m,
-            Some(Value::Object(_)) => {
-                return fail(wrong(
-                    "payload",
-                    "free of NUL characters (\\u0000), which cannot be stored",
-                ));
+            Some(Value::Object(mut m)) => {
+                // Postgres stores no NUL character in text or jsonb.
+                if replace_nul_map(&mut m) {
+                    return fail(wrong(
+                        "payload",
+                        "free of NUL characters (\\u0000), which cannot be stored",
+                    ));
+                }
+                m
             }
             Some(_) => return fail(wrong("payload", "an object")),
         };
@@ -180,17 +182,34 @@ impl Submission {
     }
 }
 
-/// Whether a key or a string anywhere in `object` holds a NUL character.
-fn holds_nul(object: &serde_json::Map<String, Value>) -> bool {
-    fn value(v: &Value) -> bool {
-        match v {
-            Value::String(s) => s.contains('\0'),
-            Value::Array(items) => items.iter().any(value),
-            Value::Object(o) => holds_nul(o),
-            Value::Null | Value::Bool(_) | Value::Number(_) => false,
-        }
+/// Replaces every NUL character (`\u0000`, which Postgres cannot store)
+/// in the keys and strings of `v` with U+FFFD; returns whether there was any.
+fn replace_nul(v: &mut Value) -> bool {
+    match v {
+        Value::String(s) => replace_nul_in(s),
+        Value::Array(items) => items.iter_mut().fold(false, |f, i| replace_nul(i) | f),
+        Value::Object(o) => replace_nul_map(o),
+        Value::Null | Value::Bool(_) | Value::Number(_) => false,
     }
-    object.iter().any(|(k, v)| k.contains('\0') || value(v))
+}
+
+fn replace_nul_map(o: &mut serde_json::Map<String, Value>) -> bool {
+    let keys = o.keys().any(|k| k.contains('\0'));
+    if keys {
+        *o = std::mem::take(o)
+            .into_iter()
+            .map(|(k, v)| (k.replace('\0', "\u{FFFD}"), v))
+            .collect();
+    }
+    o.values_mut().fold(keys, |f, v| replace_nul(v) | f)
+}
+
+fn replace_nul_in(s: &mut String) -> bool {
+    let found = s.contains('\0');
+    if found {
+        *s = s.replace('\0', "\u{FFFD}");
+    }
+    found
 }
 
 fn wrong(field: &'static str, expected: &'static str) -> RejectReason {
@@ -344,34 +363,9 @@ impl StepOutcome {
     /// Returns whether there was any: a remote's answer is stored as it came
     /// but for those.
     pub fn replace_nul(&mut self) -> bool {
-        fn text(s: &mut String) -> bool {
-            let found = s.contains('\0');
-            if found {
-                *s = s.replace('\0', "\u{FFFD}");
-            }
-            found
-        }
-        fn value(v: &mut Value) -> bool {
-            match v {
-                Value::String(s) => text(s),
-                Value::Array(items) => items.iter_mut().fold(false, |f, i| value(i) | f),
-                Value::Object(o) => {
-                    let mut found = false;
-                    if o.keys().any(|k| k.contains('\0')) {
-                        found = true;
-                        *o = std::mem::take(o)
-                            .into_iter()
-                            .map(|(k, v)| (k.replace('\0', "\u{FFFD}"), v))
-                            .collect();
-                    }
-                    o.values_mut().fold(found, |f, v| value(v) | f)
-                }
-                Value::Null | Value::Bool(_) | Value::Number(_) => false,
-            }
-        }
         match self {
-            Self::Succeeded { result } => value(result),
-            Self::Failed { error } => text(error),
+            Self::Succeeded { result } => replace_nul(result),
+            Self::Failed { error } => replace_nul_in(error),
         }
     }
 }

@@ -824,6 +824,39 @@ async fn a_write_back_whose_guard_fails_fails_on_the_server_so_the_commit_sent_w
     store.close().await;
 }
 
+#[tokio::test]
+async fn an_operator_action_on_a_connection_without_the_statements_prepares_them_first() {
+    let app = TestApp::new().await;
+    let settings = Settings::load(Some(&app.config)).expect("settings");
+    let wf = settings.workflow("one").expect("workflow");
+    let status = app.status_queue("operator").await;
+    // A pool of its own, with no preparing on connect: the cancel's
+    // write-back, inside sqlx's transaction, must prepare before it runs.
+    let store = StateStore::from_pool(pool(&app.db_url).await);
+    let t = Transitions::new(store.clone(), app.queues.clone());
+    let order = one_step_order(status);
+    t.submit(&order, &wf).await.expect("submit");
+    sqlx::query("DEALLOCATE ALL")
+        .execute(store.pool())
+        .await
+        .expect("deallocate");
+    let operator = Actor {
+        name: "operator".into(),
+    };
+    let cancelled = t.cancel(&operator, order.order_id).await.expect("cancel");
+    assert!(
+        matches!(cancelled, sas::state_store::Operated::Done(_)),
+        "{cancelled:?}"
+    );
+    let state: String = sqlx::query_scalar("SELECT process_state FROM orders WHERE order_id = $1")
+        .bind(order.order_id)
+        .fetch_one(&app.db)
+        .await
+        .expect("order");
+    assert_ne!(state, "pending");
+    store.close().await;
+}
+
 /// Submits `order`, claims it for `me`, and returns its step request as the
 /// outbox holds it.
 async fn submit_and_claim(

@@ -82,17 +82,8 @@ pub(super) async fn begin_with<T>(
 where
     T: for<'r> sqlx::FromRow<'r, PgRow>,
 {
-    let first = rows(conn, format!("BEGIN; {execute}").into()).await;
-    match first {
-        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(UNKNOWN_STATEMENT) => {
-            rows(
-                conn,
-                format!("ROLLBACK; {}; BEGIN; {execute}", prepare_sql()).into(),
-            )
-            .await
-        }
-        other => other,
-    }
+    // The failed `EXECUTE` aborted the transaction `BEGIN` opened.
+    retrying(conn, format!("BEGIN; {execute}"), Some("ROLLBACK; ")).await
 }
 
 /// Runs `sql` (an `EXECUTE` of a statement of [`prepare_sql`], maybe
@@ -108,14 +99,28 @@ pub(super) async fn run<T>(
 where
     T: for<'r> sqlx::FromRow<'r, PgRow>,
 {
+    retrying(conn, sql, (!in_transaction).then_some("")).await
+}
+
+/// Runs `sql`; when the connection has not prepared the statements, and
+/// `retry` says what must go first (`None`: it cannot be retried), sends
+/// that, the statements' `PREPARE` and `sql` again in one round trip.
+async fn retrying<T>(
+    conn: &mut PgConnection,
+    sql: String,
+    retry: Option<&str>,
+) -> Result<Vec<T>, sqlx::Error>
+where
+    T: for<'r> sqlx::FromRow<'r, PgRow>,
+{
     let sql: Arc<str> = sql.into();
-    match rows(conn, sql.clone()).await {
-        Err(sqlx::Error::Database(e))
-            if !in_transaction && e.code().as_deref() == Some(UNKNOWN_STATEMENT) =>
+    match (rows(conn, sql.clone()).await, retry) {
+        (Err(sqlx::Error::Database(e)), Some(first))
+            if e.code().as_deref() == Some(UNKNOWN_STATEMENT) =>
         {
-            rows(conn, format!("{}; {sql}", prepare_sql()).into()).await
+            rows(conn, format!("{first}{}; {sql}", prepare_sql()).into()).await
         }
-        other => other,
+        (other, _) => other,
     }
 }
 
