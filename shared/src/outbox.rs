@@ -17,7 +17,7 @@
 //! older ones still waiting, messages whose publish failed, and rows that a
 //! dead process left behind. `outbox_published{kind, path}` counts both.
 
-use std::collections::BTreeSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
@@ -35,7 +35,7 @@ pub struct Relay {
     settings: OutboxSettings,
     metrics: Arc<Metrics>,
     /// Orders with rows this process committed and has not yet relayed.
-    pending: Mutex<BTreeSet<Uuid>>,
+    pending: Mutex<Pending>,
     wake: Notify,
     /// The confirm channel of the broker session, for handed-over messages.
     publisher: Mutex<Option<Publisher>>,
@@ -131,6 +131,35 @@ impl Handoff for Relay {
     }
 }
 
+/// Orders waiting for the relay, first pushed first taken, each once. Under
+/// a backlog the relay takes them in the order they came: taking them in
+/// any other order (by id, say) starves some orders' messages until their
+/// complete-by passes.
+#[derive(Debug, Default)]
+struct Pending {
+    queue: VecDeque<Uuid>,
+    queued: HashSet<Uuid>,
+}
+
+impl Pending {
+    /// Queues `order` unless it is queued already.
+    fn push(&mut self, order: Uuid) {
+        if self.queued.insert(order) {
+            self.queue.push_back(order);
+        }
+    }
+
+    /// The first `max` orders queued, taken off the queue.
+    fn take(&mut self, max: usize) -> Vec<Uuid> {
+        let n = max.min(self.queue.len());
+        let taken: Vec<Uuid> = self.queue.drain(..n).collect();
+        for order in &taken {
+            self.queued.remove(order);
+        }
+        taken
+    }
+}
+
 /// Hand-overs under way beyond which transitions leave their messages to
 /// the relay's passes: each holds a connection until its confirms arrive,
 /// and under load one pass for many orders costs less than a hand-over each.
@@ -143,7 +172,7 @@ impl Relay {
             store,
             settings,
             metrics,
-            pending: Mutex::new(BTreeSet::new()),
+            pending: Mutex::new(Pending::default()),
             wake: Notify::new(),
             publisher: Mutex::new(None),
             handoffs: tokio_util::task::TaskTracker::new(),
@@ -153,21 +182,18 @@ impl Relay {
     /// Asks the relay to publish what these orders have queued.
     pub fn push(&self, orders: impl IntoIterator<Item = Uuid>) {
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        pending.extend(orders);
+        for order in orders {
+            pending.push(order);
+        }
         drop(pending);
         self.wake.notify_one();
     }
 
     fn take(&self, max: usize) -> Vec<Uuid> {
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        let mut taken = Vec::with_capacity(max.min(pending.len()));
-        while taken.len() < max {
-            match pending.pop_first() {
-                Some(id) => taken.push(id),
-                None => break,
-            }
-        }
-        taken
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(max)
     }
 
     /// Relays until `shutdown`, then flushes what this process queued and
@@ -404,5 +430,26 @@ impl RelayTask {
         let value = session?;
         relayed?;
         Ok(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_relay_takes_orders_in_the_order_they_came_each_once() {
+        let ids: Vec<Uuid> = (0..5u128).rev().map(Uuid::from_u128).collect();
+        let mut pending = Pending::default();
+        for &id in &ids {
+            pending.push(id);
+        }
+        // Pushed again while queued: keeps its place.
+        pending.push(ids[0]);
+        assert_eq!(pending.take(2), ids[..2]);
+        // Taken, then pushed again (another relay held it): goes to the back.
+        pending.push(ids[0]);
+        assert_eq!(pending.take(10), [ids[2], ids[3], ids[4], ids[0]]);
+        assert!(pending.take(10).is_empty());
     }
 }
