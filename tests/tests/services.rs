@@ -69,8 +69,11 @@ fn a_workflow_with_a_bad_step_is_bad_configuration() {
     std::fs::remove_dir_all(dir).ok();
 }
 
-#[test]
-fn an_unreachable_dependency_fails_start_up_after_bounded_retries() {
+#[tokio::test]
+async fn an_unreachable_dependency_fails_start_up_after_bounded_retries() {
+    // The supervisor reaches Postgres before the broker: the test's own
+    // database, so that nothing touches the default one (`sas`).
+    let app = TestApp::new().await;
     for (name, key, url) in [
         (
             "scheduler",
@@ -85,6 +88,7 @@ fn an_unreachable_dependency_fails_start_up_after_bounded_retries() {
     ] {
         let started = Instant::now();
         let out = Command::new(bin(name))
+            .env("SAS__DATABASE__URL", &app.db_url)
             .env(key, url)
             .env("SAS__DATABASE__CONNECT_TIMEOUT", "1s")
             .env("SAS__BROKER__CONNECT_TIMEOUT", "1s")
