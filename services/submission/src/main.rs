@@ -17,10 +17,7 @@ struct Args {
     common: CommonArgs,
 }
 
-// One thread: the service mostly waits on Postgres, RabbitMQ and HTTP, and
-// a second worker thread only added cross-thread wake-ups (BENCHMARKS.md:
-// more orders/s and less CPU per order on one thread).
-#[tokio::main(flavor = "current_thread")]
+#[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
     let spec = Spec {
