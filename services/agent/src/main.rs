@@ -22,7 +22,10 @@ struct Args {
     agents: Vec<String>,
 }
 
-#[tokio::main]
+// One thread: the service mostly waits on Postgres, RabbitMQ and HTTP, and
+// a second worker thread only added cross-thread wake-ups (BENCHMARKS.md:
+// more orders/s and less CPU per order on one thread).
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args = Args::parse();
     let spec = Spec {
