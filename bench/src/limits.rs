@@ -7,7 +7,7 @@
 //!   kind in a loop on several concurrent tasks, with no broker and no
 //!   services;
 //! - RabbitMQ: confirmed publishes (as many in flight as `broker.prefetch`,
-//!   128) and manual-ack consumes of
+//!   128) and manual-ack consumes (32 deliveries per ack frame) of
 //!   messages of the sizes sas sends, on a quorum queue (orders, step
 //!   requests, replies) and a classic one (status events);
 //! - the remote calls: the agent's HTTP POST to remote-sim, 64 concurrent.
@@ -578,9 +578,14 @@ fn phase(name: &str, transactions: usize, orders: usize, seconds: f64) -> Phase 
     }
 }
 
+/// Deliveries the limit's consumers acknowledge with one `multiple` ack.
+const ACKS_PER_FRAME: usize = 32;
+
 /// RabbitMQ moving `messages` messages of the given sizes through queues of
 /// one type: published with confirms, as many in flight as the services
-/// allow, and consumed with manual acks, on [`LANES`] queues at once (sas
+/// allow, and consumed with manual acks, [`ACKS_PER_FRAME`] per frame (sas
+/// too acknowledges deliveries finished together with one frame), on
+/// [`LANES`] queues at once (sas
 /// too runs several flows at once: orders, requests, replies, events), each
 /// with its own publisher and consumer channel.
 async fn mq_limit(
@@ -639,8 +644,11 @@ async fn mq_limit(
                 while got < per_lane {
                     match tokio::time::timeout(Duration::from_secs(30), consumer.next()).await {
                         Ok(Some(Ok(d))) => {
-                            d.acker.ack(BasicAckOptions::default()).await?;
                             got += 1;
+                            // Several deliveries per ack frame, as sas acknowledges.
+                            if got % ACKS_PER_FRAME == 0 || got == per_lane {
+                                d.acker.ack(BasicAckOptions { multiple: true }).await?;
+                            }
                         }
                         _ => anyhow::bail!("consumer stopped after {got} of {per_lane} messages"),
                     }

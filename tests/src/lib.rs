@@ -21,7 +21,7 @@ use futures_util::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use remote_sim::{Knobs, RemoteSim, Stats};
-use sas::broker::{Broker, Outgoing, Publisher};
+use sas::broker::{Broker, Outgoing, Publisher, Subscription};
 use sas::config::BrokerSettings;
 use sas::topology::QueueNames;
 use serde_json::{Value, json};
@@ -527,6 +527,15 @@ impl TestApp {
             .expect("RabbitMQ is back");
         let publisher = broker.publisher().await.expect("publisher");
         *self.conn.write().unwrap() = Arc::new(Conn { broker, publisher });
+    }
+
+    /// A consumer of `queue` on a channel of its own, as the services subscribe.
+    pub async fn subscribe(&self, queue: &str, prefetch: u16) -> Subscription {
+        self.conn()
+            .broker
+            .subscribe(queue, prefetch, "test")
+            .await
+            .expect("subscribe")
     }
 
     /// Messages ready in a queue (a passive declare).

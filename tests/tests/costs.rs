@@ -1,7 +1,9 @@
 //! What one order costs the state store, counted by Postgres itself: the
-//! transactions a batch of orders takes, and the rows each transition writes.
+//! transactions a batch of orders takes, and the rows each transition writes;
+//! and what consumed messages cost the broker in acknowledgements.
 //! These pin the levers that make sas fast (batches share a transaction; a
-//! transition writes each order row once), whatever the timings.
+//! transition writes each order row once; deliveries finished together share
+//! an ack frame), whatever the timings.
 
 use std::collections::BTreeMap;
 
@@ -994,4 +996,90 @@ async fn a_reply_cancelled_inside_its_transaction_does_not_leave_it_open_in_the_
         "{applied:?}"
     );
     store.close().await;
+}
+
+/// Deliveries whose handlers finish together (a batch committed at once)
+/// share acknowledgement frames, in whatever order the handlers finish, and
+/// rejections among them go out on their own without upsetting the broker
+/// (a multiple ack that covered a rejected delivery would close the channel).
+#[tokio::test]
+async fn deliveries_finished_together_share_a_few_ack_frames_and_all_are_settled() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use sas::broker::{self, Outgoing, SessionEnd};
+    use tokio_util::sync::CancellationToken;
+
+    const M: usize = 64;
+    let app = TestApp::new().await;
+    let queue = app.status_queue("acks").await;
+    let publisher = app.publisher();
+    for i in 0..M {
+        publisher
+            .publish(&Outgoing {
+                routing_key: &queue,
+                body: i.to_string().as_bytes(),
+                ..Outgoing::default()
+            })
+            .await
+            .expect("published");
+    }
+    let subscription = app.subscribe(&queue, M as u16).await;
+    let acks = subscription.acks();
+    // Every handler waits until all M are in, then they finish together in
+    // the order they came, as the handlers of a batch do when its commit
+    // wakes them; every tenth is dead-lettered.
+    let batch: std::sync::Arc<std::sync::Mutex<Vec<tokio::sync::oneshot::Sender<()>>>> =
+        Default::default();
+    let finished = std::sync::Arc::new(AtomicUsize::new(0));
+    let stop = CancellationToken::new();
+    let end = broker::consume(
+        subscription,
+        &stop,
+        &CancellationToken::new(),
+        Duration::from_secs(5),
+        |delivery| {
+            let (batch, finished, stop) = (batch.clone(), finished.clone(), stop.clone());
+            let (commit, committed) = tokio::sync::oneshot::channel();
+            {
+                let mut batch = batch.lock().unwrap();
+                batch.push(commit);
+                if batch.len() == M {
+                    for commit in batch.drain(..) {
+                        commit.send(()).unwrap();
+                    }
+                }
+            }
+            async move {
+                committed.await.unwrap();
+                if delivery.delivery_tag % 10 == 0 {
+                    broker::dead_letter(&delivery).await?;
+                } else {
+                    broker::ack(&delivery).await?;
+                }
+                if finished.fetch_add(1, Ordering::SeqCst) + 1 == M {
+                    stop.cancel();
+                }
+                Ok(())
+            }
+        },
+    )
+    .await;
+    assert!(
+        matches!(end, Ok(SessionEnd::Shutdown)),
+        "the consumer ended with {end:?}"
+    );
+    let rejected = (1..=M as u64).filter(|t| t % 10 == 0).count() as u64;
+    assert_eq!(acks.acked(), M as u64 - rejected);
+    // At best one multiple ack per run of acks between two rejections
+    // (seven runs), and one for the first delivery, acknowledged alone
+    // while the rest were still coming.
+    assert!(
+        acks.ack_frames() <= 10,
+        "{} ack frames for {} acknowledged deliveries",
+        acks.ack_frames(),
+        acks.acked()
+    );
+    // Nothing came back when the channel closed: every delivery was settled.
+    assert_eq!(app.ready(&queue).await, 0);
 }

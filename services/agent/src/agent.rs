@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 use chrono::Utc;
-use sas::broker::{self, BrokerError, Delivery, Outgoing, Publisher, SessionEnd};
+use sas::broker::{self, BrokerError, Outgoing, Publisher, Received, SessionEnd};
 use sas::config::AgentSpec;
 use sas::messages::{StepReply, StepRequest};
 use sas::metrics::labels;
@@ -194,7 +194,7 @@ impl Agent {
     }
 
     /// Works on one request; an error means the broker is gone.
-    async fn handle(&self, publisher: &Publisher, delivery: Delivery) -> Result<(), BrokerError> {
+    async fn handle(&self, publisher: &Publisher, delivery: Received) -> Result<(), BrokerError> {
         let request: StepRequest = match serde_json::from_slice(&delivery.data) {
             Ok(r) => r,
             Err(e) => {
@@ -230,7 +230,7 @@ impl Agent {
     async fn work(
         &self,
         publisher: &Publisher,
-        delivery: &Delivery,
+        delivery: &Received,
         request: &StepRequest,
         trace: Option<&TraceContext>,
     ) -> Result<&'static str, BrokerError> {

@@ -422,7 +422,7 @@ where
         if handled == Handled::Refused {
             return Ok(ReadEnd::Handler);
         }
-        sas::broker::ack(&delivery)
+        sas::broker::ack_one(&delivery)
             .await
             .with_context(|| format!("acknowledging a message of {queue}"))?;
         if handled == Handled::Last {

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use sas::broker::{self, BrokerError, Delivery};
+use sas::broker::{self, BrokerError, Received};
 use sas::messages::StepReply;
 use sas::metrics::labels;
 use sas::outbox::Relay;
@@ -185,7 +185,7 @@ impl Scheduler {
     }
 
     /// Applies one reply; an error means the broker is gone.
-    async fn on_reply(&self, delivery: Delivery) -> Result<(), BrokerError> {
+    async fn on_reply(&self, delivery: Received) -> Result<(), BrokerError> {
         let mut reply: StepReply = match serde_json::from_slice(&delivery.data) {
             Ok(r) => r,
             Err(e) => {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use chrono::Utc;
-use sas::broker::{self, BrokerError, Delivery, Outgoing, Publisher};
+use sas::broker::{self, BrokerError, Outgoing, Publisher, Received};
 use sas::messages::{RejectReason, RejectedHints, StatusEvent, Submission};
 use sas::metrics::labels;
 use sas::outbox::Relay;
@@ -93,7 +93,7 @@ struct Submitter {
 
 impl Submitter {
     /// Handles one delivery; an error means the broker is gone.
-    async fn handle(&self, publisher: &Publisher, delivery: Delivery) -> Result<(), BrokerError> {
+    async fn handle(&self, publisher: &Publisher, delivery: Received) -> Result<(), BrokerError> {
         let settings = &self.ctx.settings;
         let decoded = Submission::decode(
             &delivery.data,
@@ -173,7 +173,7 @@ impl Submitter {
     async fn reject(
         &self,
         publisher: &Publisher,
-        delivery: &Delivery,
+        delivery: &Received,
         reason: &RejectReason,
         hints: &RejectedHints,
     ) -> Result<(), BrokerError> {
@@ -225,7 +225,7 @@ impl Submitter {
 
     /// The state store failed: hand the message back after a pause, so a
     /// Postgres restart costs a delay, not an order.
-    async fn retry_later(&self, delivery: &Delivery, e: &StoreError) -> Result<(), BrokerError> {
+    async fn retry_later(&self, delivery: &Received, e: &StoreError) -> Result<(), BrokerError> {
         tracing::warn!(error = %e, transient = e.is_transient(), "could not store the order; handing it back");
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         broker::requeue(delivery).await

@@ -7,17 +7,21 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
+use lapin::options::BasicAckOptions;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::acks::Received;
 use super::{BrokerError, SessionEnd, Subscription};
 
 /// Consumes until `stop` (returning [`SessionEnd::Shutdown`]) or until the
 /// consumer, a handler or a companion task (`lost`) fails on the broker
 /// (returning the error, which ends the session). Concurrency is bounded by
-/// the consumer's prefetch. On the way out the subscription's channel is
-/// closed, so whatever was delivered but not acknowledged is redelivered.
+/// the consumer's prefetch; handlers settle their deliveries with [`ack`],
+/// [`requeue`] or [`dead_letter`], and acks go out several at a time
+/// ([`super::acks`]). On the way out the acks still waiting are sent and the
+/// subscription's channel is closed, so whatever was delivered but not
+/// acknowledged is redelivered.
 pub async fn consume<H, Fut>(
     subscription: Subscription,
     stop: &CancellationToken,
@@ -26,12 +30,13 @@ pub async fn consume<H, Fut>(
     handler: H,
 ) -> Result<SessionEnd, BrokerError>
 where
-    H: Fn(Delivery) -> Fut,
+    H: Fn(Received) -> Fut,
     Fut: Future<Output = Result<(), BrokerError>> + Send + 'static,
 {
     let Subscription {
         channel,
         mut consumer,
+        acks,
     } = subscription;
     let queue = consumer.queue().to_string();
     let mut tasks: JoinSet<Result<(), BrokerError>> = JoinSet::new();
@@ -46,7 +51,7 @@ where
             }
             next = consumer.next() => match next {
                 Some(Ok(delivery)) => {
-                    tasks.spawn(handler(delivery));
+                    tasks.spawn(handler(acks.received(delivery)));
                 }
                 Some(Err(e)) => break Err(e.into()),
                 None => break Err(BrokerError::ConsumerEnded(queue.clone())),
@@ -67,6 +72,9 @@ where
         tracing::warn!(%queue, left = tasks.len(), "grace period over; handing back unfinished deliveries");
         tasks.abort_all();
     }
+    if let Err(e) = acks.send(true).await {
+        tracing::warn!(error = %e, %queue, "could not send the last acks; those messages come again");
+    }
     channel.close(200, "consumer stopped".into()).await.ok();
     outcome
 }
@@ -86,28 +94,22 @@ fn task_error(
 }
 
 /// Acknowledges a delivery: the work is committed.
-pub async fn ack(delivery: &Delivery) -> Result<(), BrokerError> {
-    delivery.acker.ack(BasicAckOptions::default()).await?;
-    Ok(())
+pub async fn ack(delivery: &Received) -> Result<(), BrokerError> {
+    delivery.ack().await
 }
 
 /// Hands a delivery back for redelivery (a transient failure, or shutdown).
-pub async fn requeue(delivery: &Delivery) -> Result<(), BrokerError> {
-    delivery
-        .acker
-        .nack(BasicNackOptions {
-            requeue: true,
-            ..BasicNackOptions::default()
-        })
-        .await?;
-    Ok(())
+pub async fn requeue(delivery: &Received) -> Result<(), BrokerError> {
+    delivery.requeue().await
 }
 
 /// Rejects a delivery that can never be processed: the queue dead-letters it.
-pub async fn dead_letter(delivery: &Delivery) -> Result<(), BrokerError> {
-    delivery
-        .acker
-        .reject(BasicRejectOptions { requeue: false })
-        .await?;
+pub async fn dead_letter(delivery: &Received) -> Result<(), BrokerError> {
+    delivery.dead_letter().await
+}
+
+/// Acknowledges a delivery taken outside [`consume`], on its own.
+pub async fn ack_one(delivery: &Delivery) -> Result<(), BrokerError> {
+    delivery.acker.ack(BasicAckOptions::default()).await?;
     Ok(())
 }

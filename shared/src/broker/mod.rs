@@ -7,10 +7,12 @@
 //! connection is lost the session ends and a new one starts on a new connection,
 //! re-declaring the topology and resuming the consumers.
 
+mod acks;
 mod consumer;
 mod publisher;
 mod session;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::options::{
@@ -19,7 +21,8 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties};
 
-pub use consumer::{ack, consume, dead_letter, requeue};
+pub use acks::{Acks, Received};
+pub use consumer::{ack, ack_one, consume, dead_letter, requeue};
 
 pub use lapin::Consumer;
 pub use lapin::message::Delivery;
@@ -219,7 +222,11 @@ impl Broker {
                 FieldTable::default(),
             )
             .await?;
-        Ok(Subscription { channel, consumer })
+        Ok(Subscription {
+            channel,
+            consumer,
+            acks: Acks::new(prefetch),
+        })
     }
 
     /// Takes the next message of `queue`, if any, unacknowledged: the caller
@@ -298,14 +305,20 @@ pub struct Taken {
 impl Taken {
     /// Done with it: the broker forgets it.
     pub async fn ack(self) -> Result<(), BrokerError> {
-        consumer::ack(&self.delivery).await?;
+        consumer::ack_one(&self.delivery).await?;
         self.channel.close(200, "taken".into()).await.ok();
         Ok(())
     }
 
     /// Puts it back on its queue.
     pub async fn release(self) -> Result<(), BrokerError> {
-        consumer::requeue(&self.delivery).await?;
+        self.delivery
+            .acker
+            .nack(BasicNackOptions {
+                requeue: true,
+                ..BasicNackOptions::default()
+            })
+            .await?;
         self.channel.close(200, "released".into()).await.ok();
         Ok(())
     }
@@ -315,6 +328,14 @@ impl Taken {
 pub struct Subscription {
     channel: Channel,
     consumer: Consumer,
+    acks: Arc<Acks>,
+}
+
+impl Subscription {
+    /// The acknowledgements of this subscription's channel (to count them).
+    pub fn acks(&self) -> Arc<Acks> {
+        self.acks.clone()
+    }
 }
 
 /// Arguments of a sas queue: its type, and for work queues a dead-letter

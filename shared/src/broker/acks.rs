@@ -1,0 +1,298 @@
+//! Acknowledgements, several at a time. Each delivery a consumer takes is
+//! handled in its own task, and handlers finish in any order; one
+//! `basic.ack` with `multiple` settles every finished delivery below the
+//! oldest unfinished one, so a batch of orders committed together costs the
+//! broker one frame instead of one per order (RabbitMQ spends about half as
+//! much CPU per consumed message with acks 32 at a time as with one each).
+//!
+//! Nothing waits for company: a delivery whose handler finishes while no
+//! frame is on its way is settled at once, so latency does not change.
+//! Frames go out one batch at a time, in delivery order, and what finishes
+//! meanwhile shares the next batch. Hand-backs and rejections take their
+//! place in that order (a multiple ack that reached the broker before the
+//! rejection of a delivery it covers would leave the rejection's tag
+//! unknown, which closes the channel). A finished delivery behind an
+//! unfinished one waits (it still counts against the prefetch) until the
+//! unfinished one ends or half the prefetch is waiting; then they go out
+//! one by one, so a slow handler cannot stall the consumer.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use lapin::Acker;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
+
+use super::BrokerError;
+
+/// A delivery taken by [`super::consume`]: lapin's [`Delivery`] (it derefs
+/// to it), settled through its channel's [`Acks`].
+pub struct Received {
+    delivery: Delivery,
+    acks: Arc<Acks>,
+}
+
+impl Deref for Received {
+    type Target = Delivery;
+
+    fn deref(&self) -> &Delivery {
+        &self.delivery
+    }
+}
+
+impl std::fmt::Debug for Received {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Received")
+            .field("delivery_tag", &self.delivery.delivery_tag)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Received {
+    /// The work is committed: the broker may forget the message.
+    pub async fn ack(&self) -> Result<(), BrokerError> {
+        self.settle(Settle::Ack).await
+    }
+
+    /// Hands the message back for redelivery (a transient failure, or shutdown).
+    pub async fn requeue(&self) -> Result<(), BrokerError> {
+        self.settle(Settle::Requeue).await
+    }
+
+    /// Rejects a message that can never be processed: the queue dead-letters it.
+    pub async fn dead_letter(&self) -> Result<(), BrokerError> {
+        self.settle(Settle::DeadLetter).await
+    }
+
+    async fn settle(&self, how: Settle) -> Result<(), BrokerError> {
+        let (tag, acker) = (self.delivery.delivery_tag, self.delivery.acker.clone());
+        self.acks.finished(tag, acker, how);
+        self.acks.send(false).await
+    }
+}
+
+/// How a handler settled its delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settle {
+    Ack,
+    Requeue,
+    DeadLetter,
+}
+
+/// The acknowledgements of one consumer's channel (delivery tags count up
+/// per channel).
+#[derive(Debug)]
+pub struct Acks {
+    state: Mutex<State<Acker>>,
+    /// Held while a batch of frames goes out, so that batches leave in order.
+    sending: tokio::sync::Mutex<()>,
+    /// Finished deliveries that may wait behind an unfinished one.
+    max_waiting: usize,
+    /// Deliveries acknowledged, and ack frames sent for them.
+    acked: AtomicU64,
+    ack_frames: AtomicU64,
+}
+
+/// The deliveries of a channel by tag; `A` settles one (lapin's [`Acker`];
+/// a stand-in in tests).
+#[derive(Debug)]
+struct State<A> {
+    /// Delivered, and not yet settled by the handler.
+    unfinished: BTreeSet<u64>,
+    /// Settled by their handler, not yet sent.
+    finished: BTreeMap<u64, (A, Settle)>,
+}
+
+impl<A> Default for State<A> {
+    fn default() -> Self {
+        Self {
+            unfinished: BTreeSet::new(),
+            finished: BTreeMap::new(),
+        }
+    }
+}
+
+/// A frame to send: how, and for an ack whether it covers every earlier
+/// delivery too (`multiple`).
+type Frame<A> = (A, Settle, bool);
+
+impl<A> State<A> {
+    /// The frames that may go out now, in order. With `all`, every finished
+    /// delivery, whatever still runs.
+    fn due(&mut self, max_waiting: usize, all: bool) -> Vec<Frame<A>> {
+        let waiting = match self.unfinished.first() {
+            Some(&oldest) => self.finished.split_off(&oldest),
+            None => BTreeMap::new(),
+        };
+        // What stays in `finished` is older than every unfinished delivery:
+        // each run of acks goes as one multiple ack of its last delivery
+        // (the hand-backs and rejections before it went out first).
+        let mut frames = Vec::new();
+        let mut run = None;
+        for (acker, how) in std::mem::replace(&mut self.finished, waiting).into_values() {
+            if how == Settle::Ack {
+                run = Some(acker);
+                continue;
+            }
+            if let Some(last) = run.take() {
+                frames.push((last, Settle::Ack, true));
+            }
+            frames.push((acker, how, false));
+        }
+        if let Some(last) = run {
+            frames.push((last, Settle::Ack, true));
+        }
+        if all || self.finished.len() >= max_waiting {
+            frames.extend(
+                std::mem::take(&mut self.finished)
+                    .into_values()
+                    .map(|(acker, how)| (acker, how, false)),
+            );
+        }
+        frames
+    }
+}
+
+impl Acks {
+    /// Acknowledgements for a channel with this prefetch.
+    pub fn new(prefetch: u16) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(State::default()),
+            sending: tokio::sync::Mutex::new(()),
+            max_waiting: usize::from(prefetch / 2).max(1),
+            acked: AtomicU64::new(0),
+            ack_frames: AtomicU64::new(0),
+        })
+    }
+
+    /// Wraps a delivery just taken from the channel; it counts as
+    /// unfinished until its handler settles it.
+    pub fn received(self: &Arc<Self>, delivery: Delivery) -> Received {
+        self.lock().unfinished.insert(delivery.delivery_tag);
+        Received {
+            delivery,
+            acks: self.clone(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<Acker>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn finished(&self, tag: u64, acker: Acker, how: Settle) {
+        let mut state = self.lock();
+        state.unfinished.remove(&tag);
+        state.finished.insert(tag, (acker, how));
+        if how == Settle::Ack {
+            self.acked.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Sends what is due; with `all`, every finished delivery (on the way
+    /// out: what did not finish is redelivered once the channel closes).
+    pub async fn send(&self, all: bool) -> Result<(), BrokerError> {
+        let _sending = self.sending.lock().await;
+        let frames = self.lock().due(self.max_waiting, all);
+        for (acker, how, multiple) in frames {
+            match how {
+                Settle::Ack => {
+                    acker.ack(BasicAckOptions { multiple }).await?;
+                    self.ack_frames.fetch_add(1, Ordering::Relaxed);
+                }
+                Settle::Requeue => {
+                    let requeue = BasicNackOptions {
+                        requeue: true,
+                        ..BasicNackOptions::default()
+                    };
+                    acker.nack(requeue).await?;
+                }
+                Settle::DeadLetter => {
+                    acker.reject(BasicRejectOptions { requeue: false }).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Deliveries acknowledged so far (sent or waiting).
+    pub fn acked(&self) -> u64 {
+        self.acked.load(Ordering::Relaxed)
+    }
+
+    /// Ack frames sent so far.
+    pub fn ack_frames(&self) -> u64 {
+        self.ack_frames.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use Settle::{Ack, DeadLetter, Requeue};
+
+    /// A state whose ackers are their own tags.
+    fn state(unfinished: &[u64], finished: &[(u64, Settle)]) -> State<u64> {
+        State {
+            unfinished: unfinished.iter().copied().collect(),
+            finished: finished.iter().map(|&(t, how)| (t, (t, how))).collect(),
+        }
+    }
+
+    fn waiting(s: &State<u64>) -> Vec<u64> {
+        s.finished.keys().copied().collect()
+    }
+
+    #[test]
+    fn finished_deliveries_below_the_oldest_unfinished_one_go_as_one_multiple_ack() {
+        let mut s = state(&[7], &[(1, Ack), (2, Ack), (3, Ack), (5, Ack), (8, Ack)]);
+        assert_eq!(s.due(32, false), vec![(5, Ack, true)]);
+        assert_eq!(waiting(&s), vec![8]);
+    }
+
+    #[test]
+    fn with_nothing_unfinished_everything_goes_as_one_multiple_ack() {
+        let mut s = state(&[], &[(4, Ack), (5, Ack), (6, Ack)]);
+        assert_eq!(s.due(32, false), vec![(6, Ack, true)]);
+        assert!(waiting(&s).is_empty());
+    }
+
+    #[test]
+    fn hand_backs_and_rejections_go_in_their_place_between_runs_of_acks() {
+        let mut s = state(
+            &[],
+            &[(1, Ack), (2, DeadLetter), (3, Ack), (4, Ack), (5, Requeue)],
+        );
+        assert_eq!(
+            s.due(32, false),
+            vec![
+                (1, Ack, true),
+                (2, DeadLetter, false),
+                (4, Ack, true),
+                (5, Requeue, false)
+            ]
+        );
+    }
+
+    #[test]
+    fn finished_deliveries_behind_a_slow_one_go_one_by_one_once_too_many_wait() {
+        let mut s = state(&[1], &[(2, Ack), (3, DeadLetter)]);
+        assert_eq!(s.due(3, false), vec![]);
+        s.finished.insert(4, (4, Ack));
+        assert_eq!(
+            s.due(3, false),
+            vec![(2, Ack, false), (3, DeadLetter, false), (4, Ack, false)]
+        );
+        assert!(waiting(&s).is_empty());
+        assert_eq!(s.unfinished.iter().copied().collect::<Vec<_>>(), vec![1]);
+    }
+
+    #[test]
+    fn on_the_way_out_every_finished_delivery_goes() {
+        let mut s = state(&[3], &[(1, Ack), (2, Ack), (5, Ack)]);
+        assert_eq!(s.due(32, true), vec![(2, Ack, true), (5, Ack, false)]);
+        assert!(waiting(&s).is_empty());
+    }
+}
