@@ -1083,3 +1083,72 @@ async fn deliveries_finished_together_share_a_few_ack_frames_and_all_are_settled
     // Nothing came back when the channel closed: every delivery was settled.
     assert_eq!(app.ready(&queue).await, 0);
 }
+
+/// A delivery handed back behind one still being worked on goes back to the
+/// queue at once (another consumer may take it), not when the slow one ends:
+/// here the slow one ends only once the handed-back message came again.
+#[tokio::test]
+async fn a_hand_back_behind_a_slow_delivery_goes_back_at_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use sas::broker::{self, Outgoing, SessionEnd};
+    use tokio_util::sync::CancellationToken;
+
+    let app = TestApp::new().await;
+    let queue = app.status_queue("handback").await;
+    let publisher = app.publisher();
+    for body in ["slow", "back", "fast"] {
+        publisher
+            .publish(&Outgoing {
+                routing_key: &queue,
+                body: body.as_bytes(),
+                ..Outgoing::default()
+            })
+            .await
+            .expect("published");
+    }
+    let subscription = app.subscribe(&queue, 8).await;
+    let came_again = std::sync::Arc::new(tokio::sync::Notify::new());
+    let settled = std::sync::Arc::new(AtomicUsize::new(0));
+    let stop = CancellationToken::new();
+    let end = tokio::time::timeout(
+        Duration::from_secs(20),
+        broker::consume(
+            subscription,
+            &stop,
+            &CancellationToken::new(),
+            Duration::from_secs(5),
+            |delivery| {
+                let (came_again, settled, stop) =
+                    (came_again.clone(), settled.clone(), stop.clone());
+                async move {
+                    match (&delivery.data[..], delivery.redelivered) {
+                        (b"slow", _) => {
+                            came_again.notified().await;
+                            broker::ack(&delivery).await?;
+                        }
+                        (b"back", false) => broker::requeue(&delivery).await?,
+                        (b"back", true) => {
+                            broker::ack(&delivery).await?;
+                            came_again.notify_one();
+                        }
+                        _ => broker::ack(&delivery).await?,
+                    }
+                    // slow, fast and back (the second time) acknowledged.
+                    if settled.fetch_add(1, Ordering::SeqCst) + 1 == 4 {
+                        stop.cancel();
+                    }
+                    Ok(())
+                }
+            },
+        ),
+    )
+    .await
+    .expect("the handed-back message came again while the slow one waited for it");
+    assert!(
+        matches!(end, Ok(SessionEnd::Shutdown)),
+        "the consumer ended with {end:?}"
+    );
+    assert_eq!(app.ready(&queue).await, 0);
+}

@@ -11,10 +11,12 @@
 //! meanwhile shares the next batch. Hand-backs and rejections take their
 //! place in that order (a multiple ack that reached the broker before the
 //! rejection of a delivery it covers would leave the rejection's tag
-//! unknown, which closes the channel). A finished delivery behind an
-//! unfinished one waits (it still counts against the prefetch) until the
-//! unfinished one ends or half the prefetch is waiting; then they go out
-//! one by one, so a slow handler cannot stall the consumer.
+//! unknown, or worse, acknowledge a message meant to come back). A
+//! hand-back or rejection behind an unfinished delivery goes out at once,
+//! on its own, so that another consumer can take a handed-back message; an
+//! ack behind an unfinished delivery waits (it still counts against the
+//! prefetch) until the unfinished one ends or half the prefetch is waiting,
+//! then they go out one by one, so a slow handler cannot stall the consumer.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Deref;
@@ -122,16 +124,25 @@ impl<A> State<A> {
     /// The frames that may go out now, in order. With `all`, every finished
     /// delivery, whatever still runs.
     fn due(&mut self, max_waiting: usize, all: bool) -> Vec<Frame<A>> {
-        let waiting = match self.unfinished.first() {
-            Some(&oldest) => self.finished.split_off(&oldest),
-            None => BTreeMap::new(),
-        };
-        // What stays in `finished` is older than every unfinished delivery:
-        // each run of acks goes as one multiple ack of its last delivery
-        // (the hand-backs and rejections before it went out first).
+        let oldest = self.unfinished.first().copied().unwrap_or(u64::MAX);
         let mut frames = Vec::new();
+        // Behind the oldest unfinished delivery: hand-backs and rejections
+        // go at once (each settles only its own delivery, and a multiple ack
+        // sent after it cannot cover it); acks wait.
+        let mut behind = Vec::new();
+        let mut waiting = BTreeMap::new();
+        // Before it, each run of acks goes as one multiple ack of its last
+        // delivery, after the hand-backs and rejections before it.
         let mut run = None;
-        for (acker, how) in std::mem::replace(&mut self.finished, waiting).into_values() {
+        for (tag, (acker, how)) in std::mem::take(&mut self.finished) {
+            if tag > oldest {
+                if how == Settle::Ack {
+                    waiting.insert(tag, (acker, how));
+                } else {
+                    behind.push((acker, how, false));
+                }
+                continue;
+            }
             if how == Settle::Ack {
                 run = Some(acker);
                 continue;
@@ -144,13 +155,15 @@ impl<A> State<A> {
         if let Some(last) = run {
             frames.push((last, Settle::Ack, true));
         }
-        if all || self.finished.len() >= max_waiting {
+        frames.extend(behind);
+        if all || waiting.len() >= max_waiting {
             frames.extend(
-                std::mem::take(&mut self.finished)
+                std::mem::take(&mut waiting)
                     .into_values()
                     .map(|(acker, how)| (acker, how, false)),
             );
         }
+        self.finished = waiting;
         frames
     }
 }
@@ -277,16 +290,26 @@ mod tests {
     }
 
     #[test]
-    fn finished_deliveries_behind_a_slow_one_go_one_by_one_once_too_many_wait() {
-        let mut s = state(&[1], &[(2, Ack), (3, DeadLetter)]);
+    fn acks_behind_a_slow_delivery_go_one_by_one_once_too_many_wait() {
+        let mut s = state(&[1], &[(2, Ack), (3, Ack)]);
         assert_eq!(s.due(3, false), vec![]);
         s.finished.insert(4, (4, Ack));
         assert_eq!(
             s.due(3, false),
-            vec![(2, Ack, false), (3, DeadLetter, false), (4, Ack, false)]
+            vec![(2, Ack, false), (3, Ack, false), (4, Ack, false)]
         );
         assert!(waiting(&s).is_empty());
         assert_eq!(s.unfinished.iter().copied().collect::<Vec<_>>(), vec![1]);
+    }
+
+    #[test]
+    fn hand_backs_and_rejections_behind_a_slow_delivery_go_at_once() {
+        let mut s = state(&[2], &[(1, Ack), (3, Ack), (4, Requeue), (5, DeadLetter)]);
+        assert_eq!(
+            s.due(32, false),
+            vec![(1, Ack, true), (4, Requeue, false), (5, DeadLetter, false)]
+        );
+        assert_eq!(waiting(&s), vec![3]);
     }
 
     #[test]
