@@ -224,7 +224,7 @@ async fn measure(args: &Args, env: &Env, autovacuum: Option<String>) -> anyhow::
     let started_at = Utc::now().to_rfc3339();
     wait_idle(args.wait_idle).await;
     let load_before = procs::load_average();
-    let sim = Sim::start(env).await?;
+    let sim = Sim::start(env, "remote-sim").await?;
     let outcome = measure_with(args, env, &sim, &sizes).await;
     sim.stop().await;
     let (sas, memory_mib, limits, peers, peer_errors, peer_versions) = outcome?;
@@ -278,7 +278,6 @@ async fn measure_with(
         eprintln!("== machine limit");
         let (workflows, http) = limits::measure(
             env,
-            sim,
             &LimitOptions {
                 orders: sizes.limit_orders,
                 messages: sizes.limit_messages,

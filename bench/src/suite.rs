@@ -145,9 +145,10 @@ pub struct Sim {
 }
 
 impl Sim {
-    /// Starts `remote-sim --port 0` and reads the address it announces.
-    pub async fn start(env: &Env) -> anyhow::Result<Self> {
-        let log = std::fs::File::create(env.work_dir.join("remote-sim.log"))?;
+    /// Starts `remote-sim --port 0`, logging to `<name>.log` in the work
+    /// directory, and reads the address it announces.
+    pub async fn start(env: &Env, name: &str) -> anyhow::Result<Self> {
+        let log = std::fs::File::create(env.work_dir.join(format!("{name}.log")))?;
         let mut child = Command::new(env.bin("remote-sim"))
             .args(["--port", "0"])
             .env("RUST_LOG", "warn")
