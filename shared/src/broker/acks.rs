@@ -53,22 +53,9 @@ impl std::fmt::Debug for Received {
 }
 
 impl Received {
-    /// The work is committed: the broker may forget the message.
-    pub async fn ack(&self) -> Result<(), BrokerError> {
-        self.settle(Settle::Ack).await
-    }
-
-    /// Hands the message back for redelivery (a transient failure, or shutdown).
-    pub async fn requeue(&self) -> Result<(), BrokerError> {
-        self.settle(Settle::Requeue).await
-    }
-
-    /// Rejects a message that can never be processed: the queue dead-letters it.
-    pub async fn dead_letter(&self) -> Result<(), BrokerError> {
-        self.settle(Settle::DeadLetter).await
-    }
-
-    async fn settle(&self, how: Settle) -> Result<(), BrokerError> {
+    /// Settles the delivery through its channel's [`Acks`]: what
+    /// [`super::ack`], [`super::requeue`] and [`super::dead_letter`] do.
+    pub(super) async fn settle(&self, how: Settle) -> Result<(), BrokerError> {
         let (tag, acker) = (self.delivery.delivery_tag, self.delivery.acker.clone());
         self.acks.finished(tag, acker, how);
         self.acks.send(false).await
@@ -77,9 +64,12 @@ impl Received {
 
 /// How a handler settled its delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Settle {
+pub(super) enum Settle {
+    /// Done: the broker may forget it.
     Ack,
+    /// Back to its queue, for redelivery.
     Requeue,
+    /// Rejected without requeue: the queue dead-letters it.
     DeadLetter,
 }
 

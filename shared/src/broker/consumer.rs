@@ -11,7 +11,7 @@ use lapin::options::BasicAckOptions;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::acks::Received;
+use super::acks::{Received, Settle};
 use super::{BrokerError, SessionEnd, Subscription};
 
 /// Consumes until `stop` (returning [`SessionEnd::Shutdown`]) or until the
@@ -95,17 +95,17 @@ fn task_error(
 
 /// Acknowledges a delivery: the work is committed.
 pub async fn ack(delivery: &Received) -> Result<(), BrokerError> {
-    delivery.ack().await
+    delivery.settle(Settle::Ack).await
 }
 
 /// Hands a delivery back for redelivery (a transient failure, or shutdown).
 pub async fn requeue(delivery: &Received) -> Result<(), BrokerError> {
-    delivery.requeue().await
+    delivery.settle(Settle::Requeue).await
 }
 
 /// Rejects a delivery that can never be processed: the queue dead-letters it.
 pub async fn dead_letter(delivery: &Received) -> Result<(), BrokerError> {
-    delivery.dead_letter().await
+    delivery.settle(Settle::DeadLetter).await
 }
 
 /// Acknowledges a delivery taken outside [`consume`], on its own.
