@@ -224,9 +224,7 @@ async fn measure(args: &Args, env: &Env, autovacuum: Option<String>) -> anyhow::
     let started_at = Utc::now().to_rfc3339();
     wait_idle(args.wait_idle).await;
     let load_before = procs::load_average();
-    let sim = Sim::start(env, "remote-sim").await?;
-    let outcome = measure_with(args, env, &sim, &sizes).await;
-    sim.stop().await;
+    let outcome = measure_with(args, env, &sizes).await;
     let (sas, memory_mib, limits, peers, peer_errors, peer_versions) = outcome?;
     let mut report = Report {
         started_at,
@@ -264,12 +262,11 @@ type Measured = (
     Option<String>,
 );
 
-async fn measure_with(
-    args: &Args,
-    env: &Env,
-    sim: &Sim,
-    sizes: &Sizes,
-) -> anyhow::Result<Measured> {
+/// Measures the limit, sas and the peers. Each measured system (each sas
+/// deployment, each peer run) calls a remote-sim of its own, started for it
+/// and stopped after: one that has served another system's calls was seen
+/// to cost the next run about a third more CPU per order in every process.
+async fn measure_with(args: &Args, env: &Env, sizes: &Sizes) -> anyhow::Result<Measured> {
     // 1. The machine's limit, with nothing else running.
     env.checkpoint().await;
     let limits = if args.skip_limits {
@@ -294,7 +291,7 @@ async fn measure_with(
 
     // 2–4. sas: one scheduler and one agent, two of each, recovery.
     if !args.skip_sas {
-        sas_runs(args, env, sim, sizes, &mut runs, &mut memory).await?;
+        sas_runs(args, env, sizes, &mut runs, &mut memory).await?;
     }
 
     // 5. The peers.
@@ -339,7 +336,7 @@ async fn measure_with(
                         };
                         wait_quiet(args.wait_idle).await;
                         eprintln!("== {}: {workflow}, {n} orders", peer.name());
-                        let throughput = match run_peer(env, sim, &o, peer, &full).await {
+                        let throughput = match run_peer(env, &o, peer, &full).await {
                             Ok(r) => {
                                 print_peer(&r);
                                 // Waiting for each result failed (a chain on rpc:// does, with
@@ -356,7 +353,6 @@ async fn measure_with(
                                 None
                             }
                         };
-                        sim.reset().await;
                         let Some(t) = throughput.filter(|_| !args.skip_peer_low) else {
                             continue;
                         };
@@ -378,7 +374,7 @@ async fn measure_with(
                             "== {}: {workflow}, 10% load, {low_n} orders at {rate:.1}/s",
                             peer.name()
                         );
-                        match run_peer(env, sim, &o, peer, &low).await {
+                        match run_peer(env, &o, peer, &low).await {
                             Ok(r) => {
                                 print_peer(&r);
                                 peer_results.push(r);
@@ -387,7 +383,6 @@ async fn measure_with(
                                 peer_errors.push(format!("{} {workflow} 10%: {e:#}", peer.name()))
                             }
                         }
-                        sim.reset().await;
                     }
                 }
             }
@@ -407,20 +402,20 @@ async fn measure_with(
 async fn sas_runs(
     args: &Args,
     env: &Env,
-    sim: &Sim,
     sizes: &Sizes,
     runs: &mut Vec<SasRun>,
     memory: &mut std::collections::BTreeMap<String, f64>,
 ) -> anyhow::Result<()> {
     wait_quiet(args.wait_idle).await;
     eprintln!("== sas: 1 scheduler, 1 agent");
-    let mut suite = Suite::create(env, "s1", sim, SuiteOptions::default()).await?;
+    let sim = Sim::start(env, "remote-sim-s1").await?;
+    let mut suite = Suite::create(env, "s1", &sim, SuiteOptions::default()).await?;
     let result = async {
         suite.start_services(1, 1).await?;
         suite.start_maintenance();
-        warm_up(&mut suite, sim, sizes.warmup).await?;
+        warm_up(&mut suite, &sim, sizes.warmup).await?;
         for (workflow, steps, n) in [("one", 1, sizes.one), ("three", 3, sizes.three)] {
-            let full = full_load(&mut suite, sim, workflow, steps, n).await?;
+            let full = full_load(&mut suite, &sim, workflow, steps, n).await?;
             // Per step: a 3-step order is about three 1-step orders' work.
             let rate = args
                 .low_rate
@@ -435,7 +430,7 @@ async fn sas_runs(
             eprintln!("   {workflow}: 10% load, {low_n} orders at {rate:.1}/s");
             let low = load::run(
                 &mut suite,
-                sim,
+                &sim,
                 &LoadSpec {
                     workflow,
                     steps,
@@ -459,18 +454,20 @@ async fn sas_runs(
     .await;
     merge_memory(memory, suite.peak_memory());
     finish(suite, result, args.keep_logs).await?;
+    sim.stop().await;
 
     // 3. Two schedulers, two agents.
     if !args.skip_scaled {
         wait_quiet(args.wait_idle).await;
         eprintln!("== sas: 2 schedulers, 2 agents");
-        let mut suite = Suite::create(env, "s2", sim, SuiteOptions::default()).await?;
+        let sim = Sim::start(env, "remote-sim-s2").await?;
+        let mut suite = Suite::create(env, "s2", &sim, SuiteOptions::default()).await?;
         let result = async {
             suite.start_services(2, 2).await?;
             suite.start_maintenance();
-            warm_up(&mut suite, sim, sizes.warmup).await?;
+            warm_up(&mut suite, &sim, sizes.warmup).await?;
             for (workflow, steps, n) in [("one", 1, sizes.scaled), ("three", 3, sizes.scaled / 2)] {
-                let full = full_load(&mut suite, sim, workflow, steps, n).await?;
+                let full = full_load(&mut suite, &sim, workflow, steps, n).await?;
                 runs.push(SasRun {
                     deployment: "2 schedulers, 2 agents".into(),
                     load: "full".into(),
@@ -482,6 +479,7 @@ async fn sas_runs(
         .await;
         merge_memory(memory, suite.peak_memory());
         finish(suite, result, args.keep_logs).await?;
+        sim.stop().await;
     }
 
     // 4. Recovery: 3-step orders at half the full-load rate, two agents, one SIGKILLed.
@@ -494,18 +492,19 @@ async fn sas_runs(
             .map_or(100.0, |r| r.result.throughput);
         let rate = (three_full * 0.5).max(10.0);
         let n = sizes.recovery;
-        let mut suite = Suite::create(env, "rec", sim, SuiteOptions::default()).await?;
+        let sim = Sim::start(env, "remote-sim-rec").await?;
+        let mut suite = Suite::create(env, "rec", &sim, SuiteOptions::default()).await?;
         let result = async {
             suite.start_services(1, 2).await?;
             suite.start_maintenance();
-            warm_up(&mut suite, sim, sizes.warmup / 2).await?;
+            warm_up(&mut suite, &sim, sizes.warmup / 2).await?;
             eprintln!(
                 "   three: {n} orders at {rate:.0}/s, agent-1 killed after {}",
                 n / 3
             );
             let r = load::run(
                 &mut suite,
-                sim,
+                &sim,
                 &LoadSpec {
                     workflow: "three",
                     steps: 3,
@@ -526,6 +525,7 @@ async fn sas_runs(
         }
         .await;
         finish(suite, result, args.keep_logs).await?;
+        sim.stop().await;
     }
 
     Ok(())
@@ -547,17 +547,20 @@ impl Peer {
     }
 }
 
+/// One run of a peer, against a remote-sim of its own.
 async fn run_peer(
     env: &Env,
-    sim: &Sim,
     o: &PeerOptions,
     peer: Peer,
     run: &PeerRun<'_>,
 ) -> anyhow::Result<peers::PeerResult> {
-    match peer {
-        Peer::Celery(b) => peers::celery(env, sim, o, b, run).await,
-        Peer::Procrastinate => peers::procrastinate(env, sim, o, run).await,
-    }
+    let sim = Sim::start(env, "remote-sim-peer").await?;
+    let result = match peer {
+        Peer::Celery(b) => peers::celery(env, &sim, o, b, run).await,
+        Peer::Procrastinate => peers::procrastinate(env, &sim, o, run).await,
+    };
+    sim.stop().await;
+    result
 }
 
 async fn warm_up(suite: &mut Suite, sim: &Sim, n: usize) -> anyhow::Result<()> {
