@@ -147,10 +147,8 @@ pub async fn measure(
     env: &Env,
     o: &LimitOptions,
 ) -> anyhow::Result<(Vec<WorkflowLimit>, HttpLimit)> {
-    // The remote calls go to a remote-sim of their own, stopped after: on
-    // the one the sas runs use, 20,000 calls on 64 connections just before
-    // made the one-step run that followed spend about a third more CPU per
-    // order in every process, for 900 instead of 1,150 orders/s (BENCHMARKS.md).
+    // The remote calls go to a remote-sim of their own, stopped after, as
+    // every measured system's do (`Suite::sim`).
     let sim = Sim::start(env, "remote-sim-limit").await?;
     let http = http_limit(&sim, o.http_calls, 64).await;
     sim.stop().await;

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::procs::{self, CpuUse};
-use crate::suite::{PgCounters, Sim, Suite};
+use crate::suite::{PgCounters, Suite};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -152,16 +152,16 @@ struct Seen {
 }
 
 /// Runs one load against `suite`.
-pub async fn run(suite: &mut Suite, sim: &Sim, spec: &LoadSpec) -> anyhow::Result<LoadResult> {
+pub async fn run(suite: &mut Suite, spec: &LoadSpec) -> anyhow::Result<LoadResult> {
     let n = spec.orders;
     let ids: Vec<Uuid> = (0..n).map(|_| Uuid::new_v4()).collect();
     let index: Arc<HashMap<Uuid, usize>> =
         Arc::new(ids.iter().enumerate().map(|(i, id)| (*id, i)).collect());
     let submitted: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
 
-    sim.reset().await;
+    suite.sim.reset().await;
     let mut groups = suite.groups();
-    if let Some(pid) = sim.pid() {
+    if let Some(pid) = suite.sim.pid() {
         groups.push(procs::Group {
             name: "remote-sim".into(),
             roots: vec![pid],
@@ -396,7 +396,7 @@ pub async fn run(suite: &mut Suite, sim: &Sim, spec: &LoadSpec) -> anyhow::Resul
             .zip(pg_after)
             .map(|(b, a)| a.per_order(&b, orders_done)),
         pg_profile,
-        remote_applied: sim.applied().await,
+        remote_applied: suite.sim.applied().await,
     })
 }
 

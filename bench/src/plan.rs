@@ -262,10 +262,9 @@ type Measured = (
     Option<String>,
 );
 
-/// Measures the limit, sas and the peers. Each measured system (each sas
-/// deployment, each peer run) calls a remote-sim of its own, started for it
-/// and stopped after: one that has served another system's calls was seen
-/// to cost the next run about a third more CPU per order in every process.
+/// Measures the limit, sas and the peers. Each measured system (the limit,
+/// each sas deployment, each peer run) calls a remote-sim of its own,
+/// started for it and stopped after ([`Suite::sim`]).
 async fn measure_with(args: &Args, env: &Env, sizes: &Sizes) -> anyhow::Result<Measured> {
     // 1. The machine's limit, with nothing else running.
     env.checkpoint().await;
@@ -408,14 +407,13 @@ async fn sas_runs(
 ) -> anyhow::Result<()> {
     wait_quiet(args.wait_idle).await;
     eprintln!("== sas: 1 scheduler, 1 agent");
-    let sim = Sim::start(env, "remote-sim-s1").await?;
-    let mut suite = Suite::create(env, "s1", &sim, SuiteOptions::default()).await?;
+    let mut suite = Suite::create(env, "s1", SuiteOptions::default()).await?;
     let result = async {
         suite.start_services(1, 1).await?;
         suite.start_maintenance();
-        warm_up(&mut suite, &sim, sizes.warmup).await?;
+        warm_up(&mut suite, sizes.warmup).await?;
         for (workflow, steps, n) in [("one", 1, sizes.one), ("three", 3, sizes.three)] {
-            let full = full_load(&mut suite, &sim, workflow, steps, n).await?;
+            let full = full_load(&mut suite, workflow, steps, n).await?;
             // Per step: a 3-step order is about three 1-step orders' work.
             let rate = args
                 .low_rate
@@ -430,7 +428,6 @@ async fn sas_runs(
             eprintln!("   {workflow}: 10% load, {low_n} orders at {rate:.1}/s");
             let low = load::run(
                 &mut suite,
-                &sim,
                 &LoadSpec {
                     workflow,
                     steps,
@@ -454,20 +451,18 @@ async fn sas_runs(
     .await;
     merge_memory(memory, suite.peak_memory());
     finish(suite, result, args.keep_logs).await?;
-    sim.stop().await;
 
     // 3. Two schedulers, two agents.
     if !args.skip_scaled {
         wait_quiet(args.wait_idle).await;
         eprintln!("== sas: 2 schedulers, 2 agents");
-        let sim = Sim::start(env, "remote-sim-s2").await?;
-        let mut suite = Suite::create(env, "s2", &sim, SuiteOptions::default()).await?;
+        let mut suite = Suite::create(env, "s2", SuiteOptions::default()).await?;
         let result = async {
             suite.start_services(2, 2).await?;
             suite.start_maintenance();
-            warm_up(&mut suite, &sim, sizes.warmup).await?;
+            warm_up(&mut suite, sizes.warmup).await?;
             for (workflow, steps, n) in [("one", 1, sizes.scaled), ("three", 3, sizes.scaled / 2)] {
-                let full = full_load(&mut suite, &sim, workflow, steps, n).await?;
+                let full = full_load(&mut suite, workflow, steps, n).await?;
                 runs.push(SasRun {
                     deployment: "2 schedulers, 2 agents".into(),
                     load: "full".into(),
@@ -479,7 +474,6 @@ async fn sas_runs(
         .await;
         merge_memory(memory, suite.peak_memory());
         finish(suite, result, args.keep_logs).await?;
-        sim.stop().await;
     }
 
     // 4. Recovery: 3-step orders at half the full-load rate, two agents, one SIGKILLed.
@@ -492,19 +486,17 @@ async fn sas_runs(
             .map_or(100.0, |r| r.result.throughput);
         let rate = (three_full * 0.5).max(10.0);
         let n = sizes.recovery;
-        let sim = Sim::start(env, "remote-sim-rec").await?;
-        let mut suite = Suite::create(env, "rec", &sim, SuiteOptions::default()).await?;
+        let mut suite = Suite::create(env, "rec", SuiteOptions::default()).await?;
         let result = async {
             suite.start_services(1, 2).await?;
             suite.start_maintenance();
-            warm_up(&mut suite, &sim, sizes.warmup / 2).await?;
+            warm_up(&mut suite, sizes.warmup / 2).await?;
             eprintln!(
                 "   three: {n} orders at {rate:.0}/s, agent-1 killed after {}",
                 n / 3
             );
             let r = load::run(
                 &mut suite,
-                &sim,
                 &LoadSpec {
                     workflow: "three",
                     steps: 3,
@@ -525,7 +517,6 @@ async fn sas_runs(
         }
         .await;
         finish(suite, result, args.keep_logs).await?;
-        sim.stop().await;
     }
 
     Ok(())
@@ -563,14 +554,13 @@ async fn run_peer(
     result
 }
 
-async fn warm_up(suite: &mut Suite, sim: &Sim, n: usize) -> anyhow::Result<()> {
+async fn warm_up(suite: &mut Suite, n: usize) -> anyhow::Result<()> {
     if n == 0 {
         return Ok(());
     }
     eprintln!("   warm-up: {n} orders");
     let r = load::run(
         suite,
-        sim,
         &LoadSpec {
             workflow: "one",
             steps: 1,
@@ -587,7 +577,6 @@ async fn warm_up(suite: &mut Suite, sim: &Sim, n: usize) -> anyhow::Result<()> {
 
 async fn full_load(
     suite: &mut Suite,
-    sim: &Sim,
     workflow: &'static str,
     steps: usize,
     n: usize,
@@ -595,7 +584,6 @@ async fn full_load(
     eprintln!("   {workflow}: full load, {n} orders");
     let r = load::run(
         suite,
-        sim,
         &LoadSpec {
             workflow,
             steps,

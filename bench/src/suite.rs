@@ -261,16 +261,17 @@ pub struct Suite {
     /// The autovacuum stand-in, and how many times it ran (and for how long in all).
     maintenance: Option<tokio::task::JoinHandle<()>>,
     pub vacuums: std::sync::Arc<std::sync::Mutex<(usize, Duration)>>,
+    /// The deployment's own remote-sim, stopped at teardown: one that has
+    /// served another system's calls was seen to cost the next run about a
+    /// third more CPU per order in every process (BENCHMARKS.md).
+    pub sim: Sim,
 }
 
 impl Suite {
-    /// Creates the database, the configuration and the status queue; starts nothing.
-    pub async fn create(
-        env: &Env,
-        name: &str,
-        sim: &Sim,
-        options: SuiteOptions,
-    ) -> anyhow::Result<Self> {
+    /// Starts the deployment's remote-sim and creates the database, the
+    /// configuration and the status queue; starts no service.
+    pub async fn create(env: &Env, name: &str, options: SuiteOptions) -> anyhow::Result<Self> {
+        let sim = Sim::start(env, &format!("remote-sim-{name}")).await?;
         let prefix = format!("sasbench{}{name}", env.run_id);
         let db_name = format!("sasbench_{}_{name}", env.run_id);
         env.create_db(&db_name).await?;
@@ -321,6 +322,7 @@ impl Suite {
             memory: BTreeMap::new(),
             maintenance: None,
             vacuums: Default::default(),
+            sim,
         })
     }
 
@@ -514,6 +516,7 @@ impl Suite {
         self.broker.close().await;
         self.db.close().await;
         self.env.drop_db(&self.db_name).await;
+        self.sim.stop().await;
         if !keep {
             std::fs::remove_dir_all(&self.dir).ok();
         }
