@@ -79,6 +79,36 @@ pub fn each<T, E>(outcome: Result<Vec<T>, E>, items: usize) -> Vec<Result<T, Arc
     }
 }
 
+/// Runs `items` as one batch through `run`; when the batch fails with an
+/// error that `culprit` says one item may have caused (Postgres refused a
+/// value), runs the items again one at a time, so that only the culprit
+/// gets the error and the others are stored (contract §1a: one bad order
+/// never fails another). Any other error is every item's.
+pub async fn isolating<'t, T, O, E, F, Fut>(
+    items: &'t [T],
+    culprit: impl Fn(&E) -> bool,
+    run: F,
+) -> Vec<Result<O, Arc<E>>>
+where
+    F: Fn(&'t [T]) -> Fut,
+    Fut: Future<Output = Result<Vec<O>, E>>,
+{
+    match run(items).await {
+        Err(e) if items.len() > 1 && culprit(&e) => {
+            tracing::warn!(
+                items = items.len(),
+                "a batch was refused; trying its items one by one"
+            );
+            let mut outcomes = Vec::with_capacity(items.len());
+            for one in items.chunks(1) {
+                outcomes.extend(each(run(one).await, 1));
+            }
+            outcomes
+        }
+        outcome => each(outcome, items.len()),
+    }
+}
+
 /// Waits for one job, then takes the others already waiting, up to `max`.
 async fn next_batch<I, O>(
     rx: &Mutex<mpsc::UnboundedReceiver<Job<I, O>>>,
@@ -116,6 +146,31 @@ mod tests {
             let (i, out) = call.await.unwrap();
             assert_eq!(out, Some(i * 10));
         }
+    }
+
+    #[tokio::test]
+    async fn a_refused_batch_is_retried_one_by_one_and_only_the_culprit_fails() {
+        let runs = std::sync::Mutex::new(Vec::new());
+        // A batch fails when it holds -1.
+        let run = |items: &[i32]| {
+            runs.lock().unwrap().push(items.len());
+            let out = if items.contains(&-1) {
+                Err("refused")
+            } else {
+                Ok(items.to_vec())
+            };
+            async move { out }
+        };
+        let outcomes = isolating(&[1, -1, 3], |e| *e == "refused", run).await;
+        assert_eq!(outcomes[0].as_ref().ok(), Some(&1));
+        assert!(outcomes[1].is_err());
+        assert_eq!(outcomes[2].as_ref().ok(), Some(&3));
+        assert_eq!(*runs.lock().unwrap(), vec![3, 1, 1, 1]);
+        // An error no item caused (the database is down) is everyone's, at once.
+        runs.lock().unwrap().clear();
+        let outcomes = isolating(&[1, -1], |_| false, run).await;
+        assert!(outcomes.iter().all(Result::is_err));
+        assert_eq!(*runs.lock().unwrap(), vec![2]);
     }
 
     #[tokio::test]

@@ -6,7 +6,22 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
+/// Longest queue or workflow name sas accepts: AMQP's short string.
+pub const MAX_NAME_BYTES: usize = 255;
+
+/// Longest text a reason quotes from what it rejects, in characters: a
+/// header value must stay far below the broker's frame size whatever the
+/// input (contract §1a).
+pub const MAX_QUOTE_CHARS: usize = 64;
+
+/// Longest reason text, in bytes (an `x-sas-reason` header, a `rejected`
+/// event's error).
+pub const MAX_REASON_BYTES: usize = 512;
+
 /// Why a submitted message was not accepted; the text goes into `x-sas-reason`.
+///
+/// Every variant's text is bounded: it quotes at most [`MAX_QUOTE_CHARS`]
+/// characters of the input.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RejectReason {
     #[error("body of {size} bytes is larger than the limit of {limit} bytes")]
@@ -14,7 +29,7 @@ pub enum RejectReason {
     #[error("body is not valid UTF-8")]
     NotUtf8,
     #[error("body is not valid JSON: {0}")]
-    MalformedJson(String),
+    MalformedJson(Quoted),
     #[error("body must be a JSON object")]
     NotAnObject,
     #[error("missing required field `{0}`")]
@@ -24,8 +39,12 @@ pub enum RejectReason {
         field: &'static str,
         expected: &'static str,
     },
-    #[error("unknown workflow {0:?}")]
-    UnknownWorkflow(String),
+    #[error("unknown workflow {0}")]
+    UnknownWorkflow(Quoted),
+    /// A handler failed on the message in a way no retry will mend (a
+    /// panic, or a store refusal of this one message).
+    #[error("internal error: {0}")]
+    Internal(Quoted),
 }
 
 impl RejectReason {
@@ -39,7 +58,64 @@ impl RejectReason {
             Self::MissingField(_) => "missing_field",
             Self::WrongType { .. } => "wrong_type",
             Self::UnknownWorkflow(_) => "unknown_workflow",
+            Self::Internal(_) => "internal_error",
         }
+    }
+}
+
+/// A bounded quote of untrusted text for a reason: at most
+/// [`MAX_QUOTE_CHARS`] characters, control characters escaped, and a note
+/// of how much was left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quoted(String);
+
+impl Quoted {
+    /// Quotes (a prefix of) `text`.
+    pub fn new(text: &str) -> Self {
+        let total = text.chars().count();
+        let prefix: String = text.chars().take(MAX_QUOTE_CHARS).collect();
+        let mut quoted = format!("{prefix:?}");
+        if total > MAX_QUOTE_CHARS {
+            quoted.push_str(&format!(" (first {MAX_QUOTE_CHARS} of {total} characters)"));
+        }
+        Self(quoted)
+    }
+}
+
+impl std::fmt::Display for Quoted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// `text` cut to at most `max` bytes, on a character boundary.
+pub fn truncate_bytes(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// Whether `name` can be a queue name sas publishes to: 1 to
+/// [`MAX_NAME_BYTES`] bytes, no control characters (a NUL cannot be
+/// stored, and the others are surely a mistake).
+pub fn is_queue_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= MAX_NAME_BYTES && !name.chars().any(char::is_control)
+}
+
+/// The earliest and latest time sas accepts in a message: what every
+/// reader of an RFC 3339 timestamp (four-digit years) and Postgres hold.
+pub fn time_bounds() -> (DateTime<Utc>, DateTime<Utc>) {
+    let earliest = DateTime::parse_from_rfc3339("0001-01-01T00:00:00Z");
+    let latest = DateTime::parse_from_rfc3339("9999-12-31T23:59:59.999999Z");
+    match (earliest, latest) {
+        (Ok(a), Ok(b)) => (a.with_timezone(&Utc), b.with_timezone(&Utc)),
+        // Constants that parse: unreachable, but never panic on it.
+        _ => (DateTime::<Utc>::MIN_UTC, DateTime::<Utc>::MAX_UTC),
     }
 }
 
@@ -92,6 +168,7 @@ impl Submission {
         reply_to_property: Option<&str>,
         max_bytes: usize,
     ) -> Result<Self, (RejectReason, RejectedHints)> {
+        let reply_to_property = reply_to_property.filter(|q| is_queue_name(q));
         let mut hints = RejectedHints {
             order_id: None,
             reply_to: reply_to_property.map(str::to_owned),
@@ -106,17 +183,27 @@ impl Submission {
             ));
         }
         let text = std::str::from_utf8(body).map_err(|_| (RejectReason::NotUtf8, hints.clone()))?;
-        let value: Value = serde_json::from_str(text)
-            .map_err(|e| (RejectReason::MalformedJson(e.to_string()), hints.clone()))?;
+        let value: Value = serde_json::from_str(text).map_err(|e| {
+            (
+                RejectReason::MalformedJson(Quoted::new(&e.to_string())),
+                hints.clone(),
+            )
+        })?;
         let Value::Object(mut obj) = value else {
             return Err((RejectReason::NotAnObject, hints));
         };
         // Read the reply queue and the id first, so even a wrong body can be answered.
+        // Only what can be routed and echoed: a queue name, an id of a
+        // sensible size.
         match obj.get("reply_to") {
-            Some(Value::String(q)) if !q.is_empty() => hints.reply_to = Some(q.clone()),
+            Some(Value::String(q)) if is_queue_name(q) => hints.reply_to = Some(q.clone()),
             _ => {}
         }
-        hints.order_id = obj.get("order_id").filter(|v| !v.is_null()).cloned();
+        hints.order_id = match obj.get("order_id") {
+            Some(Value::String(id)) if is_queue_name(id) => Some(Value::String(id.clone())),
+            Some(n @ Value::Number(_)) => Some(n.clone()),
+            _ => None,
+        };
         let fail = |r: RejectReason| Err((r, hints.clone()));
 
         let order_id = match obj.remove("order_id") {
@@ -129,8 +216,13 @@ impl Submission {
         };
         let workflow = match obj.remove("workflow") {
             None | Some(Value::Null) => return fail(RejectReason::MissingField("workflow")),
-            Some(Value::String(s)) if !s.is_empty() => s,
-            Some(_) => return fail(wrong("workflow", "a non-empty string")),
+            Some(Value::String(s)) if is_queue_name(&s) => s,
+            Some(_) => {
+                return fail(wrong(
+                    "workflow",
+                    "a name of 1 to 255 bytes without control characters",
+                ));
+            }
         };
         let payload = match obj.remove("payload") {
             None | Some(Value::Null) => return fail(RejectReason::MissingField("payload")),
@@ -147,13 +239,14 @@ impl Submission {
             Some(_) => return fail(wrong("payload", "an object")),
         };
         let reply_to = match obj.remove("reply_to") {
-            None | Some(Value::Null) => reply_to_property
-                .filter(|q| !q.is_empty() && !q.contains('\0'))
-                .map(str::to_owned),
-            Some(Value::String(s)) if !s.is_empty() && s.len() <= 255 && !s.contains('\0') => {
-                Some(s)
+            None | Some(Value::Null) => reply_to_property.map(str::to_owned),
+            Some(Value::String(s)) if is_queue_name(&s) => Some(s),
+            Some(_) => {
+                return fail(wrong(
+                    "reply_to",
+                    "a queue name (1 to 255 bytes, no control characters)",
+                ));
             }
-            Some(_) => return fail(wrong("reply_to", "a queue name (1 to 255 bytes)")),
         };
         let priority = match obj.remove("priority") {
             None | Some(Value::Null) => Priority::default(),
@@ -165,11 +258,11 @@ impl Submission {
         };
         let not_before = match obj.remove("not_before") {
             None | Some(Value::Null) => None,
-            Some(Value::String(s)) => match DateTime::parse_from_rfc3339(&s) {
-                Ok(t) => Some(t.with_timezone(&Utc)),
-                Err(_) => return fail(wrong("not_before", "an RFC 3339 timestamp")),
+            Some(Value::String(s)) => match parse_time(&s) {
+                Some(t) => Some(t),
+                None => return fail(wrong("not_before", NOT_BEFORE)),
             },
-            Some(_) => return fail(wrong("not_before", "an RFC 3339 timestamp")),
+            Some(_) => return fail(wrong("not_before", NOT_BEFORE)),
         };
         Ok(Self {
             order_id,
@@ -180,6 +273,15 @@ impl Submission {
             not_before,
         })
     }
+}
+
+const NOT_BEFORE: &str = "an RFC 3339 timestamp from year 0001 to 9999 (UTC)";
+
+/// An RFC 3339 timestamp within [`time_bounds`].
+fn parse_time(s: &str) -> Option<DateTime<Utc>> {
+    let t = DateTime::parse_from_rfc3339(s).ok()?.with_timezone(&Utc);
+    let (earliest, latest) = time_bounds();
+    (earliest..=latest).contains(&t).then_some(t)
 }
 
 /// Replaces every NUL character (`\u0000`, which Postgres cannot store)
@@ -428,9 +530,7 @@ pub mod rfc3339 {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
         let s = String::deserialize(d)?;
-        DateTime::parse_from_rfc3339(&s)
-            .map(|t| t.with_timezone(&Utc))
-            .map_err(serde::de::Error::custom)
+        parse_time(&s).ok_or_else(|| serde::de::Error::custom(NOT_BEFORE))
     }
 }
 
@@ -566,6 +666,131 @@ mod tests {
                 limit: 10
             }
         ));
+    }
+
+    #[test]
+    fn names_and_times_beyond_what_can_be_stored_or_routed_are_refused() {
+        let long = "q".repeat(256);
+        for body in [
+            format!(r#"{{"workflow":"w","payload":{{}},"reply_to":"{long}"}}"#),
+            format!(r#"{{"workflow":"{long}","payload":{{}}}}"#),
+            r#"{"workflow":"w\u0007","payload":{}}"#.to_owned(),
+            r#"{"workflow":"w","payload":{},"reply_to":"a\nb"}"#.to_owned(),
+            r#"{"workflow":"w","payload":{},"not_before":"9999-12-31T23:59:59-01:00"}"#.to_owned(),
+            r#"{"workflow":"w","payload":{},"not_before":"0000-12-31T23:59:59Z"}"#.to_owned(),
+            r#"{"workflow":"w","payload":{},"not_before":"2030-02-30T00:00:00Z"}"#.to_owned(),
+        ] {
+            let (reason, hints) = Submission::decode(body.as_bytes(), None, 4096).unwrap_err();
+            assert_eq!(reason.label(), "wrong_type", "{body}");
+            assert!(
+                hints.reply_to.as_ref().is_none_or(|q| is_queue_name(q)),
+                "{body}"
+            );
+        }
+        let edge = format!(
+            r#"{{"workflow":"w","payload":{{}},"reply_to":"{}"}}"#,
+            "q".repeat(255)
+        );
+        assert!(
+            Submission::decode(edge.as_bytes(), None, 4096).is_ok(),
+            "255 bytes is a name"
+        );
+        // An unusable reply queue or order id in a rejected body is not echoed.
+        let (_, hints) = Submission::decode(
+            format!(r#"{{"order_id":{{"deep":[1,2]}},"payload":1,"reply_to":"{long}"}}"#)
+                .as_bytes(),
+            Some("prop"),
+            4096,
+        )
+        .unwrap_err();
+        assert_eq!(hints.reply_to.as_deref(), Some("prop"));
+        assert_eq!(hints.order_id, None);
+    }
+
+    #[test]
+    fn reasons_quote_only_a_short_prefix() {
+        let name = "x".repeat(200_000);
+        let reason = RejectReason::UnknownWorkflow(Quoted::new(&name));
+        let text = reason.to_string();
+        assert!(text.len() < MAX_REASON_BYTES, "{} bytes", text.len());
+        assert!(text.contains("first 64 of 200000 characters"), "{text}");
+        let controls = Quoted::new("a\u{1b}[31m\0b").to_string();
+        assert!(!controls.chars().any(char::is_control), "{controls}");
+        assert_eq!(truncate_bytes("héllo", 2), "h");
+    }
+
+    #[test]
+    fn whatever_decodes_can_be_stored_and_routed() {
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, TestRunner};
+        // Bodies built from hostile pieces: long and empty names, control
+        // characters and NUL, lone surrogates, deep nesting, odd numbers
+        // and times.
+        let text = prop_oneof![
+            Just(String::new()),
+            Just("ok".to_owned()),
+            Just("\\u0000".to_owned()),
+            Just("\\ud800".to_owned()),
+            Just("\\u001b[2J".to_owned()),
+            Just("é".repeat(200)),
+            (0usize..600).prop_map(|n| "q".repeat(n)),
+        ];
+        let value = prop_oneof![
+            text.clone().prop_map(|t| format!("\"{t}\"")),
+            Just("null".to_owned()),
+            Just("-1".to_owned()),
+            Just("1e400".to_owned()),
+            Just("18446744073709551616".to_owned()),
+            Just("9".to_owned()),
+            Just(
+                "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]"
+                    .to_owned()
+            ),
+            Just(format!("{}{}", "[".repeat(200), "]".repeat(200))),
+            Just("{}".to_owned()),
+            Just("\"2030-01-01T00:00:00Z\"".to_owned()),
+            Just("\"+10000-01-01T00:00:00Z\"".to_owned()),
+            Just("\"9999-12-31T23:59:60Z\"".to_owned()),
+        ];
+        let field = prop_oneof![
+            Just("order_id"),
+            Just("workflow"),
+            Just("payload"),
+            Just("reply_to"),
+            Just("priority"),
+            Just("not_before"),
+            Just("workflow"),
+        ];
+        let body = proptest::collection::vec((field, value), 0..8).prop_map(|fields| {
+            let inner: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+            format!("{{{}}}", inner.join(","))
+        });
+        let mut runner = TestRunner::new(Config {
+            cases: 4000,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        runner
+            .run(&(body, proptest::option::of(text)), |(body, property)| {
+                match Submission::decode(body.as_bytes(), property.as_deref(), 1 << 20) {
+                    Ok(s) => {
+                        prop_assert!(is_queue_name(&s.workflow));
+                        prop_assert!(s.reply_to.as_deref().is_none_or(is_queue_name));
+                        let (earliest, latest) = time_bounds();
+                        prop_assert!(s.not_before.is_none_or(|t| earliest <= t && t <= latest));
+                        let stored = serde_json::to_string(&s.payload).unwrap_or_default();
+                        prop_assert!(!stored.contains("\\u0000"));
+                    }
+                    Err((reason, hints)) => {
+                        prop_assert!(reason.to_string().len() <= MAX_REASON_BYTES);
+                        prop_assert!(hints.reply_to.as_deref().is_none_or(is_queue_name));
+                        let id = hints.order_id.map(|v| v.to_string()).unwrap_or_default();
+                        prop_assert!(id.len() <= 2 + MAX_NAME_BYTES * 6);
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
     }
 
     #[test]

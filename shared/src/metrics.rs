@@ -59,6 +59,9 @@ pub struct Metrics {
     pub outbox_published: Family<Labels, Counter>,
     /// Status events dropped because the application's queue does not exist.
     pub outbox_unroutable: Counter,
+    /// Message handlers that panicked (each delivery dead-lettered with
+    /// reason `internal_error`).
+    pub handler_panics: Counter,
 }
 
 impl Default for Metrics {
@@ -83,6 +86,7 @@ impl Default for Metrics {
             supervisor_leader: Gauge::default(),
             outbox_published: Family::default(),
             outbox_unroutable: Counter::default(),
+            handler_panics: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -99,6 +103,11 @@ impl Default for Metrics {
             "orders_rejected",
             "Submissions dead-lettered, by reason",
             m.orders_rejected.clone(),
+        );
+        registry.register(
+            "handler_panics",
+            "Message handlers that panicked; each delivery was dead-lettered (internal_error)",
+            m.handler_panics.clone(),
         );
         registry.register(
             "orders_claimed",

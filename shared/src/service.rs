@@ -44,6 +44,22 @@ impl Context {
             .as_ref()
             .ok_or_else(|| anyhow::anyhow!("{} runs without a state store", self.name))
     }
+
+    /// Where the hopeless deliveries of `queue` go (its `.dead` queue, with
+    /// their reason), after `broker.delivery_limit` tries of one that fails
+    /// the same way each time; handler panics are counted.
+    pub fn dead_letters(
+        &self,
+        publisher: &crate::broker::Publisher,
+        queue: &str,
+    ) -> crate::broker::DeadLetters {
+        crate::broker::DeadLetters::new(
+            publisher.clone(),
+            queue,
+            self.settings.broker.delivery_limit,
+            self.metrics.handler_panics.clone(),
+        )
+    }
 }
 
 /// How a service starts.

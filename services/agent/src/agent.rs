@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 use chrono::Utc;
-use sas::broker::{self, BrokerError, Outgoing, Publisher, Received, SessionEnd};
+use sas::broker::{self, BrokerError, Outgoing, PublishError, Publisher, Received, SessionEnd};
 use sas::config::AgentSpec;
 use sas::messages::{StepReply, StepRequest};
 use sas::metrics::labels;
@@ -160,7 +160,8 @@ impl Agent {
             });
             let subscription = broker
                 .subscribe(&queue, prefetch, &format!("agent-{}", self.name))
-                .await?;
+                .await?
+                .with_dead_letters(self.ctx.dead_letters(publisher, &queue));
             // In-flight calls stop on their own at the hard stop, so the loop's grace can be longer.
             let end = broker::consume(subscription, &stop, lost, grace * 2, |delivery| {
                 let (agent, publisher) = (self.clone(), publisher.clone());
@@ -200,7 +201,11 @@ impl Agent {
             Err(e) => {
                 tracing::warn!(agent = %self.name, error = %e, "unreadable request; dead-lettered");
                 self.count("malformed");
-                return broker::dead_letter(&delivery).await;
+                let reason = format!(
+                    "unreadable request: {}",
+                    sas::messages::Quoted::new(&e.to_string())
+                );
+                return broker::dead_letter_with(&delivery, &reason).await;
             }
         };
         let trace = broker::header_str(&delivery, sas::trace::HEADER)
@@ -298,7 +303,7 @@ impl Agent {
             .and_then(|t| TraceContext::child_of(&t.trace_id))
             .map(|t| t.to_string());
         let headers = next_hop.as_deref().map(|t| [(sas::trace::HEADER, t)]);
-        publisher
+        let answered = publisher
             .publish(&Outgoing {
                 routing_key: reply_to,
                 body: &body,
@@ -307,7 +312,18 @@ impl Agent {
                 mandatory: true,
                 ..Outgoing::default()
             })
-            .await?;
+            .await;
+        match answered {
+            Ok(()) => {}
+            // No such reply queue (or no name it could have): nobody to
+            // answer; the supervisor re-dispatches once complete-by passes.
+            Err(e @ (PublishError::Unroutable(_) | PublishError::Invalid(_))) => {
+                tracing::warn!(error = %e, "reply not delivered");
+                broker::ack(delivery).await?;
+                return Ok("no_reply_to");
+            }
+            Err(e) => return Err(e.into()),
+        }
         tracing::debug!(outcome = label, "answered");
         broker::ack(delivery).await?;
         Ok(label)

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use sas::broker::{self, BrokerError, Received};
-use sas::messages::StepReply;
+use sas::messages::{Quoted, StepReply};
 use sas::metrics::labels;
 use sas::outbox::Relay;
 use sas::service::Context;
@@ -78,13 +78,15 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
             let relay = scheduler.relay.start(broker).await?;
             let session = ctx.shutdown.child_token();
             let claimer = tokio::spawn(scheduler.clone().claim_loop(session.clone()));
+            let publisher = broker.publisher().await?;
             let consumer = broker
                 .subscribe(
                     ctx.queues.replies(),
                     ctx.settings.broker.prefetch,
                     &scheduler.me.name,
                 )
-                .await?;
+                .await?
+                .with_dead_letters(ctx.dead_letters(&publisher, ctx.queues.replies()));
             let end = broker::consume(
                 consumer,
                 &ctx.shutdown,
@@ -117,7 +119,10 @@ fn apply_in_batches(
         let shared = shared.clone();
         async move {
             let (transitions, me) = &*shared;
-            sas::batch::each(transitions.apply_replies(me, &replies).await, replies.len())
+            sas::batch::isolating(&replies, StoreError::is_refusal_of_input, |some| {
+                transitions.apply_replies(me, some)
+            })
+            .await
         }
     })
 }
@@ -191,7 +196,8 @@ impl Scheduler {
             Err(e) => {
                 tracing::warn!(error = %e, "unreadable reply; dead-lettered");
                 self.count_reply("malformed");
-                return broker::dead_letter(&delivery).await;
+                let reason = format!("unreadable reply: {}", Quoted::new(&e.to_string()));
+                return broker::dead_letter_with(&delivery, &reason).await;
             }
         };
         let trace = broker::header_str(&delivery, sas::trace::HEADER)
@@ -230,10 +236,19 @@ impl Scheduler {
                     self.count_reply("stale");
                     broker::ack(&delivery).await?;
                 }
-                Err(e) => {
+                Err(e) if e.is_transient() => {
                     tracing::warn!(error = %e, "could not apply the reply; handing it back");
                     tokio::time::sleep(Duration::from_millis(250)).await;
                     broker::requeue(&delivery).await?;
+                }
+                Err(e) => {
+                    // Not the store being away: this reply may be what
+                    // fails. Retried a bounded number of times.
+                    tracing::warn!(error = %e, "could not apply the reply");
+                    self.count_reply("failed");
+                    let reason =
+                        format!("could not apply the reply: {}", Quoted::new(&e.to_string()));
+                    broker::retry_counted(&delivery, &reason).await?;
                 }
             }
             Ok(())

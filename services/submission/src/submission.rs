@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use chrono::Utc;
+use sas::broker::AMQPValue;
 use sas::broker::{self, BrokerError, Outgoing, Publisher, Received};
-use sas::messages::{RejectReason, RejectedHints, StatusEvent, Submission};
+use sas::messages::{Quoted, RejectReason, RejectedHints, StatusEvent, Submission};
 use sas::metrics::labels;
 use sas::outbox::Relay;
 use sas::service::Context;
@@ -47,7 +48,8 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                     ctx.settings.broker.prefetch,
                     "submission",
                 )
-                .await?;
+                .await?
+                .with_dead_letters(ctx.dead_letters(&publisher, ctx.queues.orders()));
             let end = broker::consume(
                 consumer,
                 &ctx.shutdown,
@@ -79,7 +81,10 @@ fn store_in_batches(transitions: Transitions, db: &sas::config::DatabaseSettings
         let transitions = transitions.clone();
         async move {
             let refs: Vec<(&NewOrder, &Workflow)> = items.iter().map(|(o, w)| (o, w)).collect();
-            sas::batch::each(transitions.submit_many(&refs).await, items.len())
+            sas::batch::isolating(&refs, StoreError::is_refusal_of_input, |some| {
+                transitions.submit_many(some)
+            })
+            .await
         }
     })
 }
@@ -109,7 +114,10 @@ impl Submitter {
                         .map(|id| serde_json::Value::String(id.to_string())),
                     reply_to: s.reply_to.clone(),
                 };
-                Err((RejectReason::UnknownWorkflow(s.workflow.clone()), hints))
+                Err((
+                    RejectReason::UnknownWorkflow(Quoted::new(&s.workflow)),
+                    hints,
+                ))
             }
         });
         let (order, workflow) = match decoded {
@@ -132,6 +140,7 @@ impl Submitter {
             workflow = %workflow.name,
             trace_id = %trace.trace_id,
         );
+        let new_reply_to = order.reply_to.clone();
         async {
             let new = NewOrder {
                 order_id,
@@ -160,7 +169,24 @@ impl Submitter {
                     self.ctx.metrics.orders_duplicate.inc();
                     broker::ack(&delivery).await?;
                 }
-                Err(e) => self.retry_later(&delivery, &e).await?,
+                Err(e) if e.is_refusal_of_input() => {
+                    // Postgres refused this order's values (it was tried
+                    // alone): it will never be stored.
+                    let reason = RejectReason::Internal(Quoted::new(&format!(
+                        "the state store refused the order: {e}"
+                    )));
+                    let hints = RejectedHints {
+                        order_id: Some(serde_json::Value::String(order_id.to_string())),
+                        reply_to: new_reply_to,
+                    };
+                    self.reject(publisher, &delivery, &reason, &hints).await?;
+                }
+                Err(e) if e.is_transient() => self.retry_later(&delivery, &e).await?,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not store the order");
+                    broker::retry_counted(&delivery, &format!("could not store the order: {e}"))
+                        .await?;
+                }
             }
             Ok(())
         }
@@ -179,20 +205,17 @@ impl Submitter {
     ) -> Result<(), BrokerError> {
         let text = reason.to_string();
         tracing::warn!(reason = %text, reply_to = ?hints.reply_to, "order rejected; dead-lettered");
+        let why = (
+            broker::REASON_HEADER,
+            AMQPValue::LongString(text.as_str().into()),
+        );
         publisher
-            .publish(&Outgoing {
-                routing_key: self.ctx.queues.orders_dead(),
-                body: &delivery.data,
-                reply_to: broker::reply_to(delivery),
-                message_id: broker::message_id(delivery),
-                headers: &[("x-sas-reason", &text)],
-                mandatory: true,
-                ..Outgoing::default()
-            })
+            .republish(self.ctx.queues.orders_dead(), delivery, &[why])
             .await?;
         if let Some(queue) = &hints.reply_to {
             let event = StatusEvent::rejected(hints, reason, Utc::now());
             let body = serde_json::to_vec(&event).unwrap_or_default();
+            // The hints hold only ids and queues of a routable size.
             let correlation = match &event.order_id {
                 serde_json::Value::String(s) => Some(s.clone()),
                 serde_json::Value::Null => None,
@@ -211,6 +234,9 @@ impl Submitter {
                 Ok(()) => {}
                 Err(broker::PublishError::Unroutable(q)) => {
                     tracing::warn!(queue = %q, "reply queue does not exist; rejection not sent");
+                }
+                Err(e @ broker::PublishError::Invalid(_)) => {
+                    tracing::warn!(error = %e, "rejection not sent");
                 }
                 Err(e) => return Err(e.into()),
             }

@@ -28,12 +28,16 @@ use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 
 use super::BrokerError;
+use super::poison::DeadLetters;
 
 /// A delivery taken by [`super::consume`]: lapin's [`Delivery`] (it derefs
 /// to it), settled through its channel's [`Acks`].
 pub struct Received {
-    delivery: Delivery,
+    /// Shared with the consumer loop, which settles it if the handler panics.
+    delivery: Arc<Delivery>,
     acks: Arc<Acks>,
+    /// Where the delivery goes when it can never be handled.
+    dead_letters: Option<Arc<DeadLetters>>,
 }
 
 impl Deref for Received {
@@ -59,6 +63,28 @@ impl Received {
         let (tag, acker) = (self.delivery.delivery_tag, self.delivery.acker.clone());
         self.acks.finished(tag, acker, how);
         self.acks.send(false).await
+    }
+
+    /// Whether no handler has settled the delivery yet.
+    pub(super) fn is_unfinished(&self) -> bool {
+        self.acks
+            .lock()
+            .unfinished
+            .contains(&self.delivery.delivery_tag)
+    }
+
+    /// The consumer's dead-letter route, when it has one.
+    pub(super) fn dead_letters(&self) -> Option<&DeadLetters> {
+        self.dead_letters.as_deref()
+    }
+
+    /// A second handle on the same delivery, for the consumer loop.
+    pub(super) fn share(&self) -> Self {
+        Self {
+            delivery: self.delivery.clone(),
+            acks: self.acks.clone(),
+            dead_letters: self.dead_letters.clone(),
+        }
     }
 }
 
@@ -172,11 +198,16 @@ impl Acks {
 
     /// Wraps a delivery just taken from the channel; it counts as
     /// unfinished until its handler settles it.
-    pub fn received(self: &Arc<Self>, delivery: Delivery) -> Received {
+    pub fn received(
+        self: &Arc<Self>,
+        delivery: Delivery,
+        dead_letters: Option<Arc<DeadLetters>>,
+    ) -> Received {
         self.lock().unfinished.insert(delivery.delivery_tag);
         Received {
-            delivery,
+            delivery: Arc::new(delivery),
             acks: self.clone(),
+            dead_letters,
         }
     }
 

@@ -5,13 +5,16 @@
 use std::future::Future;
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use std::panic::AssertUnwindSafe;
+
+use futures_util::{FutureExt as _, StreamExt};
 use lapin::message::Delivery;
 use lapin::options::BasicAckOptions;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::acks::{Received, Settle};
+use super::poison;
 use super::{BrokerError, SessionEnd, Subscription};
 
 /// Consumes until `stop` (returning [`SessionEnd::Shutdown`]) or until the
@@ -37,6 +40,7 @@ where
         channel,
         mut consumer,
         acks,
+        dead_letters,
     } = subscription;
     let queue = consumer.queue().to_string();
     let mut tasks: JoinSet<Result<(), BrokerError>> = JoinSet::new();
@@ -51,7 +55,17 @@ where
             }
             next = consumer.next() => match next {
                 Some(Ok(delivery)) => {
-                    tasks.spawn(handler(acks.received(delivery)));
+                    let received = acks.received(delivery, dead_letters.clone());
+                    let kept = received.share();
+                    let work = AssertUnwindSafe(handler(received)).catch_unwind();
+                    // A panic settles its own delivery (dead-lettered with
+                    // `internal_error`) and ends nothing else.
+                    tasks.spawn(async move {
+                        match work.await {
+                            Ok(done) => done,
+                            Err(panic) => poison::panicked(&kept, &poison::panic_text(panic.as_ref())).await,
+                        }
+                    });
                 }
                 Some(Err(e)) => break Err(e.into()),
                 None => break Err(BrokerError::ConsumerEnded(queue.clone())),

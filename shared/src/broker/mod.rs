@@ -9,6 +9,7 @@
 
 mod acks;
 mod consumer;
+mod poison;
 mod publisher;
 mod session;
 
@@ -18,15 +19,20 @@ use std::time::Duration;
 use lapin::options::{
     BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
 
 pub use acks::{Acks, Received};
 pub use consumer::{ack, ack_one, consume, dead_letter, requeue};
+pub use poison::{
+    DeadLetters, INTERNAL_ERROR, REASON_HEADER, TRIES_HEADER, dead_letter_with, retry_counted,
+    tries,
+};
 
 pub use lapin::Consumer;
 pub use lapin::message::Delivery;
 pub use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
+pub use lapin::types::AMQPValue;
 pub use publisher::{Outgoing, PendingConfirm, PublishError, Publisher};
 pub use session::{SessionEnd, run_sessions};
 
@@ -226,6 +232,7 @@ impl Broker {
             channel,
             consumer,
             acks: Acks::new(prefetch),
+            dead_letters: None,
         })
     }
 
@@ -329,9 +336,19 @@ pub struct Subscription {
     channel: Channel,
     consumer: Consumer,
     acks: Arc<Acks>,
+    /// Where hopeless deliveries go with their reason; without it they are
+    /// rejected to the queue's own dead-letter route.
+    dead_letters: Option<Arc<DeadLetters>>,
 }
 
 impl Subscription {
+    /// Sends this subscription's hopeless deliveries (a panicked handler,
+    /// [`retry_counted`] out of tries) to `dead_letters` with their reason.
+    pub fn with_dead_letters(mut self, dead_letters: DeadLetters) -> Self {
+        self.dead_letters = Some(Arc::new(dead_letters));
+        self
+    }
+
     /// The acknowledgements of this subscription's channel (to count them).
     pub fn acks(&self) -> Arc<Acks> {
         self.acks.clone()

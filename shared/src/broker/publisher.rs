@@ -15,9 +15,20 @@ pub enum PublishError {
     Nacked,
     #[error("no queue named {0:?}: the message was returned")]
     Unroutable(String),
+    /// The message cannot be put on the wire (a routing key or property
+    /// longer than AMQP's short string): nothing was sent.
+    #[error("cannot publish: {0}")]
+    Invalid(&'static str),
     #[error(transparent)]
     Amqp(#[from] lapin::Error),
 }
+
+/// Longest value of a header that sas writes, in bytes: far below the
+/// broker's frame size, so no input can make RabbitMQ close the connection.
+pub const MAX_HEADER_BYTES: usize = 1024;
+
+/// Longest AMQP short string (routing keys, `reply_to`, ids).
+const SHORT_STRING: usize = 255;
 
 /// One message to publish on the default exchange.
 #[derive(Debug, Clone, Default)]
@@ -49,6 +60,16 @@ impl Publisher {
 
     /// Sends a persistent JSON message; the returned future resolves on the broker's confirm.
     pub async fn send(&self, msg: &Outgoing<'_>) -> Result<PendingConfirm, PublishError> {
+        // lapin cannot encode a longer short string (it panics or breaks
+        // the connection): refuse here, where the caller can settle the
+        // one message.
+        if msg.routing_key.len() > SHORT_STRING {
+            return Err(PublishError::Invalid("routing key longer than 255 bytes"));
+        }
+        let too_long = |v: Option<&str>| v.is_some_and(|v| v.len() > SHORT_STRING);
+        if too_long(msg.correlation_id) || too_long(msg.reply_to) || too_long(msg.message_id) {
+            return Err(PublishError::Invalid("a property longer than 255 bytes"));
+        }
         let mut props = BasicProperties::default()
             .with_content_type("application/json".into())
             .with_delivery_mode(2);
@@ -64,7 +85,8 @@ impl Publisher {
         if !msg.headers.is_empty() {
             let mut table = FieldTable::default();
             for (k, v) in msg.headers {
-                table.insert((*k).into(), AMQPValue::LongString((*v).into()));
+                let v = crate::messages::truncate_bytes(v, MAX_HEADER_BYTES);
+                table.insert((*k).into(), AMQPValue::LongString(v.into()));
             }
             props = props.with_headers(table);
         }
@@ -85,6 +107,53 @@ impl Publisher {
             confirm,
             routing_key: msg.routing_key.to_owned(),
         })
+    }
+
+    /// Publishes a copy of `delivery` (body and properties untouched, but
+    /// for `headers`, set or replaced) to the queue `routing_key`, and waits
+    /// for the broker to take it.
+    pub async fn republish(
+        &self,
+        routing_key: &str,
+        delivery: &lapin::message::Delivery,
+        headers: &[(&str, AMQPValue)],
+    ) -> Result<(), PublishError> {
+        if routing_key.len() > SHORT_STRING {
+            return Err(PublishError::Invalid("routing key longer than 255 bytes"));
+        }
+        let mut table = delivery.properties.headers().clone().unwrap_or_default();
+        for (k, v) in headers {
+            let v = match v {
+                AMQPValue::LongString(s) => {
+                    let text = String::from_utf8_lossy(s.as_bytes());
+                    AMQPValue::LongString(
+                        crate::messages::truncate_bytes(&text, MAX_HEADER_BYTES).into(),
+                    )
+                }
+                other => other.clone(),
+            };
+            table.insert((*k).into(), v);
+        }
+        let props = delivery.properties.clone().with_headers(table);
+        let confirm = self
+            .channel
+            .basic_publish(
+                "".into(),
+                routing_key.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                &delivery.data,
+                props,
+            )
+            .await?;
+        PendingConfirm {
+            confirm,
+            routing_key: routing_key.to_owned(),
+        }
+        .wait()
+        .await
     }
 
     /// Sends one message and waits for its confirm.

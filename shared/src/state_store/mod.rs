@@ -57,6 +57,22 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether Postgres refused the data itself (SQLSTATE class 22, a data
+    /// exception such as a value out of range or an untranslatable
+    /// character; 23, a constraint; 54, a program limit such as a value too
+    /// large): the same input fails again every time, so the input that
+    /// caused it must be set aside, not retried.
+    pub fn is_refusal_of_input(&self) -> bool {
+        match self {
+            Self::Db(sqlx::Error::Database(e)) => e
+                .code()
+                .is_some_and(|c| ["22", "23", "54"].iter().any(|class| c.starts_with(class))),
+            // sqlx could not encode a value for Postgres.
+            Self::Db(sqlx::Error::Encode(_)) => true,
+            _ => false,
+        }
+    }
+
     /// Whether running the same transaction again may succeed (a lost
     /// connection, a serialization failure, a deadlock, a restart, a full pool).
     pub fn is_transient(&self) -> bool {

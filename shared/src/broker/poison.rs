@@ -1,0 +1,146 @@
+//! Deliveries that can never be handled (contract §1a): a handler that
+//! panics, or a message that fails the same way on every try, must not sit
+//! unacknowledged nor come back forever. Such a delivery is copied, body
+//! and properties untouched, to its queue's `.dead` queue with the reason in
+//! `x-sas-reason`, and the original is acknowledged once the copy is
+//! confirmed.
+//!
+//! A failure that may mend (Postgres restarting) is retried without limit by
+//! a plain hand-back; one that the handler judges specific to the message is
+//! retried through [`retry_counted`], which counts tries in the message's
+//! own `x-sas-tries` header. The count travels with the message, so it
+//! holds across consumers, restarts and queue types (a classic queue counts
+//! no deliveries; a quorum queue's `x-delivery-limit` cannot carry a reason).
+
+use lapin::types::AMQPValue;
+use prometheus_client::metrics::counter::Counter;
+
+use super::acks::Received;
+use super::publisher::Publisher;
+use super::{BrokerError, PublishError};
+
+/// The header that carries why a message was dead-lettered.
+pub const REASON_HEADER: &str = "x-sas-reason";
+
+/// The header that counts a message's failed tries.
+pub const TRIES_HEADER: &str = "x-sas-tries";
+
+/// The reason given for a delivery whose handler panicked.
+pub const INTERNAL_ERROR: &str = "internal_error";
+
+/// Where a consumer's hopeless deliveries go.
+#[derive(Clone)]
+pub struct DeadLetters {
+    publisher: Publisher,
+    /// The consumed queue (a retry goes back to it).
+    queue: String,
+    /// The consumed queue's dead-letter queue.
+    dead_queue: String,
+    /// Tries of one message before [`retry_counted`] dead-letters it.
+    max_tries: u32,
+    /// Handler panics, for `sas_handler_panics_total`.
+    panics: Counter,
+}
+
+impl DeadLetters {
+    /// Dead letters of `queue` go to `<queue>.dead` through `publisher`.
+    pub fn new(publisher: Publisher, queue: &str, max_tries: u32, panics: Counter) -> Self {
+        Self {
+            publisher,
+            queue: queue.to_owned(),
+            dead_queue: format!("{queue}.dead"),
+            max_tries: max_tries.max(1),
+            panics,
+        }
+    }
+}
+
+/// Copies the delivery to the dead-letter queue with `reason`, then
+/// acknowledges it. Without a [`DeadLetters`] (or if the copy cannot be
+/// made), the delivery is rejected and the queue's own dead-letter route
+/// takes it, without the reason.
+pub async fn dead_letter_with(delivery: &Received, reason: &str) -> Result<(), BrokerError> {
+    let Some(dead) = delivery.dead_letters() else {
+        return super::dead_letter(delivery).await;
+    };
+    let reason_header = (REASON_HEADER, AMQPValue::LongString(reason.into()));
+    match dead
+        .publisher
+        .republish(&dead.dead_queue, delivery, &[reason_header])
+        .await
+    {
+        Ok(()) => super::ack(delivery).await,
+        Err(PublishError::Amqp(e)) => Err(e.into()),
+        Err(e) => {
+            tracing::warn!(error = %e, queue = %dead.dead_queue, "could not copy to the dead-letter queue; rejecting instead");
+            super::dead_letter(delivery).await
+        }
+    }
+}
+
+/// A failure specific to this message: puts a copy back on its queue with
+/// one more try counted, or dead-letters it with `reason` once it has had
+/// its tries. Without a [`DeadLetters`], hands it back.
+pub async fn retry_counted(delivery: &Received, reason: &str) -> Result<(), BrokerError> {
+    let Some(dead) = delivery.dead_letters() else {
+        return super::requeue(delivery).await;
+    };
+    let tries = tries(delivery) + 1;
+    if tries >= dead.max_tries {
+        tracing::warn!(tries, %reason, "message failed on every try; dead-lettered");
+        return dead_letter_with(delivery, reason).await;
+    }
+    let count = (TRIES_HEADER, AMQPValue::LongUInt(tries));
+    match dead
+        .publisher
+        .republish(&dead.queue, delivery, &[count])
+        .await
+    {
+        Ok(()) => super::ack(delivery).await,
+        Err(PublishError::Amqp(e)) => Err(e.into()),
+        Err(_) => super::requeue(delivery).await,
+    }
+}
+
+/// The handler of `delivery` panicked: counts it and, unless the handler
+/// settled the delivery before, dead-letters it with reason `internal_error`.
+pub(super) async fn panicked(delivery: &Received, what: &str) -> Result<(), BrokerError> {
+    tracing::error!(panic = %what, delivery_tag = delivery.delivery_tag, "a message handler panicked; the delivery is dead-lettered");
+    if let Some(dead) = delivery.dead_letters() {
+        dead.panics.inc();
+    }
+    if !delivery.is_unfinished() {
+        return Ok(());
+    }
+    dead_letter_with(delivery, INTERNAL_ERROR).await
+}
+
+/// The tries counted in a delivery's `x-sas-tries` header (0 when absent).
+pub fn tries(delivery: &lapin::message::Delivery) -> u32 {
+    let Some(headers) = delivery.properties.headers().as_ref() else {
+        return 0;
+    };
+    match headers.inner().get(TRIES_HEADER) {
+        Some(AMQPValue::LongUInt(n)) => *n,
+        Some(AMQPValue::LongLongInt(n)) => u32::try_from(*n).unwrap_or(u32::MAX),
+        Some(AMQPValue::LongInt(n)) => u32::try_from(*n).unwrap_or(0),
+        Some(AMQPValue::ShortUInt(n)) => u32::from(*n),
+        Some(AMQPValue::ShortShortUInt(n)) => u32::from(*n),
+        Some(AMQPValue::LongString(s)) => String::from_utf8_lossy(s.as_bytes())
+            .trim()
+            .parse()
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// The text of a panic's payload.
+pub(super) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
+}
