@@ -393,6 +393,14 @@ pub struct AgentSpec {
     /// Bound on one HTTP call; the step's complete-by bounds it anyway.
     #[serde(with = "humantime_serde", default)]
     pub timeout: Option<Duration>,
+    /// Longest answer read from the remote; a longer one is a permanent
+    /// failure of the step (contract §1a).
+    #[serde(default = "default_max_response_bytes")]
+    pub max_response_bytes: usize,
+}
+
+fn default_max_response_bytes() -> usize {
+    1024 * 1024
 }
 
 impl Settings {

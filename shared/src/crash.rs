@@ -1,4 +1,4 @@
-//! Crash points for the fault suite. With `SAS_CRASH_AT=<point>` (or
+//! Crash and panic points for the fault suite. With `SAS_CRASH_AT=<point>` (or
 //! `<point>:<n>` for the n-th pass), the process aborts at that point, as a
 //! SIGKILL would stop it there: the tests use this to crash a service between
 //! a commit and an ack, or between a publish and its bookkeeping. Unset, a
@@ -39,5 +39,23 @@ pub fn point(name: &str) {
     {
         eprintln!("crash point {name} reached: aborting");
         std::process::abort();
+    }
+}
+
+/// Panics if `SAS_PANIC_ON` is set and `body` contains its text: the tests
+/// use this to prove that a handler's panic costs only its own delivery
+/// (dead-lettered with `internal_error`). Unset, it costs one load.
+pub fn panic_if_marked(body: &[u8]) {
+    static MARKER: OnceLock<Option<Vec<u8>>> = OnceLock::new();
+    let marker = MARKER.get_or_init(|| {
+        std::env::var("SAS_PANIC_ON")
+            .ok()
+            .filter(|m| !m.is_empty())
+            .map(String::into_bytes)
+    });
+    if let Some(marker) = marker
+        && body.windows(marker.len()).any(|w| w == marker.as_slice())
+    {
+        panic!("SAS_PANIC_ON marker found in a message");
     }
 }

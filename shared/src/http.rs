@@ -114,11 +114,7 @@ pub async fn serve(
         .route("/metrics", get(metrics_text))
         .with_state(AppState { health, metrics })
         .merge(extra);
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await
-    });
+    let task = tokio::spawn(crate::server::serve(listener, app, shutdown));
     Ok((addr, task))
 }
 

@@ -12,7 +12,8 @@
 //! - [`broker`]: every lapin call: connect, topology, confirmed publish, consume.
 //! - [`batch`]: group commit: deliveries that arrive together share a transaction.
 //! - [`outbox`]: the relay from committed outbox rows to confirmed publishes.
-//! - [`http`], [`metrics`], [`telemetry`], [`shutdown`], [`service`]: what
+//! - [`http`] (on [`server`], bounded against slow or large requests),
+//!   [`metrics`], [`telemetry`], [`shutdown`], [`service`]: what
 //!   every service runs around its own work.
 //! - [`crash`]: crash points that let the fault suite stop a process at an exact spot.
 
@@ -24,6 +25,7 @@ pub mod http;
 pub mod messages;
 pub mod metrics;
 pub mod outbox;
+pub mod server;
 pub mod service;
 pub mod shutdown;
 pub mod state;

@@ -107,6 +107,35 @@ pub fn is_queue_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= MAX_NAME_BYTES && !name.chars().any(char::is_control)
 }
 
+/// Deepest nesting of arrays and objects sas accepts in a payload or a
+/// remote's answer: it is carried inside step requests and replies, each
+/// adding a level or two, and every JSON reader on the way stops at 128.
+pub const MAX_JSON_DEPTH: usize = 64;
+
+/// Largest magnitude of a fractional number sas accepts in a payload or an
+/// answer: Postgres keeps a JSON number as an exact decimal, and the
+/// decimal of a double near its maximum reads back as out of range.
+pub const MAX_JSON_NUMBER: f64 = 1e300;
+
+/// Why a JSON value cannot travel through sas, if it cannot.
+pub fn json_limit_broken(value: &Value) -> Option<&'static str> {
+    limit_broken_at(value, 0)
+}
+
+fn limit_broken_at(v: &Value, depth: usize) -> Option<&'static str> {
+    match v {
+        Value::Array(_) | Value::Object(_) if depth >= MAX_JSON_DEPTH => {
+            Some("nested at most 64 levels deep")
+        }
+        Value::Array(items) => items.iter().find_map(|i| limit_broken_at(i, depth + 1)),
+        Value::Object(fields) => fields.values().find_map(|f| limit_broken_at(f, depth + 1)),
+        Value::Number(n) if n.as_f64().is_none_or(|x| x.abs() > MAX_JSON_NUMBER) => {
+            Some("free of numbers beyond 1e300 in magnitude")
+        }
+        _ => None,
+    }
+}
+
 /// The earliest and latest time sas accepts in a message: what every
 /// reader of an RFC 3339 timestamp (four-digit years) and Postgres hold.
 pub fn time_bounds() -> (DateTime<Utc>, DateTime<Utc>) {
@@ -233,6 +262,9 @@ impl Submission {
                         "payload",
                         "free of NUL characters (\\u0000), which cannot be stored",
                     ));
+                }
+                if let Some(limit) = m.values().find_map(|v| limit_broken_at(v, 1)) {
+                    return fail(wrong("payload", limit));
                 }
                 m
             }
@@ -705,6 +737,33 @@ mod tests {
         .unwrap_err();
         assert_eq!(hints.reply_to.as_deref(), Some("prop"));
         assert_eq!(hints.order_id, None);
+    }
+
+    #[test]
+    fn payloads_too_deep_or_with_numbers_postgres_cannot_give_back_are_refused() {
+        let deep = |n: usize| {
+            format!(
+                r#"{{"workflow":"w","payload":{{"d":{}1{}}}}}"#,
+                "[".repeat(n),
+                "]".repeat(n)
+            )
+        };
+        assert!(decode(&deep(63)).is_ok());
+        assert!(
+            decode(&deep(64))
+                .unwrap_err()
+                .to_string()
+                .contains("64 levels")
+        );
+        let big = r#"{"workflow":"w","payload":{"m":1.7976931348623157e308}}"#;
+        assert!(decode(big).unwrap_err().to_string().contains("1e300"));
+        assert!(
+            decode(
+                r#"{"workflow":"w","payload":{"m":-1e300,"i":-9223372036854775808,"t":5e-324}}"#
+            )
+            .is_ok()
+        );
+        assert_eq!(json_limit_broken(&serde_json::json!([[1]])), None);
     }
 
     #[test]

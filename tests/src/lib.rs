@@ -422,16 +422,40 @@ impl TestApp {
             .basic_get(queue.into(), BasicGetOptions { no_ack: true })
             .await
             .expect("basic.get")?;
-        let reason = msg.delivery.properties.headers().as_ref().and_then(|h| {
-            h.inner().get("x-sas-reason").map(|v| match v {
-                lapin::types::AMQPValue::LongString(s) => {
-                    String::from_utf8_lossy(s.as_bytes()).into_owned()
-                }
-                other => format!("{other:?}"),
-            })
-        });
         channel.close(200, "done".into()).await.ok();
-        Some((msg.delivery.data.clone(), reason))
+        Some((msg.delivery.data.clone(), reason_of(&msg.delivery)))
+    }
+
+    /// Takes every message now ready in `queue` (acking them): `(body,
+    /// x-sas-reason)` each, in queue order.
+    pub async fn drain(&self, queue: &str) -> Vec<(Vec<u8>, Option<String>)> {
+        let count = self.ready(queue).await as usize;
+        let channel = self.conn().broker.channel().await.expect("channel");
+        channel
+            .basic_qos(500, BasicQosOptions::default())
+            .await
+            .expect("qos");
+        let mut consumer = channel
+            .basic_consume(
+                queue.into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("consume");
+        let mut got = Vec::with_capacity(count);
+        while got.len() < count {
+            match tokio::time::timeout(Duration::from_secs(10), consumer.next()).await {
+                Ok(Some(Ok(d))) => {
+                    got.push((d.data.clone(), reason_of(&d)));
+                    d.acker.ack(BasicAckOptions::default()).await.expect("ack");
+                }
+                _ => panic!("{queue}: {} of {count} messages taken", got.len()),
+            }
+        }
+        channel.close(200, "done".into()).await.ok();
+        got
     }
 
     /// Waits until `check` holds, polling; panics with `what` after `timeout`.
@@ -839,6 +863,17 @@ steps = [ {solo} ]
         solo = step("a", false),
         extra = o.extra,
     )
+}
+
+/// The `x-sas-reason` header of a delivery.
+fn reason_of(delivery: &lapin::message::Delivery) -> Option<String> {
+    let headers = delivery.properties.headers().as_ref()?;
+    headers.inner().get("x-sas-reason").map(|v| match v {
+        lapin::types::AMQPValue::LongString(s) => {
+            String::from_utf8_lossy(s.as_bytes()).into_owned()
+        }
+        other => format!("{other:?}"),
+    })
 }
 
 /// Whether a status event ends its order.

@@ -196,6 +196,7 @@ impl Agent {
 
     /// Works on one request; an error means the broker is gone.
     async fn handle(&self, publisher: &Publisher, delivery: Received) -> Result<(), BrokerError> {
+        sas::crash::panic_if_marked(&delivery.data);
         let request: StepRequest = match serde_json::from_slice(&delivery.data) {
             Ok(r) => r,
             Err(e) => {

@@ -87,7 +87,7 @@ pub async fn call(
             .send();
         let attempt = tokio::select! {
             () = stop.cancelled() => return CallEnd::Interrupted,
-            sent = send => judge(sent).await,
+            sent = send => judge(sent, endpoint.spec.max_response_bytes).await,
         };
         let (error, retry_after) = match attempt {
             Attempt::Done(outcome) => {
@@ -137,7 +137,7 @@ fn backoff(settings: &AgentSettings, retry: u32) -> Duration {
     ceiling.mul_f64(fastrand::f64())
 }
 
-async fn judge(sent: Result<reqwest::Response, reqwest::Error>) -> Attempt {
+async fn judge(sent: Result<reqwest::Response, reqwest::Error>, max_bytes: usize) -> Attempt {
     let response = match sent {
         Ok(r) => r,
         Err(e) => {
@@ -149,27 +149,74 @@ async fn judge(sent: Result<reqwest::Response, reqwest::Error>) -> Attempt {
     };
     let status = response.status();
     let retry_after = retry_after(response.headers());
-    let bytes = response.bytes().await;
-    if status.is_success() {
-        return match bytes {
-            Ok(b) => Attempt::Done(StepOutcome::Succeeded {
-                result: serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null),
-            }),
-            Err(e) => Attempt::Transient {
-                error: format!("reading the answer failed: {e}"),
-                retry_after: None,
-            },
+    if !status.is_success() {
+        // An error's text is only quoted: read no more than that.
+        let text = match read_up_to(response, ERROR_QUOTE_BYTES).await {
+            Ok(Body::Whole(b) | Body::TooLong(b)) => {
+                String::from_utf8_lossy(&b[..b.len().min(ERROR_QUOTE_BYTES)]).into_owned()
+            }
+            Err(_) => String::new(),
+        };
+        let error = format!("HTTP {}: {}", status.as_u16(), text.trim());
+        return if is_transient(status) {
+            Attempt::Transient { error, retry_after }
+        } else {
+            Attempt::Done(StepOutcome::Failed { error })
         };
     }
-    let text = bytes
-        .map(|b| String::from_utf8_lossy(&b[..b.len().min(512)]).into_owned())
-        .unwrap_or_default();
-    let error = format!("HTTP {}: {}", status.as_u16(), text.trim());
-    if is_transient(status) {
-        Attempt::Transient { error, retry_after }
-    } else {
-        Attempt::Done(StepOutcome::Failed { error })
+    let announced = response.content_length();
+    if announced.is_some_and(|n| usize::try_from(n).map_or(true, |n| n > max_bytes)) {
+        return too_long(max_bytes);
     }
+    match read_up_to(response, max_bytes).await {
+        Ok(Body::Whole(b)) => {
+            let result = serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null);
+            // What the scheduler could not store, or a later step not read.
+            match sas::messages::json_limit_broken(&result) {
+                Some(limit) => Attempt::Done(StepOutcome::Failed {
+                    error: format!("the answer must be {limit}"),
+                }),
+                None => Attempt::Done(StepOutcome::Succeeded { result }),
+            }
+        }
+        Ok(Body::TooLong(_)) => too_long(max_bytes),
+        Err(e) => Attempt::Transient {
+            error: format!("reading the answer failed: {e}"),
+            retry_after: None,
+        },
+    }
+}
+
+/// A 2xx answer over the limit: no retry will make it shorter.
+fn too_long(max_bytes: usize) -> Attempt {
+    Attempt::Done(StepOutcome::Failed {
+        error: format!("the answer is larger than max_response_bytes ({max_bytes} bytes)"),
+    })
+}
+
+/// Bytes of an error answer quoted in the step's error.
+const ERROR_QUOTE_BYTES: usize = 512;
+
+/// An answer's body as far as it was read.
+enum Body {
+    /// All of it, within the limit.
+    Whole(Vec<u8>),
+    /// The first bytes of one longer than the limit (the rest unread).
+    TooLong(Vec<u8>),
+}
+
+/// Reads at most `max` bytes of the body, never holding more than that
+/// (plus one chunk): a remote cannot make the agent buffer an answer of
+/// any size.
+async fn read_up_to(mut response: reqwest::Response, max: usize) -> Result<Body, reqwest::Error> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        body.extend_from_slice(&chunk);
+        if body.len() > max {
+            return Ok(Body::TooLong(body));
+        }
+    }
+    Ok(Body::Whole(body))
 }
 
 /// 408, 429 and 5xx are worth retrying; any other non-2xx answer is final.

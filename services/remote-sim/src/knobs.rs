@@ -48,6 +48,9 @@ pub struct Knobs {
     pub retry_after: Option<u64>,
     /// When false, deduplication is off: every successful call applies again.
     pub idempotent: bool,
+    /// Pads an applied call's JSON answer with a `pad` string of this many
+    /// bytes (to try a client's answer-size limit).
+    pub pad_bytes: usize,
 }
 
 impl Default for Knobs {
@@ -64,6 +67,7 @@ impl Default for Knobs {
             status: None,
             retry_after: None,
             idempotent: true,
+            pad_bytes: 0,
         }
     }
 }

@@ -237,7 +237,12 @@ impl RemoteSim {
             return self.shutting_down(endpoint, key);
         }
         let body = parsed.unwrap_or_default();
-        let response = applied_response(endpoint, key, &body);
+        let mut response = applied_response(endpoint, key, &body);
+        if knobs.pad_bytes > 0
+            && let Value::Object(fields) = &mut response
+        {
+            fields.insert("pad".into(), "x".repeat(knobs.pad_bytes).into());
+        }
         *stored = Some(response.clone());
         record(Outcome::Applied);
         Reply {

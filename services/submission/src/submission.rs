@@ -99,6 +99,7 @@ struct Submitter {
 impl Submitter {
     /// Handles one delivery; an error means the broker is gone.
     async fn handle(&self, publisher: &Publisher, delivery: Received) -> Result<(), BrokerError> {
+        sas::crash::panic_if_marked(&delivery.data);
         let settings = &self.ctx.settings;
         let decoded = Submission::decode(
             &delivery.data,

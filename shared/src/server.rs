@@ -1,0 +1,104 @@
+//! The HTTP server under every sas port (each service's `/healthz`,
+//! `/readyz` and `/metrics`, and the dashboard), with bounds a stranger
+//! cannot stretch (contract §1a): a client has [`HEADER_READ_TIMEOUT`] to
+//! send a request's headers (which also closes a keep-alive connection idle
+//! that long), a request gets an answer within [`REQUEST_TIMEOUT`], and a
+//! body is read up to [`MAX_BODY_BYTES`]. `axum::serve` sets none of these.
+//!
+//! Each request carries the peer's address as axum's `ConnectInfo`, so a
+//! handler can tell who connected (the dashboard trusts an identity header
+//! only from configured proxies).
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{ConnectInfo, DefaultBodyLimit};
+use axum::http::{Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
+
+/// Time a client has to send a request's headers, and longest idle time
+/// of a kept-alive connection.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Longest time from a request's headers to its answer (reading its body
+/// included).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Largest request body read.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// Longest a connection may stay open after shutdown begins.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// Serves `app` on `listener` until `shutdown`, then lets open connections
+/// finish their request (for at most a few seconds).
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let app = app.layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
+    let mut connections = JoinSet::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = shutdown.cancelled() => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors, say: pause rather than spin.
+                    tracing::warn!(error = %e, "could not accept an HTTP connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+            request.extensions_mut().insert(ConnectInfo(peer));
+            let app = app.clone();
+            async move {
+                let answer = app.oneshot(request.map(axum::body::Body::new));
+                Ok::<Response, std::convert::Infallible>(
+                    match tokio::time::timeout(REQUEST_TIMEOUT, answer).await {
+                        Ok(Ok(response)) => response,
+                        Ok(Err(never)) => match never {},
+                        Err(_) => {
+                            (StatusCode::SERVICE_UNAVAILABLE, "request timed out\n").into_response()
+                        }
+                    },
+                )
+            }
+        });
+        let stop = shutdown.clone();
+        connections.spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT);
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            let served = tokio::select! {
+                served = connection.as_mut() => served,
+                () = stop.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    tokio::time::timeout(DRAIN, connection).await.unwrap_or(Ok(()))
+                }
+            };
+            if let Err(e) = served {
+                tracing::debug!(error = %e, %peer, "HTTP connection ended with an error");
+            }
+        });
+    }
+    let _ = tokio::time::timeout(DRAIN, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    Ok(())
+}

@@ -1,0 +1,395 @@
+//! Hostile input (contract §1a), against the real services, Postgres and
+//! RabbitMQ: each class of the security review's findings alone among good
+//! orders, then thousands of generated hostile orders mixed with good ones.
+//! Every good order is processed, every bad one is rejected with a reason
+//! or dead-lettered with `x-sas-reason`, no service restarts and the broker
+//! closes no connection.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use remote_sim::Knobs;
+use sas::broker::Outgoing;
+use sas_tests::{Options, TestApp, is_terminal};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+/// Marks a message the submission panics on (`SAS_PANIC_ON`).
+const SUBMISSION_PANICS: &str = "panic-in-the-submission";
+/// Marks a step request the agent panics on.
+const AGENT_PANICS: &str = "panic-in-the-agent";
+
+/// Starts the four services, with the panic markers armed.
+async fn start(app: &TestApp) {
+    app.start_with_env(
+        "submission",
+        "submission",
+        &[],
+        &[("SAS_PANIC_ON", SUBMISSION_PANICS)],
+    )
+    .await;
+    app.start("scheduler", "scheduler", &[]).await;
+    app.start_with_env("agent", "agent", &[], &[("SAS_PANIC_ON", AGENT_PANICS)])
+        .await;
+    app.start("supervisor", "supervisor", &[]).await;
+}
+
+/// No service restarted its broker session (the broker closed no
+/// connection) and every one still answers.
+async fn assert_unharmed(app: &TestApp) {
+    for name in ["submission", "scheduler", "agent", "supervisor"] {
+        let log = app.log(name);
+        assert!(
+            !log.contains("lost RabbitMQ"),
+            "{name} lost its connection:\n{log}"
+        );
+        assert!(
+            !app.metrics(name).await.is_empty(),
+            "{name} no longer answers"
+        );
+    }
+}
+
+/// The terminal state of each order in `events`.
+fn ends(events: &[Value]) -> BTreeMap<String, String> {
+    events
+        .iter()
+        .filter(|e| is_terminal(e) && e["seq"] != 0)
+        .map(|e| {
+            (
+                e["order_id"].as_str().unwrap_or_default().to_owned(),
+                e["state"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_class_of_the_review_is_set_aside_alone_and_the_orders_around_it_are_processed() {
+    let app = TestApp::with(Options {
+        // Long enough for a debug remote-sim to build a 20 MB answer on a
+        // busy machine; the agent's panics use it up twice.
+        step_timeout: "3s",
+        max_failures: 2,
+        ..Options::default()
+    })
+    .await;
+    start(&app).await;
+    let status = app.status_queue("status").await;
+    // The third step's remote answers 20 MB: more than max_response_bytes.
+    app.knobs(
+        "c",
+        Knobs {
+            pad_bytes: 20 * 1024 * 1024,
+            ..Knobs::default()
+        },
+    );
+    let bad: Vec<(String, &str)> = vec![
+        (
+            json!({ "workflow": "one", "payload": {}, "reply_to": "q".repeat(300) }).to_string(),
+            "field `reply_to` must be a queue name",
+        ),
+        (
+            json!({ "workflow": "w".repeat(200_000), "payload": {} }).to_string(),
+            "field `workflow` must be a name of 1 to 255 bytes",
+        ),
+        (
+            json!({ "workflow": "one", "payload": {}, "not_before": "9999-12-31T23:59:59-23:00" })
+                .to_string(),
+            "field `not_before` must be an RFC 3339 timestamp from year 0001 to 9999",
+        ),
+        (
+            json!({ "workflow": "x".repeat(200), "payload": {} }).to_string(),
+            "unknown workflow",
+        ),
+        (
+            json!({ "workflow": "one", "payload": { "note": SUBMISSION_PANICS } }).to_string(),
+            "internal_error",
+        ),
+    ];
+    let mut good = Vec::new();
+    for (body, _) in &bad {
+        good.push(app.submit("one", Some(&status)).await);
+        app.publish_raw(body.as_bytes(), Some(&status), None).await;
+    }
+    good.push(app.submit("one", Some(&status)).await);
+    // A step request the agent panics on, and an answer too large to keep.
+    let agent_panics = Uuid::new_v4();
+    let body =
+        json!({ "order_id": agent_panics, "workflow": "one", "payload": { "note": AGENT_PANICS } });
+    app.publish_raw(body.to_string().as_bytes(), Some(&status), None)
+        .await;
+    let too_large = app.submit("three", Some(&status)).await;
+    good.push(app.submit("one", Some(&status)).await);
+
+    let events = app
+        .collect(&status, Duration::from_secs(60), |got| {
+            let ended = ends(got);
+            good.iter()
+                .chain([&agent_panics, &too_large])
+                .all(|id| ended.contains_key(&id.to_string()))
+                && got.iter().filter(|e| e["state"] == "rejected").count() >= bad.len() - 2
+        })
+        .await;
+    let ended = ends(&events);
+    for id in &good {
+        assert_eq!(ended[&id.to_string()], "processed", "{id}");
+    }
+    // The agent panicked on every dispatch: the supervisor gave up.
+    assert_eq!(ended[&agent_panics.to_string()], "failed");
+    // The 20 MB answer failed its step for good: the first two are undone.
+    assert_eq!(ended[&too_large.to_string()], "compensated");
+    let story: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["order_id"] == too_large.to_string())
+        .collect();
+    assert!(
+        story
+            .iter()
+            .any(|e| e.to_string().contains("max_response_bytes")),
+        "{story:?}"
+    );
+
+    // Every bad order is in the dead-letter queue, body untouched, with a
+    // bounded reason; those whose reply queue was usable were told.
+    let dead = app.drain(app.queues.orders_dead()).await;
+    assert_eq!(dead.len(), bad.len(), "{dead:?}");
+    for (body, reason) in &bad {
+        let (_, why) = dead
+            .iter()
+            .find(|(b, _)| b == body.as_bytes())
+            .unwrap_or_else(|| panic!("{reason}: not dead-lettered"));
+        let why = why.as_deref().unwrap_or_default();
+        assert!(why.contains(reason), "{why:?} does not say {reason:?}");
+        assert!(why.len() <= 512, "a reason of {} bytes", why.len());
+    }
+    let agent_dead = app
+        .drain(&format!("{}.dead", app.queues.agent_requests("a")))
+        .await;
+    assert!(!agent_dead.is_empty());
+    assert!(
+        agent_dead
+            .iter()
+            .all(|(_, why)| why.as_deref() == Some("internal_error")),
+        "{agent_dead:?}"
+    );
+    for name in ["submission", "agent"] {
+        let metrics = app.metrics(name).await;
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("sas_handler_panics_total ") && !l.ends_with(" 0")),
+            "{name}: {metrics}"
+        );
+    }
+    assert_unharmed(&app).await;
+}
+
+/// A JSON string literal of hostile text.
+fn hostile_text() -> impl Strategy<Value = String> + Clone {
+    prop_oneof![
+        Just(String::new()),
+        Just("\\u0000".to_owned()),
+        Just("\\ud800".to_owned()),
+        Just("\\udc00\\ud800".to_owned()),
+        Just("\\u001b[2J\\u0007".to_owned()),
+        (256usize..2000).prop_map(|n| "q".repeat(n)),
+        (0usize..300).prop_map(|n| "é".repeat(n)),
+        Just("a\\nb".to_owned()),
+    ]
+}
+
+/// One order that must be refused, with the property reply queue set to
+/// the test's status queue so its rejection can be told.
+fn bad_order() -> impl Strategy<Value = Vec<u8>> {
+    let text = hostile_text();
+    prop_oneof![
+        // Not JSON, or not an object.
+        proptest::collection::vec(any::<u8>(), 0..64).prop_map(|mut b| {
+            b.insert(0, b'{');
+            b
+        }),
+        Just(b"[1,2,3]".to_vec()),
+        Just(b"\"order\"".to_vec()),
+        Just(format!("{}{}", "[".repeat(5000), "]".repeat(5000)).into_bytes()),
+        // A required field missing or of the wrong kind.
+        Just(br#"{"payload":{}}"#.to_vec()),
+        Just(br#"{"workflow":"one"}"#.to_vec()),
+        Just(br#"{"workflow":"one","payload":[]}"#.to_vec()),
+        // Names beyond what can be routed or stored.
+        text.clone()
+            .prop_map(|t| format!(r#"{{"workflow":"{t}","payload":{{}}}}"#).into_bytes()),
+        // (A reply queue that is a name would be where the rejection goes:
+        // only unusable ones here, so the test's queue hears of each.)
+        prop_oneof![
+            (256usize..2000).prop_map(|n| "q".repeat(n)),
+            Just(String::new()),
+            Just("a\\nb".to_owned()),
+            Just("\\u0000".to_owned()),
+        ]
+        .prop_map(|t| {
+            format!(r#"{{"workflow":"one","payload":{{}},"reply_to":"{t}","priority":99}}"#)
+                .into_bytes()
+        }),
+        // Unstorable payloads, numbers and times.
+        text.prop_map(|t| {
+            format!(r#"{{"workflow":"one","payload":{{"k":"\u0000{t}"}}}}"#).into_bytes()
+        }),
+        Just(br#"{"workflow":"one","payload":{"k":"\ud800"}}"#.to_vec()),
+        Just(br#"{"workflow":"one","payload":{"n":1e400}}"#.to_vec()),
+        Just(br#"{"workflow":"one","payload":{"n":1.7976931348623157e308}}"#.to_vec()),
+        (64usize..200).prop_map(|n| {
+            format!(
+                r#"{{"workflow":"one","payload":{{"d":{}{}}}}}"#,
+                "[".repeat(n),
+                "]".repeat(n)
+            )
+            .into_bytes()
+        }),
+        prop_oneof![
+            Just("10"),
+            Just("-1"),
+            Just("1.5"),
+            Just("18446744073709551616"),
+            Just("\"9\"")
+        ]
+        .prop_map(
+            |p| format!(r#"{{"workflow":"one","payload":{{}},"priority":{p}}}"#).into_bytes()
+        ),
+        prop_oneof![
+            Just("9999-12-31T23:59:59-23:00"),
+            Just("+10000-01-01T00:00:00Z"),
+            Just("2030-02-30T00:00:00Z"),
+            Just("0000-01-01T00:00:00Z"),
+            Just("yesterday"),
+        ]
+        .prop_map(
+            |t| format!(r#"{{"workflow":"one","payload":{{}},"not_before":"{t}"}}"#).into_bytes()
+        ),
+        // Ids of the wrong kind, however large.
+        (0usize..5000).prop_map(|n| {
+            format!(
+                r#"{{"order_id":{{"x":"{}"}},"workflow":"one","payload":{{}}}}"#,
+                "i".repeat(n)
+            )
+            .into_bytes()
+        }),
+        // Duplicate keys: the last one counts, and names no workflow.
+        Just(br#"{"workflow":"one","workflow":"none","payload":{}}"#.to_vec()),
+    ]
+}
+
+/// One order that must be processed, however odd its (legal) content.
+fn good_order(id: Uuid) -> impl Strategy<Value = Vec<u8>> {
+    let payload = prop_oneof![
+        Just("{}".to_owned()),
+        Just(r#"{"k":"\u001b[31m\u0007 control characters are data"}"#.to_owned()),
+        Just(r#"{"k":"\ud83d\ude00 a surrogate pair","k":"duplicate key: last wins"}"#.to_owned()),
+        Just(format!(
+            r#"{{"deep":{}1{}}}"#,
+            "[".repeat(60),
+            "]".repeat(60)
+        )),
+        Just(format!(r#"{{"many":[{}]}}"#, vec!["1"; 20_000].join(","))),
+        Just(r#"{"n":-9223372036854775808,"m":1e300,"t":5e-324}"#.to_owned()),
+        (0usize..5000).prop_map(|n| format!(r#"{{"text":"{}"}}"#, "ж".repeat(n))),
+    ];
+    (payload, 0u8..=9).prop_map(move |(payload, priority)| {
+        format!(
+            r#"{{"order_id":"{id}","workflow":"one","payload":{payload},"priority":{priority},"not_before":"2001-01-01T00:00:00Z"}}"#
+        )
+        .into_bytes()
+    })
+}
+
+/// Draws one value of `strategy`.
+fn draw<T: std::fmt::Debug>(runner: &mut TestRunner, strategy: impl Strategy<Value = T>) -> T {
+    strategy
+        .new_tree(runner)
+        .map(|tree| tree.current())
+        .unwrap_or_else(|e| panic!("cannot draw: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_thousand_generated_hostile_orders_among_a_thousand_good_ones_harm_none() {
+    const BAD: usize = 5000;
+    const GOOD: usize = 1000;
+    let app = TestApp::new().await;
+    start(&app).await;
+    let status = app.status_queue("status").await;
+    // A fixed seed: a failure can be replayed.
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]),
+    );
+    let mut good = BTreeSet::new();
+    let mut messages = Vec::with_capacity(BAD + GOOD);
+    for i in 0..BAD + GOOD {
+        if i % 6 == 0 {
+            let id = Uuid::new_v4();
+            good.insert(id.to_string());
+            messages.push(draw(&mut runner, good_order(id)));
+        } else {
+            messages.push(draw(&mut runner, bad_order()));
+        }
+    }
+    let bad = messages.len() - good.len();
+    // A few bodies over the size limit too.
+    for _ in 0..3 {
+        messages.push(vec![b' '; 2 * 1024 * 1024]);
+    }
+    let bad = bad + 3;
+    let publisher = app.publisher();
+    for chunk in messages.chunks(200) {
+        let mut pending = Vec::new();
+        for body in chunk {
+            let msg = Outgoing {
+                routing_key: app.queues.orders(),
+                body,
+                reply_to: Some(&status),
+                mandatory: true,
+                ..Outgoing::default()
+            };
+            pending.push(publisher.send(&msg).await.expect("publish"));
+        }
+        for p in pending {
+            p.wait().await.expect("confirm");
+        }
+    }
+    let events = app
+        .collect(&status, Duration::from_secs(240), |got| {
+            let rejected = got.iter().filter(|e| e["state"] == "rejected").count();
+            rejected >= bad && ends(got).len() >= good.len()
+        })
+        .await;
+    let ended = ends(&events);
+    for id in &good {
+        assert_eq!(
+            ended.get(id).map(String::as_str),
+            Some("processed"),
+            "good order {id}"
+        );
+    }
+    let rejected: Vec<&Value> = events.iter().filter(|e| e["state"] == "rejected").collect();
+    assert_eq!(rejected.len(), bad);
+    for r in &rejected {
+        let error = r["detail"]["error"].as_str().unwrap_or_default();
+        assert!(!error.is_empty() && error.len() <= 512, "{r}");
+        assert!(
+            !good.contains(r["order_id"].as_str().unwrap_or_default()),
+            "a good order was rejected: {r}"
+        );
+    }
+    let dead = app.drain(app.queues.orders_dead()).await;
+    assert_eq!(dead.len(), bad);
+    assert!(
+        dead.iter().all(|(_, why)| why
+            .as_ref()
+            .is_some_and(|w| !w.is_empty() && w.len() <= 512)),
+        "a dead letter without a bounded reason"
+    );
+    assert_unharmed(&app).await;
+}
