@@ -906,19 +906,19 @@ async fn with_token_auth_the_api_refuses_strangers_lets_a_viewer_read_and_names_
 
     // The login form trades a token for an HttpOnly, SameSite=Strict session
     // cookie; logging out ends the session.
-    let login = |token: &str| {
+    let login = |token: &str, origin: &str| {
         http.post(format!("{base}/login"))
             .header("content-type", "application/x-www-form-urlencoded")
-            .header("origin", &base)
+            .header("origin", origin)
             .body(format!("token={token}"))
     };
-    let response = login("not-a-token-not-a-token")
+    let response = login("not-a-token-not-a-token", &base)
         .send()
         .await
         .expect("answer");
     assert_eq!(response.status().as_u16(), 401);
     assert!(response.headers().get("set-cookie").is_none());
-    let response = login(OPERATOR_TOKEN).send().await.expect("answer");
+    let response = login(OPERATOR_TOKEN, &base).send().await.expect("answer");
     assert_eq!(response.status().as_u16(), 303);
     assert_eq!(response.headers()["location"], "/");
     let set_cookie = response.headers()["set-cookie"]
@@ -944,8 +944,7 @@ async fn with_token_auth_the_api_refuses_strangers_lets_a_viewer_read_and_names_
     assert_eq!(status, 200, "{me}");
     assert_eq!(me["name"], "alice");
     // A login posted from another site is refused before the token is looked at.
-    let response = login(OPERATOR_TOKEN)
-        .header("origin", "http://evil.example")
+    let response = login(OPERATOR_TOKEN, "http://evil.example")
         .send()
         .await
         .expect("answer");

@@ -118,9 +118,13 @@ fn check(
         ));
     }
     let safe = matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
-    if !safe && let Some(origin) = headers.get(header::ORIGIN) {
-        let origin = origin.to_str().unwrap_or_default();
-        if !same_origin(origin, host) {
+    if !safe {
+        // Every `Origin` sent (a browser sends one) must be this origin.
+        let foreign = headers
+            .get_all(header::ORIGIN)
+            .iter()
+            .any(|origin| !same_origin(origin.to_str().unwrap_or_default(), host));
+        if foreign {
             return Err((
                 StatusCode::FORBIDDEN,
                 "a request from another site cannot act on the dashboard",
@@ -231,6 +235,21 @@ mod tests {
                 "{origin}"
             );
         }
+        let mut two = HeaderMap::new();
+        two.insert(header::HOST, HeaderValue::from_static("127.0.0.1:9105"));
+        two.append(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:9105"),
+        );
+        two.append(
+            header::ORIGIN,
+            HeaderValue::from_static("http://evil.example"),
+        );
+        assert_eq!(
+            check(&hosts(), &Method::POST, &two).map_err(|(status, _)| status),
+            Err(StatusCode::FORBIDDEN),
+            "a second, foreign Origin"
+        );
         // Reading is not acting: a GET may carry any Origin.
         assert_eq!(
             request(Method::GET, &[host, ("origin", "http://evil.example")]),
