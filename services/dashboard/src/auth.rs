@@ -101,7 +101,7 @@ impl Auth {
                 secret: t.token.clone(),
                 role: t.role,
             })
-            .chain(settings.token.iter().map(|t| Credential {
+            .chain(settings.single_token().map(|t| Credential {
                 name: settings.token_name.clone(),
                 secret: t.clone(),
                 role: Role::Operator,

@@ -297,6 +297,12 @@ fn valid_host(host: &str) -> bool {
 }
 
 impl DashboardSettings {
+    /// `token`, unless it is unset or empty (an empty `SAS__DASHBOARD__TOKEN`
+    /// counts as unset).
+    pub fn single_token(&self) -> Option<&Secret> {
+        self.token.as_ref().filter(|t| !t.expose().is_empty())
+    }
+
     /// Checks names, secrets and what the chosen mode needs.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
@@ -322,7 +328,7 @@ impl DashboardSettings {
             .tokens
             .iter()
             .map(|t| (t.name.as_str(), &t.token))
-            .chain(self.token.iter().map(|t| (self.token_name.as_str(), t)))
+            .chain(self.single_token().map(|t| (self.token_name.as_str(), t)))
             .collect();
         for (i, (name, token)) in tokens.iter().enumerate() {
             if token.expose().len() < MIN_TOKEN_BYTES {
@@ -429,6 +435,18 @@ mod tests {
         }
         let err = load(&[("SAS__DASHBOARD__AUTH", "kerberos")]).expect_err("unknown mode");
         assert!(err.to_string().contains("kerberos"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_token_variable_counts_as_unset() {
+        let s = load(&[("SAS__DASHBOARD__TOKEN", "")]).expect("loads with auth none");
+        assert!(s.dashboard.single_token().is_none());
+        let err = load(&[
+            ("SAS__DASHBOARD__AUTH", "token"),
+            ("SAS__DASHBOARD__TOKEN", ""),
+        ])
+        .expect_err("token mode without a token");
+        assert!(err.to_string().contains("SAS__DASHBOARD__TOKEN"), "{err}");
     }
 
     #[test]
