@@ -968,7 +968,8 @@ async fn with_token_auth_the_api_refuses_strangers_lets_a_viewer_read_and_names_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn basic_auth_and_a_trusted_proxy_identify_their_users_and_an_untrusted_peer_is_refused() {
+async fn basic_auth_and_a_trusted_proxy_identify_their_users_an_untrusted_peer_is_refused_and_no_auth_off_loopback_warns()
+ {
     let app = TestApp::with(Options {
         extra: dashboard_auth(),
         ..Options::default()
@@ -1098,4 +1099,37 @@ async fn basic_auth_and_a_trusted_proxy_identify_their_users_and_an_untrusted_pe
     )
     .await;
     assert_eq!(status, 401, "a name that is not a plain word");
+
+    // No authentication on an address other machines can reach: it serves,
+    // everyone is the operator `dashboard`, and the log says so loudly.
+    app.start_with_env(
+        "dashboard-open",
+        "dashboard",
+        &[],
+        &[
+            ("SAS__DASHBOARD__AUTH", "none"),
+            ("SAS__HTTP__HOST", "0.0.0.0"),
+        ],
+    )
+    .await;
+    let open = format!("http://127.0.0.1:{}", app.port("dashboard-open"));
+    let (status, me) = answer(
+        http.get(format!("{open}/api/me"))
+            .header("x-forwarded-user", "mallory"),
+    )
+    .await;
+    assert_eq!(status, 200, "{me}");
+    assert_eq!(
+        me,
+        serde_json::json!({ "name": "dashboard", "role": "operator", "auth": "none" })
+    );
+    let log = app.log("dashboard-open");
+    assert!(
+        log.contains("WARN") && log.contains("non-loopback address"),
+        "{log}"
+    );
+    assert!(
+        !app.log("dashboard-basic").contains("non-loopback"),
+        "no warning when authenticated"
+    );
 }
