@@ -9,7 +9,7 @@ use std::sync::Arc;
 use axum::Extension;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
@@ -18,11 +18,15 @@ use sas::config::DashboardAuth;
 use crate::assets::login_page;
 use crate::auth::{Auth, session_id};
 
+/// Longest login form read: a token field and some room.
+const MAX_FORM_BYTES: usize = 8 * 1024;
+
 /// The login and logout routes.
 pub fn routes(auth: Arc<Auth>) -> Router {
     Router::new()
         .route("/login", get(page).post(login))
         .route("/logout", get(logout).post(logout))
+        .layer(DefaultBodyLimit::max(MAX_FORM_BYTES))
         .with_state(auth)
 }
 
