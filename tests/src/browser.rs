@@ -1,7 +1,7 @@
 //! A tiny WebDriver client: drives a real headless Chromium through
 //! `chromedriver`'s W3C HTTP API, enough for the dashboard's test: open a
-//! page, find elements by CSS selector, click, type, read text and attributes, run a
-//! script, take a screenshot.
+//! page, find elements by CSS selector, click, type, read text and
+//! attributes, run a script, take a screenshot.
 //!
 //! [`Browser::start`] starts `chromedriver` (Debian's `chromium-driver`) on a
 //! free port with a fresh profile directory; dropping the browser ends the
