@@ -13,6 +13,13 @@ use serde::Deserialize;
 
 use crate::workflow::{Workflow, WorkflowError};
 
+mod dashboard;
+
+pub use dashboard::{
+    Cidr, CidrError, DashboardAuth, DashboardSettings, DashboardToken, DashboardUser, Role, Secret,
+    valid_name,
+};
+
 /// Why the configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -41,6 +48,7 @@ pub struct Settings {
     pub supervisor: SupervisorSettings,
     pub outbox: OutboxSettings,
     pub shutdown: ShutdownSettings,
+    pub dashboard: DashboardSettings,
     /// Workflows by name: the steps an order of that workflow runs.
     pub workflows: BTreeMap<String, WorkflowSpec>,
     /// Agents by name: the remote endpoint each one wraps.
@@ -434,6 +442,8 @@ impl Settings {
                 .separator("__")
                 .list_separator(",")
                 .with_list_parse_key("supervisor.retry_schedule")
+                .with_list_parse_key("dashboard.trusted_proxies")
+                .with_list_parse_key("dashboard.allowed_hosts")
                 .try_parsing(true)
                 .source(env.map(|m| m.into_iter().collect())),
         );
@@ -494,6 +504,7 @@ impl Settings {
         for name in self.workflows.keys() {
             self.workflow(name)?;
         }
+        self.dashboard.validate()?;
         Ok(())
     }
 

@@ -89,7 +89,9 @@ struct AppState {
 
 /// Binds the HTTP port (`http.port`, else `default_port`) and serves the
 /// health and metrics endpoints plus `extra` until `shutdown`. Returns the
-/// bound address and the server task.
+/// bound address and the server task. Requests carry their peer's address as
+/// [`axum::extract::ConnectInfo`]`<SocketAddr>`. The health and metrics
+/// endpoints need no credentials; `extra` brings its own guards.
 pub async fn serve(
     settings: &HttpSettings,
     default_port: u16,
@@ -114,6 +116,9 @@ pub async fn serve(
         .route("/metrics", get(metrics_text))
         .with_state(AppState { health, metrics })
         .merge(extra);
+    // Handlers may ask for the TCP peer (`ConnectInfo<SocketAddr>`, set by
+    // the server): the dashboard believes a proxy's identity header only
+    // from a trusted peer.
     let task = tokio::spawn(crate::server::serve(listener, app, shutdown));
     Ok((addr, task))
 }

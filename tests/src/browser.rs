@@ -1,7 +1,7 @@
 //! A tiny WebDriver client: drives a real headless Chromium through
 //! `chromedriver`'s W3C HTTP API, enough for the dashboard's test: open a
-//! page, find elements by CSS selector, click, read text and attributes, run a
-//! script, take a screenshot.
+//! page, find elements by CSS selector, click, type, read text and
+//! attributes, run a script, take a screenshot.
 //!
 //! [`Browser::start`] starts `chromedriver` (Debian's `chromium-driver`) on a
 //! free port with a fresh profile directory; dropping the browser ends the
@@ -244,6 +244,17 @@ impl Browser {
             reqwest::Method::POST,
             &format!("/element/{}/click", el.0),
             Some(json!({})),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Types `text` into the element (an input), as a user would.
+    pub async fn type_text(&self, el: &Element, text: &str) -> anyhow::Result<()> {
+        self.session_call(
+            reqwest::Method::POST,
+            &format!("/element/{}/value", el.0),
+            Some(json!({ "text": text })),
         )
         .await?;
         Ok(())

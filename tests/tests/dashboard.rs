@@ -1,7 +1,8 @@
 //! The operator dashboard end to end: the real services and the real
 //! `dashboard` binary against the test's Postgres and RabbitMQ, the overview
 //! and an order's page driven in a real headless Chromium (through
-//! chromedriver), and the JSON API with plain HTTP.
+//! chromedriver), and the JSON API with plain HTTP, in each of
+//! `dashboard.auth`'s modes.
 //!
 //! The browser test keeps a screenshot of the overview with its data in
 //! `target/ci-artifacts/dashboard.png` (and the order page beside it).
@@ -17,6 +18,69 @@ use sas_tests::cli::wait_state;
 use sas_tests::{Options, TestApp};
 use serde_json::Value;
 use uuid::Uuid;
+
+/// A viewer's and an operator's bearer token, and Basic users, in the
+/// configuration of the tests that log in.
+const VIEWER_TOKEN: &str = "viewer-token-of-vera-0123";
+const OPERATOR_TOKEN: &str = "operator-token-of-alice-0123";
+
+/// `[dashboard]` with token authentication (the other modes are chosen with
+/// `SAS__DASHBOARD__AUTH` when a test starts a dashboard).
+fn dashboard_auth() -> String {
+    format!(
+        r#"
+[dashboard]
+auth = "token"
+tokens = [
+  {{ name = "vera", token = "{VIEWER_TOKEN}", role = "viewer" }},
+  {{ name = "alice", token = "{OPERATOR_TOKEN}", role = "operator" }},
+]
+users = [
+  {{ name = "bob", password = "bob-secret", role = "operator" }},
+  {{ name = "val", password = "val-secret", role = "viewer" }},
+]
+role_header = "X-Forwarded-Role"
+"#
+    )
+}
+
+/// An HTTP client that shows redirects instead of following them.
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("HTTP client")
+}
+
+/// Logs in on the login page: types `token` and submits it.
+async fn log_in(browser: &Browser, token: &str) {
+    let field = browser
+        .find("#login-token")
+        .await
+        .expect("find")
+        .expect("the login page has a token field");
+    browser
+        .type_text(&field, token)
+        .await
+        .expect("type the token");
+    let submit = browser
+        .find("#login-submit")
+        .await
+        .expect("find")
+        .expect("the login page has a submit button");
+    browser.click(&submit).await.expect("submit");
+}
+
+/// The page's path.
+async fn path(browser: &Browser) -> String {
+    browser
+        .execute("return location.pathname;")
+        .await
+        .expect("location")
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
 
 /// Starts the dashboard and returns its base URL.
 async fn start_dashboard(app: &TestApp) -> String {
@@ -96,13 +160,14 @@ async fn waits_for_retry(app: &TestApp, id: Uuid) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_dashboard_shows_a_known_run_in_chromium_and_a_click_on_retry_sends_the_failed_order_back()
+async fn the_dashboard_shows_a_known_run_in_chromium_to_a_logged_in_viewer_without_buttons_and_an_operators_retry_is_audited_under_their_name()
  {
     let app = TestApp::with(Options {
         step_timeout: "3s",
         // A step that runs out of time waits an hour for its re-attempt: it
         // stays in the "waiting" table for the whole test.
         retry_schedule: r#"["1h"]"#,
+        extra: dashboard_auth(),
         ..Options::default()
     })
     .await;
@@ -163,7 +228,92 @@ async fn the_dashboard_shows_a_known_run_in_chromium_and_a_click_on_retry_sends_
     let browser = Browser::start()
         .await
         .expect("headless Chromium through chromedriver (Debian's chromium and chromium-driver)");
+    // Nobody is logged in: the overview sends the browser to the login page.
     browser.goto(&format!("{base}/")).await.expect("open /");
+    assert_eq!(path(&browser).await, "/login");
+    // A wrong token is refused there.
+    log_in(&browser, "not-a-token-not-a-token").await;
+    wait_page(
+        &browser,
+        "the login page says the token is not valid",
+        Duration::from_secs(10),
+        || async {
+            let error = browser.text_of("#login-error").await?.unwrap_or_default();
+            Ok(if error.contains("not valid") {
+                Ok(())
+            } else {
+                Err(error)
+            })
+        },
+    )
+    .await;
+
+    // A viewer sees the failed order and no button to act on it.
+    log_in(&browser, VIEWER_TOKEN).await;
+    let failed_row = format!("#failed tr[data-order-id=\"{failed}\"]");
+    wait_page(
+        &browser,
+        "the viewer lands on the overview with the failed order",
+        Duration::from_secs(20),
+        || async {
+            let who = browser.text_of("#me-name").await?.unwrap_or_default();
+            let row = browser.text_of(&failed_row).await?.unwrap_or_default();
+            Ok(if who == "vera (viewer)" && row.contains("error") {
+                Ok(())
+            } else {
+                Err(format!("me {who:?}, failed row {row:?}"))
+            })
+        },
+    )
+    .await;
+    assert_eq!(path(&browser).await, "/");
+    assert!(
+        browser
+            .find_all("button.retry, button.cancel")
+            .await
+            .expect("find buttons")
+            .is_empty(),
+        "a viewer is shown no retry or cancel button"
+    );
+    // Nor can the page's own code act for a viewer: the server refuses.
+    browser
+        .execute(&format!("sas.act('retry', '{failed}'); return true;"))
+        .await
+        .expect("run the page's retry");
+    wait_page(
+        &browser,
+        "the page shows the viewer's 403",
+        Duration::from_secs(10),
+        || async {
+            let message = browser.text_of("#message").await?.unwrap_or_default();
+            Ok(if message.starts_with("403: vera is a viewer") {
+                Ok(())
+            } else {
+                Err(message)
+            })
+        },
+    )
+    .await;
+    assert_eq!(
+        app.order(failed).await.map(|(state, _)| state).as_deref(),
+        Some("error"),
+        "the viewer changed nothing"
+    );
+    std::fs::write(
+        artifact("dashboard-viewer.png"),
+        browser.screenshot().await.expect("screenshot"),
+    )
+    .expect("write screenshot");
+
+    // Log out, and in again as the operator alice.
+    browser
+        .goto(&format!("{base}/logout"))
+        .await
+        .expect("log out");
+    assert_eq!(path(&browser).await, "/login");
+    browser.goto(&format!("{base}/")).await.expect("open /");
+    assert_eq!(path(&browser).await, "/login", "the session is gone");
+    log_in(&browser, OPERATOR_TOKEN).await;
 
     let expected: BTreeMap<String, String> = [
         ("count-pending", "1"),
@@ -195,9 +345,10 @@ async fn the_dashboard_shows_a_known_run_in_chromium_and_a_click_on_retry_sends_
 
     // The tables: the failed and the compensated order with their buttons,
     // the waiting one with its next attempt, six closed breakers.
-    let failed_row = format!("#failed tr[data-order-id=\"{failed}\"]");
     let compensated_row = format!("#failed tr[data-order-id=\"{compensated}\"]");
     let waiting_row = format!("#waiting tr[data-order-id=\"{waiting}\"]");
+    let who = browser.text_of("#me-name").await.expect("me");
+    assert_eq!(who.as_deref(), Some("alice (operator)"));
     wait_page(
         &browser,
         "the tables and charts are drawn",
@@ -274,7 +425,7 @@ async fn the_dashboard_shows_a_known_run_in_chromium_and_a_click_on_retry_sends_
         },
     )
     .await;
-    // It left `error` in Postgres, through an operator's retry in its event log…
+    // It left `error` in Postgres, through alice's retry in its event log…
     let retried: Vec<(String, Option<String>, String)> = sqlx::query_as(
         "SELECT actor, from_state, to_state FROM order_events \
          WHERE order_id = $1 AND event = 'retry_scheduled' ORDER BY seq",
@@ -286,7 +437,7 @@ async fn the_dashboard_shows_a_known_run_in_chromium_and_a_click_on_retry_sends_
     assert_eq!(
         retried,
         vec![(
-            "operator:dashboard".to_owned(),
+            "operator:alice".to_owned(),
             Some("error".to_owned()),
             "pending".to_owned()
         )]
@@ -368,7 +519,7 @@ async fn the_dashboard_shows_a_known_run_in_chromium_and_a_click_on_retry_sends_
                 .unwrap_or_default();
             let ok = rows as i64 == events
                 && state == "processed"
-                && timeline.contains("operator:dashboard")
+                && timeline.contains("operator:alice")
                 && timeline.contains("error → pending")
                 && timeline.contains("retried by an operator")
                 && timeline.contains("failed")
@@ -599,4 +750,389 @@ fn the_dashboard_starts_and_stops_like_every_service() {
     assert!(started.elapsed() < Duration::from_secs(20));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("could not reach"), "{err}");
+}
+
+/// The event log's actors of an order's operator events, through the API.
+async fn operator_actors(http: &reqwest::Client, base: &str, id: Uuid) -> Vec<String> {
+    let (status, body) = answer(
+        http.get(format!("{base}/api/orders/{id}"))
+            .bearer_auth(VIEWER_TOKEN),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    body["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| e["actor"].as_str())
+        .filter(|a| a.starts_with("operator:"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_token_auth_the_api_refuses_strangers_lets_a_viewer_read_and_names_the_operator_who_retried()
+ {
+    let app = TestApp::with(Options {
+        extra: dashboard_auth(),
+        ..Options::default()
+    })
+    .await;
+    app.start_all().await;
+    app.knobs("a", permanent());
+    let failed = app.submit("one", None).await;
+    wait_state(&app, failed, "error", Duration::from_secs(30)).await;
+    app.knobs("a", Knobs::default());
+    let base = start_dashboard(&app).await;
+    let http = client();
+    let retry = format!("{base}/api/orders/{failed}/retry");
+    let json = serde_json::json!({});
+
+    // No credentials, or wrong ones: 401, and the pages go to the login page.
+    let response = http
+        .get(format!("{base}/api/overview"))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(response.status().as_u16(), 401);
+    assert!(
+        response
+            .headers()
+            .get("www-authenticate")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("Bearer")),
+        "{:?}",
+        response.headers()
+    );
+    let (status, _) = answer(http.post(&retry).json(&json)).await;
+    assert_eq!(status, 401);
+    let (status, _) = answer(
+        http.get(format!("{base}/api/overview"))
+            .bearer_auth("operator-token-of-alice-0124"),
+    )
+    .await;
+    assert_eq!(status, 401, "a wrong token");
+    for page in ["/", &format!("/orders/{failed}")] {
+        let response = http
+            .get(format!("{base}{page}"))
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(response.status().as_u16(), 303, "{page}");
+        assert_eq!(response.headers()["location"], "/login", "{page}");
+    }
+    // The health and metrics endpoints, the login page and the pages' files need none.
+    for open in [
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/login",
+        "/assets/common.js",
+    ] {
+        let response = http
+            .get(format!("{base}{open}"))
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(response.status().as_u16(), 200, "{open}");
+    }
+
+    // A viewer reads, and may not act.
+    let (status, me) = answer(http.get(format!("{base}/api/me")).bearer_auth(VIEWER_TOKEN)).await;
+    assert_eq!(status, 200, "{me}");
+    assert_eq!(
+        me,
+        serde_json::json!({ "name": "vera", "role": "viewer", "auth": "token" })
+    );
+    let (status, body) = answer(
+        http.get(format!("{base}/api/overview"))
+            .bearer_auth(VIEWER_TOKEN),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["by_state"]["error"], 1, "{body}");
+    let (status, body) = answer(http.post(&retry).bearer_auth(VIEWER_TOKEN).json(&json)).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(
+        app.order(failed).await.map(|(s, _)| s).as_deref(),
+        Some("error")
+    );
+
+    // Requests for another host name (DNS rebinding) and actions from another
+    // site are refused, even with a valid token.
+    let (status, _) = answer(
+        http.get(format!("{base}/api/overview"))
+            .bearer_auth(OPERATOR_TOKEN)
+            .header("host", "evil.example"),
+    )
+    .await;
+    assert_eq!(status, 421);
+    let (status, _) = answer(
+        http.post(&retry)
+            .bearer_auth(OPERATOR_TOKEN)
+            .header("origin", "http://evil.example")
+            .json(&json),
+    )
+    .await;
+    assert_eq!(status, 403);
+    assert_eq!(
+        app.order(failed).await.map(|(s, _)| s).as_deref(),
+        Some("error")
+    );
+
+    // The operator retries; a forged proxy header changes nobody's name.
+    let (status, body) = answer(
+        http.post(&retry)
+            .bearer_auth(OPERATOR_TOKEN)
+            .header("x-forwarded-user", "mallory")
+            .header("origin", &base)
+            .json(&json),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["state"], "pending");
+    assert_eq!(
+        operator_actors(&http, &base, failed).await,
+        ["operator:alice"]
+    );
+    let actor: String = sqlx::query_scalar(
+        "SELECT actor FROM order_events WHERE order_id = $1 AND event = 'retry_scheduled'",
+    )
+    .bind(failed)
+    .fetch_one(&app.db)
+    .await
+    .expect("read the retry's event");
+    assert_eq!(actor, "operator:alice");
+
+    // The login form trades a token for an HttpOnly, SameSite=Strict session
+    // cookie; logging out ends the session.
+    let login = |token: &str, origin: &str| {
+        http.post(format!("{base}/login"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("origin", origin)
+            .body(format!("token={token}"))
+    };
+    let response = login("not-a-token-not-a-token", &base)
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(response.status().as_u16(), 401);
+    assert!(response.headers().get("set-cookie").is_none());
+    let huge = "x".repeat(100_000);
+    let response = login(&huge, &base).send().await.expect("answer");
+    assert_eq!(response.status().as_u16(), 413, "a login form is small");
+    let response = login(OPERATOR_TOKEN, &base).send().await.expect("answer");
+    assert_eq!(response.status().as_u16(), 303);
+    assert_eq!(response.headers()["location"], "/");
+    let set_cookie = response.headers()["set-cookie"]
+        .to_str()
+        .expect("cookie")
+        .to_owned();
+    assert!(
+        set_cookie.starts_with("sas_session=")
+            && set_cookie.contains("HttpOnly")
+            && set_cookie.contains("SameSite=Strict"),
+        "{set_cookie}"
+    );
+    assert!(
+        !set_cookie.contains(OPERATOR_TOKEN),
+        "the cookie is not the token"
+    );
+    let cookie = set_cookie
+        .split(';')
+        .next()
+        .expect("cookie pair")
+        .to_owned();
+    let (status, me) = answer(http.get(format!("{base}/api/me")).header("cookie", &cookie)).await;
+    assert_eq!(status, 200, "{me}");
+    assert_eq!(me["name"], "alice");
+    // A login posted from another site is refused before the token is looked at.
+    let response = login(OPERATOR_TOKEN, "http://evil.example")
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(response.status().as_u16(), 403);
+    let response = http
+        .get(format!("{base}/logout"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(response.status().as_u16(), 303);
+    assert_eq!(response.headers()["location"], "/login");
+    let (status, _) = answer(http.get(format!("{base}/api/me")).header("cookie", &cookie)).await;
+    assert_eq!(status, 401, "the session ended");
+
+    // No token ever reaches the log.
+    let log = app.log("dashboard");
+    for secret in [VIEWER_TOKEN, OPERATOR_TOKEN] {
+        assert!(!log.contains(secret), "a token in the log");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn basic_auth_and_a_trusted_proxy_identify_their_users_an_untrusted_peer_is_refused_and_no_auth_off_loopback_warns()
+ {
+    let app = TestApp::with(Options {
+        extra: dashboard_auth(),
+        ..Options::default()
+    })
+    .await;
+    let http = client();
+    let unknown = Uuid::new_v4();
+    let json = serde_json::json!({});
+
+    // Basic: the configured users with their roles, nobody else.
+    app.start_with_env(
+        "dashboard-basic",
+        "dashboard",
+        &[],
+        &[("SAS__DASHBOARD__AUTH", "basic")],
+    )
+    .await;
+    let base = format!("http://127.0.0.1:{}", app.port("dashboard-basic"));
+    let response = http.get(format!("{base}/")).send().await.expect("answer");
+    assert_eq!(response.status().as_u16(), 401);
+    assert!(
+        response
+            .headers()
+            .get("www-authenticate")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("Basic")),
+        "the browser is asked for a password"
+    );
+    for (user, password) in [("bob", "bob-secrets"), ("eve", "bob-secret")] {
+        let (status, _) = answer(
+            http.get(format!("{base}/api/me"))
+                .basic_auth(user, Some(password)),
+        )
+        .await;
+        assert_eq!(status, 401, "{user}:{password}");
+    }
+    let (status, _) = answer(
+        http.get(format!("{base}/api/me"))
+            .bearer_auth(OPERATOR_TOKEN),
+    )
+    .await;
+    assert_eq!(status, 401, "a token is not a Basic password");
+    let (status, me) = answer(
+        http.get(format!("{base}/api/me"))
+            .basic_auth("bob", Some("bob-secret")),
+    )
+    .await;
+    assert_eq!(status, 200, "{me}");
+    assert_eq!(
+        me,
+        serde_json::json!({ "name": "bob", "role": "operator", "auth": "basic" })
+    );
+    let act = |user: &str, password: &str| {
+        http.post(format!("{base}/api/orders/{unknown}/retry"))
+            .basic_auth(user, Some(password))
+            .json(&json)
+    };
+    let (status, _) = answer(act("val", "val-secret")).await;
+    assert_eq!(status, 403, "a viewer");
+    let (status, _) = answer(act("bob", "bob-secret")).await;
+    assert_eq!(status, 404, "an operator gets as far as the order");
+
+    // Proxy, from a peer that is not the proxy: its identity header is refused.
+    app.start_with_env(
+        "dashboard-far",
+        "dashboard",
+        &[],
+        &[
+            ("SAS__DASHBOARD__AUTH", "proxy"),
+            ("SAS__DASHBOARD__TRUSTED_PROXIES", "10.9.9.9,192.168.0.0/16"),
+        ],
+    )
+    .await;
+    let far = format!("http://127.0.0.1:{}", app.port("dashboard-far"));
+    let (status, _) = answer(
+        http.get(format!("{far}/api/me"))
+            .header("x-forwarded-user", "carol")
+            .header("x-forwarded-role", "operator"),
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (status, _) = answer(http.get(format!("{far}/healthz"))).await;
+    assert_eq!(status, 200, "health needs no identity");
+
+    // Proxy, from the trusted peer: its headers name the user and the role.
+    app.start_with_env(
+        "dashboard-proxy",
+        "dashboard",
+        &[],
+        &[
+            ("SAS__DASHBOARD__AUTH", "proxy"),
+            ("SAS__DASHBOARD__TRUSTED_PROXIES", "127.0.0.1"),
+        ],
+    )
+    .await;
+    let near = format!("http://127.0.0.1:{}", app.port("dashboard-proxy"));
+    let (status, _) = answer(http.get(format!("{near}/api/me"))).await;
+    assert_eq!(status, 401, "the proxy named nobody");
+    let (status, me) = answer(
+        http.get(format!("{near}/api/me"))
+            .header("x-forwarded-user", "carol"),
+    )
+    .await;
+    assert_eq!(status, 200, "{me}");
+    assert_eq!(
+        me,
+        serde_json::json!({ "name": "carol", "role": "viewer", "auth": "proxy" })
+    );
+    let (status, _) = answer(
+        http.post(format!("{near}/api/orders/{unknown}/retry"))
+            .header("x-forwarded-user", "carol")
+            .json(&json),
+    )
+    .await;
+    assert_eq!(status, 403, "viewer unless the proxy says operator");
+    let (status, _) = answer(
+        http.post(format!("{near}/api/orders/{unknown}/retry"))
+            .header("x-forwarded-user", "carol")
+            .header("x-forwarded-role", "operator")
+            .json(&json),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _) = answer(
+        http.get(format!("{near}/api/me"))
+            .header("x-forwarded-user", "carol; DROP TABLE"),
+    )
+    .await;
+    assert_eq!(status, 401, "a name that is not a plain word");
+
+    // No authentication on an address other machines can reach: it serves,
+    // everyone is the operator `dashboard`, and the log says so loudly.
+    app.start_with_env(
+        "dashboard-open",
+        "dashboard",
+        &[],
+        &[
+            ("SAS__DASHBOARD__AUTH", "none"),
+            ("SAS__HTTP__HOST", "0.0.0.0"),
+        ],
+    )
+    .await;
+    let open = format!("http://127.0.0.1:{}", app.port("dashboard-open"));
+    let (status, me) = answer(
+        http.get(format!("{open}/api/me"))
+            .header("x-forwarded-user", "mallory"),
+    )
+    .await;
+    assert_eq!(status, 200, "{me}");
+    assert_eq!(
+        me,
+        serde_json::json!({ "name": "dashboard", "role": "operator", "auth": "none" })
+    );
+    let log = app.log("dashboard-open");
+    assert!(
+        log.contains("WARN") && log.contains("non-loopback address"),
+        "{log}"
+    );
+    assert!(
+        !app.log("dashboard-basic").contains("non-loopback"),
+        "no warning when authenticated"
+    );
 }

@@ -102,6 +102,8 @@ const sas = (() => {
   async function getJson(url) {
     const response = await fetch(url, { headers: { Accept: "application/json" }, cache: "no-store" });
     const body = await response.json().catch(() => ({}));
+    // The session ended (expired, logged out elsewhere, dashboard restarted).
+    if (response.status === 401 && me && me.auth === "token") location.assign("/login");
     if (!response.ok) {
       const error = new Error(body.error || `${response.status} ${response.statusText}`);
       error.status = response.status;
@@ -201,6 +203,32 @@ const sas = (() => {
     for (const row of existing.values()) row.remove();
   }
 
+  /** Who is looking (`/api/me`): `{name, role, auth}`, once known. */
+  let me = null;
+
+  /**
+   * Asks who is looking, shows it in the header (with a log-out link when
+   * logged in with a token) and marks the page with the role, so a viewer's
+   * page has no action buttons.
+   */
+  async function whoami() {
+    if (me) return me;
+    me = await getJson("/api/me");
+    document.body.dataset.role = me.role;
+    const node = document.getElementById("me");
+    if (node) {
+      const who = el("span", { id: "me-name", "data-role": me.role }, `${me.name} (${me.role})`);
+      const out = me.auth === "token" ? el("a", { href: "/logout", id: "logout" }, "Log out") : null;
+      node.replaceChildren(who, out ? " · " : "", out || "");
+    }
+    return me;
+  }
+
+  /** Whether the page may offer retry and cancel: only to operators. */
+  function canAct() {
+    return me !== null && me.role === "operator";
+  }
+
   /** Runs `refresh` now and every 2 s after each run ends; `refresh()` forces one now. */
   function poll(refresh) {
     let timer = null;
@@ -210,6 +238,7 @@ const sas = (() => {
       if (running) return;
       running = true;
       try {
+        await whoami();
         await refresh();
         setStatus(true, "live");
         const updated = document.getElementById("updated");
@@ -228,5 +257,6 @@ const sas = (() => {
   return {
     el, svg, setText, duration, time, relative, shortId, badge, orderLink,
     setStatus, showMessage, getJson, act, actionButtons, allow, reconcile, poll,
+    whoami, canAct,
   };
 })();

@@ -40,14 +40,17 @@
     state.className = `badge ${o.state}`;
     state.dataset.state = o.state;
     setText(state, o.state);
-    if (!buttons) {
+    // A viewer gets no buttons at all (the server would refuse them anyway).
+    if (!buttons && sas.canAct()) {
       buttons = sas.actionButtons(o.order_id, () => refresh());
       byId("order-actions").append(buttons.retry, buttons.cancel);
     }
-    sas.allow(buttons.retry, data.actions.retry, o.state === "error"
-      ? "some steps were undone: cancel it to finish the undo"
-      : `a ${o.state} order cannot be retried`);
-    sas.allow(buttons.cancel, data.actions.cancel, `a ${o.state} order cannot be cancelled`);
+    if (buttons) {
+      sas.allow(buttons.retry, data.actions.retry, o.state === "error"
+        ? "some steps were undone: cancel it to finish the undo"
+        : `a ${o.state} order cannot be retried`);
+      sas.allow(buttons.cancel, data.actions.cancel, `a ${o.state} order cannot be cancelled`);
+    }
     fields(data);
     setText(byId("payload"), JSON.stringify(o.payload, null, 2));
   }

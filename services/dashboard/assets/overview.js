@@ -122,9 +122,12 @@
       (o) => {
         const tr = row(8);
         tr.dataset.orderId = o.order_id;
-        const { retry, cancel } = sas.actionButtons(o.order_id, () => refresh());
         tr.cells[7].className = "actions";
-        tr.cells[7].append(retry, cancel);
+        // A viewer gets no buttons at all (the server would refuse them anyway).
+        if (sas.canAct()) {
+          const { retry, cancel } = sas.actionButtons(o.order_id, () => refresh());
+          tr.cells[7].append(retry, cancel);
+        }
         return tr;
       },
       (tr, o) => {
@@ -137,10 +140,12 @@
         fill(tr.cells[5], relative(o.updated_at, data.now), "time");
         fill(tr.cells[6], o.alert_open ? badge("open", "alert") : badge("none", "quiet"));
         const [retry, cancel] = tr.cells[7].querySelectorAll("button");
-        sas.allow(retry, o.retryable, o.process_state === "error"
-          ? "some steps were undone: cancel it to finish the undo"
-          : `a ${o.process_state} order cannot be retried`);
-        sas.allow(cancel, o.cancellable, `a ${o.process_state} order cannot be cancelled`);
+        if (retry && cancel) {
+          sas.allow(retry, o.retryable, o.process_state === "error"
+            ? "some steps were undone: cancel it to finish the undo"
+            : `a ${o.process_state} order cannot be retried`);
+          sas.allow(cancel, o.cancellable, `a ${o.process_state} order cannot be cancelled`);
+        }
       },
     );
     const shown = data.failed.length;

@@ -1,12 +1,17 @@
-//! The dashboard's routes: the pages (see [`crate::assets`]) and the JSON API
-//! they poll.
+//! The dashboard's routes: the pages (see [`crate::assets`]), the login
+//! (see [`crate::login`]) and the JSON API the pages poll. Every one of them
+//! is behind the Host/Origin allow-list ([`crate::hosts`]); the pages and the
+//! API also need an identity ([`crate::auth`]).
 //!
+//! - `GET  /api/me`: `{"name", "role", "auth"}`: who the caller is, so the page
+//!   shows a viewer no action buttons.
 //! - `GET  /api/overview`: [`Overview`]: counts, chart buckets, waiting and
 //!   failed orders, breakers.
 //! - `GET  /api/orders/{id}`: one order, its steps and its event log with durations.
 //! - `POST /api/orders/{id}/retry`, `POST /api/orders/{id}/cancel`: the
 //!   operator's actions, through the same [`Transitions`] as `sasctl orders
-//!   retry|cancel`, so guards and status events are identical. They answer
+//!   retry|cancel`, so guards and status events are identical; the event log
+//!   names the caller (`operator:<name>`), and a viewer gets 403. They answer
 //!   `{"order_id", "state"}`, or `{"error"}` with 404 (no such order), 409 (not
 //!   allowed in the order's state, with `state`), 400 (not an order id) or
 //!   415 (not a JSON request: a plain HTML form from another site cannot send
@@ -14,34 +19,49 @@
 
 use std::sync::Arc;
 
-use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::{Extension, Router, middleware};
 use chrono::{DateTime, Utc};
 use sas::service::Context;
 use sas::state::ProcessState;
 use sas::state_store::{
-    Actor, EventRow, Operated, OrderRow, Overview, StepRow, Transitions, any_undone,
-    cancel_refusal, retry_refusal,
+    EventRow, Operated, OrderRow, Overview, StepRow, Transitions, any_undone, cancel_refusal,
+    retry_refusal,
 };
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use crate::auth::{self, Auth, Identity, Operator};
+use crate::hosts::{self, AllowedHosts};
+
 /// Orders listed at most per table of the overview.
 const LIST_LIMIT: i64 = 50;
 
-/// The pages and the API, over the service's context.
+/// The pages, the login and the API, over the service's context.
 pub fn routes(ctx: Arc<Context>) -> Router {
     // The dashboard never connects to RabbitMQ: ready means Postgres answers.
     ctx.health.without_broker();
-    crate::assets::routes()
+    let settings = &ctx.settings;
+    let auth = Arc::new(Auth::new(&settings.dashboard));
+    auth.log_start(&settings.http.host);
+    let hosts = Arc::new(AllowedHosts::new(
+        &settings.http.host,
+        &settings.dashboard.allowed_hosts,
+    ));
+    crate::assets::pages()
+        .route("/api/me", get(me))
         .route("/api/overview", get(overview))
         .route("/api/orders/{id}", get(order))
         .route("/api/orders/{id}/retry", post(retry))
         .route("/api/orders/{id}/cancel", post(cancel))
         .with_state(ctx)
+        .route_layer(middleware::from_fn_with_state(auth.clone(), auth::require))
+        .merge(crate::assets::files())
+        .merge(crate::login::routes(auth))
+        .route_layer(middleware::from_fn_with_state(hosts, hosts::guard))
 }
 
 /// An API failure, answered as `{"error": …}` with its status.
@@ -92,6 +112,17 @@ fn parse_id(text: &str) -> Result<Uuid, ApiError> {
     Uuid::parse_str(text).map_err(|_| ApiError::BadRequest(format!("{text:?} is not an order id")))
 }
 
+async fn me(
+    State(ctx): State<Arc<Context>>,
+    Extension(who): Extension<Identity>,
+) -> axum::Json<Value> {
+    axum::Json(json!({
+        "name": who.name,
+        "role": who.role.as_str(),
+        "auth": ctx.settings.dashboard.auth.as_str(),
+    }))
+}
+
 async fn overview(State(ctx): State<Arc<Context>>) -> Result<axum::Json<Overview>, ApiError> {
     Ok(axum::Json(ctx.store()?.overview(LIST_LIMIT).await?))
 }
@@ -116,22 +147,25 @@ enum Action {
 
 async fn retry(
     State(ctx): State<Arc<Context>>,
+    Operator(who): Operator,
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<axum::Json<Value>, ApiError> {
-    operate(&ctx, Action::Retry, &id, &headers).await
+    operate(&ctx, &who, Action::Retry, &id, &headers).await
 }
 
 async fn cancel(
     State(ctx): State<Arc<Context>>,
+    Operator(who): Operator,
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<axum::Json<Value>, ApiError> {
-    operate(&ctx, Action::Cancel, &id, &headers).await
+    operate(&ctx, &who, Action::Cancel, &id, &headers).await
 }
 
 async fn operate(
     ctx: &Context,
+    who: &Identity,
     action: Action,
     id: &str,
     headers: &HeaderMap,
@@ -145,7 +179,7 @@ async fn operate(
     }
     let id = parse_id(id)?;
     let transitions = Transitions::new(ctx.store()?.clone(), ctx.queues.clone());
-    let me = operator(headers);
+    let me = who.actor();
     let (outcome, verb) = match action {
         Action::Retry => (transitions.retry(&me, id).await?, "retry"),
         Action::Cancel => (transitions.cancel(&me, id).await?, "cancel"),
@@ -162,26 +196,6 @@ async fn operate(
             message: format!("cannot {verb} order {id}: it is {state} ({why})"),
             state,
         }),
-    }
-}
-
-/// Who the event log names for an action: `operator:<user>` when an
-/// authenticating proxy in front says who (`X-Forwarded-User`), else
-/// `operator:dashboard`.
-fn operator(headers: &HeaderMap) -> Actor {
-    let user = headers
-        .get("x-forwarded-user")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|u| {
-            !u.is_empty()
-                && u.len() <= 64
-                && u.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "._@-".contains(c))
-        })
-        .unwrap_or("dashboard");
-    Actor {
-        name: format!("operator:{user}"),
     }
 }
 

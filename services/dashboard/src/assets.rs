@@ -1,5 +1,7 @@
 //! The pages, embedded in the binary: plain HTML, CSS and JavaScript from
-//! `assets/`, nothing fetched from elsewhere at run time.
+//! `assets/`, nothing fetched from elsewhere at run time. The pages need a
+//! logged-in caller; their CSS and JavaScript (the same for everyone, no data
+//! in them) and the login page do not.
 
 use std::sync::Arc;
 
@@ -11,17 +13,22 @@ use sas::service::Context;
 
 const INDEX_HTML: &str = include_str!("../assets/index.html");
 const ORDER_HTML: &str = include_str!("../assets/order.html");
+const LOGIN_HTML: &str = include_str!("../assets/login.html");
 const STYLE_CSS: &str = include_str!("../assets/style.css");
 const COMMON_JS: &str = include_str!("../assets/common.js");
 const OVERVIEW_JS: &str = include_str!("../assets/overview.js");
 const ORDER_JS: &str = include_str!("../assets/order.js");
 
-/// The page routes: `/`, `/orders/{id}` (the page reads the id from its URL)
-/// and `/assets/…`.
-pub fn routes() -> Router<Arc<Context>> {
+/// The page routes: `/` and `/orders/{id}` (the page reads the id from its URL).
+pub fn pages() -> Router<Arc<Context>> {
     Router::new()
         .route("/", get(|| async { html(INDEX_HTML) }))
         .route("/orders/{id}", get(|| async { html(ORDER_HTML) }))
+}
+
+/// The pages' files: `/assets/…`.
+pub fn files() -> Router {
+    Router::new()
         .route(
             "/assets/style.css",
             get(|| async { asset("text/css", STYLE_CSS) }),
@@ -31,18 +38,42 @@ pub fn routes() -> Router<Arc<Context>> {
         .route("/assets/order.js", get(|| async { script(ORDER_JS) }))
 }
 
+/// The login page, saying that the last token was not valid when `failed`.
+pub fn login_page(failed: bool) -> Response {
+    let body = if failed {
+        LOGIN_HTML.replace(
+            "<!--error-->",
+            r#"<p id="login-error" class="message" data-kind="error">That token is not valid.</p>"#,
+        )
+    } else {
+        LOGIN_HTML.to_owned()
+    };
+    let mut response = asset_owned("text/html; charset=utf-8", body);
+    // Its one form posts here; nothing else runs, nothing frames it.
+    secure_page(
+        &mut response,
+        "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
+    );
+    response
+}
+
 fn html(body: &'static str) -> Response {
     let mut response = asset("text/html; charset=utf-8", body);
-    let headers = response.headers_mut();
     // Only our own files run, and no other site may frame the action buttons.
+    secure_page(
+        &mut response,
+        "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'none'",
+    );
+    response
+}
+
+fn secure_page(response: &mut Response, policy: &'static str) {
+    let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(
-            "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'none'",
-        ),
+        HeaderValue::from_static(policy),
     );
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    response
 }
 
 fn script(body: &'static str) -> Response {
@@ -50,6 +81,10 @@ fn script(body: &'static str) -> Response {
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
+    asset_owned(content_type, body)
+}
+
+fn asset_owned(content_type: &'static str, body: impl IntoResponse) -> Response {
     (
         [
             (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),

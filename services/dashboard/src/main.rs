@@ -2,9 +2,14 @@
 //! and latency, orders waiting for a re-attempt, failed orders with retry and
 //! cancel, breakers per agent endpoint and each order's timeline, refreshing
 //! itself. Reads Postgres only; retry and cancel are `sasctl`'s transitions.
+//! Who may see and who may act is `[dashboard]`'s business (see [`auth`]).
 
 mod api;
 mod assets;
+mod auth;
+mod hosts;
+mod login;
+mod sessions;
 
 use std::process::ExitCode;
 
