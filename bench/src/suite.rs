@@ -512,7 +512,10 @@ impl Suite {
             .map(|q| q.name)
             .collect();
         queues.push(self.status_queue.clone());
-        self.broker.delete_queues(&queues).await.ok();
+        self.broker
+            .delete_deployment(&self.queues, &queues)
+            .await
+            .ok();
         self.broker.close().await;
         self.db.close().await;
         self.env.drop_db(&self.db_name).await;

@@ -8,6 +8,7 @@ pub struct QueueNames {
     prefix: String,
     orders: String,
     orders_dead: String,
+    submit: String,
     alerts: String,
     replies: String,
     replies_dead: String,
@@ -20,6 +21,7 @@ impl QueueNames {
             prefix: prefix.to_owned(),
             orders: format!("{prefix}.orders"),
             orders_dead: format!("{prefix}.orders.dead"),
+            submit: format!("{prefix}.submit"),
             alerts: format!("{prefix}.alerts"),
             replies: format!("{prefix}.scheduler.replies"),
             replies_dead: format!("{prefix}.scheduler.replies.dead"),
@@ -34,6 +36,13 @@ impl QueueNames {
     /// Where applications publish orders.
     pub fn orders(&self) -> &str {
         &self.orders
+    }
+
+    /// The exchange (fanout, bound to [`QueueNames::orders`]) through which
+    /// an application with least privilege submits: it may publish here and
+    /// nowhere else (the default exchange reaches every queue).
+    pub fn submit_exchange(&self) -> &str {
+        &self.submit
     }
 
     /// Where rejected orders go, with `x-sas-reason`.

@@ -766,7 +766,9 @@ impl Drop for TestApp {
                 .expect("runtime");
             rt.block_on(async move {
                 if let Ok(b) = Broker::connect(&broker_settings(&prefix), "test-cleanup").await {
-                    b.delete_queues(&queues).await.ok();
+                    b.delete_deployment(&QueueNames::new(&prefix), &queues)
+                        .await
+                        .ok();
                     b.close().await;
                 }
                 if let Ok(mut admin) = sqlx::PgConnection::connect(PG_ADMIN).await {

@@ -17,7 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::options::{
-    BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
@@ -194,6 +195,27 @@ impl Broker {
                 Err(e) => return Err(e),
             }
         }
+        // Applications that may not use the default exchange submit here.
+        channel
+            .exchange_declare(
+                names.submit_exchange().into(),
+                lapin::ExchangeKind::Fanout,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..ExchangeDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        channel
+            .queue_bind(
+                names.orders().into(),
+                names.submit_exchange().into(),
+                "".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
         channel.close(200, "topology declared".into()).await.ok();
         Ok(())
     }
@@ -263,7 +285,27 @@ impl Broker {
         Ok(n)
     }
 
-    /// Deletes queues (for tests and teardown); missing queues are fine.
+    /// Deletes a deployment's `queues` and its submission exchange (for
+    /// tests and teardown); missing ones are fine.
+    pub async fn delete_deployment(
+        &self,
+        names: &QueueNames,
+        queues: &[String],
+    ) -> Result<(), BrokerError> {
+        self.delete_queues(queues).await?;
+        let channel = self.channel().await?;
+        channel
+            .exchange_delete(
+                names.submit_exchange().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await
+            .ok();
+        channel.close(200, "deleted".into()).await.ok();
+        Ok(())
+    }
+
+    /// Deletes queues (and their messages); missing ones are skipped.
     pub async fn delete_queues(&self, queues: &[String]) -> Result<(), BrokerError> {
         for q in queues {
             // A channel error (e.g. the queue is gone) closes the channel, so one per queue.

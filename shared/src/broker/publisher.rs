@@ -30,9 +30,12 @@ pub const MAX_HEADER_BYTES: usize = 1024;
 /// Longest AMQP short string (routing keys, `reply_to`, ids).
 const SHORT_STRING: usize = 255;
 
-/// One message to publish on the default exchange.
+/// One message to publish, on the default exchange unless `exchange` names another.
 #[derive(Debug, Clone, Default)]
 pub struct Outgoing<'a> {
+    /// The exchange; empty for the default exchange (straight to the queue
+    /// named by the routing key).
+    pub exchange: &'a str,
     pub routing_key: &'a str,
     pub body: &'a [u8],
     pub correlation_id: Option<&'a str>,
@@ -63,7 +66,7 @@ impl Publisher {
         // lapin cannot encode a longer short string (it panics or breaks
         // the connection): refuse here, where the caller can settle the
         // one message.
-        if msg.routing_key.len() > SHORT_STRING {
+        if msg.routing_key.len() > SHORT_STRING || msg.exchange.len() > SHORT_STRING {
             return Err(PublishError::Invalid("routing key longer than 255 bytes"));
         }
         let too_long = |v: Option<&str>| v.is_some_and(|v| v.len() > SHORT_STRING);
@@ -93,7 +96,7 @@ impl Publisher {
         let confirm = self
             .channel
             .basic_publish(
-                "".into(),
+                msg.exchange.into(),
                 msg.routing_key.into(),
                 BasicPublishOptions {
                     mandatory: msg.mandatory,
