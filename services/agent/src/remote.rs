@@ -142,7 +142,7 @@ async fn judge(sent: Result<reqwest::Response, reqwest::Error>) -> Attempt {
         Ok(r) => r,
         Err(e) => {
             return Attempt::Transient {
-                error: format!("request failed: {e}"),
+                error: format!("request failed: {}", causes(e)),
                 retry_after: None,
             };
         }
@@ -169,6 +169,28 @@ async fn judge(sent: Result<reqwest::Response, reqwest::Error>) -> Attempt {
         Attempt::Transient { error, retry_after }
     } else {
         Attempt::Done(StepOutcome::Failed { error })
+    }
+}
+
+/// A failed request's message with its causes (reqwest's own message says
+/// only "error sending request"; the cause says which: refused, timed out,
+/// an unknown certificate issuer), and its URL without a password.
+fn causes(e: reqwest::Error) -> String {
+    let url = e.url().map(|u| sas::tls::redact_url(u.as_str()));
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = cause.source();
+    }
+    match url {
+        Some(url) => format!("{text} ({url})"),
+        None => text,
     }
 }
 
