@@ -70,7 +70,8 @@ pub struct DatabaseSettings {
     /// to, trusted beside the system's roots. Setting it asks for verified
     /// TLS: `sslmode` becomes `verify-full` unless the URL says `verify-ca`
     /// or `verify-full`, and a URL asking for less is refused. The URL's own
-    /// `sslmode=verify-full&sslrootcert=<file>` works as well.
+    /// `sslmode=verify-full&sslrootcert=<file>` works as well; when both
+    /// are set, this file replaces the URL's `sslrootcert`.
     pub ca_file: Option<PathBuf>,
 }
 

@@ -156,7 +156,7 @@ async fn judge(sent: Result<reqwest::Response, reqwest::Error>) -> Attempt {
                 result: serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null),
             }),
             Err(e) => Attempt::Transient {
-                error: format!("reading the answer failed: {e}"),
+                error: format!("reading the answer failed: {}", causes(e)),
                 retry_after: None,
             },
         };
@@ -226,6 +226,24 @@ mod tests {
         for s in [400, 401, 404, 409, 422] {
             assert!(!is_transient(StatusCode::from_u16(s).unwrap()), "{s}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_failed_request_says_why_and_never_shows_the_urls_password() {
+        sas::tls::install_crypto_provider();
+        let client = reqwest::Client::new();
+        // Port 1 on the loopback: nothing listens there.
+        let e = client
+            .post("http://user:s3cret@127.0.0.1:1/charge")
+            .send()
+            .await
+            .expect_err("nothing listens on port 1");
+        let text = causes(e);
+        assert!(!text.contains("s3cret"), "{text}");
+        // reqwest moves the credentials into a header; the rest is kept.
+        assert!(text.contains("127.0.0.1:1/charge"), "{text}");
+        // reqwest's own message alone would not say what failed.
+        assert!(text.matches(": ").count() >= 2, "{text}");
     }
 
     #[test]

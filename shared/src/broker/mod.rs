@@ -142,15 +142,13 @@ impl Broker {
                 url: crate::tls::redact_url(&settings.url),
                 reason: crate::tls::redact(&reason, [settings.url.as_str()]),
             })?;
-        let tls = tls_config(settings)?;
+        let builder = DefaultConnectionBuilder::new()?
+            .with_uri(uri)
+            .with_properties(ConnectionProperties::default().with_connection_name(app.into()))
+            .with_tls_config(tls_config(settings)?);
         let started = std::time::Instant::now();
         let mut wait = Duration::from_millis(100);
         loop {
-            let props = ConnectionProperties::default().with_connection_name(app.into());
-            let builder = DefaultConnectionBuilder::new()?
-                .with_uri(uri.clone())
-                .with_properties(props)
-                .with_tls_config(tls.clone());
             // Bound each attempt: an address that swallows packets would
             // otherwise hold one for the kernel's TCP timeout (minutes).
             let left = settings
