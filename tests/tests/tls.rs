@@ -291,3 +291,48 @@ async fn an_agent_completes_a_step_on_an_https_remote_it_trusts_and_not_on_one_i
         app.stats().keys
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_remote_sim_binary_serves_https_with_the_certificate_it_is_given() {
+    use std::io::BufRead;
+    let ca = TestCa::new("sim");
+    let mut child = std::process::Command::new(sas_tests::bin("remote-sim"))
+        .args(["--port", "0", "--tls-cert"])
+        .arg(&ca.cert)
+        .arg("--tls-key")
+        .arg(&ca.key)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start remote-sim (run `cargo build --workspace` first)");
+    let stdout = child.stdout.take().expect("stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .map(|_| line)
+    })
+    .await
+    .expect("join")
+    .expect("first line");
+    let addr: std::net::SocketAddr = line
+        .trim()
+        .strip_prefix("remote-sim listening on ")
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    sas::tls::install_crypto_provider();
+    let pem = std::fs::read(&ca.ca).expect("CA file");
+    let client = reqwest::Client::builder()
+        .tls_certs_merge(reqwest::Certificate::from_pem_bundle(&pem).expect("CA"))
+        .build()
+        .expect("client");
+    let url = format!("https://localhost:{}/healthz", addr.port());
+    let answer = client.get(&url).send().await;
+    // A client that does not trust the test CA is refused.
+    let untrusted = reqwest::Client::new().get(&url).send().await;
+    child.kill().ok();
+    child.wait().ok();
+    let answer = answer.expect("HTTPS with the right CA");
+    assert_eq!(answer.status(), 200);
+    assert!(untrusted.is_err(), "{untrusted:?}");
+}
