@@ -188,11 +188,34 @@ pub fn redact<'a>(text: &str, urls: impl IntoIterator<Item = &'a str>) -> String
             out = out.replace(url, &redact_url(url));
         }
         for password in passwords(url) {
-            if out.contains(&password) {
-                out = out.replace(&password, MASK);
-            }
+            out = mask_password(&out, &password);
         }
     }
+    out
+}
+
+/// Passwords at least this long are masked wherever they appear; shorter
+/// ones only where they stand alone, so that a password such as `sas`
+/// does not turn every `sas` of a message into [`MASK`].
+const MASK_ANYWHERE: usize = 6;
+
+/// `text` with `password` masked: anywhere when it is long, as a whole word
+/// (no letter, digit or `_` on either side) when it is short.
+fn mask_password(text: &str, password: &str) -> String {
+    if password.len() >= MASK_ANYWHERE {
+        return text.replace(password, MASK);
+    }
+    let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(password) {
+        let end = at + password.len();
+        let alone = !word(rest[..at].chars().next_back()) && !word(rest[end..].chars().next());
+        out.push_str(&rest[..at]);
+        out.push_str(if alone { MASK } else { password });
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
     out
 }
 
@@ -278,6 +301,14 @@ mod tests {
         assert!(shown.contains("postgres://sas:***@db/sas"), "{shown}");
         assert_eq!(redact("nothing secret", [url, ""]), "nothing secret");
         assert_eq!(redact("no password", ["amqp://guest@h"]), "no password");
+        // A short password is masked where it stands alone, not inside words.
+        assert_eq!(
+            redact(
+                "user sas of sasctl: password 'sas' refused",
+                ["amqp://sas:sas@h/"]
+            ),
+            "user *** of sasctl: password '***' refused"
+        );
         // A URL the caller did not name is masked all the same.
         assert_eq!(
             redact("bad: 'amqp://u:pw@h:1/%2f' (x) and https://a:b@c/d)", []),
