@@ -27,6 +27,33 @@ fn database(url: String, ca_file: Option<&Path>) -> DatabaseSettings {
     }
 }
 
+/// Runs service `name` with `env` (and the machine's Postgres and RabbitMQ
+/// otherwise), expects it to fail start-up within 10 s with exit code 1,
+/// and returns its last line on stderr, checked to be `<name>: …`.
+async fn service_failure(name: &str, env: &[(&str, &str)]) -> String {
+    let mut cmd = std::process::Command::new(sas_tests::bin(name));
+    cmd.env_remove("SAS_CONFIG")
+        .env("SAS__HTTP__PORT", "0")
+        .env("SAS__DATABASE__CONNECT_TIMEOUT", "20s")
+        .env("SAS__BROKER__CONNECT_TIMEOUT", "20s")
+        .envs(env.iter().copied());
+    let started = Instant::now();
+    let out = output(cmd).await.expect_code(1);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "retried: {out:#?}"
+    );
+    let last = out
+        .stderr
+        .trim()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(last.starts_with(&format!("{name}: ")), "{out:#?}");
+    last
+}
+
 /// Whether the store's connections are encrypted, as Postgres sees them.
 async fn encrypted(store: &StateStore) -> bool {
     sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
@@ -107,6 +134,14 @@ async fn postgres_is_reached_over_verified_tls_and_never_in_plaintext_when_verif
     let mut cmd = bare_sasctl(&["migrate"]);
     cmd.env("SAS__DATABASE__URL", &right);
     output(cmd).await.expect_code(0);
+    // A service (the supervisor reaches Postgres first) fails the same way.
+    let line = service_failure(
+        "supervisor",
+        &[("SAS__DATABASE__URL", &pg.url("sas_tls", &verify(&other.ca)))],
+    )
+    .await;
+    assert!(line.contains("TLS to Postgres failed"), "{line}");
+    assert!(!line.contains(&pg.password), "{line}");
 
     // A ca_file with a URL that asks for less than verification is refused.
     let mut cmd = bare_sasctl(&["migrate"]);
@@ -213,6 +248,21 @@ async fn orders_go_through_amqps_with_a_client_certificate_and_a_wrong_ca_fails_
         assert!(out.stderr.contains(expect), "{out:#?}");
         assert!(!out.stderr.contains(&secret), "password shown: {out:#?}");
     }
+
+    // A service fails the same way.
+    let other_ca = path(&other.ca);
+    let line = service_failure(
+        "supervisor",
+        &[
+            // The test's own database: nothing touches the default one.
+            ("SAS__DATABASE__URL", app.db_url.as_str()),
+            ("SAS__BROKER__URL", bad_password.as_str()),
+            ("SAS__BROKER__CA_FILE", other_ca.as_str()),
+        ],
+    )
+    .await;
+    assert!(line.contains("TLS to RabbitMQ failed"), "{line}");
+    assert!(!line.contains(&secret), "{line}");
 
     // TLS files with a plaintext URL: refused by the configuration.
     let mut cmd = bare_sasctl(&["submit", "--workflow", "one"]);
