@@ -720,6 +720,7 @@ fn body_of(size: usize) -> Vec<u8> {
 
 /// remote-sim answering `calls` POSTs like the agent's, `concurrency` at a time.
 async fn http_limit(sim: &Sim, calls: usize, concurrency: usize) -> anyhow::Result<HttpLimit> {
+    sas::tls::install_crypto_provider();
     let client = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(2))
         .build()?;

@@ -132,6 +132,7 @@ pub fn free_port() -> anyhow::Result<u16> {
 
 /// A tiny HTTP client for readiness and remote-sim's control API.
 pub fn http() -> reqwest::Client {
+    sas::tls::install_crypto_provider();
     reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
         .build()

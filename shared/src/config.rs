@@ -74,6 +74,13 @@ pub struct DatabaseSettings {
     pub batch_size: usize,
     /// Such transactions in flight at once per process.
     pub batch_workers: usize,
+    /// A PEM file of CA certificates that Postgres's certificate may chain
+    /// to, trusted beside the system's roots. Setting it asks for verified
+    /// TLS: `sslmode` becomes `verify-full` unless the URL says `verify-ca`
+    /// or `verify-full`, and a URL asking for less is refused. The URL's own
+    /// `sslmode=verify-full&sslrootcert=<file>` works as well; when both
+    /// are set, this file replaces the URL's `sslrootcert`.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for DatabaseSettings {
@@ -85,6 +92,7 @@ impl Default for DatabaseSettings {
             statement_timeout: Duration::from_secs(30),
             batch_size: 64,
             batch_workers: 3,
+            ca_file: None,
         }
     }
 }
@@ -93,8 +101,17 @@ impl Default for DatabaseSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default)]
 pub struct BrokerSettings {
-    /// AMQP URL.
+    /// AMQP URL: `amqp://` in plaintext, `amqps://` over verified TLS (the
+    /// certificate must name the URL's host).
     pub url: String,
+    /// A PEM file of CA certificates that RabbitMQ's certificate may chain
+    /// to, trusted beside the system's roots (`amqps://` only).
+    pub ca_file: Option<PathBuf>,
+    /// A PEM client certificate (chain) to present, with `client_key`, to a
+    /// broker that asks for one (`amqps://` only).
+    pub client_cert: Option<PathBuf>,
+    /// The PEM private key (PKCS#8, PKCS#1 or SEC1) of `client_cert`.
+    pub client_key: Option<PathBuf>,
     /// Every queue is named under this prefix, so deployments can share a broker.
     pub prefix: String,
     /// Unacknowledged deliveries per consumer.
@@ -139,6 +156,9 @@ impl Default for BrokerSettings {
     fn default() -> Self {
         Self {
             url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            ca_file: None,
+            client_cert: None,
+            client_key: None,
             prefix: "sas".into(),
             prefetch: 128,
             delivery_limit: 20,
@@ -257,6 +277,9 @@ pub struct AgentSettings {
     /// How long an open breaker waits before letting one probe through.
     #[serde(with = "humantime_serde")]
     pub breaker_cooldown: Duration,
+    /// A PEM file of CA certificates that `https://` remotes' certificates
+    /// may chain to, trusted beside the system's roots, for every agent.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for AgentSettings {
@@ -268,6 +291,7 @@ impl Default for AgentSettings {
             connect_timeout: Duration::from_secs(2),
             breaker_threshold: 5,
             breaker_cooldown: Duration::from_secs(5),
+            ca_file: None,
         }
     }
 }
@@ -375,6 +399,18 @@ pub struct StepSpec {
     /// The agent that undoes the step, if it can be undone.
     #[serde(default)]
     pub compensate: Option<String>,
+}
+
+/// The value of query parameter `name` in a URL, if present (the last one
+/// wins, as in libpq and sqlx).
+pub fn query_param(url: &str, name: &str) -> Option<String> {
+    let query = url.split_once('?')?.1;
+    let query = query.split('#').next().unwrap_or_default();
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .rfind(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_owned())
 }
 
 /// A list of human durations, from TOML or from a comma-separated variable.
@@ -493,11 +529,12 @@ impl Settings {
                 "database.batch_size and database.batch_workers must be at least 1".into(),
             );
         }
+        self.validate_tls()?;
         for (name, agent) in &self.agents {
             if !(agent.url.starts_with("http://") || agent.url.starts_with("https://")) {
                 return invalid(format!(
                     "agents.{name}.url {:?} must be an http:// or https:// URL",
-                    agent.url
+                    crate::tls::redact_url(&agent.url)
                 ));
             }
         }
@@ -506,6 +543,58 @@ impl Settings {
         }
         self.dashboard.validate()?;
         Ok(())
+    }
+
+    /// Refuses TLS settings that would let a connection fall back to
+    /// plaintext, or that cannot be used (contract §1a: plaintext is never
+    /// chosen silently when TLS was asked for).
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        let broker_url = &self.broker.url;
+        let scheme = broker_url
+            .split_once("://")
+            .map(|(s, _)| s.to_ascii_lowercase());
+        let tls = match scheme.as_deref() {
+            Some("amqps") => true,
+            Some("amqp") => false,
+            _ => {
+                return invalid(format!(
+                    "broker.url {:?} must be an amqp:// or amqps:// URL",
+                    crate::tls::redact_url(broker_url)
+                ));
+            }
+        };
+        let b = &self.broker;
+        if !tls && (b.ca_file.is_some() || b.client_cert.is_some() || b.client_key.is_some()) {
+            return invalid(
+                "broker.ca_file, broker.client_cert and broker.client_key need an amqps:// \
+                 broker.url; amqp:// is plaintext"
+                    .into(),
+            );
+        }
+        if b.client_cert.is_some() != b.client_key.is_some() {
+            return invalid("broker.client_cert and broker.client_key go together".into());
+        }
+        if self.database.ca_file.is_some()
+            && let Some(mode) = query_param(&self.database.url, "sslmode")
+            && !matches!(mode.as_str(), "verify-ca" | "verify-full")
+        {
+            return invalid(format!(
+                "database.ca_file is set but database.url asks for sslmode={mode}, which \
+                 does not verify the server: use verify-full (or leave sslmode out)"
+            ));
+        }
+        Ok(())
+    }
+
+    /// `text` with every configured connection URL's password masked, and any
+    /// other URL in it shown without its password ([`crate::tls::redact`]):
+    /// what a process prints of an error that may quote its configuration.
+    pub fn redact(&self, text: &str) -> String {
+        let urls = [self.database.url.as_str(), self.broker.url.as_str()]
+            .into_iter()
+            .chain(self.agents.values().map(|a| a.url.as_str()));
+        crate::tls::redact(text, urls)
     }
 
     /// The compiled workflow of that name, if configured.
@@ -572,6 +661,80 @@ mod tests {
         assert_eq!(quorum.broker.step_queues.as_str(), "quorum");
         let err = load("stream").expect_err("stream");
         assert!(err.to_string().contains("stream"), "{err}");
+    }
+
+    #[test]
+    fn tls_settings_that_would_fall_back_to_plaintext_are_refused() {
+        let load = |pairs: &[(&str, &str)]| {
+            let env = pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            Settings::load_with(None, Some(env))
+        };
+        let amqps = ("SAS__BROKER__URL", "amqps://u:secret@mq:5671/%2f");
+        load(&[amqps, ("SAS__BROKER__CA_FILE", "/ca.pem")]).expect("amqps with a CA");
+        load(&[
+            amqps,
+            ("SAS__BROKER__CLIENT_CERT", "/c.pem"),
+            ("SAS__BROKER__CLIENT_KEY", "/c.key"),
+        ])
+        .expect("amqps with a client certificate");
+        let refused = [
+            (
+                vec![("SAS__BROKER__CA_FILE", "/ca.pem")],
+                "amqp:// is plaintext",
+            ),
+            (
+                vec![amqps, ("SAS__BROKER__CLIENT_CERT", "/c.pem")],
+                "go together",
+            ),
+            (
+                vec![("SAS__BROKER__URL", "http://u:secret@mq/")],
+                "amqp:// or amqps://",
+            ),
+            (
+                vec![
+                    (
+                        "SAS__DATABASE__URL",
+                        "postgres://u:secret@db/x?sslmode=require",
+                    ),
+                    ("SAS__DATABASE__CA_FILE", "/ca.pem"),
+                ],
+                "sslmode=require",
+            ),
+        ];
+        for (pairs, expect) in refused {
+            let err = load(&pairs).expect_err(expect).to_string();
+            assert!(err.contains(expect), "{err}");
+            assert!(!err.contains("secret"), "{err}");
+        }
+        load(&[
+            ("SAS__DATABASE__URL", "postgres://db/x?sslmode=verify-ca"),
+            ("SAS__DATABASE__CA_FILE", "/ca.pem"),
+        ])
+        .expect("verify-ca with a CA file");
+        assert_eq!(
+            query_param(
+                "postgres://h/d?a=1&sslmode=prefer&sslmode=verify-full#x",
+                "sslmode"
+            )
+            .as_deref(),
+            Some("verify-full")
+        );
+    }
+
+    #[test]
+    fn redaction_covers_every_configured_url() {
+        let mut s = Settings::default();
+        s.database.url = "postgres://sas:db-pw@db/sas".into();
+        s.broker.url = "amqps://sas:mq%2Fpw@mq/%2f".into();
+        let text = "failed: db-pw, mq/pw, mq%2Fpw in amqps://sas:mq%2Fpw@mq/%2f";
+        let shown = s.redact(text);
+        for secret in ["db-pw", "mq/pw", "mq%2Fpw"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        assert!(shown.contains("amqps://sas:***@mq/%2f"), "{shown}");
     }
 
     #[test]

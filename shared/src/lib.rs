@@ -15,6 +15,8 @@
 //! - [`http`] (on [`server`], bounded against slow or large requests),
 //!   [`metrics`], [`telemetry`], [`shutdown`], [`service`]: what
 //!   every service runs around its own work.
+//! - [`tls`]: the rustls crypto provider, the TLS files of the
+//!   configuration, and the redaction of passwords from connection URLs.
 //! - [`crash`]: crash points that let the fault suite stop a process at an exact spot.
 
 pub mod batch;
@@ -31,6 +33,7 @@ pub mod shutdown;
 pub mod state;
 pub mod state_store;
 pub mod telemetry;
+pub mod tls;
 pub mod topology;
 pub mod trace;
 pub mod workflow;

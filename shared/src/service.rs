@@ -102,19 +102,25 @@ where
     F: FnOnce(Arc<Context>) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
+    // Before anything builds a TLS client (reqwest needs it).
+    crate::tls::install_crypto_provider();
     let mut settings = match Settings::load(args.config.as_deref()) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("{}: {e}", spec.name);
+            // No settings to know the secrets by: mask any URL's password.
+            eprintln!("{}: {}", spec.name, crate::tls::redact(&e.to_string(), []));
             return ExitCode::from(2);
         }
     };
     adjust(&mut settings);
     if let Err(e) = settings.validate() {
-        eprintln!("{}: {e}", spec.name);
+        eprintln!("{}: {}", spec.name, settings.redact(&e.to_string()));
         return ExitCode::from(2);
     }
     telemetry::init(&settings.log);
+    // What is printed of a failure must not show a password the
+    // configuration holds, whichever library quoted it.
+    let redactor = settings.clone();
     match run(
         spec.name,
         spec.default_port,
@@ -130,8 +136,9 @@ where
             ExitCode::SUCCESS
         }
         Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "{} failed", spec.name);
-            eprintln!("{}: {e:#}", spec.name);
+            let error = redactor.redact(&format!("{e:#}"));
+            tracing::error!(%error, "{} failed", spec.name);
+            eprintln!("{}: {error}", spec.name);
             ExitCode::FAILURE
         }
     }

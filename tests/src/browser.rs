@@ -83,6 +83,7 @@ impl Browser {
                 .spawn()
                 .with_context(|| format!("starting {driver_path}"))?
         };
+        sas::tls::install_crypto_provider();
         let mut browser = Self {
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(60))

@@ -5,10 +5,12 @@
 //!
 //! The binaries come from the same target directory as the test binary, so
 //! run `cargo build --workspace` before the tests (`scripts/test.sh` does).
-//! [`browser`] drives a headless Chromium for the dashboard's test.
+//! [`browser`] drives a headless Chromium for the dashboard's test; [`tls`]
+//! starts the servers of the TLS tests (a Postgres of their own, stunnel).
 
 pub mod browser;
 pub mod cli;
+pub mod tls;
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -897,7 +899,8 @@ pub fn bin(name: &str) -> PathBuf {
     dir.join(name)
 }
 
-fn free_port() -> u16 {
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

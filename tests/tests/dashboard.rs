@@ -552,6 +552,7 @@ async fn the_api_answers_404_for_an_unknown_order_and_409_for_an_action_its_stat
     let app = TestApp::spawn().await;
     let (done, _) = app.run_one("one").await;
     let base = start_dashboard(&app).await;
+    sas::tls::install_crypto_provider();
     let http = reqwest::Client::new();
     let unknown = Uuid::new_v4();
 
@@ -664,6 +665,7 @@ async fn an_agent_records_its_breaker_state_in_postgres_and_the_dashboard_shows_
     )
     .await;
     let base = start_dashboard(&app).await;
+    sas::tls::install_crypto_provider();
     let http = reqwest::Client::new();
     let breaker_a = || async {
         let (_, body) = answer(http.get(format!("{base}/api/overview"))).await;

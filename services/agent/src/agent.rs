@@ -43,10 +43,7 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
     if names.is_empty() {
         bail!("no agents to serve: configure [agents.<name>] with a url");
     }
-    let client = reqwest::Client::builder()
-        .connect_timeout(ctx.settings.agent.connect_timeout)
-        .build()
-        .context("HTTP client")?;
+    let client = http_client(&ctx.settings.agent)?;
     let hard_stop = CancellationToken::new();
     let mut agents = Vec::new();
     for name in &names {
@@ -70,7 +67,8 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
         .iter()
         .map(|a| report::Reported {
             agent: a.name.clone(),
-            endpoint: a.spec.url.clone(),
+            // Shown on the dashboard: never with a password.
+            endpoint: sas::tls::redact_url(&a.spec.url),
             breaker: a.breaker.clone(),
         })
         .collect();
@@ -337,4 +335,18 @@ impl Agent {
             .get_or_create(&labels(&[("agent", &self.name), ("outcome", outcome)]))
             .inc();
     }
+}
+
+/// The agents' HTTP client: `https://` remotes verified against the system's
+/// roots plus `agent.ca_file`.
+fn http_client(settings: &sas::config::AgentSettings) -> anyhow::Result<reqwest::Client> {
+    sas::tls::install_crypto_provider();
+    let mut builder = reqwest::Client::builder().connect_timeout(settings.connect_timeout);
+    if let Some(path) = &settings.ca_file {
+        let pem = sas::tls::read_pem("agent.ca_file", path, "CERTIFICATE")?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .with_context(|| format!("agent.ca_file {}", path.display()))?;
+        builder = builder.tls_certs_merge(certs);
+    }
+    builder.build().context("HTTP client")
 }

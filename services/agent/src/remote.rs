@@ -142,7 +142,7 @@ async fn judge(sent: Result<reqwest::Response, reqwest::Error>, max_bytes: usize
         Ok(r) => r,
         Err(e) => {
             return Attempt::Transient {
-                error: format!("request failed: {e}"),
+                error: format!("request failed: {}", causes(e)),
                 retry_after: None,
             };
         }
@@ -181,7 +181,7 @@ async fn judge(sent: Result<reqwest::Response, reqwest::Error>, max_bytes: usize
         }
         Ok(Body::TooLong(_)) => too_long(max_bytes),
         Err(e) => Attempt::Transient {
-            error: format!("reading the answer failed: {e}"),
+            error: format!("reading the answer failed: {}", causes(e)),
             retry_after: None,
         },
     }
@@ -219,6 +219,28 @@ async fn read_up_to(mut response: reqwest::Response, max: usize) -> Result<Body,
     Ok(Body::Whole(body))
 }
 
+/// A failed request's message with its causes (reqwest's own message says
+/// only "error sending request"; the cause says which: refused, timed out,
+/// an unknown certificate issuer), and its URL without a password.
+fn causes(e: reqwest::Error) -> String {
+    let url = e.url().map(|u| sas::tls::redact_url(u.as_str()));
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = cause.source();
+    }
+    match url {
+        Some(url) => format!("{text} ({url})"),
+        None => text,
+    }
+}
+
 /// 408, 429 and 5xx are worth retrying; any other non-2xx answer is final.
 fn is_transient(status: StatusCode) -> bool {
     status == StatusCode::REQUEST_TIMEOUT
@@ -251,6 +273,24 @@ mod tests {
         for s in [400, 401, 404, 409, 422] {
             assert!(!is_transient(StatusCode::from_u16(s).unwrap()), "{s}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_failed_request_says_why_and_never_shows_the_urls_password() {
+        sas::tls::install_crypto_provider();
+        let client = reqwest::Client::new();
+        // Port 1 on the loopback: nothing listens there.
+        let e = client
+            .post("http://user:s3cret@127.0.0.1:1/charge")
+            .send()
+            .await
+            .expect_err("nothing listens on port 1");
+        let text = causes(e);
+        assert!(!text.contains("s3cret"), "{text}");
+        // reqwest moves the credentials into a header; the rest is kept.
+        assert!(text.contains("127.0.0.1:1/charge"), "{text}");
+        // reqwest's own message alone would not say what failed.
+        assert!(text.matches(": ").count() >= 2, "{text}");
     }
 
     #[test]

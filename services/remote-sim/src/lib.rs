@@ -39,11 +39,18 @@
 //!   deduplication store (204).
 //!
 //! Request bodies are limited to [`BODY_LIMIT`] (413 beyond).
+//!
+//! # HTTPS
+//!
+//! [`serve_tls_with`] (the binary's `--tls-cert` and `--tls-key`) serves the
+//! same API over TLS with a given certificate, so agents' `https://` calls
+//! and their certificate checks can be tested.
 
 mod http;
 mod knobs;
 mod sim;
 mod stats;
+mod tls;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -52,6 +59,7 @@ pub use http::{BODY_LIMIT, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, router};
 pub use knobs::{DEFAULT_HANG_MS, Knobs, parse_knobs_map};
 pub use sim::RemoteSim;
 pub use stats::{EndpointStats, KeyStats, Stats};
+pub use tls::{install_crypto_provider, tls_config};
 
 /// Serves the simulator on `listener` with `initial` knobs (path → knobs)
 /// until `shutdown` completes, then drains in-flight calls (hanging calls
@@ -78,6 +86,27 @@ pub async fn serve_with(
         sim.shutdown();
     };
     axum::serve(listener, app)
+        .with_graceful_shutdown(signal)
+        .await?;
+    Ok(())
+}
+
+/// Like [`serve_with`], over TLS with `tls` (see [`tls_config`]). A client
+/// that fails the handshake (e.g. it does not trust the certificate) is
+/// logged and never reaches the API.
+pub async fn serve_tls_with(
+    listener: tokio::net::TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    sim: Arc<RemoteSim>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let app = router(Arc::clone(&sim));
+    let signal = async move {
+        shutdown.await;
+        tracing::info!("shutting down");
+        sim.shutdown();
+    };
+    axum::serve(tls::TlsListener::new(listener, tls)?, app)
         .with_graceful_shutdown(signal)
         .await?;
     Ok(())

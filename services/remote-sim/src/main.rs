@@ -21,6 +21,22 @@ struct Args {
     /// JSON file mapping endpoint path (e.g. "/payments/charge") to knobs.
     #[arg(long, env = "REMOTE_SIM_KNOBS")]
     knobs: Option<PathBuf>,
+    /// Serve HTTPS with this PEM certificate chain (needs --tls-key).
+    #[arg(
+        long,
+        env = "REMOTE_SIM_TLS_CERT",
+        requires = "tls_key",
+        value_name = "FILE"
+    )]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(
+        long,
+        env = "REMOTE_SIM_TLS_KEY",
+        requires = "tls_cert",
+        value_name = "FILE"
+    )]
+    tls_key: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -42,6 +58,11 @@ async fn main() -> anyhow::Result<()> {
         }
         None => HashMap::new(),
     };
+    // Read before binding, so a wrong file fails before the port is announced.
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(remote_sim::tls_config(cert, key)?),
+        _ => None,
+    };
     // Install the signal handlers before announcing the port, so a signal sent
     // right after the announcement already means "graceful shutdown".
     let shutdown = shutdown_signal()?;
@@ -54,9 +75,20 @@ async fn main() -> anyhow::Result<()> {
     writeln!(stdout, "remote-sim listening on {addr}")?;
     stdout.flush()?;
     drop(stdout);
-    tracing::info!(%addr, endpoints_with_knobs = initial.len(), "remote-sim started");
+    tracing::info!(
+        %addr,
+        https = tls.is_some(),
+        endpoints_with_knobs = initial.len(),
+        "remote-sim started"
+    );
 
-    remote_sim::serve(listener, initial, shutdown).await
+    match tls {
+        Some(tls) => {
+            let sim = std::sync::Arc::new(remote_sim::RemoteSim::new(initial)?);
+            remote_sim::serve_tls_with(listener, tls, sim, shutdown).await
+        }
+        None => remote_sim::serve(listener, initial, shutdown).await,
+    }
 }
 
 /// Completes on SIGTERM or SIGINT (Ctrl-C elsewhere).

@@ -26,7 +26,10 @@ async fn start(initial: HashMap<String, Knobs>) -> Sim {
     ));
     Sim {
         base: format!("http://{addr}"),
-        client: reqwest::Client::new(),
+        client: {
+            remote_sim::install_crypto_provider();
+            reqwest::Client::new()
+        },
         state,
     }
 }
@@ -424,6 +427,7 @@ async fn shutdown_wakes_hanging_calls() {
         let _ = stopped.await;
     }));
 
+    remote_sim::install_crypto_provider();
     let call = tokio::spawn(async move {
         reqwest::Client::new()
             .post(format!("http://{addr}/slow"))

@@ -112,14 +112,20 @@ async fn main() -> ExitCode {
         };
         error.exit();
     }
+    // Before anything builds a TLS client (reqwest needs it).
+    sas::tls::install_crypto_provider();
     let settings = match Settings::load(cli.common.config.as_deref()) {
         Ok(settings) => settings,
         Err(e) => {
-            eprintln!("sasctl: {}", one_line(&e.to_string()));
+            // No settings to know the secrets by: mask any URL's password.
+            let error = sas::tls::redact(&e.to_string(), []);
+            eprintln!("sasctl: {}", one_line(&error));
             return ExitCode::from(2);
         }
     };
     sas::telemetry::init(&quiet_libraries(&settings.log));
+    // Printed errors must not show a password the configuration holds.
+    let redactor = settings.clone();
     let outcome = match cli.command {
         Command::Submit(args) => submit::run(args, &settings).await,
         Command::Watch(args) => watch::run(args, &settings).await,
@@ -134,7 +140,7 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let code = e.downcast_ref::<Exit>().map_or(1, |exit| exit.code);
-            eprintln!("sasctl: {}", one_line(&chain(&e)));
+            eprintln!("sasctl: {}", one_line(&redactor.redact(&chain(&e))));
             ExitCode::from(code)
         }
     }

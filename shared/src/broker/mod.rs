@@ -20,8 +20,10 @@ use lapin::options::{
     BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
     QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
+use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::uri::AMQPUri;
+use lapin::{Channel, Connection, ConnectionProperties, DefaultConnectionBuilder};
 
 pub use acks::{Acks, Received};
 pub use consumer::{ack, ack_one, consume, dead_letter, requeue};
@@ -50,6 +52,20 @@ pub enum BrokerError {
         waited: Duration,
         last: lapin::Error,
     },
+    /// `broker.url` does not parse; both fields are shown without the URL's
+    /// password.
+    #[error("broker.url {url} is not a valid AMQP URL: {reason}")]
+    BadUrl { url: String, reason: String },
+    /// A file named by `broker.ca_file`, `client_cert` or `client_key`.
+    #[error(transparent)]
+    TlsFile(#[from] crate::tls::TlsFileError),
+    /// The TLS handshake with RabbitMQ failed: a configuration to fix, not a
+    /// state to wait out, so start-up fails at once.
+    #[error(
+        "TLS to RabbitMQ failed (check broker.ca_file, the client certificate and the \
+         server's certificate for the URL's host): {0}"
+    )]
+    Tls(lapin::Error),
     #[error("consumer of {0} stopped: the channel or the queue is gone")]
     ConsumerEnded(String),
     #[error(transparent)]
@@ -72,6 +88,43 @@ impl BrokerError {
     }
 }
 
+/// The TLS settings lapin takes: the CA file's certificates, added to the
+/// system's roots, and the client certificate and key. Empty for `amqp://`
+/// (validation refuses TLS files with a plaintext URL).
+fn tls_config(settings: &BrokerSettings) -> Result<OwnedTLSConfig, BrokerError> {
+    use crate::tls::read_pem;
+    let cert_chain = match &settings.ca_file {
+        Some(path) => {
+            let pem = read_pem("broker.ca_file", path, "CERTIFICATE")?;
+            Some(String::from_utf8_lossy(&pem).into_owned())
+        }
+        None => None,
+    };
+    let identity = match (&settings.client_cert, &settings.client_key) {
+        (Some(cert), Some(key)) => Some(OwnedIdentity::PKCS8 {
+            pem: read_pem("broker.client_cert", cert, "CERTIFICATE")?,
+            key: read_pem("broker.client_key", key, "PRIVATE KEY")?,
+        }),
+        _ => None,
+    };
+    Ok(OwnedTLSConfig {
+        identity,
+        cert_chain,
+    })
+}
+
+/// Whether a connection attempt failed in the TLS handshake (an unknown
+/// issuer, a name mismatch, a refused client certificate, a plaintext
+/// server): rustls's error inside the I/O error lapin reports.
+fn is_tls_failure(e: &lapin::Error) -> bool {
+    match e.kind() {
+        lapin::ErrorKind::IOError(io) => io
+            .get_ref()
+            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()),
+        _ => false,
+    }
+}
+
 /// One connection to RabbitMQ.
 pub struct Broker {
     conn: Connection,
@@ -82,19 +135,34 @@ pub struct Broker {
 }
 
 impl Broker {
-    /// Connects, retrying with backoff until `connect_timeout`.
+    /// Connects, retrying with backoff until `connect_timeout`; over TLS
+    /// when the URL is `amqps://`, trusting `ca_file` beside the system's
+    /// roots and presenting `client_cert` when set. A failed handshake is
+    /// not retried.
     pub async fn connect(settings: &BrokerSettings, app: &str) -> Result<Self, BrokerError> {
+        // Parsed here rather than by lapin so that a bad URL's error never
+        // quotes its password.
+        let uri: AMQPUri = settings
+            .url
+            .parse()
+            .map_err(|reason: String| BrokerError::BadUrl {
+                url: crate::tls::redact_url(&settings.url),
+                reason: crate::tls::redact(&reason, [settings.url.as_str()]),
+            })?;
+        let builder = DefaultConnectionBuilder::new()?
+            .with_uri(uri)
+            .with_properties(ConnectionProperties::default().with_connection_name(app.into()))
+            .with_tls_config(tls_config(settings)?);
         let started = std::time::Instant::now();
         let mut wait = Duration::from_millis(100);
         loop {
-            let props = ConnectionProperties::default().with_connection_name(app.into());
             // Bound each attempt: an address that swallows packets would
             // otherwise hold one for the kernel's TCP timeout (minutes).
             let left = settings
                 .connect_timeout
                 .saturating_sub(started.elapsed())
                 .clamp(Duration::from_millis(500), Duration::from_secs(10));
-            let attempt = tokio::time::timeout(left, Connection::connect(&settings.url, props))
+            let attempt = tokio::time::timeout(left, builder.connect())
                 .await
                 .unwrap_or_else(|_| {
                     Err(lapin::Error::from(std::io::Error::new(
@@ -109,8 +177,10 @@ impl Broker {
                         channels: std::sync::Mutex::new(Vec::new()),
                     });
                 }
+                Err(e) if is_tls_failure(&e) => return Err(BrokerError::Tls(e)),
                 Err(e) if started.elapsed() < settings.connect_timeout => {
-                    tracing::warn!(error = %e, "RabbitMQ not reachable yet; retrying");
+                    let error = crate::tls::redact(&e.to_string(), [settings.url.as_str()]);
+                    tracing::warn!(%error, "RabbitMQ not reachable yet; retrying");
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(Duration::from_secs(2));
                 }

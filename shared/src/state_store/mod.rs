@@ -52,6 +52,17 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("could not reach Postgres within {waited:?}: {last}")]
     Unreachable { waited: Duration, last: sqlx::Error },
+    /// A file named by `database.ca_file` or the URL's `sslrootcert`.
+    #[error(transparent)]
+    TlsFile(#[from] crate::tls::TlsFileError),
+    /// The TLS handshake failed or the server refused TLS that the URL asks
+    /// for: a configuration to fix, not a state to wait out, so start-up
+    /// fails at once.
+    #[error(
+        "TLS to Postgres failed (check database.ca_file or sslrootcert, sslmode and the \
+         server's certificate): {0}"
+    )]
+    Tls(sqlx::Error),
     #[error("unexpected data in the state store: {0}")]
     Corrupt(String),
 }
@@ -153,9 +164,7 @@ impl StateStore {
         app: &str,
         plans: Plans,
     ) -> Result<Self, StoreError> {
-        let options: PgConnectOptions = settings
-            .url
-            .parse::<PgConnectOptions>()?
+        let options = tls_options(settings, settings.url.parse::<PgConnectOptions>()?)?
             .application_name(app)
             // Sent with the start-up packet: no round trip.
             .options([(
@@ -173,8 +182,11 @@ impl StateStore {
                     store.migrate().await?;
                     return Ok(store);
                 }
+                // No retry: a certificate does not become valid by waiting.
+                Err(e) if is_tls_failure(&e) => return Err(StoreError::Tls(e)),
                 Err(e) if started.elapsed() < settings.connect_timeout => {
-                    tracing::warn!(error = %e, "Postgres not reachable yet; retrying");
+                    let error = crate::tls::redact(&e.to_string(), [settings.url.as_str()]);
+                    tracing::warn!(%error, "Postgres not reachable yet; retrying");
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(Duration::from_secs(2));
                 }
@@ -281,6 +293,49 @@ impl StateStore {
     pub async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// Whether connecting failed in TLS: the server refused the TLS that
+/// `sslmode` requires, or the handshake failed (sqlx reports rustls's
+/// verdict, e.g. an unknown issuer, as an I/O error).
+fn is_tls_failure(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Tls(_) => true,
+        sqlx::Error::Io(io) => io
+            .get_ref()
+            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()),
+        _ => false,
+    }
+}
+
+/// `options` with the TLS that `settings` ask for: `database.ca_file`
+/// trusted (and `sslmode` raised to `verify-full` unless the URL asks for
+/// `verify-ca`; [`Settings::validate`](crate::config::Settings::validate)
+/// refuses a URL that asks for less), and the URL's own `sslrootcert`
+/// checked now, so that a wrong path fails start-up with the key's name.
+fn tls_options(
+    settings: &DatabaseSettings,
+    mut options: PgConnectOptions,
+) -> Result<PgConnectOptions, StoreError> {
+    use sqlx::postgres::PgSslMode;
+    if let Some(root) = crate::config::query_param(&settings.url, "sslrootcert") {
+        crate::tls::read_pem(
+            "database.url's sslrootcert",
+            std::path::Path::new(&root),
+            "CERTIFICATE",
+        )?;
+    }
+    if let Some(ca) = &settings.ca_file {
+        let pem = crate::tls::read_pem("database.ca_file", ca, "CERTIFICATE")?;
+        options = options.ssl_root_cert_from_pem(pem);
+        if !matches!(
+            options.get_ssl_mode(),
+            PgSslMode::VerifyCa | PgSslMode::VerifyFull
+        ) {
+            options = options.ssl_mode(PgSslMode::VerifyFull);
+        }
+    }
+    Ok(options)
 }
 
 /// Creates the database named in `options` when it does not exist, so a
