@@ -1,0 +1,145 @@
+//! Least privilege on the broker (contract §1a): an application's RabbitMQ
+//! user, with the permissions the README gives, submits orders through
+//! `<prefix>.submit` and reads its own status queue, while the broker
+//! refuses its forged step requests, replies and alerts.
+
+use std::process::Command;
+use std::time::Duration;
+
+use sas::broker::{Broker, Outgoing, PublishError, Publisher};
+use sas::config::BrokerSettings;
+use sas_tests::TestApp;
+use serde_json::json;
+use uuid::Uuid;
+
+/// Runs `rabbitmqctl` with `args`; panics if it fails.
+fn rabbitmqctl(args: &[&str]) {
+    let out = Command::new("rabbitmqctl")
+        .arg("-q")
+        .args(args)
+        .output()
+        .expect("rabbitmqctl runs");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A RabbitMQ user for one test, deleted on drop.
+struct AppUser {
+    name: String,
+}
+
+impl AppUser {
+    /// The README's recipe: configure and read its own queues
+    /// (`<prefix>.app.…`), write only to the submission exchange.
+    fn create(prefix: &str, password: &str) -> Self {
+        let name = format!("{prefix}-app");
+        rabbitmqctl(&["add_user", &name, password]);
+        let own = format!("^{prefix}\\.app\\..*");
+        let submit = format!("^{prefix}\\.submit$");
+        rabbitmqctl(&["set_permissions", "-p", "/", &name, &own, &submit, &own]);
+        Self { name }
+    }
+}
+
+impl Drop for AppUser {
+    fn drop(&mut self) {
+        Command::new("rabbitmqctl")
+            .args(["-q", "delete_user", &self.name])
+            .output()
+            .ok();
+    }
+}
+
+/// Publishes as the application: `Ok` when the broker took the message.
+async fn publish(
+    publisher: &Publisher,
+    exchange: &str,
+    routing_key: &str,
+    body: &[u8],
+) -> Result<(), PublishError> {
+    publisher
+        .publish(&Outgoing {
+            exchange,
+            routing_key,
+            body,
+            mandatory: true,
+            ..Outgoing::default()
+        })
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_user_submits_and_reads_its_status_but_cannot_forge_a_step_request() {
+    let app = TestApp::spawn().await;
+    let password = Uuid::new_v4().simple().to_string();
+    let user = AppUser::create(&app.prefix, &password);
+    let settings = BrokerSettings {
+        url: format!("amqp://{}:{password}@127.0.0.1:5672/%2f", user.name),
+        prefix: app.prefix.clone(),
+        connect_timeout: Duration::from_secs(5),
+        ..BrokerSettings::default()
+    };
+    let broker = Broker::connect(&settings, "application")
+        .await
+        .expect("the application user connects");
+    let status = format!("{}.app.status", app.prefix);
+    broker
+        .declare_status_queue(&status)
+        .await
+        .expect("the application declares its own status queue");
+
+    // A real order, through the submission exchange.
+    let id = Uuid::new_v4();
+    let order = json!({ "order_id": id, "workflow": "three", "payload": {}, "reply_to": status });
+    let publisher = broker.publisher().await.expect("publisher");
+    publish(
+        &publisher,
+        app.queues.submit_exchange(),
+        "",
+        order.to_string().as_bytes(),
+    )
+    .await
+    .expect("an order is accepted");
+
+    // Forgeries straight into sas's own queues are refused by the broker
+    // (each refusal closes the channel: a new one each time).
+    let request = json!({
+        "order_id": Uuid::new_v4(), "workflow": "three", "step": "a", "step_index": 0,
+        "direction": "forward", "attempt": 1, "dispatch_id": Uuid::new_v4(),
+        "locked_by": "forger", "complete_by": "2100-01-01T00:00:00Z", "payload": {}, "results": {},
+    });
+    let requests = app.queues.agent_requests("a");
+    for queue in [
+        requests.as_str(),
+        app.queues.replies(),
+        app.queues.alerts(),
+        app.queues.orders(),
+    ] {
+        let publisher = broker.publisher().await.expect("publisher");
+        let refused = publish(&publisher, "", queue, request.to_string().as_bytes()).await;
+        assert!(
+            matches!(&refused, Err(PublishError::Amqp(e)) if format!("{e}").contains("ACCESS_REFUSED")),
+            "publishing to {queue} on the default exchange: {refused:?}"
+        );
+    }
+    // Nor can it read another queue of sas's.
+    assert!(
+        broker.consume(&requests, 1, "forger").await.is_err(),
+        "the application read the agent's requests"
+    );
+
+    // The real order ends, and the application reads its own events.
+    let events = app
+        .collect(&status, Duration::from_secs(30), |got| {
+            got.iter().any(|e| e["state"] == "processed")
+        })
+        .await;
+    assert!(events.iter().all(|e| e["order_id"] == id.to_string()));
+    let stats = app.stats();
+    assert_eq!(stats.total_applied, 3, "only the real order's steps ran");
+    assert!(stats.keys.keys().all(|k| k.starts_with(&id.to_string())));
+    broker.close().await;
+}
