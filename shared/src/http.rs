@@ -119,7 +119,10 @@ pub async fn serve(
     // Handlers may ask for the TCP peer (`ConnectInfo<SocketAddr>`, set by
     // the server): the dashboard believes a proxy's identity header only
     // from a trusted peer.
-    let task = tokio::spawn(crate::server::serve(listener, app, shutdown));
+    let task = tokio::spawn(async move {
+        let stop = async move { shutdown.cancelled().await };
+        crate::server::serve(listener, app, crate::server::Limits::default(), stop).await
+    });
     Ok((addr, task))
 }
 

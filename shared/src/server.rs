@@ -11,13 +11,16 @@
 
 use std::time::Duration;
 
+use std::future::Future;
+use std::net::SocketAddr;
+
 use axum::Router;
 use axum::extract::{ConnectInfo, DefaultBodyLimit};
 use axum::http::{Request, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::serve::Listener;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
@@ -36,52 +39,73 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// Longest a connection may stay open after shutdown begins.
 const DRAIN: Duration = Duration::from_secs(5);
 
-/// Serves `app` on `listener` until `shutdown`, then lets open connections
-/// finish their request (for at most a few seconds).
-pub async fn serve(
-    listener: TcpListener,
+/// How long a server waits and how much it reads.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Time to send a request's headers; also the longest idle keep-alive.
+    pub header_read: Duration,
+    /// Longest time to an answer, if bounded.
+    pub request: Option<Duration>,
+    /// Largest request body read.
+    pub body_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            header_read: HEADER_READ_TIMEOUT,
+            request: Some(REQUEST_TIMEOUT),
+            body_bytes: MAX_BODY_BYTES,
+        }
+    }
+}
+
+/// Serves `app` on `listener` (plain TCP, or a TLS listener) within
+/// `limits` until `shutdown` resolves, then lets open connections finish
+/// their request (for at most a few seconds).
+pub async fn serve<L>(
+    mut listener: L,
     app: Router,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    let app = app.layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
+    limits: Limits,
+    shutdown: impl Future<Output = ()> + Send,
+) -> std::io::Result<()>
+where
+    L: Listener<Addr = SocketAddr>,
+{
+    let app = app.layer(DefaultBodyLimit::max(limits.body_bytes));
+    let stopping = CancellationToken::new();
     let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
-            () = shutdown.cancelled() => break,
+            () = &mut shutdown => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Out of file descriptors, say: pause rather than spin.
-                    tracing::warn!(error = %e, "could not accept an HTTP connection");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
+            accepted = listener.accept() => accepted,
         };
         let app = app.clone();
         let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
             request.extensions_mut().insert(ConnectInfo(peer));
-            let app = app.clone();
+            let answer = app.clone().oneshot(request.map(axum::body::Body::new));
             async move {
-                let answer = app.oneshot(request.map(axum::body::Body::new));
-                Ok::<Response, std::convert::Infallible>(
-                    match tokio::time::timeout(REQUEST_TIMEOUT, answer).await {
-                        Ok(Ok(response)) => response,
-                        Ok(Err(never)) => match never {},
-                        Err(_) => {
-                            (StatusCode::SERVICE_UNAVAILABLE, "request timed out\n").into_response()
-                        }
-                    },
-                )
+                let answered = match limits.request {
+                    Some(bound) => tokio::time::timeout(bound, answer).await,
+                    None => Ok(answer.await),
+                };
+                Ok::<Response, std::convert::Infallible>(match answered {
+                    Ok(Ok(response)) => response,
+                    Ok(Err(never)) => match never {},
+                    Err(_) => {
+                        (StatusCode::SERVICE_UNAVAILABLE, "request timed out\n").into_response()
+                    }
+                })
             }
         });
-        let stop = shutdown.clone();
+        let stop = stopping.clone();
         connections.spawn(async move {
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT);
+                .header_read_timeout(limits.header_read);
             let connection = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
             let served = tokio::select! {
@@ -96,6 +120,7 @@ pub async fn serve(
             }
         });
     }
+    stopping.cancel();
     let _ = tokio::time::timeout(DRAIN, async {
         while connections.join_next().await.is_some() {}
     })

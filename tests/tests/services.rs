@@ -232,3 +232,45 @@ async fn the_services_declare_classic_step_queues_and_a_quorum_orders_queue_by_d
     assert!(declared_as(orders.0, orders.1, QueueType::Quorum).await);
     broker.close().await;
 }
+
+/// Reads from `stream` until the server closes it; how long that took.
+async fn until_closed(stream: &mut tokio::net::TcpStream, bound: Duration) -> Duration {
+    use tokio::io::AsyncReadExt as _;
+    let started = Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at((started + bound).into(), stream.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => return started.elapsed(),
+            Ok(Ok(_)) => continue,
+            Err(_) => panic!("the connection is still open after {bound:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_sends_headers_slowly_or_idles_is_disconnected() {
+    use tokio::io::AsyncWriteExt as _;
+    let app = TestApp::new().await;
+    app.start("supervisor", "supervisor", &[]).await;
+    let addr = format!("127.0.0.1:{}", app.port("supervisor"));
+    // Half a request line, then nothing (slowloris).
+    let mut slow = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    slow.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("write");
+    let took = until_closed(&mut slow, Duration::from_secs(20)).await;
+    assert!(took >= Duration::from_secs(9), "closed after {took:?}");
+    // A kept-alive connection that idles after its answer.
+    let mut idle = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    until_closed(&mut idle, Duration::from_secs(20)).await;
+    // Meanwhile the port still serves.
+    let url = format!("http://{addr}/healthz");
+    assert_eq!(http_get(&url).await.map(|(code, _)| code), Some(200));
+}

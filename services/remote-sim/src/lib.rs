@@ -85,9 +85,7 @@ pub async fn serve_with(
         tracing::info!("shutting down");
         sim.shutdown();
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(signal)
-        .await?;
+    sas::server::serve(listener, app, limits(), signal).await?;
     Ok(())
 }
 
@@ -106,8 +104,16 @@ pub async fn serve_tls_with(
         tracing::info!("shutting down");
         sim.shutdown();
     };
-    axum::serve(tls::TlsListener::new(listener, tls)?, app)
-        .with_graceful_shutdown(signal)
-        .await?;
+    sas::server::serve(tls::TlsListener::new(listener, tls)?, app, limits(), signal).await?;
     Ok(())
+}
+
+/// The bounds of sas's own servers (header and idle timeout, body limit),
+/// but no bound on the time to answer: a hanging endpoint is a knob.
+fn limits() -> sas::server::Limits {
+    sas::server::Limits {
+        request: None,
+        body_bytes: BODY_LIMIT,
+        ..sas::server::Limits::default()
+    }
 }
