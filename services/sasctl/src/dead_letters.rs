@@ -208,7 +208,7 @@ async fn list(broker: &Broker, queues: &QueueNames, args: &ListArgs) -> anyhow::
         let all: Vec<Value> = letters.iter().map(Letter::json).collect();
         println!("{}", Value::Array(all));
     } else {
-        print!("{}", letters_text(&letters));
+        print!("{}", crate::terminal::printable(&letters_text(&letters)));
     }
     let noun = if total == 1 {
         "dead letter"

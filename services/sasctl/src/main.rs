@@ -16,6 +16,7 @@ mod migrate;
 mod orders;
 mod stats;
 mod submit;
+mod terminal;
 mod watch;
 
 use std::fmt;
@@ -214,7 +215,7 @@ fn chain(e: &anyhow::Error) -> String {
 
 /// An error message on one line, whatever its sources put in it.
 fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+    terminal::cell(&text.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
 #[cfg(test)]

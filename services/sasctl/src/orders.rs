@@ -176,7 +176,7 @@ async fn list(args: ListArgs, settings: &Settings) -> anyhow::Result<()> {
     } else {
         list_text(&orders)
     };
-    println!("{}", text.trim_end());
+    println!("{}", crate::terminal::printable(text.trim_end()));
     Ok(())
 }
 
@@ -301,7 +301,7 @@ async fn show(args: ShowArgs, settings: &Settings) -> anyhow::Result<()> {
     } else {
         to_text(&order, &steps, &events)
     };
-    println!("{}", text.trim_end());
+    println!("{}", crate::terminal::printable(text.trim_end()));
     Ok(())
 }
 
@@ -490,9 +490,7 @@ pub(crate) fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
 }
 
 /// A value on one line.
-pub(crate) fn cell(text: &str) -> String {
-    text.replace(['\n', '\r', '\t'], " ")
-}
+pub(crate) use crate::terminal::cell;
 
 fn opt(text: Option<&str>) -> String {
     text.unwrap_or("-").to_owned()
