@@ -588,7 +588,10 @@ pub async fn publish_batch(
     let mut pending = Vec::with_capacity(batch.len());
     for (order_id, body) in batch {
         let message_id = order_id.map(|id| id.to_string());
+        // Through the submission exchange, as an application with least
+        // privilege must (it may not publish to the default exchange).
         let msg = Outgoing {
+            exchange: queues.submit_exchange(),
             routing_key: queues.orders(),
             body,
             reply_to,
