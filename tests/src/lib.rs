@@ -325,6 +325,23 @@ impl TestApp {
         queue
     }
 
+    /// Declares a quorum queue of the test's own (deleted with the app),
+    /// dead-lettering to `dead` when given, as sas declares its work queues.
+    pub async fn declare_queue(&self, queue: &str, dead: Option<&str>) {
+        let channel = self.conn().broker.channel().await.expect("channel");
+        let args = sas::broker::queue_arguments(sas::config::QueueType::Quorum, dead, 20);
+        channel
+            .queue_declare(
+                queue.into(),
+                lapin::options::QueueDeclareOptions::durable(),
+                args,
+            )
+            .await
+            .expect("declare queue");
+        channel.close(200, "done".into()).await.ok();
+        self.extra_queues.lock().unwrap().push(queue.to_owned());
+    }
+
     /// Publishes a body to the orders queue as an application would.
     pub async fn publish_raw(&self, body: &[u8], reply_to: Option<&str>, message_id: Option<&str>) {
         self.conn()
@@ -381,20 +398,7 @@ impl TestApp {
         timeout: Duration,
         done: impl Fn(&[Value]) -> bool,
     ) -> Vec<Value> {
-        let channel = self.conn().broker.channel().await.expect("channel");
-        channel
-            .basic_qos(500, BasicQosOptions::default())
-            .await
-            .expect("qos");
-        let mut consumer = channel
-            .basic_consume(
-                queue.into(),
-                "".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .expect("consume");
+        let (channel, mut consumer) = self.consumer(queue).await;
         let mut got = Vec::new();
         let deadline = tokio::time::Instant::now() + timeout;
         while !done(&got) {
@@ -428,16 +432,14 @@ impl TestApp {
         Some((msg.delivery.data.clone(), reason_of(&msg.delivery)))
     }
 
-    /// Takes every message now ready in `queue` (acking them): `(body,
-    /// x-sas-reason)` each, in queue order.
-    pub async fn drain(&self, queue: &str) -> Vec<(Vec<u8>, Option<String>)> {
-        let count = self.ready(queue).await as usize;
+    /// A consumer of `queue` (up to 500 unacknowledged) on a channel of its own.
+    async fn consumer(&self, queue: &str) -> (lapin::Channel, lapin::Consumer) {
         let channel = self.conn().broker.channel().await.expect("channel");
         channel
             .basic_qos(500, BasicQosOptions::default())
             .await
             .expect("qos");
-        let mut consumer = channel
+        let consumer = channel
             .basic_consume(
                 queue.into(),
                 "".into(),
@@ -446,6 +448,14 @@ impl TestApp {
             )
             .await
             .expect("consume");
+        (channel, consumer)
+    }
+
+    /// Takes every message now ready in `queue` (acking them): `(body,
+    /// x-sas-reason)` each, in queue order.
+    pub async fn drain(&self, queue: &str) -> Vec<(Vec<u8>, Option<String>)> {
+        let count = self.ready(queue).await as usize;
+        let (channel, mut consumer) = self.consumer(queue).await;
         let mut got = Vec::with_capacity(count);
         while got.len() < count {
             match tokio::time::timeout(Duration::from_secs(10), consumer.next()).await {

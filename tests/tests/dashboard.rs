@@ -46,6 +46,7 @@ role_header = "X-Forwarded-Role"
 
 /// An HTTP client that shows redirects instead of following them.
 fn client() -> reqwest::Client {
+    sas::tls::install_crypto_provider();
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
@@ -96,6 +97,22 @@ fn artifact(name: &str) -> PathBuf {
         .join("ci-artifacts");
     std::fs::create_dir_all(&dir).expect("artifact directory");
     dir.join(name)
+}
+
+/// Waits until the text of `selector` satisfies `ok`, polling; panics as
+/// [`wait_page`] does.
+async fn wait_text(
+    browser: &Browser,
+    what: &str,
+    selector: &str,
+    timeout: Duration,
+    ok: impl Fn(&str) -> bool,
+) {
+    wait_page(browser, what, timeout, || async {
+        let text = browser.text_of(selector).await?.unwrap_or_default();
+        Ok(if ok(&text) { Ok(()) } else { Err(text) })
+    })
+    .await;
 }
 
 /// Waits until `check` holds in the page, polling; panics with `what`, the
@@ -233,18 +250,12 @@ async fn the_dashboard_shows_a_known_run_in_chromium_to_a_logged_in_viewer_witho
     assert_eq!(path(&browser).await, "/login");
     // A wrong token is refused there.
     log_in(&browser, "not-a-token-not-a-token").await;
-    wait_page(
+    wait_text(
         &browser,
         "the login page says the token is not valid",
+        "#login-error",
         Duration::from_secs(10),
-        || async {
-            let error = browser.text_of("#login-error").await?.unwrap_or_default();
-            Ok(if error.contains("not valid") {
-                Ok(())
-            } else {
-                Err(error)
-            })
-        },
+        |error| error.contains("not valid"),
     )
     .await;
 
@@ -280,18 +291,12 @@ async fn the_dashboard_shows_a_known_run_in_chromium_to_a_logged_in_viewer_witho
         .execute(&format!("sas.act('retry', '{failed}'); return true;"))
         .await
         .expect("run the page's retry");
-    wait_page(
+    wait_text(
         &browser,
         "the page shows the viewer's 403",
+        "#message",
         Duration::from_secs(10),
-        || async {
-            let message = browser.text_of("#message").await?.unwrap_or_default();
-            Ok(if message.starts_with("403: vera is a viewer") {
-                Ok(())
-            } else {
-                Err(message)
-            })
-        },
+        |message| message.starts_with("403: vera is a viewer"),
     )
     .await;
     assert_eq!(

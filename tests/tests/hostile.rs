@@ -393,3 +393,88 @@ async fn five_thousand_generated_hostile_orders_among_a_thousand_good_ones_harm_
     );
     assert_unharmed(&app).await;
 }
+
+/// Consumes `queue` with a handler that fails every message the way no retry
+/// mends, until its dead-letter queue holds one; returns how many times the
+/// handler ran and the dead letter's reason.
+async fn fail_until_dead_lettered(
+    app: &TestApp,
+    queue: &str,
+    dead: &str,
+    max_tries: u32,
+) -> (usize, Option<String>) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use sas::broker::{self, DeadLetters};
+    use tokio_util::sync::CancellationToken;
+
+    app.publisher()
+        .publish(&Outgoing {
+            routing_key: queue,
+            body: b"{\"poison\":true}",
+            mandatory: true,
+            ..Outgoing::default()
+        })
+        .await
+        .expect("published");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let subscription = app
+        .subscribe(queue, 4)
+        .await
+        .with_dead_letters(DeadLetters::new(
+            app.publisher(),
+            queue,
+            max_tries,
+            Default::default(),
+        ));
+    let stop = CancellationToken::new();
+    let consuming = {
+        let (runs, stop) = (runs.clone(), stop.clone());
+        tokio::spawn(async move {
+            let lost = CancellationToken::new();
+            broker::consume(subscription, &stop, &lost, Duration::from_secs(2), |d| {
+                let runs = runs.clone();
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    broker::retry_counted(&d, "could not apply: always fails").await
+                }
+            })
+            .await
+        })
+    };
+    app.eventually(
+        "the poison message is dead-lettered",
+        Duration::from_secs(20),
+        || async { app.ready(dead).await == 1 },
+    )
+    .await;
+    stop.cancel();
+    consuming.await.expect("consumer").expect("no broker error");
+    let taken = app.drain(dead).await;
+    assert_eq!(app.ready(queue).await, 0, "nothing left in {queue}");
+    let (body, reason) = taken.into_iter().next().expect("one dead letter");
+    assert_eq!(body, b"{\"poison\":true}", "the body is untouched");
+    (runs.load(Ordering::SeqCst), reason)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_fails_every_time_is_dead_lettered_after_bounded_tries_on_classic_and_quorum_queues()
+ {
+    let app = TestApp::new().await;
+    // The test deployment's step queues are classic (the default); a
+    // quorum queue of the test's own beside them.
+    let classic = app.queues.replies().to_owned();
+    let (runs, reason) =
+        fail_until_dead_lettered(&app, &classic, app.queues.replies_dead(), 3).await;
+    assert_eq!(runs, 3, "one run per try");
+    assert_eq!(reason.as_deref(), Some("could not apply: always fails"));
+
+    let quorum = format!("{}.app.quorum-steps", app.prefix);
+    let quorum_dead = format!("{quorum}.dead");
+    app.declare_queue(&quorum_dead, None).await;
+    app.declare_queue(&quorum, Some(&quorum_dead)).await;
+    let (runs, reason) = fail_until_dead_lettered(&app, &quorum, &quorum_dead, 4).await;
+    assert_eq!(runs, 4);
+    assert_eq!(reason.as_deref(), Some("could not apply: always fails"));
+}

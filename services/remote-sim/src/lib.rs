@@ -79,14 +79,7 @@ pub async fn serve_with(
     sim: Arc<RemoteSim>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let app = router(Arc::clone(&sim));
-    let signal = async move {
-        shutdown.await;
-        tracing::info!("shutting down");
-        sim.shutdown();
-    };
-    sas::server::serve(listener, app, limits(), signal).await?;
-    Ok(())
+    serve_on(listener, sim, shutdown).await
 }
 
 /// Like [`serve_with`], over TLS with `tls` (see [`tls_config`]). A client
@@ -98,13 +91,25 @@ pub async fn serve_tls_with(
     sim: Arc<RemoteSim>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    serve_on(tls::TlsListener::new(listener, tls)?, sim, shutdown).await
+}
+
+/// Serves the API on `listener` until `shutdown`, then wakes hanging calls.
+async fn serve_on<L>(
+    listener: L,
+    sim: Arc<RemoteSim>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()>
+where
+    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
+{
     let app = router(Arc::clone(&sim));
     let signal = async move {
         shutdown.await;
         tracing::info!("shutting down");
         sim.shutdown();
     };
-    sas::server::serve(tls::TlsListener::new(listener, tls)?, app, limits(), signal).await?;
+    sas::server::serve(listener, app, limits(), signal).await?;
     Ok(())
 }
 
