@@ -40,7 +40,8 @@ pub struct Metrics {
     pub orders_rejected: Family<Labels, Counter>,
     /// Orders claimed by a scheduler.
     pub orders_claimed: Counter,
-    /// Agent replies, by `outcome` (`applied`, `stale`, `malformed`).
+    /// Agent replies, by `outcome` (`applied`, `stale`, `malformed`, `failed`:
+    /// not applied for a reason of its own, retried a bounded number of times).
     pub replies: Family<Labels, Counter>,
     /// Remote calls, by `agent` and `outcome`.
     pub agent_calls: Family<Labels, Counter>,
