@@ -6,6 +6,8 @@
 //! - [`workflow`]: workflows and the step plan (what runs next). Pure.
 //! - [`messages`]: the wire types of every queue and the submission's validation. Pure.
 //! - [`state`]: the states of orders and steps. Pure.
+//! - [`rules`]: the pattern's rules as pure functions (so far what the
+//!   supervisor decides at a deadline). Pure.
 //! - [`topology`]: the queue names of a deployment. Pure.
 //! - [`trace`]: W3C trace context carried from hop to hop. Pure.
 //! - [`state_store`]: every SQL statement, and the guarded transitions.
@@ -27,6 +29,7 @@ pub mod http;
 pub mod messages;
 pub mod metrics;
 pub mod outbox;
+pub mod rules;
 pub mod server;
 pub mod service;
 pub mod shutdown;

@@ -22,6 +22,8 @@ use super::unit::{Flushed, Unit, WriteBack};
 use super::{StateStore, StoreError};
 use crate::config::SupervisorSettings;
 use crate::messages::{Alert, Direction, EventKind, StepOutcome, StepReply, StepRequest};
+use crate::rules;
+use crate::rules::supervisor::{Expiry, Next as AtDeadline};
 use crate::state::{ProcessState, StepState};
 use crate::topology::QueueNames;
 use crate::workflow::{self, Next, Workflow};
@@ -529,50 +531,48 @@ impl Transitions {
         for i in 0..unit.len() {
             withdraw_running(&mut unit.get_mut(i).steps);
             let order = unit.get(i).order.clone();
-            let compensating = order.process_state == ProcessState::Compensating;
-            let failures = if compensating {
-                order.compensation_failures
-            } else {
-                order.failure_count
-            } + 1;
-            if compensating {
+            let expiry = Expiry {
+                state: order.process_state,
+                failure_count: order.failure_count,
+                compensation_failures: order.compensation_failures,
+            };
+            let decision = rules::supervisor::at_deadline(expiry, unit.now, settings);
+            let failures = decision.failures;
+            if decision.compensating {
                 unit.get_mut(i).order.compensation_failures = failures;
             } else {
                 unit.get_mut(i).order.failure_count = failures;
             }
-            let failures_u32 = u32::try_from(failures).unwrap_or(u32::MAX);
-            let late = format!(
-                "complete-by passed ({failures} of {} allowed)",
-                settings.max_failures
-            );
-            if failures_u32 >= settings.max_failures {
-                let ended = if compensating {
-                    let reason = format!("compensation could not complete: {late}");
-                    self.fail(&mut unit, i, &reason, me)?
-                } else {
+            let (to, not_before, attempt) = match decision.next {
+                AtDeadline::Fail => {
+                    let ended = self.fail(&mut unit, i, &decision.reason, me)?;
+                    recovered.push(Expired::GaveUp {
+                        order_id: order.order_id,
+                        ended,
+                    });
+                    continue;
+                }
+                AtDeadline::GiveUp => {
                     unit.wake();
-                    self.give_up(&mut unit, i, &late, me, None)?
-                };
-                recovered.push(Expired::GaveUp {
-                    order_id: order.order_id,
-                    ended,
-                });
-                continue;
-            }
-            let delay = settings.retry_delay(failures_u32);
-            let delay = chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
-            if delay.is_zero() {
-                unit.wake();
-            }
-            let to = if compensating {
-                ProcessState::Compensating
-            } else {
-                ProcessState::Pending
+                    let ended = self.give_up(&mut unit, i, &decision.reason, me, None)?;
+                    recovered.push(Expired::GaveUp {
+                        order_id: order.order_id,
+                        ended,
+                    });
+                    continue;
+                }
+                AtDeadline::Retry {
+                    to,
+                    not_before,
+                    attempt,
+                    now,
+                } => {
+                    if now {
+                        unit.wake();
+                    }
+                    (to, not_before, attempt)
+                }
             };
-            let not_before = unit
-                .now
-                .checked_add_signed(delay)
-                .unwrap_or(DateTime::<Utc>::MAX_UTC);
             unit.transition(
                 i,
                 order.process_state,
@@ -582,22 +582,19 @@ impl Transitions {
                 None,
             )?;
             unit.get_mut(i).order.not_before = Some(not_before);
+            let late = &decision.reason;
             let event = Event {
                 kind: EventKind::RetryScheduled,
                 from: Some(order.process_state),
                 to,
                 step: None,
-                attempt: if compensating {
-                    order.attempt()
-                } else {
-                    failures + 1
-                },
+                attempt,
                 actor: &me.name,
-                reason: Some(&late),
+                reason: Some(late),
                 detail: json!({
                     "next_attempt_at": crate::messages::rfc3339::format(&not_before),
-                    "failure_count": if compensating { order.failure_count } else { failures },
-                    "compensation": compensating,
+                    "failure_count": if decision.compensating { order.failure_count } else { failures },
+                    "compensation": decision.compensating,
                     "error": late,
                 }),
             };

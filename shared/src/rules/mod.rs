@@ -1,0 +1,6 @@
+//! The rules of the pattern as pure functions over an order: what the
+//! supervisor decides at a deadline ([`supervisor`]). No I/O, no clock
+//! reads (`now` is an argument, from the database): the state store loads
+//! the order, asks the rule, and writes the decision back.
+
+pub mod supervisor;
