@@ -1,6 +1,8 @@
 //! The rules of the pattern as pure functions over an order: what the
-//! supervisor decides at a deadline ([`supervisor`]). No I/O, no clock
+//! supervisor decides at a deadline ([`supervisor`]) and what an operator
+//! may do ([`operator`]). No I/O, no clock
 //! reads (`now` is an argument, from the database): the state store loads
 //! the order, asks the rule, and writes the decision back.
 
+pub mod operator;
 pub mod supervisor;

@@ -23,6 +23,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
+pub use crate::rules::operator::{cancel_refusal, retry_refusal};
 pub use breakers::{
     BREAKER_FORGET_AFTER, BREAKER_HEARTBEAT, BREAKER_STALE_AFTER, BreakerReport, BreakerRow,
 };
@@ -33,10 +34,7 @@ pub use orders::{NewOrder, OrderRow};
 pub use outbox::{Handoff, Held, OutboxRow};
 pub use stats::Stats;
 pub use steps::StepRow;
-pub use transitions::{
-    Actor, Expired, Operated, ReplyOutcome, Submitted, Transitions, any_undone, cancel_refusal,
-    retry_refusal,
-};
+pub use transitions::{Actor, Expired, Operated, ReplyOutcome, Submitted, Transitions, any_undone};
 
 use crate::config::DatabaseSettings;
 

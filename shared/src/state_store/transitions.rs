@@ -23,6 +23,7 @@ use super::{StateStore, StoreError};
 use crate::config::SupervisorSettings;
 use crate::messages::{Alert, Direction, EventKind, StepOutcome, StepReply, StepRequest};
 use crate::rules;
+use crate::rules::operator::{cancel_refusal, retry_refusal};
 use crate::rules::supervisor::{Expiry, Next as AtDeadline};
 use crate::state::{ProcessState, StepState};
 use crate::topology::QueueNames;
@@ -972,34 +973,10 @@ impl Transitions {
     }
 }
 
-/// Why an operator may not retry an order in `state` (`undone`: some of its
-/// steps were undone), or `None` when a retry is allowed. The one rule that
-/// [`Transitions::retry`] enforces and that tools show ahead of time.
-pub fn retry_refusal(state: ProcessState, undone: bool) -> Option<&'static str> {
-    if state != ProcessState::Error {
-        Some("only error orders can be retried")
-    } else if undone {
-        Some("some of its steps were undone; cancel it to finish the undo")
-    } else {
-        None
-    }
-}
-
-/// Why an operator may not cancel an order in `state`, or `None` when a
-/// cancel is allowed ([`Transitions::cancel`]).
-pub fn cancel_refusal(state: ProcessState) -> Option<&'static str> {
-    match state {
-        ProcessState::Pending | ProcessState::Processing | ProcessState::Error => None,
-        _ => Some("only pending, processing or error orders can be cancelled"),
-    }
-}
-
-/// Whether any of these steps was undone or is being undone: their
-/// idempotency keys are spent, so the order cannot go forward again.
+/// Whether any of these steps was undone or is being undone (see
+/// [`rules::operator::any_undone`]).
 pub fn any_undone(steps: &[StepRow]) -> bool {
-    steps
-        .iter()
-        .any(|s| matches!(s.state, StepState::Compensated | StepState::Compensating))
+    rules::operator::any_undone(steps.iter().map(|s| s.state))
 }
 
 /// Withdraws the running dispatch of an order (its deadline passed, or an
@@ -1091,43 +1068,5 @@ impl StateStore {
     ) -> Result<Vec<Uuid>, StoreError> {
         let mut conn = self.pool().acquire().await?;
         Ok(outbox::stale_orders(&mut conn, age_ms, limit).await?)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_error_orders_with_nothing_undone_can_be_retried() {
-        assert_eq!(retry_refusal(ProcessState::Error, false), None);
-        assert!(retry_refusal(ProcessState::Error, true).is_some_and(|w| w.contains("undone")));
-        for state in [
-            ProcessState::Pending,
-            ProcessState::Processing,
-            ProcessState::Processed,
-            ProcessState::Compensating,
-            ProcessState::Compensated,
-        ] {
-            assert!(retry_refusal(state, false).is_some(), "{state}");
-        }
-    }
-
-    #[test]
-    fn pending_processing_and_error_orders_can_be_cancelled() {
-        for state in [
-            ProcessState::Pending,
-            ProcessState::Processing,
-            ProcessState::Error,
-        ] {
-            assert_eq!(cancel_refusal(state), None, "{state}");
-        }
-        for state in [
-            ProcessState::Processed,
-            ProcessState::Compensating,
-            ProcessState::Compensated,
-        ] {
-            assert!(cancel_refusal(state).is_some(), "{state}");
-        }
     }
 }
