@@ -1,8 +1,10 @@
 //! The rules of the pattern as pure functions over an order: what the
-//! supervisor decides at a deadline ([`supervisor`]) and what an operator
-//! may do ([`operator`]). No I/O, no clock
+//! supervisor decides at a deadline ([`supervisor`]), whether an agent's
+//! reply still counts and what it does to its step ([`scheduler`]), and
+//! what an operator may do ([`operator`]). No I/O, no clock
 //! reads (`now` is an argument, from the database): the state store loads
 //! the order, asks the rule, and writes the decision back.
 
 pub mod operator;
+pub mod scheduler;
 pub mod supervisor;

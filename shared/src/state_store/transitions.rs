@@ -398,65 +398,20 @@ impl Transitions {
         let Some(i) = unit.find(reply.order_id) else {
             return Ok(ReplyOutcome::Stale("unknown order".into()));
         };
-        let (expect_order, expect_step, done) = match reply.direction {
-            Direction::Forward => (
-                ProcessState::Processing,
-                StepState::Running,
-                StepState::Completed,
-            ),
-            Direction::Compensate => (
-                ProcessState::Compensating,
-                StepState::Compensating,
-                StepState::Compensated,
-            ),
+        let entry = unit.get(i);
+        let created_at = entry.order.created_at;
+        let change = match rules::scheduler::judge_reply(&entry.order, &entry.steps, reply) {
+            Ok(change) => change,
+            Err(why) => return Ok(ReplyOutcome::Stale(why)),
         };
-        let order = &unit.get(i).order;
-        if order.process_state != expect_order {
-            return Ok(ReplyOutcome::Stale(format!(
-                "order is {}",
-                order.process_state
-            )));
-        }
-        if order.locked_by.as_deref() != Some(reply.locked_by.as_str()) {
-            return Ok(ReplyOutcome::Stale("order is held by another claim".into()));
-        }
-        if reply.direction == Direction::Forward && order.attempt() != reply.attempt {
-            return Ok(ReplyOutcome::Stale(format!(
-                "attempt {} was superseded by attempt {}",
-                reply.attempt,
-                order.attempt()
-            )));
-        }
-        let created_at = order.created_at;
-        let Some(pos) = unit
-            .get(i)
-            .steps
-            .iter()
-            .position(|s| s.idx == reply.step_index && s.name == reply.step)
-        else {
-            return Ok(ReplyOutcome::Stale("unknown step".into()));
-        };
-        let (to, result, error) = match (&reply.outcome, reply.direction) {
-            (StepOutcome::Succeeded { result }, Direction::Forward) => (done, Some(result), None),
-            (StepOutcome::Succeeded { .. }, Direction::Compensate) => (done, None, None),
-            (StepOutcome::Failed { error }, Direction::Forward) => {
-                (StepState::Failed, None, Some(error.as_str()))
-            }
-            // An undo that failed leaves the step done and not undone.
-            (StepOutcome::Failed { error }, Direction::Compensate) => {
-                (StepState::Completed, None, Some(error.as_str()))
-            }
-        };
+        let expect_order = change.order_state;
         let now = unit.now;
-        let step = &mut unit.get_mut(i).steps[pos];
-        if step.state != expect_step || step.dispatch_id != Some(reply.dispatch_id) {
-            return Ok(ReplyOutcome::Stale("the dispatch was superseded".into()));
-        }
-        step.state = to;
-        if let Some(r) = result {
+        let step = &mut unit.get_mut(i).steps[change.pos];
+        step.state = change.to;
+        if let Some(r) = change.result {
             step.result = Some(r.clone());
         }
-        step.error = error.map(str::to_owned);
+        step.error = change.error.map(str::to_owned);
         step.finished_at = Some(now);
         step.complete_by = None;
         // Take over the claim: whoever applies the reply drives the order on.

@@ -1,0 +1,228 @@
+//! What the scheduler decides when an agent's reply comes: whether it still
+//! counts (fencing), and what it does to its step. A reply counts only for
+//! the order's state it was sent in, the claim that dispatched it, the
+//! current attempt (forward steps) and the step's current dispatch; any
+//! other reply is stale and changes nothing. Pure: the state store loads
+//! the order and its steps, asks this rule and writes the change back.
+
+use serde_json::Value;
+
+use crate::messages::{Direction, StepOutcome, StepReply};
+use crate::state::{ProcessState, StepState};
+use crate::state_store::{OrderRow, StepRow};
+
+/// What an accepted reply does to its step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepChange<'r> {
+    /// The step's position among the order's steps.
+    pub pos: usize,
+    /// The order's state the reply belongs to, which it stays in.
+    pub order_state: ProcessState,
+    /// The step's new state.
+    pub to: StepState,
+    /// The remote's result, for a forward step that succeeded.
+    pub result: Option<&'r Value>,
+    /// The remote's error, for a step or an undo that failed.
+    pub error: Option<&'r str>,
+}
+
+/// Judges `reply` against the order and its steps: the change it makes, or
+/// why it is stale.
+pub fn judge_reply<'r>(
+    order: &OrderRow,
+    steps: &[StepRow],
+    reply: &'r StepReply,
+) -> Result<StepChange<'r>, String> {
+    let (order_state, running, done) = match reply.direction {
+        Direction::Forward => (
+            ProcessState::Processing,
+            StepState::Running,
+            StepState::Completed,
+        ),
+        Direction::Compensate => (
+            ProcessState::Compensating,
+            StepState::Compensating,
+            StepState::Compensated,
+        ),
+    };
+    if order.process_state != order_state {
+        return Err(format!("order is {}", order.process_state));
+    }
+    if order.locked_by.as_deref() != Some(reply.locked_by.as_str()) {
+        return Err("order is held by another claim".into());
+    }
+    if reply.direction == Direction::Forward && order.attempt() != reply.attempt {
+        return Err(format!(
+            "attempt {} was superseded by attempt {}",
+            reply.attempt,
+            order.attempt()
+        ));
+    }
+    let Some(pos) = steps
+        .iter()
+        .position(|s| s.idx == reply.step_index && s.name == reply.step)
+    else {
+        return Err("unknown step".into());
+    };
+    let step = &steps[pos];
+    if step.state != running || step.dispatch_id != Some(reply.dispatch_id) {
+        return Err("the dispatch was superseded".into());
+    }
+    let (to, result, error) = match (&reply.outcome, reply.direction) {
+        (StepOutcome::Succeeded { result }, Direction::Forward) => (done, Some(result), None),
+        (StepOutcome::Succeeded { .. }, Direction::Compensate) => (done, None, None),
+        (StepOutcome::Failed { error }, Direction::Forward) => {
+            (StepState::Failed, None, Some(error.as_str()))
+        }
+        // An undo that failed leaves the step done and not undone.
+        (StepOutcome::Failed { error }, Direction::Compensate) => {
+            (StepState::Completed, None, Some(error.as_str()))
+        }
+    };
+    Ok(StepChange {
+        pos,
+        order_state,
+        to,
+        result,
+        error,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::Utc;
+    use serde_json::json;
+    use uuid::Uuid;
+
+    use super::*;
+
+    fn order(state: ProcessState, failure_count: i32) -> OrderRow {
+        let now = Utc::now();
+        OrderRow {
+            order_id: Uuid::new_v4(),
+            workflow: "w".into(),
+            payload: json!({}),
+            reply_to: None,
+            priority: 0,
+            not_before: None,
+            process_state: state,
+            locked_by: Some("s1".into()),
+            complete_by: Some(now),
+            failure_count,
+            compensation_failures: 0,
+            last_seq: 3,
+            last_error: None,
+            created_at: now,
+            updated_at: now,
+            trace_id: None,
+        }
+    }
+
+    fn step(order: &OrderRow, idx: i32, state: StepState, dispatch: Option<Uuid>) -> StepRow {
+        StepRow {
+            order_id: order.order_id,
+            idx,
+            name: format!("s{idx}"),
+            agent: "a".into(),
+            compensate: Some("a-undo".into()),
+            timeout_ms: 1000,
+            state,
+            dispatches: 1,
+            dispatch_id: dispatch,
+            complete_by: None,
+            result: None,
+            error: None,
+            started_at: None,
+            finished_at: None,
+        }
+    }
+
+    fn reply(order: &OrderRow, idx: i32, dispatch: Uuid, outcome: StepOutcome) -> StepReply {
+        StepReply {
+            order_id: order.order_id,
+            step: format!("s{idx}"),
+            step_index: idx,
+            direction: Direction::Forward,
+            attempt: order.attempt(),
+            dispatch_id: dispatch,
+            locked_by: "s1".into(),
+            outcome,
+        }
+    }
+
+    fn ok() -> StepOutcome {
+        StepOutcome::Succeeded {
+            result: json!({ "n": 1 }),
+        }
+    }
+
+    #[test]
+    fn a_current_reply_completes_or_fails_its_step() {
+        let o = order(ProcessState::Processing, 0);
+        let d = Uuid::new_v4();
+        let steps = [
+            step(&o, 0, StepState::Completed, Some(Uuid::new_v4())),
+            step(&o, 1, StepState::Running, Some(d)),
+        ];
+        let r = reply(&o, 1, d, ok());
+        let change = judge_reply(&o, &steps, &r).unwrap();
+        assert_eq!(change.pos, 1);
+        assert_eq!(change.to, StepState::Completed);
+        assert_eq!(change.result, Some(&json!({ "n": 1 })));
+        let failed = reply(
+            &o,
+            1,
+            d,
+            StepOutcome::Failed {
+                error: "HTTP 422".into(),
+            },
+        );
+        let change = judge_reply(&o, &steps, &failed).unwrap();
+        assert_eq!(change.to, StepState::Failed);
+        assert_eq!(change.error, Some("HTTP 422"));
+    }
+
+    #[test]
+    fn an_undo_that_fails_leaves_its_step_completed() {
+        let o = order(ProcessState::Compensating, 2);
+        let d = Uuid::new_v4();
+        let steps = [step(&o, 0, StepState::Compensating, Some(d))];
+        let mut r = reply(&o, 0, d, StepOutcome::Failed { error: "no".into() });
+        r.direction = Direction::Compensate;
+        r.attempt = 1; // an undo is not fenced by the attempt
+        assert_eq!(
+            judge_reply(&o, &steps, &r).unwrap().to,
+            StepState::Completed
+        );
+        r.outcome = ok();
+        let change = judge_reply(&o, &steps, &r).unwrap();
+        assert_eq!((change.to, change.result), (StepState::Compensated, None));
+    }
+
+    #[test]
+    fn a_reply_that_no_longer_counts_is_stale() {
+        let o = order(ProcessState::Processing, 1);
+        let d = Uuid::new_v4();
+        let steps = [step(&o, 0, StepState::Running, Some(d))];
+        let current = reply(&o, 0, d, ok());
+        let stale = |r: &StepReply, o: &OrderRow, steps: &[StepRow]| {
+            judge_reply(o, steps, r).expect_err("stale")
+        };
+        assert!(stale(&current, &order(ProcessState::Pending, 1), &steps).contains("order is"));
+        let mut other_claim = current.clone();
+        other_claim.locked_by = "s2".into();
+        assert!(stale(&other_claim, &o, &steps).contains("another claim"));
+        let mut old_attempt = current.clone();
+        old_attempt.attempt = 1;
+        assert!(stale(&old_attempt, &o, &steps).contains("superseded by attempt 2"));
+        let mut unknown = current.clone();
+        unknown.step = "nope".into();
+        assert_eq!(stale(&unknown, &o, &steps), "unknown step");
+        let mut old_dispatch = current.clone();
+        old_dispatch.dispatch_id = Uuid::new_v4();
+        assert!(stale(&old_dispatch, &o, &steps).contains("superseded"));
+        // A duplicate of a reply already applied: the step is no longer running.
+        let done = [step(&o, 0, StepState::Completed, Some(d))];
+        assert!(stale(&current, &o, &done).contains("superseded"));
+    }
+}
