@@ -66,10 +66,7 @@ impl Handoff for Relay {
                     publish_rows(&publisher, &relay.metrics, "handoff", rows).await
                 }
                 // Between broker sessions: the relay's next pass sends them.
-                None => (
-                    Vec::new(),
-                    Err(BrokerError::ConsumerEnded("no session".into())),
-                ),
+                None => (Vec::new(), Err(BrokerError::NoSession)),
                 Some(_) => (Vec::new(), Ok(())),
             };
             crate::crash::point("outbox.after_publish");
@@ -422,11 +419,10 @@ impl RelayTask {
         self.relay.handoffs.wait().await;
         self.relay.handoffs.reopen();
         self.stop.cancel();
-        let relayed = self.handle.await.unwrap_or_else(|e| {
-            Err(BrokerError::ConsumerEnded(format!(
-                "outbox relay task: {e}"
-            )))
-        });
+        let relayed = self
+            .handle
+            .await
+            .unwrap_or_else(|e| Err(BrokerError::RelayTask(e)));
         let value = session?;
         relayed?;
         Ok(value)

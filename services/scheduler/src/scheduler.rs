@@ -215,11 +215,11 @@ impl Scheduler {
             if reply.outcome.replace_nul() {
                 tracing::warn!("the remote's answer held NUL characters; stored as U+FFFD");
             }
-            let applied = self.replies.call(reply).await.unwrap_or_else(|| {
-                Err(Arc::new(StoreError::Corrupt(
-                    "the batch workers stopped".into(),
-                )))
-            });
+            let applied = self
+                .replies
+                .call(reply)
+                .await
+                .unwrap_or_else(|| Err(Arc::new(StoreError::NoOutcome)));
             match applied {
                 Ok(ReplyOutcome::Applied { ended, age }) => {
                     tracing::debug!(?ended, "reply applied");

@@ -152,11 +152,11 @@ impl Submitter {
                 not_before: order.not_before,
                 trace_id: Some(trace.trace_id.clone()),
             };
-            let stored = self.batcher.call((new, workflow)).await.unwrap_or_else(|| {
-                Err(Arc::new(StoreError::Corrupt(
-                    "the batch workers stopped".into(),
-                )))
-            });
+            let stored = self
+                .batcher
+                .call((new, workflow))
+                .await
+                .unwrap_or_else(|| Err(Arc::new(StoreError::NoOutcome)));
             match stored {
                 Ok(Submitted::Created) => {
                     sas::crash::point("submission.after_commit");

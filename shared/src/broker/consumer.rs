@@ -47,7 +47,7 @@ where
     let outcome = loop {
         tokio::select! {
             () = stop.cancelled() => break Ok(SessionEnd::Shutdown),
-            () = lost.cancelled() => break Err(BrokerError::ConsumerEnded(format!("{queue} (a companion task lost the broker)"))),
+            () = lost.cancelled() => break Err(BrokerError::CompanionLost(queue.clone())),
             Some(done) = tasks.join_next(), if !tasks.is_empty() => {
                 if let Some(e) = task_error(done) {
                     break Err(e);

@@ -66,8 +66,21 @@ pub enum BrokerError {
          server's certificate for the URL's host): {0}"
     )]
     Tls(lapin::Error),
+    /// A consumer's stream ended: its channel or its queue is gone.
     #[error("consumer of {0} stopped: the channel or the queue is gone")]
     ConsumerEnded(String),
+    /// A task working beside the consumer (the outbox relay) lost the broker.
+    #[error("consumer of {0} stopped: a companion task lost the broker")]
+    CompanionLost(String),
+    /// The connection to RabbitMQ is no longer up.
+    #[error("the connection to RabbitMQ is lost")]
+    ConnectionLost,
+    /// There is no broker session (between reconnections).
+    #[error("no broker session")]
+    NoSession,
+    /// The outbox relay's task panicked or was cancelled.
+    #[error("the outbox relay task failed: {0}")]
+    RelayTask(#[source] tokio::task::JoinError),
     #[error(transparent)]
     Publish(#[from] PublishError),
 }
@@ -205,7 +218,7 @@ impl Broker {
         while self.is_connected() {
             tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         }
-        BrokerError::ConsumerEnded("the connection to RabbitMQ".into())
+        BrokerError::ConnectionLost
     }
 
     /// A plain channel.

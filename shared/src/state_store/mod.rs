@@ -61,8 +61,30 @@ pub enum StoreError {
          server's certificate): {0}"
     )]
     Tls(sqlx::Error),
-    #[error("unexpected data in the state store: {0}")]
-    Corrupt(String),
+    /// A transition found its order other than it expected: a rule and the
+    /// stored state disagree (a bug, never a race: rows are locked).
+    #[error("order {order_id} is {found}, expected {expected}")]
+    UnexpectedState {
+        order_id: uuid::Uuid,
+        found: String,
+        expected: String,
+    },
+    /// An order's row names a step its workflow does not have.
+    #[error("order {order_id} has no step {idx}")]
+    MissingStep { order_id: uuid::Uuid, idx: i32 },
+    /// A step was to be undone but names no compensating agent.
+    #[error("step {0} has no compensation")]
+    NoCompensation(String),
+    /// The write-back's guard refused it (an expected state had changed),
+    /// or it returned nothing.
+    #[error("the write-back was refused: {0}")]
+    WriteBackRefused(String),
+    /// A message could not be encoded for the outbox.
+    #[error("could not encode a message: {0}")]
+    Encode(#[from] serde_json::Error),
+    /// A batch ended without an outcome for an item (its workers stopped).
+    #[error("no outcome for this item: the batch workers stopped")]
+    NoOutcome,
 }
 
 impl StoreError {

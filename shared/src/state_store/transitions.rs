@@ -221,9 +221,7 @@ impl Transitions {
         workflow: &Workflow,
     ) -> Result<Submitted, StoreError> {
         let mut outcome = self.submit_many(&[(order, workflow)]).await?;
-        outcome
-            .pop()
-            .ok_or_else(|| StoreError::Corrupt("no outcome".into()))
+        outcome.pop().ok_or(StoreError::NoOutcome)
     }
 
     /// Stores a batch of new orders, with their steps and `received` events,
@@ -345,9 +343,7 @@ impl Transitions {
         reply: &StepReply,
     ) -> Result<ReplyOutcome, StoreError> {
         let mut outcome = self.apply_replies(me, std::slice::from_ref(reply)).await?;
-        outcome
-            .pop()
-            .ok_or_else(|| StoreError::Corrupt("no outcome".into()))
+        outcome.pop().ok_or(StoreError::NoOutcome)
     }
 
     /// Applies a batch of replies in one transaction, each as
@@ -712,9 +708,11 @@ impl Transitions {
                 EventKind::Compensated,
             ),
             other => {
-                return Err(StoreError::Corrupt(format!(
-                    "cannot advance an order that is {other}"
-                )));
+                return Err(StoreError::UnexpectedState {
+                    order_id: t.order.order_id,
+                    found: other.to_string(),
+                    expected: "processing or compensating".into(),
+                });
             }
         };
         match next {
@@ -756,17 +754,18 @@ impl Transitions {
         let now = unit.now;
         let t = unit.get_mut(i);
         let order_id = t.order.order_id;
-        let pos =
-            t.steps.iter().position(|s| s.idx == idx).ok_or_else(|| {
-                StoreError::Corrupt(format!("order {order_id} has no step {idx}"))
-            })?;
+        let pos = t
+            .steps
+            .iter()
+            .position(|s| s.idx == idx)
+            .ok_or_else(|| StoreError::MissingStep { order_id, idx })?;
         let step = &mut t.steps[pos];
         let (agent, state) = match direction {
             Direction::Forward => (step.agent.clone(), StepState::Running),
             Direction::Compensate => (
-                step.compensate.clone().ok_or_else(|| {
-                    StoreError::Corrupt(format!("step {} has no compensation", step.name))
-                })?,
+                step.compensate
+                    .clone()
+                    .ok_or_else(|| StoreError::NoCompensation(step.name.clone()))?,
                 StepState::Compensating,
             ),
         };
@@ -800,8 +799,7 @@ impl Transitions {
             payload: t.order.payload.clone(),
             results: results(&t.steps),
         };
-        let body =
-            serde_json::to_value(&request).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let body = serde_json::to_value(&request)?;
         let trace = traceparent(&t.order);
         let correlation = dispatch_id.to_string();
         let message = outbox::Message {
@@ -912,7 +910,7 @@ impl Transitions {
             failure_count: order.failure_count,
             at: Utc::now(),
         };
-        let body = serde_json::to_value(&alert).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let body = serde_json::to_value(&alert)?;
         let trace = traceparent(order);
         let message = outbox::Message {
             order_id: order.order_id,

@@ -214,10 +214,11 @@ impl Unit {
     ) -> Result<(), StoreError> {
         let o = &mut self.orders[i].order;
         if o.process_state != from || o.locked_by.as_deref() != holder {
-            return Err(StoreError::Corrupt(format!(
-                "order {} is {} held by {:?}, expected {from} held by {holder:?}",
-                o.order_id, o.process_state, o.locked_by
-            )));
+            return Err(StoreError::UnexpectedState {
+                order_id: o.order_id,
+                found: format!("{} held by {:?}", o.process_state, o.locked_by),
+                expected: format!("{from} held by {holder:?}"),
+            });
         }
         o.process_state = to;
         o.locked_by = locked_by.map(str::to_owned);
@@ -357,9 +358,9 @@ impl Unit {
         let row = match found {
             Ok(mut rows) => rows
                 .pop()
-                .ok_or_else(|| StoreError::Corrupt("the write-back returned no row".into()))?,
+                .ok_or_else(|| StoreError::WriteBackRefused("it returned no row".into()))?,
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(GUARD_FAILED) => {
-                return Err(StoreError::Corrupt(e.message().to_owned()));
+                return Err(StoreError::WriteBackRefused(e.message().to_owned()));
             }
             Err(e) => return Err(e.into()),
         };
