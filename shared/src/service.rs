@@ -74,17 +74,12 @@ pub struct Spec {
 /// Runs a service to completion and turns the outcome into an exit code:
 /// 0 after a clean shutdown, 2 for bad configuration, 1 for anything else,
 /// each failure reported in one line on stderr.
-pub async fn main<F, Fut>(
-    spec: Spec,
-    args: CommonArgs,
-    adjust: impl FnOnce(&mut Settings),
-    work: F,
-) -> ExitCode
+pub async fn main<F, Fut>(spec: Spec, args: CommonArgs, work: F) -> ExitCode
 where
     F: FnOnce(Arc<Context>) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
-    main_with_routes(spec, args, adjust, |_| axum::Router::new(), work).await
+    main_with_routes(spec, args, |_| axum::Router::new(), work).await
 }
 
 /// Like [`main`], for a service that serves its own HTTP routes (built by
@@ -93,7 +88,6 @@ where
 pub async fn main_with_routes<R, F, Fut>(
     spec: Spec,
     args: CommonArgs,
-    adjust: impl FnOnce(&mut Settings),
     routes: R,
     work: F,
 ) -> ExitCode
@@ -104,7 +98,7 @@ where
 {
     // Before anything builds a TLS client (reqwest needs it).
     crate::tls::install_crypto_provider();
-    let mut settings = match Settings::load(args.config.as_deref()) {
+    let settings = match Settings::load(args.config.as_deref()) {
         Ok(s) => s,
         Err(e) => {
             // No settings to know the secrets by: mask any URL's password.
@@ -112,7 +106,6 @@ where
             return ExitCode::from(2);
         }
     };
-    adjust(&mut settings);
     if let Err(e) = settings.validate() {
         eprintln!("{}: {}", spec.name, settings.redact(&e.to_string()));
         return ExitCode::from(2);

@@ -34,5 +34,5 @@ async fn main() -> ExitCode {
         store: None,
     };
     let only = args.agents;
-    sas::service::main(spec, args.common, |_| {}, move |ctx| agent::run(ctx, only)).await
+    sas::service::main(spec, args.common, move |ctx| agent::run(ctx, only)).await
 }

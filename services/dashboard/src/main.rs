@@ -33,16 +33,10 @@ async fn main() -> ExitCode {
         default_port: 9105,
         store: Some(Plans::PerExecution),
     };
-    sas::service::main_with_routes(
-        spec,
-        args.common,
-        |_| {},
-        api::routes,
-        |ctx| async move {
-            // The pages are all there is: serve them until stopped.
-            ctx.shutdown.cancelled().await;
-            Ok(())
-        },
-    )
+    sas::service::main_with_routes(spec, args.common, api::routes, |ctx| async move {
+        // The pages are all there is: serve them until stopped.
+        ctx.shutdown.cancelled().await;
+        Ok(())
+    })
     .await
 }

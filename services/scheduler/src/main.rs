@@ -28,5 +28,5 @@ async fn main() -> ExitCode {
         default_port: 9102,
         store: Some(Plans::Generic),
     };
-    sas::service::main(spec, args.common, |_| {}, scheduler::run).await
+    sas::service::main(spec, args.common, scheduler::run).await
 }

@@ -28,5 +28,5 @@ async fn main() -> ExitCode {
         default_port: 9101,
         store: Some(Plans::Generic),
     };
-    sas::service::main(spec, args.common, |_| {}, submission::run).await
+    sas::service::main(spec, args.common, submission::run).await
 }

@@ -25,5 +25,5 @@ async fn main() -> ExitCode {
         default_port: 9104,
         store: Some(Plans::Generic),
     };
-    sas::service::main(spec, args.common, |_| {}, supervisor::run).await
+    sas::service::main(spec, args.common, supervisor::run).await
 }

@@ -119,6 +119,8 @@ impl StoreError {
             }
             Self::Db(sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed) => true,
             Self::Unreachable { .. } => true,
+            // The batch workers stopped (shutting down): hand the item back.
+            Self::NoOutcome => true,
             _ => false,
         }
     }
