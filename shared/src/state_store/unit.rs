@@ -16,7 +16,7 @@
 //! is not what we read, and the whole transaction is rolled back.
 
 use chrono::{DateTime, Utc};
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -27,6 +27,7 @@ use super::outbox::Message;
 use super::prepared;
 use super::steps::{self, StepRow};
 use super::{StoreError, WAKE_CHANNEL};
+use crate::messages::StatusEvent;
 use crate::state::ProcessState;
 use crate::workflow::Step;
 
@@ -234,16 +235,15 @@ impl Unit {
         o.last_seq += 1;
         let seq = o.last_seq;
         if let Some(queue) = &o.reply_to {
-            let mut body = Map::new();
-            body.insert("order_id".into(), json!(o.order_id));
-            body.insert("seq".into(), json!(seq));
-            body.insert("state".into(), json!(e.kind.as_str()));
-            if let Some(step) = e.step {
-                body.insert("step".into(), json!(step));
-            }
-            body.insert("attempt".into(), json!(e.attempt));
-            body.insert("at".into(), json!(status_time(&now)));
-            body.insert("detail".into(), e.detail.clone());
+            let event = StatusEvent {
+                order_id: Value::String(o.order_id.to_string()),
+                seq: i64::from(seq),
+                state: e.kind,
+                step: e.step.map(str::to_owned),
+                attempt: Some(e.attempt),
+                at: now,
+                detail: e.detail.clone(),
+            };
             // Each publish is a new span in the order's trace.
             let span = crate::trace::TraceContext::new_root().span_id;
             self.messages.push(NewMessage {
@@ -253,7 +253,8 @@ impl Unit {
                 correlation_id: Some(o.order_id.to_string()),
                 reply_to: None,
                 traceparent: o.trace_id.as_ref().map(|t| format!("00-{t}-{span}-01")),
-                body: json_bytes(&Value::Object(body)),
+                // A status event always serializes.
+                body: serde_json::to_vec(&event).unwrap_or_default(),
             });
         }
         self.events.push(NewEvent {
@@ -538,11 +539,6 @@ SELECT (SELECT count(*) FROM w) AS woken, ARRAY(SELECT order_id FROM n) AS creat
   ARRAY(SELECT DISTINCT order_id FROM outbox WHERE order_id = ANY($60::uuid[])) AS waiting, \
   CASE WHEN (SELECT count(*) FROM o) = $61::bigint AND (SELECT count(*) FROM s) = $62::bigint \
     THEN true ELSE sas_fail('rows changed under their row locks') END AS guarded";
-
-/// The `at` of a status event: RFC 3339, UTC, microseconds.
-fn status_time(at: &DateTime<Utc>) -> String {
-    at.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
-}
 
 /// JSON as bytes, for a message body.
 fn json_bytes(v: &Value) -> Vec<u8> {
