@@ -58,7 +58,8 @@ pub struct Metrics {
     pub supervisor_leader: Gauge,
     /// Outbox messages confirmed by the broker, by `kind`.
     pub outbox_published: Family<Labels, Counter>,
-    /// Status events dropped because the application's queue does not exist.
+    /// Status events dropped because the application's queue does not exist,
+    /// and messages no broker could take (a name longer than AMQP allows).
     pub outbox_unroutable: Counter,
     /// Message handlers that panicked (each delivery dead-lettered with
     /// reason `internal_error`).

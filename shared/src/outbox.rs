@@ -310,6 +310,7 @@ async fn publish_rows(
     rows: Vec<OutboxRow>,
 ) -> (Vec<i64>, Result<(), BrokerError>) {
     let mut sent = Vec::with_capacity(rows.len());
+    let mut unpublishable = Vec::new();
     let mut failure = None;
     for row in &rows {
         let trace = row
@@ -327,13 +328,20 @@ async fn publish_rows(
         };
         match publisher.send(&msg).await {
             Ok(pending) => sent.push((row, pending)),
+            // No broker can take it (a name longer than AMQP allows): holding
+            // it would block the relay for good.
+            Err(e @ PublishError::Invalid(_)) => {
+                tracing::error!(order_id = %row.order_id, kind = %row.kind, error = %e, "message can never be published; dropped");
+                metrics.outbox_unroutable.inc();
+                unpublishable.push(row.id);
+            }
             Err(e) => {
                 failure = Some(e);
                 break;
             }
         }
     }
-    let mut done = Vec::with_capacity(sent.len());
+    let mut done = unpublishable;
     for (row, pending) in sent {
         match pending.wait().await {
             Ok(()) => {
