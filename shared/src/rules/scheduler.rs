@@ -200,6 +200,90 @@ mod tests {
     }
 
     #[test]
+    fn a_reply_counts_exactly_when_every_fence_matches() {
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, TestRunner};
+        // Random orders and steps, and replies that keep or break each fence.
+        let states = prop_oneof![
+            Just(ProcessState::Pending),
+            Just(ProcessState::Processing),
+            Just(ProcessState::Compensating),
+            Just(ProcessState::Error),
+        ];
+        let step_states = prop_oneof![
+            Just(StepState::NotStarted),
+            Just(StepState::Running),
+            Just(StepState::Completed),
+            Just(StepState::Compensating),
+            Just(StepState::Compensated),
+        ];
+        let case = (
+            states,
+            0i32..3,
+            proptest::collection::vec(step_states, 1..4),
+            any::<bool>(),
+            (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()),
+            any::<prop::sample::Index>(),
+        );
+        let mut runner = TestRunner::new(Config {
+            cases: 2000,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        runner
+            .run(
+                &case,
+                |(state, failures, states, compensate, breaks, which)| {
+                    let o = order(state, failures);
+                    let dispatches: Vec<Uuid> = states.iter().map(|_| Uuid::new_v4()).collect();
+                    let steps: Vec<StepRow> = states
+                        .iter()
+                        .zip(&dispatches)
+                        .enumerate()
+                        .map(|(i, (s, d))| step(&o, i as i32, *s, Some(*d)))
+                        .collect();
+                    let pos = which.index(steps.len());
+                    let mut r = reply(&o, pos as i32, dispatches[pos], ok());
+                    if compensate {
+                        r.direction = Direction::Compensate;
+                    }
+                    let (other_claim, old_attempt, other_dispatch, other_step) = breaks;
+                    if other_claim {
+                        r.locked_by = "s2".into();
+                    }
+                    if old_attempt {
+                        r.attempt -= 1;
+                    }
+                    if other_dispatch {
+                        r.dispatch_id = Uuid::new_v4();
+                    }
+                    if other_step {
+                        r.step_index += 10;
+                    }
+                    let (order_state, running) = if compensate {
+                        (ProcessState::Compensating, StepState::Compensating)
+                    } else {
+                        (ProcessState::Processing, StepState::Running)
+                    };
+                    let counts = state == order_state
+                        && !other_claim
+                        && (compensate || !old_attempt)
+                        && !other_dispatch
+                        && !other_step
+                        && steps[pos].state == running;
+                    let judged = judge_reply(&o, &steps, &r);
+                    prop_assert_eq!(judged.is_ok(), counts, "{:?}", judged);
+                    if let Ok(change) = judged {
+                        prop_assert_eq!(change.pos, pos);
+                        prop_assert_eq!(change.order_state, order_state);
+                    }
+                    Ok(())
+                },
+            )
+            .unwrap();
+    }
+
+    #[test]
     fn a_reply_that_no_longer_counts_is_stale() {
         let o = order(ProcessState::Processing, 1);
         let d = Uuid::new_v4();
