@@ -576,20 +576,11 @@ impl TestApp {
 
     /// Messages ready in a queue (a passive declare).
     pub async fn ready(&self, queue: &str) -> u32 {
-        let channel = self.conn().broker.channel().await.expect("channel");
-        let q = channel
-            .queue_declare(
-                queue.into(),
-                lapin::options::QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
+        self.conn()
+            .broker
+            .message_count(queue)
             .await
-            .expect("queue exists");
-        channel.close(200, "done".into()).await.ok();
-        q.message_count()
+            .expect("queue exists")
     }
 
     /// Publishes a step reply to the schedulers' reply queue, as an agent would.

@@ -5,9 +5,6 @@
 
 use anyhow::Context;
 use clap::{Subcommand, value_parser};
-use lapin::options::QueueDeclareOptions;
-use lapin::protocol::AMQPSoftError;
-use lapin::types::FieldTable;
 use sas::broker::{self, Broker, Outgoing, PublishError, Publisher, Taken};
 use sas::config::Settings;
 use sas::topology::QueueNames;
@@ -16,7 +13,6 @@ use serde_json::{Value, json};
 use crate::Exit;
 use crate::orders::{cell, table};
 use crate::submit::no_orders_queue_hint;
-use crate::watch::is_soft_error;
 
 /// The header in which the submission service gives its reason.
 const REASON: &str = "x-sas-reason";
@@ -85,7 +81,7 @@ struct Letter {
 }
 
 impl Letter {
-    fn of(delivery: &lapin::message::Delivery) -> Self {
+    fn of(delivery: &broker::Delivery) -> Self {
         Self {
             reason: broker::header_str(delivery, REASON),
             message_id: broker::message_id(delivery).map(str::to_owned),
@@ -152,23 +148,9 @@ pub async fn run(command: Command, settings: &Settings) -> anyhow::Result<()> {
 /// Messages ready in the dead-letter queue; an error when it does not exist.
 async fn ready(broker: &Broker, queues: &QueueNames) -> anyhow::Result<u32> {
     let queue = queues.orders_dead();
-    let channel = broker.channel().await.context("opening a channel")?;
-    let declared = channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await;
-    match declared {
-        Ok(q) => {
-            channel.close(200, "counted".into()).await.ok();
-            Ok(q.message_count())
-        }
-        Err(e) if is_soft_error(&e, AMQPSoftError::NOTFOUND) => Err(anyhow::anyhow!(
+    match broker.message_count(queue).await {
+        Ok(n) => Ok(n),
+        Err(e) if e.is_not_found() => Err(anyhow::anyhow!(
             "the queue {queue} does not exist (the sas services declare it at start-up; \
              is broker.prefix {:?} right?)",
             queues.prefix()

@@ -11,8 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::value_parser;
 use futures_util::StreamExt;
-use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
-use sas::broker::{Broker, BrokerError, Consumer};
+use sas::broker::{Broker, Consumer};
 use sas::config::Settings;
 use sas::messages::EventKind;
 use serde_json::Value;
@@ -209,9 +208,7 @@ pub async fn print_queue(settings: &Settings, reading: &Reading<'_>) -> anyhow::
                 Ok(()) => {}
                 // It exists with other arguments (a sas quorum queue such as
                 // `<prefix>.alerts` or a dead-letter queue): read it as it is.
-                Err(BrokerError::Amqp(e))
-                    if is_soft_error(&e, AMQPSoftError::PRECONDITIONFAILED) =>
-                {
+                Err(e) if e.is_precondition_failed() => {
                     tracing::debug!(%queue, "the queue exists with other arguments");
                 }
                 Err(e) => {
@@ -226,7 +223,7 @@ pub async fn print_queue(settings: &Settings, reading: &Reading<'_>) -> anyhow::
         });
         let consumer = match broker.consume(queue, prefetch, "sasctl-watch").await {
             Ok(consumer) => consumer,
-            Err(BrokerError::Amqp(e)) if is_soft_error(&e, AMQPSoftError::NOTFOUND) => {
+            Err(e) if e.is_not_found() => {
                 broker.close().await;
                 return Err(match &reading.missing {
                     Missing::Fail { hint } => {
@@ -429,16 +426,6 @@ where
             return Ok(ReadEnd::Handler);
         }
     }
-}
-
-/// Whether the broker refused with this soft error, e.g. 406
-/// PRECONDITION_FAILED (a queue declared with other arguments) or 404 NOT_FOUND.
-pub(crate) fn is_soft_error(e: &lapin::Error, soft: AMQPSoftError) -> bool {
-    matches!(
-        e.kind(),
-        lapin::ErrorKind::ProtocolError(amqp)
-            if *amqp.kind() == AMQPErrorKind::Soft(soft)
-    )
 }
 
 /// Resolves after `timeout`, or never.

@@ -89,13 +89,23 @@ impl BrokerError {
     /// Whether the broker refused with 406 PRECONDITION_FAILED, e.g. a queue
     /// declared before with other arguments.
     pub fn is_precondition_failed(&self) -> bool {
-        use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+        self.is_soft(lapin::protocol::AMQPSoftError::PRECONDITIONFAILED)
+    }
+
+    /// Whether the broker answered 404 NOT_FOUND: no such queue or exchange.
+    pub fn is_not_found(&self) -> bool {
+        self.is_soft(lapin::protocol::AMQPSoftError::NOTFOUND)
+    }
+
+    /// Whether the broker refused with this channel-level error.
+    fn is_soft(&self, soft: lapin::protocol::AMQPSoftError) -> bool {
+        use lapin::protocol::AMQPErrorKind;
         matches!(
             self,
             Self::Amqp(e) if matches!(
                 e.kind(),
                 lapin::ErrorKind::ProtocolError(amqp)
-                    if *amqp.kind() == AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED)
+                    if *amqp.kind() == AMQPErrorKind::Soft(soft)
             )
         )
     }
@@ -366,6 +376,21 @@ impl Broker {
             .await?;
         channel.close(200, "purged".into()).await.ok();
         Ok(n)
+    }
+
+    /// Messages ready in `queue` (a passive declare); an error that
+    /// [`BrokerError::is_not_found`] when there is no such queue.
+    pub async fn message_count(&self, queue: &str) -> Result<u32, BrokerError> {
+        let channel = self.channel().await?;
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let declared = channel
+            .queue_declare(queue.into(), passive, FieldTable::default())
+            .await?;
+        channel.close(200, "counted".into()).await.ok();
+        Ok(declared.message_count())
     }
 
     /// Deletes a deployment's `queues` and its submission exchange (for
