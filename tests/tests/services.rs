@@ -134,15 +134,14 @@ async fn new_orders_are_noticed_without_waiting_for_the_poll() {
     app.start_all().await;
     // Give the scheduler's first (start-up) claim time to pass.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let started = Instant::now();
     let id = app.submit("three", None).await;
+    // The poll is an hour away: only a wake-up can get it done in time.
     app.eventually(
         "the order is processed",
         Duration::from_secs(20),
         || async { app.order(id).await.is_some_and(|(s, _)| s == "processed") },
     )
     .await;
-    assert!(started.elapsed() < Duration::from_secs(20));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
