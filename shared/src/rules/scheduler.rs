@@ -7,9 +7,51 @@
 
 use serde_json::Value;
 
-use crate::messages::{Direction, StepOutcome, StepReply};
+use crate::messages::{Direction, EventKind, StepOutcome, StepReply};
 use crate::state::{ProcessState, StepState};
 use crate::state_store::{OrderRow, StepRow};
+use crate::workflow::{self, StepView};
+
+/// What the scheduler does next with an order it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Advance {
+    /// Send step `idx` to its agent, forward or to undo it.
+    Dispatch { idx: i32, direction: Direction },
+    /// Nothing left to run: the order ends in `state`, told by `event`.
+    Finish {
+        state: ProcessState,
+        event: EventKind,
+    },
+}
+
+/// The next move for an order in `state` with these steps: the first step
+/// not completed (completed steps are never redone), or, while
+/// compensating, the newest completed step that has an undo; `None` for an
+/// order in a state the scheduler does not drive.
+pub fn advance(state: ProcessState, steps: &[StepView<'_>]) -> Option<Advance> {
+    let (next, direction, finished, event) = match state {
+        ProcessState::Processing => (
+            workflow::next_forward(steps),
+            Direction::Forward,
+            ProcessState::Processed,
+            EventKind::Processed,
+        ),
+        ProcessState::Compensating => (
+            workflow::next_compensation(steps),
+            Direction::Compensate,
+            ProcessState::Compensated,
+            EventKind::Compensated,
+        ),
+        _ => return None,
+    };
+    Some(match next {
+        workflow::Next::Run(idx) => Advance::Dispatch { idx, direction },
+        workflow::Next::Finished => Advance::Finish {
+            state: finished,
+            event,
+        },
+    })
+}
 
 /// What an accepted reply does to its step.
 #[derive(Debug, Clone, PartialEq)]
@@ -153,6 +195,58 @@ mod tests {
     fn ok() -> StepOutcome {
         StepOutcome::Succeeded {
             result: json!({ "n": 1 }),
+        }
+    }
+
+    #[test]
+    fn an_order_runs_its_first_incomplete_step_and_undoes_newest_first() {
+        let view = |idx, state, undo: Option<&'static str>| StepView {
+            idx,
+            state,
+            compensate: undo,
+        };
+        let steps = [
+            view(0, StepState::Completed, Some("u0")),
+            view(1, StepState::Completed, None),
+            view(2, StepState::NotStarted, Some("u2")),
+        ];
+        assert_eq!(
+            advance(ProcessState::Processing, &steps),
+            Some(Advance::Dispatch {
+                idx: 2,
+                direction: Direction::Forward
+            })
+        );
+        assert_eq!(
+            advance(ProcessState::Compensating, &steps),
+            Some(Advance::Dispatch {
+                idx: 0,
+                direction: Direction::Compensate
+            }),
+            "step 1 has no undo, step 2 never ran"
+        );
+        let done = [view(0, StepState::Completed, None)];
+        assert_eq!(
+            advance(ProcessState::Processing, &done),
+            Some(Advance::Finish {
+                state: ProcessState::Processed,
+                event: EventKind::Processed
+            })
+        );
+        let undone = [view(0, StepState::Compensated, Some("u0"))];
+        assert_eq!(
+            advance(ProcessState::Compensating, &undone),
+            Some(Advance::Finish {
+                state: ProcessState::Compensated,
+                event: EventKind::Compensated
+            })
+        );
+        for state in [
+            ProcessState::Pending,
+            ProcessState::Error,
+            ProcessState::Processed,
+        ] {
+            assert_eq!(advance(state, &steps), None, "{state}");
         }
     }
 

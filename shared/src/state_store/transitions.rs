@@ -24,6 +24,7 @@ use crate::config::SupervisorSettings;
 use crate::messages::{Alert, Direction, EventKind, StepOutcome, StepReply, StepRequest};
 use crate::rules;
 use crate::rules::operator::{cancel_refusal, retry_refusal};
+use crate::rules::scheduler::Advance;
 use crate::rules::supervisor::{Expiry, Next as AtDeadline};
 use crate::state::{ProcessState, StepState};
 use crate::topology::QueueNames;
@@ -694,33 +695,22 @@ impl Transitions {
     ) -> Result<Option<ProcessState>, StoreError> {
         let t = unit.get(i);
         let views: Vec<_> = t.steps.iter().map(StepRow::view).collect();
-        let (next, direction, finished, kind) = match t.order.process_state {
-            ProcessState::Processing => (
-                workflow::next_forward(&views),
-                Direction::Forward,
-                ProcessState::Processed,
-                EventKind::Processed,
-            ),
-            ProcessState::Compensating => (
-                workflow::next_compensation(&views),
-                Direction::Compensate,
-                ProcessState::Compensated,
-                EventKind::Compensated,
-            ),
-            other => {
-                return Err(StoreError::UnexpectedState {
-                    order_id: t.order.order_id,
-                    found: other.to_string(),
-                    expected: "processing or compensating".into(),
-                });
-            }
+        let Some(next) = rules::scheduler::advance(t.order.process_state, &views) else {
+            return Err(StoreError::UnexpectedState {
+                order_id: t.order.order_id,
+                found: t.order.process_state.to_string(),
+                expected: "processing or compensating".into(),
+            });
         };
         match next {
-            Next::Run(idx) => {
+            Advance::Dispatch { idx, direction } => {
                 self.dispatch(unit, i, idx, direction, me)?;
                 Ok(None)
             }
-            Next::Finished => {
+            Advance::Finish {
+                state: finished,
+                event: kind,
+            } => {
                 let from = t.order.process_state;
                 let attempt = t.order.attempt();
                 let detail = json!({ "results": results(&t.steps) });
