@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use chrono::Utc;
-use sas::broker::AMQPValue;
 use sas::broker::{self, BrokerError, Outgoing, Publisher, Received};
 use sas::messages::{Quoted, RejectReason, RejectedHints, StatusEvent, Submission};
 use sas::metrics::labels;
@@ -206,10 +205,7 @@ impl Submitter {
     ) -> Result<(), BrokerError> {
         let text = reason.to_string();
         tracing::warn!(reason = %text, reply_to = ?hints.reply_to, "order rejected; dead-lettered");
-        let why = (
-            broker::REASON_HEADER,
-            AMQPValue::LongString(text.as_str().into()),
-        );
+        let why = (broker::REASON_HEADER, broker::Header::Text(&text));
         publisher
             .republish(self.ctx.queues.orders_dead(), delivery, &[why])
             .await?;

@@ -21,7 +21,7 @@ use lapin::options::{
     QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::uri::AMQPUri;
 use lapin::{Channel, Connection, ConnectionProperties, DefaultConnectionBuilder};
 
@@ -35,8 +35,7 @@ pub use poison::{
 pub use lapin::Consumer;
 pub use lapin::message::Delivery;
 pub use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
-pub use lapin::types::AMQPValue;
-pub use publisher::{Outgoing, PendingConfirm, PublishError, Publisher};
+pub use publisher::{Header, Outgoing, PendingConfirm, PublishError, Publisher};
 pub use session::{SessionEnd, run_sessions};
 
 use crate::config::{BrokerSettings, QueueType};

@@ -16,7 +16,7 @@ use lapin::types::AMQPValue;
 use prometheus_client::metrics::counter::Counter;
 
 use super::acks::Received;
-use super::publisher::Publisher;
+use super::publisher::{Header, Publisher};
 use super::{BrokerError, PublishError};
 
 /// The header that carries why a message was dead-lettered.
@@ -63,7 +63,7 @@ pub async fn dead_letter_with(delivery: &Received, reason: &str) -> Result<(), B
     let Some(dead) = delivery.dead_letters() else {
         return super::dead_letter(delivery).await;
     };
-    let reason_header = (REASON_HEADER, AMQPValue::LongString(reason.into()));
+    let reason_header = (REASON_HEADER, Header::Text(reason));
     match dead
         .publisher
         .republish(&dead.dead_queue, delivery, &[reason_header])
@@ -90,7 +90,7 @@ pub async fn retry_counted(delivery: &Received, reason: &str) -> Result<(), Brok
         tracing::warn!(tries, %reason, "message failed on every try; dead-lettered");
         return dead_letter_with(delivery, reason).await;
     }
-    let count = (TRIES_HEADER, AMQPValue::LongUInt(tries));
+    let count = (TRIES_HEADER, Header::Count(tries));
     match dead
         .publisher
         .republish(&dead.queue, delivery, &[count])

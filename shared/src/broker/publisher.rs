@@ -27,6 +27,15 @@ pub enum PublishError {
 /// broker's frame size, so no input can make RabbitMQ close the connection.
 pub const MAX_HEADER_BYTES: usize = 1024;
 
+/// A header value that sas writes on a copy of a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Header<'a> {
+    /// Text, cut to [`MAX_HEADER_BYTES`].
+    Text(&'a str),
+    /// A count.
+    Count(u32),
+}
+
 /// Longest AMQP short string (routing keys, `reply_to`, ids).
 const SHORT_STRING: usize = 255;
 
@@ -119,7 +128,7 @@ impl Publisher {
         &self,
         routing_key: &str,
         delivery: &lapin::message::Delivery,
-        headers: &[(&str, AMQPValue)],
+        headers: &[(&str, Header<'_>)],
     ) -> Result<(), PublishError> {
         if routing_key.len() > SHORT_STRING {
             return Err(PublishError::Invalid("routing key longer than 255 bytes"));
@@ -127,13 +136,10 @@ impl Publisher {
         let mut table = delivery.properties.headers().clone().unwrap_or_default();
         for (k, v) in headers {
             let v = match v {
-                AMQPValue::LongString(s) => {
-                    let text = String::from_utf8_lossy(s.as_bytes());
-                    AMQPValue::LongString(
-                        crate::messages::truncate_bytes(&text, MAX_HEADER_BYTES).into(),
-                    )
-                }
-                other => other.clone(),
+                Header::Text(text) => AMQPValue::LongString(
+                    crate::messages::truncate_bytes(text, MAX_HEADER_BYTES).into(),
+                ),
+                Header::Count(n) => AMQPValue::LongUInt(*n),
             };
             table.insert((*k).into(), v);
         }
