@@ -90,6 +90,8 @@ async fn an_application_user_submits_and_reads_its_status_but_cannot_forge_a_ste
         .declare_status_queue(&status)
         .await
         .expect("the application declares its own status queue");
+    // The same queue, registered for the test's clean-up.
+    assert_eq!(app.status_queue("status").await, status);
 
     // A real order, through the submission exchange.
     let id = Uuid::new_v4();
