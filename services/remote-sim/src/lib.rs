@@ -57,9 +57,12 @@ use std::sync::Arc;
 
 pub use http::{BODY_LIMIT, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, router};
 pub use knobs::{DEFAULT_HANG_MS, Knobs, parse_knobs_map};
+/// Installs the process's TLS crypto provider (sas's own, shared by every
+/// binary): a reqwest client in this crate's tests needs one.
+pub use sas::tls::install_crypto_provider;
 pub use sim::RemoteSim;
 pub use stats::{EndpointStats, KeyStats, Stats};
-pub use tls::{install_crypto_provider, tls_config};
+pub use tls::tls_config;
 
 /// Serves the simulator on `listener` with `initial` knobs (path → knobs)
 /// until `shutdown` completes, then drains in-flight calls (hanging calls

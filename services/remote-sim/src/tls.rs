@@ -18,13 +18,6 @@ use tokio_rustls::server::TlsStream;
 /// How long a client may take over its handshake before it is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Installs rustls's `ring` provider as the process's default, once (a
-/// reqwest client, in this crate's tests, needs one installed).
-pub fn install_crypto_provider() {
-    // Err means a provider is installed already: keep it.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
 /// A TLS server configuration presenting the certificate chain in `cert`
 /// with the private key in `key` (both PEM), for HTTP/1.1.
 pub fn tls_config(cert: &Path, key: &Path) -> anyhow::Result<Arc<rustls::ServerConfig>> {

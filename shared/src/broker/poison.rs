@@ -85,7 +85,8 @@ pub async fn retry_counted(delivery: &Received, reason: &str) -> Result<(), Brok
     let Some(dead) = delivery.dead_letters() else {
         return super::requeue(delivery).await;
     };
-    let tries = tries(delivery) + 1;
+    // The header comes with the message: any value, even u32::MAX.
+    let tries = tries(delivery).saturating_add(1);
     if tries >= dead.max_tries {
         tracing::warn!(tries, %reason, "message failed on every try; dead-lettered");
         return dead_letter_with(delivery, reason).await;
@@ -122,8 +123,9 @@ pub fn tries(delivery: &lapin::message::Delivery) -> u32 {
     };
     match headers.inner().get(TRIES_HEADER) {
         Some(AMQPValue::LongUInt(n)) => *n,
-        Some(AMQPValue::LongLongInt(n)) => u32::try_from(*n).unwrap_or(u32::MAX),
-        Some(AMQPValue::LongInt(n)) => u32::try_from(*n).unwrap_or(0),
+        // A negative count is nonsense: none; a huge one: the most.
+        Some(AMQPValue::LongLongInt(n)) => u32::try_from((*n).max(0)).unwrap_or(u32::MAX),
+        Some(AMQPValue::LongInt(n)) => u32::try_from((*n).max(0)).unwrap_or(u32::MAX),
         Some(AMQPValue::ShortUInt(n)) => u32::from(*n),
         Some(AMQPValue::ShortShortUInt(n)) => u32::from(*n),
         Some(AMQPValue::LongString(s)) => String::from_utf8_lossy(s.as_bytes())
@@ -142,5 +144,48 @@ pub(super) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "a panic without a message".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lapin::BasicProperties;
+    use lapin::message::Delivery;
+    use lapin::types::{FieldTable, LongString};
+
+    use super::*;
+
+    fn with_tries(value: Option<AMQPValue>) -> Delivery {
+        let mut headers = FieldTable::default();
+        if let Some(v) = value {
+            headers.insert(TRIES_HEADER.into(), v);
+        }
+        let mut delivery = Delivery::mock(1, "".into(), "q".into(), false, Vec::new());
+        delivery.properties = BasicProperties::default().with_headers(headers);
+        delivery
+    }
+
+    #[test]
+    fn tries_read_any_kind_of_count_and_never_fail_on_a_strange_one() {
+        assert_eq!(tries(&with_tries(None)), 0);
+        assert_eq!(tries(&with_tries(Some(AMQPValue::LongUInt(3)))), 3);
+        assert_eq!(tries(&with_tries(Some(AMQPValue::LongLongInt(-5)))), 0);
+        assert_eq!(
+            tries(&with_tries(Some(AMQPValue::LongLongInt(i64::MAX)))),
+            u32::MAX
+        );
+        assert_eq!(
+            tries(&with_tries(Some(AMQPValue::LongString(LongString::from(
+                "7"
+            ))))),
+            7
+        );
+        assert_eq!(
+            tries(&with_tries(Some(AMQPValue::LongString(LongString::from(
+                "many"
+            ))))),
+            0
+        );
+        assert_eq!(tries(&with_tries(Some(AMQPValue::Boolean(true)))), 0);
     }
 }
