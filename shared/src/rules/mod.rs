@@ -6,5 +6,12 @@
 //! the order, asks the rule, and writes the decision back.
 
 pub mod operator;
+pub mod order;
 pub mod scheduler;
+pub mod submission;
 pub mod supervisor;
+
+#[cfg(test)]
+mod properties;
+
+pub use order::{Context, Decision, Effect, Logged, Order, RuleError};

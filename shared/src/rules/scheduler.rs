@@ -1,16 +1,197 @@
-//! What the scheduler decides when an agent's reply comes: whether it still
-//! counts (fencing), and what it does to its step. A reply counts only for
-//! the order's state it was sent in, the claim that dispatched it, the
-//! current attempt (forward steps) and the step's current dispatch; any
-//! other reply is stale and changes nothing. Pure: the state store loads
-//! the order and its steps, asks this rule and writes the change back.
+//! What the scheduler decides: [`claim`] an order and dispatch its next
+//! step, [`apply_reply`] of an agent (whether it still counts, by
+//! [`judge_reply`]'s fences, and what it does to its step), and what comes
+//! next ([`advance`]): the next step forward, the newest completed step to
+//! undo, or the end. A reply counts only for the order's state it was sent
+//! in, the claim that dispatched it, the current attempt (forward steps)
+//! and the step's current dispatch; any other reply is stale and changes
+//! nothing. Pure: the state store loads the order and its steps, asks
+//! these rules and writes the decision back.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use crate::messages::{Direction, EventKind, StepOutcome, StepReply};
+use super::order::{Context, Deciding, Decision, Effect, Event, Order, RuleError};
+use crate::messages::{Direction, EventKind, StepOutcome, StepReply, StepRequest};
 use crate::state::{ProcessState, StepState};
 use crate::state_store::{OrderRow, StepRow};
 use crate::workflow::{self, StepView};
+
+/// `ctx.actor` claims `order` (a `pending` one, which starts `processing`, or
+/// a `compensating` one that nobody drives) and dispatches its next step,
+/// or finishes it when nothing is left to run.
+pub fn claim(order: &Order, ctx: Context<'_>) -> Result<Decision, RuleError> {
+    let mut d = Deciding::new(order, ctx);
+    let from = d.row().process_state;
+    let to = match from {
+        ProcessState::Pending => ProcessState::Processing,
+        ProcessState::Compensating => ProcessState::Compensating,
+        found => {
+            return Err(RuleError::UnexpectedState {
+                order_id: d.row().order_id,
+                found,
+                expected: "pending or compensating",
+            });
+        }
+    };
+    d.set_state(to, Some(ctx.actor), None);
+    d.order.row.not_before = None;
+    if from == ProcessState::Pending {
+        let attempt = d.row().attempt();
+        d.log(Event {
+            kind: EventKind::Processing,
+            from: Some(from),
+            to,
+            step: None,
+            attempt,
+            reason: None,
+            detail: json!({ "locked_by": ctx.actor }),
+        });
+    }
+    d.drive()?;
+    Ok(d.done())
+}
+
+/// What a reply did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Replied {
+    /// It counted: the order moves on as decided.
+    Applied(Box<Decision>),
+    /// It answers a dispatch that no longer counts (why): nothing changes.
+    Stale(String),
+}
+
+/// Applies an agent's `reply` to `order`: the step completes, fails, or is
+/// undone, and `ctx.actor` takes over the order's claim and drives it on.
+/// A forward step that failed for good gives the order up (its completed
+/// steps are undone, newest first); an undo that failed for good fails it.
+pub fn apply_reply(
+    order: &Order,
+    reply: &StepReply,
+    ctx: Context<'_>,
+) -> Result<Replied, RuleError> {
+    let change = match judge_reply(&order.row, &order.steps, reply) {
+        Ok(change) => change,
+        Err(why) => return Ok(Replied::Stale(why)),
+    };
+    let mut d = Deciding::new(order, ctx);
+    let step = &mut d.order.steps[change.pos];
+    step.state = change.to;
+    if let Some(r) = change.result {
+        step.result = Some(r.clone());
+    }
+    step.error = change.error.map(str::to_owned);
+    step.finished_at = Some(ctx.now);
+    step.complete_by = None;
+    // Take over the claim: whoever applies the reply drives the order on.
+    d.set_state(change.order_state, Some(ctx.actor), None);
+    match (&reply.outcome, reply.direction) {
+        (StepOutcome::Succeeded { result }, Direction::Forward) => {
+            let attempt = d.row().attempt();
+            d.log(Event {
+                kind: EventKind::StepSucceeded,
+                from: Some(ProcessState::Processing),
+                to: ProcessState::Processing,
+                step: Some(&reply.step),
+                attempt,
+                reason: None,
+                detail: json!({ "result": result }),
+            });
+            d.drive()?;
+        }
+        (StepOutcome::Succeeded { .. }, Direction::Compensate) => d.drive()?,
+        (StepOutcome::Failed { error }, Direction::Forward) => {
+            let reason = format!("step {} failed permanently: {error}", reply.step);
+            d.give_up(&reason, true)?;
+        }
+        (StepOutcome::Failed { error }, Direction::Compensate) => {
+            let reason = format!(
+                "compensation of step {} failed permanently: {error}",
+                reply.step
+            );
+            d.fail(&reason);
+        }
+    }
+    Ok(Replied::Applied(Box::new(d.done())))
+}
+
+impl Deciding<'_> {
+    /// Dispatches the order's next step (forward or undo), or finishes it.
+    /// The order is held by the actor.
+    pub(super) fn drive(&mut self) -> Result<(), RuleError> {
+        let from = self.row().process_state;
+        let Some(next) = advance(from, &self.order.views()) else {
+            return Err(RuleError::UnexpectedState {
+                order_id: self.row().order_id,
+                found: from,
+                expected: "processing or compensating",
+            });
+        };
+        match next {
+            Advance::Dispatch { idx, direction } => self.dispatch(idx, direction),
+            Advance::Finish { state, event } => {
+                let attempt = self.row().attempt();
+                let detail = json!({ "results": self.order.results() });
+                self.set_state(state, None, None);
+                self.log(Event {
+                    kind: event,
+                    from: Some(from),
+                    to: state,
+                    step: None,
+                    attempt,
+                    reason: None,
+                    detail,
+                });
+                self.end(state);
+                Ok(())
+            }
+        }
+    }
+
+    /// Sends step `idx` to its agent (or its compensating agent) with a
+    /// fresh dispatch id and a complete-by of now plus the step's timeout.
+    fn dispatch(&mut self, idx: i32, direction: Direction) -> Result<(), RuleError> {
+        let now = self.ctx.now;
+        let pos = self.step_pos(idx)?;
+        let step = &mut self.order.steps[pos];
+        let (agent, state) = match direction {
+            Direction::Forward => (step.agent.clone(), StepState::Running),
+            Direction::Compensate => (
+                step.compensate
+                    .clone()
+                    .ok_or_else(|| RuleError::NoCompensation(step.name.clone()))?,
+                StepState::Compensating,
+            ),
+        };
+        let dispatch_id = (self.ctx.new_id)();
+        let complete_by = now
+            .checked_add_signed(chrono::Duration::milliseconds(step.timeout_ms))
+            .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC);
+        step.state = state;
+        step.dispatch_id = Some(dispatch_id);
+        step.dispatches += 1;
+        step.complete_by = Some(complete_by);
+        step.started_at.get_or_insert(now);
+        let name = step.name.clone();
+        let holding = self.row().process_state;
+        self.set_state(holding, Some(self.ctx.actor), Some(complete_by));
+        let o = self.row();
+        let request = StepRequest {
+            order_id: o.order_id,
+            workflow: o.workflow.clone(),
+            step: name,
+            step_index: idx,
+            direction,
+            attempt: o.attempt(),
+            dispatch_id,
+            locked_by: self.ctx.actor.to_owned(),
+            complete_by,
+            payload: o.payload.clone(),
+            results: self.order.results(),
+        };
+        self.effects.push(Effect::Request { agent, request });
+        Ok(())
+    }
+}
 
 /// What the scheduler does next with an order it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -402,5 +583,167 @@ mod tests {
         // A duplicate of a reply already applied: the step is no longer running.
         let done = [step(&o, 0, StepState::Completed, Some(d))];
         assert!(stale(&current, &o, &done).contains("superseded"));
+    }
+}
+
+#[cfg(test)]
+mod decisions {
+    //! The scheduler's decisions on whole orders.
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::rules::order::fixture::{ctx, now, pending};
+    use crate::rules::{Effect, Order};
+
+    fn claimed(order: &Order) -> Decision {
+        claim(order, ctx("s1")).expect("claim")
+    }
+
+    /// The reply to the decision's request, with `outcome`.
+    fn answer(d: &Decision, outcome: StepOutcome) -> StepReply {
+        let (_, request) = d.requests().last().expect("a request");
+        StepReply::to(request, outcome)
+    }
+
+    fn ok() -> StepOutcome {
+        StepOutcome::Succeeded {
+            result: json!({ "ok": true }),
+        }
+    }
+
+    fn failed() -> StepOutcome {
+        StepOutcome::Failed {
+            error: "HTTP 422".into(),
+        }
+    }
+
+    fn applied(order: &Order, reply: &StepReply, actor: &str) -> Decision {
+        match apply_reply(order, reply, ctx(actor)).expect("reply") {
+            Replied::Applied(d) => *d,
+            Replied::Stale(why) => panic!("stale: {why}"),
+        }
+    }
+
+    #[test]
+    fn a_claim_starts_a_pending_order_and_dispatches_its_first_step() {
+        let order = pending(2, |_| true);
+        let d = claimed(&order);
+        let row = &d.order.row;
+        assert_eq!(row.process_state, ProcessState::Processing);
+        assert_eq!(row.locked_by.as_deref(), Some("s1"));
+        let deadline = now() + chrono::Duration::milliseconds(1000);
+        assert_eq!(row.complete_by, Some(deadline));
+        let step = &d.order.steps[0];
+        assert_eq!(step.state, StepState::Running);
+        assert_eq!((step.dispatches, step.started_at), (1, Some(now())));
+        // The status event comes before the request it announces.
+        assert!(
+            matches!(&d.effects[..], [Effect::Event(e), Effect::Request { agent, request }]
+            if e.kind == EventKind::Processing && e.seq == 2 && agent == "a0"
+              && request.step_index == 0 && request.dispatch_id == step.dispatch_id.unwrap()
+              && request.complete_by == deadline && request.locked_by == "s1")
+        );
+        assert_eq!(d.ended, None);
+    }
+
+    #[test]
+    fn a_claim_of_an_order_being_undone_dispatches_its_newest_undo() {
+        let mut order = pending(3, |i| i != 1);
+        order.row.process_state = ProcessState::Compensating;
+        for s in &mut order.steps[..2] {
+            s.state = StepState::Completed;
+        }
+        let d = claimed(&order);
+        assert_eq!(d.order.row.process_state, ProcessState::Compensating);
+        assert_eq!(d.events().count(), 0, "it was compensating already");
+        let (agent, request) = d.requests().next().expect("undo");
+        assert_eq!((agent, request.step_index), ("u0", 0), "step 1 has no undo");
+        assert_eq!(request.direction, Direction::Compensate);
+    }
+
+    #[test]
+    fn only_pending_and_undriven_compensating_orders_are_claimed() {
+        let mut order = pending(1, |_| false);
+        order.row.process_state = ProcessState::Processed;
+        assert!(matches!(
+            claim(&order, ctx("s1")),
+            Err(RuleError::UnexpectedState { .. })
+        ));
+    }
+
+    #[test]
+    fn each_success_dispatches_the_next_step_and_the_last_one_ends_the_order() {
+        let order = pending(2, |_| true);
+        let first = claimed(&order);
+        // Another scheduler applies the reply and takes the order over.
+        let second = applied(&first.order, &answer(&first, ok()), "s2");
+        assert_eq!(second.order.steps[0].state, StepState::Completed);
+        assert_eq!(second.order.steps[0].result, Some(json!({ "ok": true })));
+        assert_eq!(second.order.row.locked_by.as_deref(), Some("s2"));
+        let (_, request) = second.requests().next().expect("step 1");
+        assert_eq!(request.step_index, 1);
+        assert_eq!(request.results.get("s0"), Some(&json!({ "ok": true })));
+        let done = applied(&second.order, &answer(&second, ok()), "s2");
+        assert_eq!(done.ended, Some(ProcessState::Processed));
+        let row = &done.order.row;
+        assert_eq!((row.locked_by.as_ref(), row.complete_by), (None, None));
+        let kinds: Vec<_> = done.events().map(|e| e.kind).collect();
+        assert_eq!(kinds, [EventKind::StepSucceeded, EventKind::Processed]);
+    }
+
+    #[test]
+    fn a_failed_step_undoes_the_completed_ones_newest_first() {
+        let order = pending(3, |_| true);
+        let d = claimed(&order);
+        let d = applied(&d.order, &answer(&d, ok()), "s1");
+        let d = applied(&d.order, &answer(&d, ok()), "s1");
+        let d = applied(&d.order, &answer(&d, failed()), "s1");
+        assert_eq!(d.order.row.process_state, ProcessState::Compensating);
+        assert_eq!(d.order.steps[2].state, StepState::Failed);
+        assert!(
+            matches!(&d.effects[..], [Effect::Alert(a), Effect::Event(e), Effect::Request { request, .. }]
+            if a.state == "compensating" && e.kind == EventKind::Compensating
+              && request.step_index == 1 && request.direction == Direction::Compensate)
+        );
+        let d = applied(&d.order, &answer(&d, ok()), "s1");
+        let (_, undo) = d.requests().next().expect("undo of step 0");
+        assert_eq!(undo.step_index, 0);
+        let d = applied(&d.order, &answer(&d, ok()), "s1");
+        assert_eq!(d.ended, Some(ProcessState::Compensated));
+    }
+
+    #[test]
+    fn a_failed_first_step_fails_the_order_and_a_failed_undo_too() {
+        let order = pending(2, |_| true);
+        let d = claimed(&order);
+        let d = applied(&d.order, &answer(&d, failed()), "s1");
+        assert_eq!(d.ended, Some(ProcessState::Error));
+        assert!(
+            matches!(&d.effects[..], [Effect::Alert(_), Effect::Event(e)] if e.kind == EventKind::Failed)
+        );
+        assert_eq!(
+            d.order.row.last_error.as_deref(),
+            Some("step s0 failed permanently: HTTP 422")
+        );
+
+        let d = claimed(&order);
+        let d = applied(&d.order, &answer(&d, ok()), "s1");
+        let d = applied(&d.order, &answer(&d, failed()), "s1");
+        let d = applied(&d.order, &answer(&d, failed()), "s1");
+        assert_eq!(d.ended, Some(ProcessState::Error));
+        assert_eq!(d.order.steps[0].state, StepState::Completed, "not undone");
+    }
+
+    #[test]
+    fn a_stale_reply_changes_nothing() {
+        let order = pending(1, |_| true);
+        let d = claimed(&order);
+        let mut reply = answer(&d, ok());
+        reply.dispatch_id = uuid::Uuid::new_v4();
+        assert!(matches!(
+            apply_reply(&d.order, &reply, ctx("s1")),
+            Ok(Replied::Stale(_))
+        ));
     }
 }

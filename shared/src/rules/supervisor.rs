@@ -2,13 +2,137 @@
 //! (contract §4a): count the failure, then try again after the stored
 //! retry schedule's wait, or give up once `supervisor.max_failures` is
 //! reached. An order that was being undone counts its compensation's
-//! failures instead and, out of tries, fails. Pure: no clock read, no I/O;
-//! the state store loads the order, applies the decision and writes back.
+//! failures instead and, out of tries, fails. Giving up ([`Deciding::give_up`])
+//! undoes the completed steps, newest first, or fails the order when there
+//! is nothing to undo; the scheduler gives up the same way when a step
+//! fails for good. Pure: no clock read, no I/O; the state store loads the
+//! order, asks [`expire`] and writes the decision back.
 
 use chrono::{DateTime, Utc};
+use serde_json::json;
 
+use super::order::{Context, Deciding, Decision, Event, Order};
 use crate::config::SupervisorSettings;
+use crate::messages::{EventKind, rfc3339};
 use crate::state::ProcessState;
+use crate::workflow;
+
+/// The supervisor's decision for `order`, whose complete-by had passed at
+/// `ctx.now`: its running dispatch is withdrawn (a late reply to it is
+/// stale), the failure is counted, and the order is put back for another
+/// attempt after the retry schedule's wait, or given up. With the decision,
+/// when the order was put back, the time it may start again.
+pub fn expire(
+    order: &Order,
+    settings: &SupervisorSettings,
+    ctx: Context<'_>,
+) -> (Decision, Option<DateTime<Utc>>) {
+    let mut d = Deciding::new(order, ctx);
+    d.withdraw_running();
+    let before = d.row().clone();
+    let expiry = Expiry {
+        state: before.process_state,
+        failure_count: before.failure_count,
+        compensation_failures: before.compensation_failures,
+    };
+    let decision = at_deadline(expiry, ctx.now, settings);
+    let failures = decision.failures;
+    if decision.compensating {
+        d.order.row.compensation_failures = failures;
+    } else {
+        d.order.row.failure_count = failures;
+    }
+    let (to, not_before, attempt) = match decision.next {
+        Next::Fail => {
+            d.fail(&decision.reason);
+            return (d.done(), None);
+        }
+        Next::GiveUp => {
+            d.wake = true;
+            // Nothing here can be missing: no step is dispatched without a driver.
+            let _ = d.give_up(&decision.reason, false);
+            return (d.done(), None);
+        }
+        Next::Retry {
+            to,
+            not_before,
+            attempt,
+            now,
+        } => {
+            d.wake |= now;
+            (to, not_before, attempt)
+        }
+    };
+    d.set_state(to, None, None);
+    d.order.row.not_before = Some(not_before);
+    let late = &decision.reason;
+    d.log(Event {
+        kind: EventKind::RetryScheduled,
+        from: Some(before.process_state),
+        to,
+        step: None,
+        attempt,
+        reason: Some(late),
+        detail: json!({
+            "next_attempt_at": rfc3339::format(&not_before),
+            "failure_count": if decision.compensating { before.failure_count } else { failures },
+            "compensation": decision.compensating,
+            "error": late,
+        }),
+    });
+    (d.done(), Some(not_before))
+}
+
+impl Deciding<'_> {
+    /// Gives the order up (contract §4a): alerts, then compensates the
+    /// completed steps, or fails it when there is nothing to undo. With
+    /// `drive`, the actor holds the order and dispatches the first
+    /// compensation at once; without, any scheduler may claim it.
+    pub(super) fn give_up(&mut self, reason: &str, drive: bool) -> Result<(), super::RuleError> {
+        if workflow::next_compensation(&self.order.views()) == workflow::Next::Finished {
+            self.fail(reason);
+            return Ok(());
+        }
+        self.alert(ProcessState::Compensating, reason);
+        let from = self.row().process_state;
+        let attempt = self.row().attempt();
+        self.order.row.last_error = Some(reason.into());
+        let holder = drive.then_some(self.ctx.actor);
+        self.set_state(ProcessState::Compensating, holder, None);
+        self.log(Event {
+            kind: EventKind::Compensating,
+            from: Some(from),
+            to: ProcessState::Compensating,
+            step: None,
+            attempt,
+            reason: Some(reason),
+            detail: json!({ "error": reason }),
+        });
+        if drive {
+            self.drive()?;
+        }
+        Ok(())
+    }
+
+    /// Ends the order in `error`, with an alert and a `failed` event.
+    pub(super) fn fail(&mut self, reason: &str) {
+        self.alert(ProcessState::Error, reason);
+        let o = self.row();
+        let (from, attempt, failure_count) = (o.process_state, o.attempt(), o.failure_count);
+        self.order.row.last_error = Some(reason.into());
+        self.set_state(ProcessState::Error, None, None);
+        self.log(Event {
+            kind: EventKind::Failed,
+            from: Some(from),
+            to: ProcessState::Error,
+            step: None,
+            attempt,
+            reason: Some(reason),
+            detail: json!({ "error": reason, "failure_count": failure_count }),
+        });
+        self.end(ProcessState::Error);
+    }
+}
 
 /// What an expired order looks like to the supervisor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -226,5 +350,98 @@ mod tests {
             decision.next,
             Next::Retry { not_before, .. } if not_before == DateTime::<Utc>::MAX_UTC
         ));
+    }
+}
+
+#[cfg(test)]
+mod decisions {
+    //! The supervisor's decisions on whole orders.
+
+    use std::time::Duration;
+
+    use super::*;
+    use crate::rules::Effect;
+    use crate::rules::order::fixture::{ctx, now, pending};
+    use crate::rules::scheduler::claim;
+    use crate::state::StepState;
+
+    fn settings(max_failures: u32) -> SupervisorSettings {
+        SupervisorSettings {
+            max_failures,
+            retry_schedule: vec![Duration::from_secs(30)],
+            ..SupervisorSettings::default()
+        }
+    }
+
+    /// A claimed order of `n` steps, the first `done` of them completed.
+    fn running(n: i32, done: usize) -> Order {
+        let mut order = pending(n, |_| true);
+        for s in &mut order.steps[..done] {
+            s.state = StepState::Completed;
+        }
+        claim(&order, ctx("s1")).expect("claim").order
+    }
+
+    #[test]
+    fn a_late_step_is_withdrawn_and_the_order_waits_for_its_next_attempt() {
+        let order = running(2, 1);
+        let (d, requeued) = expire(&order, &settings(3), ctx("sup"));
+        let at = now() + chrono::Duration::seconds(30);
+        assert_eq!(requeued, Some(at));
+        let row = &d.order.row;
+        assert_eq!(row.process_state, ProcessState::Pending);
+        assert_eq!((row.locked_by.as_ref(), row.not_before), (None, Some(at)));
+        assert_eq!(row.failure_count, 1);
+        let late = &d.order.steps[1];
+        assert_eq!(
+            (late.state, late.dispatch_id),
+            (StepState::NotStarted, None)
+        );
+        assert_eq!(d.order.steps[0].state, StepState::Completed);
+        assert!(matches!(&d.effects[..], [Effect::Event(e)]
+            if e.kind == EventKind::RetryScheduled && e.attempt == 2 && e.actor == "sup"));
+        assert!(!d.wake, "nothing to run before the wait is over");
+    }
+
+    #[test]
+    fn out_of_tries_the_order_is_given_up_for_any_scheduler_to_undo() {
+        let mut order = running(2, 1);
+        order.row.failure_count = 2;
+        let (d, requeued) = expire(&order, &settings(3), ctx("sup"));
+        assert_eq!(requeued, None);
+        let row = &d.order.row;
+        assert_eq!(row.process_state, ProcessState::Compensating);
+        assert_eq!(row.locked_by, None, "left for any scheduler to claim");
+        assert!(d.wake);
+        assert!(
+            matches!(&d.effects[..], [Effect::Alert(_), Effect::Event(e)] if e.kind == EventKind::Compensating)
+        );
+        assert_eq!(d.ended, None);
+    }
+
+    #[test]
+    fn out_of_tries_with_nothing_to_undo_the_order_fails() {
+        let mut order = running(2, 0);
+        order.row.failure_count = 2;
+        let (d, _) = expire(&order, &settings(3), ctx("sup"));
+        assert_eq!(d.ended, Some(ProcessState::Error));
+        assert_eq!(d.order.row.failure_count, 3);
+    }
+
+    #[test]
+    fn a_late_undo_goes_back_to_completed_and_out_of_tries_fails() {
+        let mut order = running(2, 1);
+        order.row.process_state = ProcessState::Compensating;
+        order.row.locked_by = None;
+        let undoing = claim(&order, ctx("s1")).expect("claim").order;
+        assert_eq!(undoing.steps[0].state, StepState::Compensating);
+        let (d, requeued) = expire(&undoing, &settings(2), ctx("sup"));
+        assert!(requeued.is_some());
+        assert_eq!(d.order.steps[0].state, StepState::Completed);
+        assert_eq!(d.order.row.process_state, ProcessState::Compensating);
+        assert_eq!(d.order.row.compensation_failures, 1);
+        let again = claim(&d.order, ctx("s1")).expect("claim").order;
+        let (d, _) = expire(&again, &settings(2), ctx("sup"));
+        assert_eq!(d.ended, Some(ProcessState::Error));
     }
 }

@@ -6,9 +6,6 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::messages::EventKind;
-use crate::state::ProcessState;
-
 /// One row of the event log.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct EventRow {
@@ -22,19 +19,6 @@ pub struct EventRow {
     pub reason: Option<String>,
     pub detail: Value,
     pub at: DateTime<Utc>,
-}
-
-/// A transition to log and announce.
-#[derive(Debug, Clone)]
-pub struct Event<'a> {
-    pub kind: EventKind,
-    pub from: Option<ProcessState>,
-    pub to: ProcessState,
-    pub step: Option<&'a str>,
-    pub attempt: i32,
-    pub actor: &'a str,
-    pub reason: Option<&'a str>,
-    pub detail: Value,
 }
 
 /// The order's event log, oldest first.

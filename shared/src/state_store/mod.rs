@@ -61,20 +61,10 @@ pub enum StoreError {
          server's certificate): {0}"
     )]
     Tls(sqlx::Error),
-    /// A transition found its order other than it expected: a rule and the
-    /// stored state disagree (a bug, never a race: rows are locked).
-    #[error("order {order_id} is {found}, expected {expected}")]
-    UnexpectedState {
-        order_id: uuid::Uuid,
-        found: String,
-        expected: String,
-    },
-    /// An order's row names a step its workflow does not have.
-    #[error("order {order_id} has no step {idx}")]
-    MissingStep { order_id: uuid::Uuid, idx: i32 },
-    /// A step was to be undone but names no compensating agent.
-    #[error("step {0} has no compensation")]
-    NoCompensation(String),
+    /// A rule and the stored order disagree (a bug, never a race: rows
+    /// are locked).
+    #[error(transparent)]
+    Rule(#[from] crate::rules::RuleError),
     /// The write-back's guard refused it (an expected state had changed),
     /// or it returned nothing.
     #[error("the write-back was refused: {0}")]

@@ -1,7 +1,6 @@
 //! The `outbox` table: messages committed with a transition, published by the
 //! relay ([`crate::outbox`]) and deleted once the broker confirmed them.
 
-use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -19,19 +18,6 @@ pub struct OutboxRow {
     pub traceparent: Option<String>,
     /// The JSON body, as published: encoded once, when the transition wrote it.
     pub body: Vec<u8>,
-}
-
-/// A message to queue, other than a status event (those come with [`super::unit::Unit::event`]).
-#[derive(Debug, Clone, Copy)]
-pub struct Message<'a> {
-    pub order_id: Uuid,
-    /// `request` or `alert`.
-    pub kind: &'a str,
-    pub routing_key: &'a str,
-    pub correlation_id: Option<&'a str>,
-    pub reply_to: Option<&'a str>,
-    pub traceparent: Option<&'a str>,
-    pub body: &'a Value,
 }
 
 /// How long a follower ([`Handoff::follow`]) waits for an order's outbox

@@ -9,26 +9,22 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use serde_json::{Map, Value, json};
 use sqlx::pool::PoolConnection;
 use sqlx::{Acquire as _, PgConnection, Postgres};
 use uuid::Uuid;
 
-use super::events::Event;
-use super::orders::{self, NewOrder, OrderRow};
+use super::orders::{self, NewOrder};
 use super::outbox::{self, Handoff, Held};
 use super::steps::StepRow;
 use super::unit::{Flushed, Unit, WriteBack};
 use super::{StateStore, StoreError};
 use crate::config::SupervisorSettings;
-use crate::messages::{Alert, Direction, EventKind, StepOutcome, StepReply, StepRequest};
-use crate::rules;
-use crate::rules::operator::{cancel_refusal, retry_refusal};
-use crate::rules::scheduler::Advance;
-use crate::rules::supervisor::{Expiry, Next as AtDeadline};
-use crate::state::{ProcessState, StepState};
+use crate::messages::StepReply;
+use crate::rules::scheduler::Replied;
+use crate::rules::{self, Context, Decision, Order};
+use crate::state::ProcessState;
 use crate::topology::QueueNames;
-use crate::workflow::{self, Next, Workflow};
+use crate::workflow::Workflow;
 
 /// Who makes a transition: written to the event log and, for schedulers, to `locked_by`.
 #[derive(Debug, Clone)]
@@ -240,19 +236,10 @@ impl Transitions {
                 continue;
             }
             let i = unit.insert(order, &workflow.steps);
-            let event = Event {
-                kind: EventKind::Received,
-                from: None,
-                to: ProcessState::Pending,
-                step: None,
-                attempt: 1,
-                actor: "submission",
-                reason: None,
-                detail: json!({ "workflow": workflow.name, "priority": order.priority }),
-            };
-            unit.event(i, &event);
+            let decision =
+                rules::submission::receive(&unit.get(i).order, context(&unit, "submission"));
+            unit.apply(i, decision, &self.queues)?;
         }
-        unit.wake();
         // One statement: atomic on its own, no transaction to open and close.
         let mut conn = self.store.pool().acquire().await?;
         let direct = self.direct();
@@ -306,29 +293,8 @@ impl Transitions {
         let ids: Vec<Uuid> = claimed.iter().map(|l| l.order.order_id).collect();
         let mut unit = Unit::load(tx.conn(), claimed).await?;
         for i in 0..unit.len() {
-            let o = &unit.get(i).order;
-            let (state, holder) = (o.process_state, o.locked_by.clone());
-            let to = if state == ProcessState::Pending {
-                ProcessState::Processing
-            } else {
-                state
-            };
-            unit.transition(i, state, holder.as_deref(), to, Some(&me.name), None)?;
-            unit.get_mut(i).order.not_before = None;
-            if to == ProcessState::Processing {
-                let event = Event {
-                    kind: EventKind::Processing,
-                    from: Some(ProcessState::Pending),
-                    to: ProcessState::Processing,
-                    step: None,
-                    attempt: unit.get(i).order.attempt(),
-                    actor: &me.name,
-                    reason: None,
-                    detail: json!({ "locked_by": me.name }),
-                };
-                unit.event(i, &event);
-            }
-            self.advance(&mut unit, i, me)?;
+            let decision = rules::scheduler::claim(&unit.get(i).order, context(&unit, &me.name))?;
+            unit.apply(i, decision, &self.queues)?;
         }
         let flushed = unit.flush(tx.conn(), direct, WriteBack::Commit).await?;
         tx.ended();
@@ -395,61 +361,16 @@ impl Transitions {
         let Some(i) = unit.find(reply.order_id) else {
             return Ok(ReplyOutcome::Stale("unknown order".into()));
         };
-        let entry = unit.get(i);
-        let created_at = entry.order.created_at;
-        let change = match rules::scheduler::judge_reply(&entry.order, &entry.steps, reply) {
-            Ok(change) => change,
-            Err(why) => return Ok(ReplyOutcome::Stale(why)),
-        };
-        let expect_order = change.order_state;
-        let now = unit.now;
-        let step = &mut unit.get_mut(i).steps[change.pos];
-        step.state = change.to;
-        if let Some(r) = change.result {
-            step.result = Some(r.clone());
+        let ctx = context(unit, &me.name);
+        match rules::scheduler::apply_reply(&unit.get(i).order, reply, ctx)? {
+            Replied::Stale(why) => Ok(ReplyOutcome::Stale(why)),
+            Replied::Applied(decision) => {
+                let (ended, created_at) = (decision.ended, decision.order.row.created_at);
+                unit.apply(i, *decision, &self.queues)?;
+                let age = (Utc::now() - created_at).to_std().unwrap_or_default();
+                Ok(ReplyOutcome::Applied { ended, age })
+            }
         }
-        step.error = change.error.map(str::to_owned);
-        step.finished_at = Some(now);
-        step.complete_by = None;
-        // Take over the claim: whoever applies the reply drives the order on.
-        unit.transition(
-            i,
-            expect_order,
-            Some(&reply.locked_by),
-            expect_order,
-            Some(&me.name),
-            None,
-        )?;
-        let ended = match (&reply.outcome, reply.direction) {
-            (StepOutcome::Succeeded { result }, Direction::Forward) => {
-                let event = Event {
-                    kind: EventKind::StepSucceeded,
-                    from: Some(ProcessState::Processing),
-                    to: ProcessState::Processing,
-                    step: Some(&reply.step),
-                    attempt: unit.get(i).order.attempt(),
-                    actor: &me.name,
-                    reason: None,
-                    detail: json!({ "result": result }),
-                };
-                unit.event(i, &event);
-                self.advance(unit, i, me)?
-            }
-            (StepOutcome::Succeeded { .. }, Direction::Compensate) => self.advance(unit, i, me)?,
-            (StepOutcome::Failed { error }, Direction::Forward) => {
-                let reason = format!("step {} failed permanently: {error}", reply.step);
-                self.give_up(unit, i, &reason, me, Some(me))?
-            }
-            (StepOutcome::Failed { error }, Direction::Compensate) => {
-                let reason = format!(
-                    "compensation of step {} failed permanently: {error}",
-                    reply.step
-                );
-                self.fail(unit, i, &reason, me)?
-            }
-        };
-        let age = (Utc::now() - created_at).to_std().unwrap_or_default();
-        Ok(ReplyOutcome::Applied { ended, age })
     }
 
     /// Recovers orders whose complete-by has passed: counts the failure and
@@ -482,81 +403,20 @@ impl Transitions {
         let mut unit = Unit::load(&mut tx, expired).await?;
         let mut recovered = Vec::with_capacity(unit.len());
         for i in 0..unit.len() {
-            withdraw_running(&mut unit.get_mut(i).steps);
-            let order = unit.get(i).order.clone();
-            let expiry = Expiry {
-                state: order.process_state,
-                failure_count: order.failure_count,
-                compensation_failures: order.compensation_failures,
-            };
-            let decision = rules::supervisor::at_deadline(expiry, unit.now, settings);
-            let failures = decision.failures;
-            if decision.compensating {
-                unit.get_mut(i).order.compensation_failures = failures;
-            } else {
-                unit.get_mut(i).order.failure_count = failures;
-            }
-            let (to, not_before, attempt) = match decision.next {
-                AtDeadline::Fail => {
-                    let ended = self.fail(&mut unit, i, &decision.reason, me)?;
-                    recovered.push(Expired::GaveUp {
-                        order_id: order.order_id,
-                        ended,
-                    });
-                    continue;
-                }
-                AtDeadline::GiveUp => {
-                    unit.wake();
-                    let ended = self.give_up(&mut unit, i, &decision.reason, me, None)?;
-                    recovered.push(Expired::GaveUp {
-                        order_id: order.order_id,
-                        ended,
-                    });
-                    continue;
-                }
-                AtDeadline::Retry {
-                    to,
+            let ctx = context(&unit, &me.name);
+            let (decision, requeued) = rules::supervisor::expire(&unit.get(i).order, settings, ctx);
+            let (order_id, ended) = (decision.order.row.order_id, decision.ended);
+            unit.apply(i, decision, &self.queues)?;
+            recovered.push(match requeued {
+                Some(not_before) => Expired::Requeued {
+                    order_id,
                     not_before,
-                    attempt,
-                    now,
-                } => {
-                    if now {
-                        unit.wake();
-                    }
-                    (to, not_before, attempt)
-                }
-            };
-            unit.transition(
-                i,
-                order.process_state,
-                order.locked_by.as_deref(),
-                to,
-                None,
-                None,
-            )?;
-            unit.get_mut(i).order.not_before = Some(not_before);
-            let late = &decision.reason;
-            let event = Event {
-                kind: EventKind::RetryScheduled,
-                from: Some(order.process_state),
-                to,
-                step: None,
-                attempt,
-                actor: &me.name,
-                reason: Some(late),
-                detail: json!({
-                    "next_attempt_at": crate::messages::rfc3339::format(&not_before),
-                    "failure_count": if decision.compensating { order.failure_count } else { failures },
-                    "compensation": decision.compensating,
-                    "error": late,
-                }),
-            };
-            unit.event(i, &event);
-            recovered.push(Expired::Requeued {
-                order_id: order.order_id,
-                not_before,
+                },
+                None => Expired::GaveUp { order_id, ended },
             });
-            crate::crash::point("supervisor.mid_sweep");
+            if requeued.is_some() {
+                crate::crash::point("supervisor.mid_sweep");
+            }
         }
         let flushed = unit
             .flush(&mut tx, direct, WriteBack::InTransaction)
@@ -565,354 +425,44 @@ impl Transitions {
         Ok((recovered, flushed))
     }
 
-    /// An operator's retry of an `error` order: back to `pending` with its
-    /// failure counts reset; it resumes at its first incomplete step (the
-    /// failed one runs again, completed ones do not).
-    ///
-    /// An order some of whose steps were already undone is not retried: its
-    /// steps' idempotency keys are spent, so a remote that deduplicates would
-    /// replay the old answer instead of doing the step again. `cancel` finishes
-    /// its undo instead.
+    /// An operator's retry of an `error` order ([`rules::operator::retry`]):
+    /// back to `pending` with its failure counts reset.
     pub async fn retry(&self, operator: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
-        let mut tx = self.store.pool().begin().await?;
-        let locked = orders::lock_many(&mut tx, &[order_id], false).await?;
-        if locked.is_empty() {
-            return Ok(Operated::NotFound);
-        }
-        let mut unit = Unit::load(&mut tx, locked).await?;
-        let t = unit.get_mut(0);
-        if let Some(why) = retry_refusal(t.order.process_state, any_undone(&t.steps)) {
-            return Ok(Operated::NotAllowed(t.order.process_state, why));
-        }
-        for s in &mut t.steps {
-            if matches!(
-                s.state,
-                StepState::Failed
-                    | StepState::Compensating
-                    | StepState::Compensated
-                    | StepState::Running
-            ) {
-                s.state = StepState::NotStarted;
-                s.dispatch_id = None;
-                s.complete_by = None;
-                s.error = None;
-            }
-        }
-        let o = &mut t.order;
-        let holder = o.locked_by.clone();
-        o.not_before = None;
-        o.failure_count = 0;
-        o.compensation_failures = 0;
-        o.last_error = None;
-        unit.transition(
-            0,
-            ProcessState::Error,
-            holder.as_deref(),
-            ProcessState::Pending,
-            None,
-            None,
-        )?;
-        let event = Event {
-            kind: EventKind::RetryScheduled,
-            from: Some(ProcessState::Error),
-            to: ProcessState::Pending,
-            step: None,
-            attempt: 1,
-            actor: &operator.name,
-            reason: Some("retried by an operator"),
-            detail: json!({ "operator": true, "next_attempt_at": crate::messages::rfc3339::format(&Utc::now()) }),
-        };
-        unit.event(0, &event);
-        unit.wake();
-        unit.flush(&mut tx, false, WriteBack::InTransaction).await?;
-        tx.commit().await?;
-        Ok(Operated::Done(ProcessState::Pending))
+        self.operate(operator, order_id, rules::operator::retry)
+            .await
     }
 
-    /// An operator's cancel of a `pending`, `processing` or `error` order: the
-    /// running step (if any) is withdrawn and the completed steps are undone,
-    /// newest first, by the schedulers. With nothing to undo the order ends
-    /// `compensated` at once.
+    /// An operator's cancel of a `pending`, `processing` or `error` order
+    /// ([`rules::operator::cancel`]): its completed steps are undone, newest
+    /// first, by the schedulers.
     pub async fn cancel(&self, operator: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
+        self.operate(operator, order_id, rules::operator::cancel)
+            .await
+    }
+
+    /// Locks the order, asks `rule` and writes its decision back.
+    async fn operate(
+        &self,
+        operator: &Actor,
+        order_id: Uuid,
+        rule: fn(&Order, Context<'_>) -> Result<Decision, &'static str>,
+    ) -> Result<Operated, StoreError> {
         let mut tx = self.store.pool().begin().await?;
         let locked = orders::lock_many(&mut tx, &[order_id], false).await?;
         if locked.is_empty() {
             return Ok(Operated::NotFound);
         }
         let mut unit = Unit::load(&mut tx, locked).await?;
-        let order = unit.get(0).order.clone();
-        if let Some(why) = cancel_refusal(order.process_state) {
-            return Ok(Operated::NotAllowed(order.process_state, why));
-        }
-        withdraw_running(&mut unit.get_mut(0).steps);
-        let views: Vec<_> = unit.get(0).steps.iter().map(StepRow::view).collect();
-        let undo = workflow::next_compensation(&views) != Next::Finished;
-        let to = if undo {
-            ProcessState::Compensating
-        } else {
-            ProcessState::Compensated
+        let order = &unit.get(0).order;
+        let decision = match rule(order, context(&unit, &operator.name)) {
+            Ok(decision) => decision,
+            Err(why) => return Ok(Operated::NotAllowed(order.row.process_state, why)),
         };
-        unit.transition(
-            0,
-            order.process_state,
-            order.locked_by.as_deref(),
-            to,
-            None,
-            None,
-        )?;
-        let reason = "cancelled by an operator";
-        unit.get_mut(0).order.last_error = Some(reason.into());
-        let event = Event {
-            kind: if undo {
-                EventKind::Compensating
-            } else {
-                EventKind::Compensated
-            },
-            from: Some(order.process_state),
-            to,
-            step: None,
-            attempt: order.attempt(),
-            actor: &operator.name,
-            reason: Some(reason),
-            detail: json!({ "cancelled": true }),
-        };
-        unit.event(0, &event);
-        if undo {
-            unit.wake();
-        }
+        let to = decision.order.row.process_state;
+        unit.apply(0, decision, &self.queues)?;
         unit.flush(&mut tx, false, WriteBack::InTransaction).await?;
         tx.commit().await?;
         Ok(Operated::Done(to))
-    }
-
-    /// Dispatches the order's next step (forward or undo), or finishes it.
-    /// The order is held by `me`.
-    fn advance(
-        &self,
-        unit: &mut Unit,
-        i: usize,
-        me: &Actor,
-    ) -> Result<Option<ProcessState>, StoreError> {
-        let t = unit.get(i);
-        let views: Vec<_> = t.steps.iter().map(StepRow::view).collect();
-        let Some(next) = rules::scheduler::advance(t.order.process_state, &views) else {
-            return Err(StoreError::UnexpectedState {
-                order_id: t.order.order_id,
-                found: t.order.process_state.to_string(),
-                expected: "processing or compensating".into(),
-            });
-        };
-        match next {
-            Advance::Dispatch { idx, direction } => {
-                self.dispatch(unit, i, idx, direction, me)?;
-                Ok(None)
-            }
-            Advance::Finish {
-                state: finished,
-                event: kind,
-            } => {
-                let from = t.order.process_state;
-                let attempt = t.order.attempt();
-                let detail = json!({ "results": results(&t.steps) });
-                unit.transition(i, from, Some(&me.name), finished, None, None)?;
-                let event = Event {
-                    kind,
-                    from: Some(from),
-                    to: finished,
-                    step: None,
-                    attempt,
-                    actor: &me.name,
-                    reason: None,
-                    detail,
-                };
-                unit.event(i, &event);
-                Ok(Some(finished))
-            }
-        }
-    }
-
-    /// Sends step `idx` to its agent (or its compensating agent) through the
-    /// outbox, with a fresh dispatch id and a complete-by from the database clock.
-    fn dispatch(
-        &self,
-        unit: &mut Unit,
-        i: usize,
-        idx: i32,
-        direction: Direction,
-        me: &Actor,
-    ) -> Result<(), StoreError> {
-        let now = unit.now;
-        let t = unit.get_mut(i);
-        let order_id = t.order.order_id;
-        let pos = t
-            .steps
-            .iter()
-            .position(|s| s.idx == idx)
-            .ok_or_else(|| StoreError::MissingStep { order_id, idx })?;
-        let step = &mut t.steps[pos];
-        let (agent, state) = match direction {
-            Direction::Forward => (step.agent.clone(), StepState::Running),
-            Direction::Compensate => (
-                step.compensate
-                    .clone()
-                    .ok_or_else(|| StoreError::NoCompensation(step.name.clone()))?,
-                StepState::Compensating,
-            ),
-        };
-        let dispatch_id = Uuid::now_v7();
-        let complete_by = now + chrono::Duration::milliseconds(step.timeout_ms);
-        step.state = state;
-        step.dispatch_id = Some(dispatch_id);
-        step.dispatches += 1;
-        step.complete_by = Some(complete_by);
-        step.started_at.get_or_insert(now);
-        let state = t.order.process_state;
-        unit.transition(
-            i,
-            state,
-            Some(&me.name),
-            state,
-            Some(&me.name),
-            Some(complete_by),
-        )?;
-        let t = unit.get(i);
-        let request = StepRequest {
-            order_id,
-            workflow: t.order.workflow.clone(),
-            step: t.steps[pos].name.clone(),
-            step_index: idx,
-            direction,
-            attempt: t.order.attempt(),
-            dispatch_id,
-            locked_by: me.name.clone(),
-            complete_by,
-            payload: t.order.payload.clone(),
-            results: results(&t.steps),
-        };
-        let body = serde_json::to_value(&request)?;
-        let trace = traceparent(&t.order);
-        let correlation = dispatch_id.to_string();
-        let message = outbox::Message {
-            order_id,
-            kind: "request",
-            routing_key: &self.queues.agent_requests(&agent),
-            correlation_id: Some(&correlation),
-            reply_to: Some(self.queues.replies()),
-            traceparent: trace.as_deref(),
-            body: &body,
-        };
-        unit.message(&message);
-        Ok(())
-    }
-
-    /// Gives the order up (contract §4a): alerts, then compensates the completed
-    /// steps, or fails it when there is nothing to undo. With `driver`, that
-    /// scheduler dispatches the first compensation at once; without, the order
-    /// is left for any scheduler to claim.
-    fn give_up(
-        &self,
-        unit: &mut Unit,
-        i: usize,
-        reason: &str,
-        me: &Actor,
-        driver: Option<&Actor>,
-    ) -> Result<Option<ProcessState>, StoreError> {
-        let views: Vec<_> = unit.get(i).steps.iter().map(StepRow::view).collect();
-        if workflow::next_compensation(&views) == Next::Finished {
-            return self.fail(unit, i, reason, me);
-        }
-        self.alert(unit, i, ProcessState::Compensating, reason)?;
-        let order = unit.get(i).order.clone();
-        unit.get_mut(i).order.last_error = Some(reason.into());
-        let holder = driver.map(|d| d.name.as_str());
-        unit.transition(
-            i,
-            order.process_state,
-            order.locked_by.as_deref(),
-            ProcessState::Compensating,
-            holder,
-            None,
-        )?;
-        let event = Event {
-            kind: EventKind::Compensating,
-            from: Some(order.process_state),
-            to: ProcessState::Compensating,
-            step: None,
-            attempt: order.attempt(),
-            actor: &me.name,
-            reason: Some(reason),
-            detail: json!({ "error": reason }),
-        };
-        unit.event(i, &event);
-        if let Some(driver) = driver {
-            return self.advance(unit, i, driver);
-        }
-        Ok(None)
-    }
-
-    /// Ends the order in `error` with an alert and a `failed` event; returns `Some(Error)`.
-    fn fail(
-        &self,
-        unit: &mut Unit,
-        i: usize,
-        reason: &str,
-        me: &Actor,
-    ) -> Result<Option<ProcessState>, StoreError> {
-        self.alert(unit, i, ProcessState::Error, reason)?;
-        let order = unit.get(i).order.clone();
-        unit.get_mut(i).order.last_error = Some(reason.into());
-        unit.transition(
-            i,
-            order.process_state,
-            order.locked_by.as_deref(),
-            ProcessState::Error,
-            None,
-            None,
-        )?;
-        let event = Event {
-            kind: EventKind::Failed,
-            from: Some(order.process_state),
-            to: ProcessState::Error,
-            step: None,
-            attempt: order.attempt(),
-            actor: &me.name,
-            reason: Some(reason),
-            detail: json!({ "error": reason, "failure_count": order.failure_count }),
-        };
-        unit.event(i, &event);
-        Ok(Some(ProcessState::Error))
-    }
-
-    /// Queues an operator alert; the relay publishes it before the order's later events.
-    fn alert(
-        &self,
-        unit: &mut Unit,
-        i: usize,
-        state: ProcessState,
-        reason: &str,
-    ) -> Result<(), StoreError> {
-        let order = &unit.get(i).order;
-        let alert = Alert {
-            order_id: order.order_id,
-            workflow: order.workflow.clone(),
-            state: state.as_str().into(),
-            reason: reason.into(),
-            failure_count: order.failure_count,
-            at: Utc::now(),
-        };
-        let body = serde_json::to_value(&alert)?;
-        let trace = traceparent(order);
-        let message = outbox::Message {
-            order_id: order.order_id,
-            kind: "alert",
-            routing_key: self.queues.alerts(),
-            correlation_id: None,
-            reply_to: None,
-            traceparent: trace.as_deref(),
-            body: &body,
-        };
-        unit.message(&message);
-        Ok(())
     }
 }
 
@@ -922,35 +472,13 @@ pub fn any_undone(steps: &[StepRow]) -> bool {
     rules::operator::any_undone(steps.iter().map(|s| s.state))
 }
 
-/// Withdraws the running dispatch of an order (its deadline passed, or an
-/// operator cancelled): a forward step goes back to `not_started`, a
-/// compensation back to `completed`, and any late reply to the old dispatch
-/// becomes stale.
-fn withdraw_running(steps: &mut [StepRow]) {
-    for s in steps {
-        let back = match s.state {
-            StepState::Running => StepState::NotStarted,
-            StepState::Compensating => StepState::Completed,
-            _ => continue,
-        };
-        s.state = back;
-        s.dispatch_id = None;
-        s.complete_by = None;
+/// The context of the rules for `actor` in `unit`'s transaction.
+fn context<'a>(unit: &Unit, actor: &'a str) -> Context<'a> {
+    Context {
+        now: unit.now,
+        actor,
+        new_id: Uuid::now_v7,
     }
-}
-
-/// A `traceparent` for a message of this order: its trace, a new span.
-fn traceparent(order: &OrderRow) -> Option<String> {
-    let trace_id = order.trace_id.as_deref()?;
-    crate::trace::TraceContext::child_of(trace_id).map(|t| t.to_string())
-}
-
-/// The results of the completed steps, by step name.
-fn results(steps: &[StepRow]) -> Map<String, Value> {
-    steps
-        .iter()
-        .filter_map(|s| s.result.clone().map(|r| (s.name.clone(), r)))
-        .collect()
 }
 
 impl StateStore {

@@ -20,26 +20,23 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::events::Event;
 use super::literal::Args;
 use super::orders::{Locked, NewOrder, OrderRow};
-use super::outbox::Message;
 use super::prepared;
 use super::steps::{self, StepRow};
 use super::{StoreError, WAKE_CHANNEL};
 use crate::messages::StatusEvent;
+use crate::rules::{Decision, Effect, Logged, Order};
 use crate::state::ProcessState;
+use crate::topology::QueueNames;
 use crate::workflow::Step;
 
-/// One locked order: as read, and as the transitions have changed it.
+/// One locked order: as read, and as the rules have changed it.
 #[derive(Debug)]
 pub(super) struct Tracked {
     /// The order as changed so far.
-    pub order: OrderRow,
-    /// Its steps as changed so far, by index.
-    pub steps: Vec<StepRow>,
-    read: OrderRow,
-    read_steps: Vec<StepRow>,
+    pub order: Order,
+    read: Order,
     /// New: written by the unit's insert, nothing to update.
     inserted: bool,
     /// This connection holds the order's outbox lock.
@@ -163,12 +160,11 @@ impl Unit {
     }
 
     /// Adds an order; `inserted` when this unit creates it.
-    fn track(&mut self, order: OrderRow, steps: Vec<StepRow>, inserted: bool) {
+    fn track(&mut self, row: OrderRow, steps: Vec<StepRow>, inserted: bool) {
+        let order = Order { row, steps };
         self.orders.push(Tracked {
             read: order.clone(),
-            read_steps: steps.clone(),
             order,
-            steps,
             inserted,
             outbox_locked: false,
         });
@@ -184,104 +180,107 @@ impl Unit {
         &self.orders[i]
     }
 
-    /// The `i`-th order, to change.
-    pub fn get_mut(&mut self, i: usize) -> &mut Tracked {
-        &mut self.orders[i]
-    }
-
     /// The position of an order, if the unit holds it.
     pub fn find(&self, order_id: Uuid) -> Option<usize> {
         self.orders
             .iter()
-            .position(|t| t.order.order_id == order_id)
+            .position(|t| t.order.row.order_id == order_id)
     }
 
-    /// Wakes the schedulers when the transaction commits.
-    pub fn wake(&mut self) {
-        self.wake = true;
-    }
-
-    /// Moves order `i` from `from` (held by `holder`) to `to`, held by
-    /// `locked_by`, with complete-by `deadline`. The order is locked by this
-    /// transaction, so a mismatch means the data is not what we read.
-    pub fn transition(
+    /// Takes `decision` for order `i`: its rows replace the order's, its
+    /// events are logged (and announced on the order's status queue), and
+    /// its requests and alerts are queued, in the order decided.
+    pub fn apply(
         &mut self,
         i: usize,
-        from: ProcessState,
-        holder: Option<&str>,
-        to: ProcessState,
-        locked_by: Option<&str>,
-        deadline: Option<DateTime<Utc>>,
+        decision: Decision,
+        queues: &QueueNames,
     ) -> Result<(), StoreError> {
-        let o = &mut self.orders[i].order;
-        if o.process_state != from || o.locked_by.as_deref() != holder {
-            return Err(StoreError::UnexpectedState {
-                order_id: o.order_id,
-                found: format!("{} held by {:?}", o.process_state, o.locked_by),
-                expected: format!("{from} held by {holder:?}"),
-            });
+        self.orders[i].order = decision.order;
+        self.wake |= decision.wake;
+        for effect in decision.effects {
+            match effect {
+                Effect::Event(logged) => self.event(i, logged),
+                Effect::Request { agent, request } => {
+                    let message = self.message(
+                        i,
+                        "request",
+                        queues.agent_requests(&agent),
+                        serde_json::to_vec(&request)?,
+                    );
+                    self.messages.push(NewMessage {
+                        correlation_id: Some(request.dispatch_id.to_string()),
+                        reply_to: Some(queues.replies().to_owned()),
+                        ..message
+                    });
+                }
+                Effect::Alert(alert) => {
+                    let message = self.message(
+                        i,
+                        "alert",
+                        queues.alerts().to_owned(),
+                        serde_json::to_vec(&alert)?,
+                    );
+                    self.messages.push(message);
+                }
+            }
         }
-        o.process_state = to;
-        o.locked_by = locked_by.map(str::to_owned);
-        o.complete_by = deadline;
         Ok(())
     }
 
-    /// Logs an event of order `i` with its next number and, when the order
-    /// has a status queue, queues the status event (contract §2).
-    pub fn event(&mut self, i: usize, e: &Event<'_>) {
+    /// Logs an event of order `i` and, when the order has a status queue,
+    /// queues the status event (contract §2).
+    fn event(&mut self, i: usize, e: Logged) {
         let now = self.now;
-        let o = &mut self.orders[i].order;
-        o.last_seq += 1;
-        let seq = o.last_seq;
+        let o = &self.orders[i].order.row;
         if let Some(queue) = &o.reply_to {
             let event = StatusEvent {
                 order_id: Value::String(o.order_id.to_string()),
-                seq: i64::from(seq),
+                seq: i64::from(e.seq),
                 state: e.kind,
-                step: e.step.map(str::to_owned),
+                step: e.step.clone(),
                 attempt: Some(e.attempt),
                 at: now,
                 detail: e.detail.clone(),
             };
-            // Each publish is a new span in the order's trace.
-            let span = crate::trace::TraceContext::new_root().span_id;
+            // A status event always serializes.
+            let body = serde_json::to_vec(&event).unwrap_or_default();
+            let message = self.message(i, "status", queue.clone(), body);
             self.messages.push(NewMessage {
-                order_id: o.order_id,
-                kind: "status".into(),
-                routing_key: queue.clone(),
                 correlation_id: Some(o.order_id.to_string()),
-                reply_to: None,
-                traceparent: o.trace_id.as_ref().map(|t| format!("00-{t}-{span}-01")),
-                // A status event always serializes.
-                body: serde_json::to_vec(&event).unwrap_or_default(),
+                ..message
             });
         }
         self.events.push(NewEvent {
             order_id: o.order_id,
-            seq,
+            seq: e.seq,
             kind: e.kind.as_str(),
             from: e.from.map(ProcessState::as_str),
             to: e.to.as_str(),
-            step: e.step.map(str::to_owned),
+            step: e.step,
             attempt: e.attempt,
-            actor: e.actor.to_owned(),
-            reason: e.reason.map(str::to_owned),
-            detail: e.detail.clone(),
+            actor: e.actor,
+            reason: e.reason,
+            detail: e.detail,
         });
     }
 
-    /// Queues a message (a step request or an alert) to publish after commit.
-    pub fn message(&mut self, m: &Message<'_>) {
-        self.messages.push(NewMessage {
-            order_id: m.order_id,
-            kind: m.kind.to_owned(),
-            routing_key: m.routing_key.to_owned(),
-            correlation_id: m.correlation_id.map(str::to_owned),
-            reply_to: m.reply_to.map(str::to_owned),
-            traceparent: m.traceparent.map(str::to_owned),
-            body: json_bytes(m.body),
-        });
+    /// A message of order `i`, with a new span of the order's trace.
+    fn message(&self, i: usize, kind: &str, routing_key: String, body: Vec<u8>) -> NewMessage {
+        let o = &self.orders[i].order.row;
+        NewMessage {
+            order_id: o.order_id,
+            kind: kind.to_owned(),
+            routing_key,
+            correlation_id: None,
+            reply_to: None,
+            traceparent: o
+                .trace_id
+                .as_deref()
+                .and_then(crate::trace::TraceContext::child_of)
+                .map(|t| t.to_string()),
+            body,
+        }
     }
 
     /// Writes everything back in one statement: the new orders with their
@@ -306,20 +305,20 @@ impl Unit {
         let orders: Vec<&Tracked> = self
             .orders
             .iter()
-            .filter(|t| !t.inserted && t.order != t.read)
+            .filter(|t| !t.inserted && t.order.row != t.read.row)
             .collect();
         let steps: Vec<(&StepRow, &StepRow)> = self
             .orders
             .iter()
             .filter(|t| !t.inserted)
-            .flat_map(|t| t.steps.iter().zip(&t.read_steps))
+            .flat_map(|t| t.order.steps.iter().zip(&t.read.steps))
             .filter(|(now, read)| now != read)
             .collect();
         let locked: Vec<Uuid> = self
             .orders
             .iter()
             .filter(|t| t.outbox_locked)
-            .map(|t| t.order.order_id)
+            .map(|t| t.order.row.order_id)
             .collect();
         if self.new_steps.is_empty()
             && orders.is_empty()
@@ -366,7 +365,7 @@ impl Unit {
             Err(e) => return Err(e.into()),
         };
         let new: std::collections::HashSet<Uuid> =
-            inserted.iter().map(|t| t.order.order_id).collect();
+            inserted.iter().map(|t| t.order.row.order_id).collect();
         Ok(row.sort(self.messages, &new, locked, direct))
     }
 }
@@ -540,12 +539,6 @@ SELECT (SELECT count(*) FROM w) AS woken, ARRAY(SELECT order_id FROM n) AS creat
   CASE WHEN (SELECT count(*) FROM o) = $61::bigint AND (SELECT count(*) FROM s) = $62::bigint \
     THEN true ELSE sas_fail('rows changed under their row locks') END AS guarded";
 
-/// JSON as bytes, for a message body.
-fn json_bytes(v: &Value) -> Vec<u8> {
-    // A `Value` always serializes.
-    serde_json::to_vec(v).unwrap_or_default()
-}
-
 /// JSON as text, for a `text[]` parameter cast to `jsonb[]`.
 fn json_text(v: &Value) -> String {
     v.to_string()
@@ -554,14 +547,18 @@ fn json_text(v: &Value) -> String {
 /// The new orders and their steps; the events and messages of a new order
 /// whose id existed are left out.
 fn bind_inserts(q: Args, new: &[&Tracked], steps: &[(Uuid, Vec<Step>)]) -> Args {
-    let ids: Vec<Uuid> = new.iter().map(|t| t.order.order_id).collect();
-    let workflows: Vec<String> = new.iter().map(|t| t.order.workflow.clone()).collect();
-    let payloads: Vec<String> = new.iter().map(|t| json_text(&t.order.payload)).collect();
-    let reply_tos: Vec<Option<String>> = new.iter().map(|t| t.order.reply_to.clone()).collect();
-    let priorities: Vec<i16> = new.iter().map(|t| t.order.priority).collect();
-    let not_before: Vec<Option<DateTime<Utc>>> = new.iter().map(|t| t.order.not_before).collect();
-    let traces: Vec<Option<String>> = new.iter().map(|t| t.order.trace_id.clone()).collect();
-    let seqs: Vec<i32> = new.iter().map(|t| t.order.last_seq).collect();
+    let ids: Vec<Uuid> = new.iter().map(|t| t.order.row.order_id).collect();
+    let workflows: Vec<String> = new.iter().map(|t| t.order.row.workflow.clone()).collect();
+    let payloads: Vec<String> = new
+        .iter()
+        .map(|t| json_text(&t.order.row.payload))
+        .collect();
+    let reply_tos: Vec<Option<String>> = new.iter().map(|t| t.order.row.reply_to.clone()).collect();
+    let priorities: Vec<i16> = new.iter().map(|t| t.order.row.priority).collect();
+    let not_before: Vec<Option<DateTime<Utc>>> =
+        new.iter().map(|t| t.order.row.not_before).collect();
+    let traces: Vec<Option<String>> = new.iter().map(|t| t.order.row.trace_id.clone()).collect();
+    let seqs: Vec<i32> = new.iter().map(|t| t.order.row.last_seq).collect();
     let mut step_ids = Vec::new();
     let mut idx = Vec::new();
     let mut names = Vec::new();
@@ -596,23 +593,23 @@ fn bind_inserts(q: Args, new: &[&Tracked], steps: &[(Uuid, Vec<Step>)]) -> Args 
 
 fn bind_orders(q: Args, changed: &[&Tracked]) -> Args {
     let col = |f: fn(&Tracked) -> Option<String>| changed.iter().map(|t| f(t)).collect::<Vec<_>>();
-    let ids: Vec<Uuid> = changed.iter().map(|t| t.order.order_id).collect();
-    let states = col(|t| Some(t.order.process_state.as_str().to_owned()));
-    let locks = col(|t| t.order.locked_by.clone());
+    let ids: Vec<Uuid> = changed.iter().map(|t| t.order.row.order_id).collect();
+    let states = col(|t| Some(t.order.row.process_state.as_str().to_owned()));
+    let locks = col(|t| t.order.row.locked_by.clone());
     let deadlines: Vec<Option<DateTime<Utc>>> =
-        changed.iter().map(|t| t.order.complete_by).collect();
+        changed.iter().map(|t| t.order.row.complete_by).collect();
     let not_before: Vec<Option<DateTime<Utc>>> =
-        changed.iter().map(|t| t.order.not_before).collect();
-    let failures: Vec<i32> = changed.iter().map(|t| t.order.failure_count).collect();
+        changed.iter().map(|t| t.order.row.not_before).collect();
+    let failures: Vec<i32> = changed.iter().map(|t| t.order.row.failure_count).collect();
     let comp_failures: Vec<i32> = changed
         .iter()
-        .map(|t| t.order.compensation_failures)
+        .map(|t| t.order.row.compensation_failures)
         .collect();
-    let seqs: Vec<i32> = changed.iter().map(|t| t.order.last_seq).collect();
-    let errors = col(|t| t.order.last_error.clone());
-    let was_states = col(|t| Some(t.read.process_state.as_str().to_owned()));
-    let was_locks = col(|t| t.read.locked_by.clone());
-    let was_seqs: Vec<i32> = changed.iter().map(|t| t.read.last_seq).collect();
+    let seqs: Vec<i32> = changed.iter().map(|t| t.order.row.last_seq).collect();
+    let errors = col(|t| t.order.row.last_error.clone());
+    let was_states = col(|t| Some(t.read.row.process_state.as_str().to_owned()));
+    let was_locks = col(|t| t.read.row.locked_by.clone());
+    let was_seqs: Vec<i32> = changed.iter().map(|t| t.read.row.last_seq).collect();
     q.array(&ids)
         .array(&states)
         .array(&locks)

@@ -1,0 +1,326 @@
+//! What every rule works on and returns: an [`Order`] (its row and its
+//! steps), the [`Context`] of a decision (who acts, the database's clock),
+//! and the [`Decision`]: the order's new rows and, in the order they must
+//! leave, the events to log and announce and the messages to send.
+//!
+//! A rule builds its decision on a [`Deciding`], whose small moves
+//! (change state, log an event, send a request or an alert) the
+//! scheduler's, the supervisor's and the operator's rules share.
+
+use chrono::{DateTime, Utc};
+use serde_json::{Map, Value};
+use uuid::Uuid;
+
+use crate::messages::{Alert, EventKind, StepRequest};
+use crate::state::{ProcessState, StepState};
+use crate::state_store::{OrderRow, StepRow};
+use crate::workflow::StepView;
+
+/// An order as the rules see it: its row and its steps, by index.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Order {
+    pub row: OrderRow,
+    pub steps: Vec<StepRow>,
+}
+
+impl Order {
+    /// What the step plan needs of the steps.
+    pub fn views(&self) -> Vec<StepView<'_>> {
+        self.steps.iter().map(StepRow::view).collect()
+    }
+
+    /// The results of the completed steps, by step name.
+    pub fn results(&self) -> Map<String, Value> {
+        self.steps
+            .iter()
+            .filter_map(|s| s.result.clone().map(|r| (s.name.clone(), r)))
+            .collect()
+    }
+}
+
+/// The facts a rule decides with besides the order.
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    /// The database's clock for this transaction: every time the decision writes.
+    pub now: DateTime<Utc>,
+    /// Who decides: written to the event log and, for schedulers, as the lock holder.
+    pub actor: &'a str,
+    /// Mints a dispatch id (`Uuid::now_v7` in the services).
+    pub new_id: fn() -> Uuid,
+}
+
+/// An event a decision logs, with its number in the order's log; it is
+/// also the order's status event when the order has a status queue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logged {
+    pub seq: i32,
+    pub kind: EventKind,
+    pub from: Option<ProcessState>,
+    pub to: ProcessState,
+    pub step: Option<String>,
+    pub attempt: i32,
+    pub actor: String,
+    pub reason: Option<String>,
+    pub detail: Value,
+}
+
+/// One thing a decision does besides changing rows, in the order they happen.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// Log (and announce) an event.
+    Event(Logged),
+    /// Send a step (or its undo) to this agent.
+    Request { agent: String, request: StepRequest },
+    /// Tell the operators.
+    Alert(Alert),
+}
+
+/// What a rule decided for one order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// The order's rows as they are to be written back.
+    pub order: Order,
+    /// Events and messages, in order: an alert goes out before the events
+    /// that follow it, a status event before the request it announces.
+    pub effects: Vec<Effect>,
+    /// Whether the schedulers should look for work when this commits.
+    pub wake: bool,
+    /// The terminal state the order reached, if it ended.
+    pub ended: Option<ProcessState>,
+}
+
+impl Decision {
+    /// The events logged, in order.
+    pub fn events(&self) -> impl Iterator<Item = &Logged> {
+        self.effects.iter().filter_map(|e| match e {
+            Effect::Event(l) => Some(l),
+            _ => None,
+        })
+    }
+
+    /// The step requests sent, in order.
+    pub fn requests(&self) -> impl Iterator<Item = (&str, &StepRequest)> {
+        self.effects.iter().filter_map(|e| match e {
+            Effect::Request { agent, request } => Some((agent.as_str(), request)),
+            _ => None,
+        })
+    }
+}
+
+/// A rule and the stored order disagree: a bug, never a race (the order
+/// is locked, or its write-back is guarded).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    /// The order is in a state the rule does not act on.
+    #[error("order {order_id} is {found}, expected {expected}")]
+    UnexpectedState {
+        order_id: Uuid,
+        found: ProcessState,
+        expected: &'static str,
+    },
+    /// The order names a step its workflow does not have.
+    #[error("order {order_id} has no step {idx}")]
+    MissingStep { order_id: Uuid, idx: i32 },
+    /// A step was to be undone but names no compensating agent.
+    #[error("step {0} has no compensation")]
+    NoCompensation(String),
+}
+
+/// A decision being built: the order as changed so far and what it does.
+#[derive(Debug)]
+pub struct Deciding<'c> {
+    pub(super) order: Order,
+    pub(super) effects: Vec<Effect>,
+    pub(super) wake: bool,
+    pub(super) ended: Option<ProcessState>,
+    pub(super) ctx: Context<'c>,
+}
+
+/// An event before it is numbered.
+#[derive(Debug)]
+pub(super) struct Event<'a> {
+    pub kind: EventKind,
+    pub from: Option<ProcessState>,
+    pub to: ProcessState,
+    pub step: Option<&'a str>,
+    pub attempt: i32,
+    pub reason: Option<&'a str>,
+    pub detail: Value,
+}
+
+impl<'c> Deciding<'c> {
+    /// Starts from the order as loaded.
+    pub(super) fn new(order: &Order, ctx: Context<'c>) -> Self {
+        Self {
+            order: order.clone(),
+            effects: Vec::new(),
+            wake: false,
+            ended: None,
+            ctx,
+        }
+    }
+
+    /// The decision.
+    pub(super) fn done(self) -> Decision {
+        Decision {
+            order: self.order,
+            effects: self.effects,
+            wake: self.wake,
+            ended: self.ended,
+        }
+    }
+
+    /// The order's row as changed so far.
+    pub(super) fn row(&self) -> &OrderRow {
+        &self.order.row
+    }
+
+    /// Moves the order to `to`, held by `locked_by`, with complete-by `deadline`.
+    pub(super) fn set_state(
+        &mut self,
+        to: ProcessState,
+        locked_by: Option<&str>,
+        deadline: Option<DateTime<Utc>>,
+    ) {
+        let o = &mut self.order.row;
+        o.process_state = to;
+        o.locked_by = locked_by.map(str::to_owned);
+        o.complete_by = deadline;
+    }
+
+    /// Logs `e` with the order's next event number (the numbers have no gaps).
+    pub(super) fn log(&mut self, e: Event<'_>) {
+        let o = &mut self.order.row;
+        o.last_seq += 1;
+        self.effects.push(Effect::Event(Logged {
+            seq: o.last_seq,
+            kind: e.kind,
+            from: e.from,
+            to: e.to,
+            step: e.step.map(str::to_owned),
+            attempt: e.attempt,
+            actor: self.ctx.actor.to_owned(),
+            reason: e.reason.map(str::to_owned),
+            detail: e.detail,
+        }));
+    }
+
+    /// Queues an operator alert, saying the order goes to `state` and why.
+    pub(super) fn alert(&mut self, state: ProcessState, reason: &str) {
+        let o = &self.order.row;
+        self.effects.push(Effect::Alert(Alert {
+            order_id: o.order_id,
+            workflow: o.workflow.clone(),
+            state: state.as_str().into(),
+            reason: reason.into(),
+            failure_count: o.failure_count,
+            at: self.ctx.now,
+        }));
+    }
+
+    /// The position of step `idx`.
+    pub(super) fn step_pos(&self, idx: i32) -> Result<usize, RuleError> {
+        self.order
+            .steps
+            .iter()
+            .position(|s| s.idx == idx)
+            .ok_or(RuleError::MissingStep {
+                order_id: self.order.row.order_id,
+                idx,
+            })
+    }
+
+    /// Ends the order in `state`.
+    pub(super) fn end(&mut self, state: ProcessState) {
+        self.ended = Some(state);
+    }
+
+    /// Withdraws the order's running dispatch (its deadline passed, or an
+    /// operator cancelled): a forward step goes back to `not_started`, an
+    /// undo back to `completed`, and a late reply to the old dispatch is
+    /// stale.
+    pub(super) fn withdraw_running(&mut self) {
+        for s in &mut self.order.steps {
+            let back = match s.state {
+                StepState::Running => StepState::NotStarted,
+                StepState::Compensating => StepState::Completed,
+                _ => continue,
+            };
+            s.state = back;
+            s.dispatch_id = None;
+            s.complete_by = None;
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod fixture {
+    //! Orders to test the rules with.
+
+    use chrono::{DateTime, TimeZone as _, Utc};
+    use serde_json::json;
+    use uuid::Uuid;
+
+    use super::{Context, Order};
+    use crate::state::{ProcessState, StepState};
+    use crate::state_store::{OrderRow, StepRow};
+
+    /// A fixed clock: the rules read no other.
+    pub fn now() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 11, 25, 12, 0, 0)
+            .single()
+            .unwrap_or_default()
+    }
+
+    /// A context at [`now`] for `actor`.
+    pub fn ctx(actor: &str) -> Context<'_> {
+        Context {
+            now: now(),
+            actor,
+            new_id: Uuid::new_v4,
+        }
+    }
+
+    /// A pending order of `n` steps, each with an undo (`undo_agent`) when
+    /// `undo` says so for its index.
+    pub fn pending(n: i32, undo: impl Fn(i32) -> bool) -> Order {
+        let order_id = Uuid::new_v4();
+        let row = OrderRow {
+            order_id,
+            workflow: "w".into(),
+            payload: json!({ "n": n }),
+            reply_to: Some("status".into()),
+            priority: 0,
+            not_before: None,
+            process_state: ProcessState::Pending,
+            locked_by: None,
+            complete_by: None,
+            failure_count: 0,
+            compensation_failures: 0,
+            last_seq: 1,
+            last_error: None,
+            created_at: now(),
+            updated_at: now(),
+            trace_id: None,
+        };
+        let steps = (0..n)
+            .map(|idx| StepRow {
+                order_id,
+                idx,
+                name: format!("s{idx}"),
+                agent: format!("a{idx}"),
+                compensate: undo(idx).then(|| format!("u{idx}")),
+                timeout_ms: 1000,
+                state: StepState::NotStarted,
+                dispatches: 0,
+                dispatch_id: None,
+                complete_by: None,
+                result: None,
+                error: None,
+                started_at: None,
+                finished_at: None,
+            })
+            .collect();
+        Order { row, steps }
+    }
+}

@@ -1,0 +1,300 @@
+//! The pattern's invariants, checked over random histories of one order:
+//! claims by two schedulers, replies (current, duplicate and stale,
+//! successes and failures), expiries, and operator retries and cancels,
+//! each decided by the rules alone.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use serde_json::json;
+
+use super::order::fixture::{ctx, pending};
+use super::scheduler::{Replied, apply_reply, claim};
+use super::{Decision, Effect, Order, operator, submission, supervisor};
+use crate::config::SupervisorSettings;
+use crate::messages::{Direction, EventKind, StepOutcome, StepReply, StepRequest};
+use crate::state::{ProcessState, StepState};
+
+/// What happens next to the order.
+#[derive(Debug, Clone)]
+enum Action {
+    /// A scheduler (0 or 1) claims it, if it may be claimed.
+    Claim(u8),
+    /// A reply to one of the requests sent so far (any: a duplicate or a
+    /// stale one too), succeeded or not, applied by scheduler 0 or 1.
+    Reply(prop::sample::Index, bool, u8),
+    /// Its deadline passes, if a step of it is running.
+    Expire,
+    /// An operator retries it.
+    Retry,
+    /// An operator cancels it.
+    Cancel,
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        3 => (0u8..2).prop_map(Action::Claim),
+        6 => (any::<prop::sample::Index>(), prop::bool::weighted(0.8), 0u8..2)
+            .prop_map(|(i, ok, s)| Action::Reply(i, ok, s)),
+        2 => Just(Action::Expire),
+        1 => Just(Action::Retry),
+        1 => Just(Action::Cancel),
+    ]
+}
+
+const SCHEDULERS: [&str; 2] = ["s1", "s2"];
+
+/// The order, everything it sent and logged, and what the checks remember.
+struct World {
+    order: Order,
+    sent: Vec<StepRequest>,
+    seqs: Vec<i32>,
+    /// Steps that completed at some point.
+    completed: BTreeSet<i32>,
+    /// Whether the order ended and no operator has reopened it since.
+    ended: bool,
+}
+
+impl World {
+    /// Checks `decision`, taken on the world's order by `operator` or not,
+    /// against every invariant, then takes it.
+    fn take(&mut self, d: Decision, by_operator: bool) -> Result<(), TestCaseError> {
+        let before = &self.order;
+        // Exactly one terminal state: a decision that ends the order logs
+        // one terminal event, last; only an operator acts on an ended order.
+        let terminal: Vec<_> = d
+            .events()
+            .filter(|e| {
+                matches!(
+                    e.kind,
+                    EventKind::Processed | EventKind::Compensated | EventKind::Failed
+                )
+            })
+            .collect();
+        prop_assert!(!self.ended || by_operator, "an ended order changed: {d:?}");
+        match d.ended {
+            Some(state) => {
+                prop_assert_eq!(terminal.len(), 1);
+                prop_assert_eq!(terminal[0].to, state);
+                prop_assert_eq!(d.events().last().map(|e| e.seq), Some(terminal[0].seq));
+                prop_assert_eq!(d.order.row.process_state, state);
+                prop_assert!(d.order.row.locked_by.is_none());
+            }
+            None => {
+                prop_assert!(terminal.is_empty(), "{:?}", terminal);
+                prop_assert!(!d.order.row.process_state.is_terminal());
+            }
+        }
+        for (agent, r) in d.requests() {
+            let step = &before.steps[r.step_index as usize];
+            match r.direction {
+                // A completed step is never dispatched again.
+                Direction::Forward => {
+                    prop_assert!(
+                        !self.completed.contains(&r.step_index),
+                        "redo of {}",
+                        r.step_index
+                    );
+                    prop_assert_eq!(agent, step.agent.as_str());
+                }
+                // Undo only completed steps, newest first.
+                Direction::Compensate => {
+                    let now = &d.order.steps;
+                    prop_assert_eq!(
+                        step.state,
+                        StepState::Completed,
+                        "undo of a step that did not complete"
+                    );
+                    prop_assert!(
+                        now.iter()
+                            .filter(|s| s.idx > r.step_index && s.compensate.is_some())
+                            .all(|s| !matches!(
+                                s.state,
+                                StepState::Completed | StepState::Compensating
+                            )),
+                        "a newer completed step is left undone: {:?}",
+                        now
+                    );
+                    prop_assert_eq!(Some(agent), step.compensate.as_deref());
+                }
+            }
+            // The request is fenced by the step's current dispatch.
+            prop_assert_eq!(
+                d.order.steps[r.step_index as usize].dispatch_id,
+                Some(r.dispatch_id)
+            );
+        }
+        for e in &d.effects {
+            if let Effect::Event(e) = e {
+                self.seqs.push(e.seq);
+            }
+        }
+        // `seq` has no gaps.
+        prop_assert!(
+            self.seqs.iter().copied().eq(1..=self.seqs.len() as i32),
+            "{:?}",
+            self.seqs
+        );
+        prop_assert_eq!(d.order.row.last_seq, self.seqs.len() as i32);
+        self.completed.extend(
+            d.order
+                .steps
+                .iter()
+                .filter(|s| s.state == StepState::Completed)
+                .map(|s| s.idx),
+        );
+        self.sent.extend(d.requests().map(|(_, r)| r.clone()));
+        if d.ended.is_some() {
+            self.ended = true;
+        } else if by_operator {
+            self.ended = false;
+        }
+        self.order = d.order;
+        Ok(())
+    }
+}
+
+fn run(steps: i32, undo: u8, actions: Vec<Action>, reached: &Reached) -> Result<(), TestCaseError> {
+    let settings = SupervisorSettings {
+        max_failures: 3,
+        retry_schedule: vec![Duration::ZERO],
+        ..SupervisorSettings::default()
+    };
+    let mut order = pending(steps, |i| undo & (1 << i) != 0);
+    order.row.last_seq = 0;
+    let received = submission::receive(&order, ctx("submission"));
+    let mut world = World {
+        order,
+        sent: Vec::new(),
+        seqs: Vec::new(),
+        completed: BTreeSet::new(),
+        ended: false,
+    };
+    world.take(received, false)?;
+    for action in actions {
+        let row = &world.order.row;
+        match action {
+            Action::Claim(s) => {
+                let claimable = row.process_state == ProcessState::Pending
+                    || row.process_state == ProcessState::Compensating && row.locked_by.is_none();
+                if claimable {
+                    let d = claim(&world.order, ctx(SCHEDULERS[s as usize]))
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    world.take(d, false)?;
+                }
+            }
+            Action::Reply(i, ok, s) => {
+                if world.sent.is_empty() {
+                    continue;
+                }
+                let request = &world.sent[i.index(world.sent.len())];
+                let outcome = if ok {
+                    StepOutcome::Succeeded {
+                        result: json!({ "step": request.step_index }),
+                    }
+                } else {
+                    StepOutcome::Failed { error: "no".into() }
+                };
+                let reply = StepReply::to(request, outcome);
+                let step = &world.order.steps[reply.step_index as usize];
+                let current = step.dispatch_id == Some(reply.dispatch_id)
+                    && row.locked_by.as_deref() == Some(reply.locked_by.as_str())
+                    && matches!(step.state, StepState::Running | StepState::Compensating);
+                match apply_reply(&world.order, &reply, ctx(SCHEDULERS[s as usize]))
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?
+                {
+                    Replied::Applied(d) => {
+                        if d.order
+                            .steps
+                            .iter()
+                            .any(|s| s.state == StepState::Compensated)
+                        {
+                            reached
+                                .undone
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        if let (Some(end), Ok(mut ended)) = (d.ended, reached.ended.lock()) {
+                            ended.insert(end.as_str());
+                        }
+                        // Only the step's current dispatch counts.
+                        prop_assert!(current, "a stale reply counted: {reply:?}");
+                        world.take(*d, false)?;
+                    }
+                    // A stale reply changes nothing: there is no decision to take.
+                    Replied::Stale(_) => {
+                        reached
+                            .stale
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let current_attempt = reply.direction == Direction::Compensate
+                            || row.attempt() == reply.attempt;
+                        prop_assert!(
+                            !(current && current_attempt),
+                            "a current reply was stale: {reply:?}"
+                        );
+                    }
+                }
+            }
+            Action::Expire => {
+                let running = matches!(
+                    row.process_state,
+                    ProcessState::Processing | ProcessState::Compensating
+                ) && row.locked_by.is_some();
+                if running {
+                    let (d, _) = supervisor::expire(&world.order, &settings, ctx("sup"));
+                    world.take(d, false)?;
+                }
+            }
+            Action::Retry => {
+                if let Ok(d) = operator::retry(&world.order, ctx("op")) {
+                    world.take(d, true)?;
+                }
+            }
+            Action::Cancel => {
+                if let Ok(d) = operator::cancel(&world.order, ctx("op")) {
+                    world.take(d, true)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What the histories reached, so that a test that explores nothing fails.
+#[derive(Default)]
+struct Reached {
+    ended: std::sync::Mutex<BTreeSet<&'static str>>,
+    stale: std::sync::atomic::AtomicUsize,
+    undone: std::sync::atomic::AtomicUsize,
+}
+
+#[test]
+fn every_history_keeps_the_invariants() {
+    let mut runner = TestRunner::new(Config {
+        cases: 1000,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let case = (
+        1i32..5,
+        any::<u8>(),
+        proptest::collection::vec(action(), 1..80),
+    );
+    runner
+        .run(&case, |(steps, undo, actions)| {
+            run(steps, undo, actions, &REACHED)
+        })
+        .unwrap();
+    let ended = REACHED.ended.lock().map(|e| e.clone()).unwrap_or_default();
+    assert_eq!(
+        ended,
+        BTreeSet::from(["compensated", "error", "processed"]),
+        "every end was reached"
+    );
+    assert!(REACHED.stale.load(std::sync::atomic::Ordering::Relaxed) > 100);
+    let undone = REACHED.undone.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(undone > 20, "{undone} undos");
+}
+
+static REACHED: std::sync::LazyLock<Reached> = std::sync::LazyLock::new(Reached::default);
