@@ -30,7 +30,10 @@ use lapin::types::{AMQPValue, FieldTable};
 use sas::broker::{BasicAckOptions, Broker, Outgoing};
 use sas::config::{DatabaseSettings, StepSpec, WorkflowSpec};
 use sas::messages::{StepOutcome, StepReply, StepRequest};
-use sas::state_store::{Actor, Handoff, Held, NewOrder, OutboxRow, StateStore, Transitions};
+use sas::state_store::{
+    Actor, Committed, Done, Held, NewOrder, OutboxRow, ReplyOutcome, StateStore, StoreError,
+    Submitted, Transitions,
+};
 use sas::topology::QueueNames;
 use sas::workflow::Workflow;
 use serde::Serialize;
@@ -303,8 +306,10 @@ async fn pg_limit(
         .await?;
         let prefix = format!("sasbench{}limits", env.run_id);
         let outlet = Arc::new(Outlet::default());
-        let transitions =
-            Transitions::new(store.clone(), QueueNames::new(&prefix)).with_handoff(outlet.clone());
+        let transitions = Arc::new(Handing {
+            t: Transitions::new(store.clone(), QueueNames::new(&prefix)),
+            outlet: outlet.clone(),
+        });
         let wf = Arc::new(workflow(name, steps)?);
         let status = format!("{prefix}.app.status");
         let new_orders: Vec<NewOrder> = (0..orders)
@@ -520,8 +525,52 @@ struct Outlet {
     released: AtomicUsize,
 }
 
-impl Handoff for Outlet {
-    fn publish(self: Arc<Self>, held: Held, rows: Vec<OutboxRow>) {
+/// Transitions whose committed messages go to the outlet, as the services'
+/// go to their relay.
+struct Handing {
+    t: Transitions,
+    outlet: Arc<Outlet>,
+}
+
+impl Handing {
+    /// As the services at full load, where batches fill up: the limit
+    /// costs the statements of the hand-over, one delete per transition.
+    const HAND_OVER: bool = true;
+
+    fn took<T>(&self, done: Done<T>) -> T {
+        self.outlet.hand_over(done.committed);
+        done.value
+    }
+
+    async fn submit_many(
+        &self,
+        batch: &[(&NewOrder, &Workflow)],
+    ) -> Result<Vec<Submitted>, StoreError> {
+        Ok(self.took(self.t.submit_many(batch, Self::HAND_OVER).await?))
+    }
+
+    async fn claim(&self, me: &Actor, limit: u32, max: u32) -> Result<Vec<Uuid>, StoreError> {
+        Ok(self.took(self.t.claim(me, limit, max, Self::HAND_OVER).await?))
+    }
+
+    async fn apply_replies(
+        &self,
+        me: &Actor,
+        replies: &[StepReply],
+    ) -> Result<Vec<ReplyOutcome>, StoreError> {
+        Ok(self.took(self.t.apply_replies(me, replies, Self::HAND_OVER).await?))
+    }
+}
+
+impl Outlet {
+    /// Takes what a transition committed: the messages handed over.
+    fn hand_over(self: &Arc<Self>, committed: Committed) {
+        if let Some((held, rows)) = committed.publish {
+            self.publish(held, rows);
+        }
+    }
+
+    fn publish(self: &Arc<Self>, held: Held, rows: Vec<OutboxRow>) {
         let mut ids = Vec::with_capacity(rows.len());
         for row in rows {
             self.sizes
@@ -543,16 +592,6 @@ impl Handoff for Outlet {
         });
     }
 
-    fn later(&self, _orders: Vec<Uuid>) {}
-
-    /// As the services at full load, where batches fill up: the limit
-    /// costs the statements of the hand-over, one delete per transaction.
-    fn ready(&self) -> bool {
-        true
-    }
-}
-
-impl Outlet {
     /// Waits for the deletes under way; how many statements ran since last time.
     async fn settle(&self) -> usize {
         self.releases.close();

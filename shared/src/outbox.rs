@@ -9,7 +9,7 @@
 //! tries again a moment later, so relays never queue behind each other.
 //!
 //! While the relay is not busy, transitions skip its transaction: a
-//! transition hands its committed messages over ([`Handoff`]) together with
+//! transition hands its committed messages over ([`Relay::hand_over`]) together with
 //! the connection that still holds its orders' outbox locks, and they are
 //! published at once, then deleted. Under load (a few hand-overs under way)
 //! the relay's passes take everything, many orders at a time; they are also
@@ -27,7 +27,7 @@ use uuid::Uuid;
 use crate::broker::{BrokerError, Outgoing, PublishError, Publisher};
 use crate::config::OutboxSettings;
 use crate::metrics::{Metrics, labels};
-use crate::state_store::{Handoff, Held, OutboxRow, StateStore};
+use crate::state_store::{Committed, Held, OutboxRow, StateStore};
 
 /// The relay of one process; transitions tell it which orders have new rows.
 pub struct Relay {
@@ -51,7 +51,23 @@ impl std::fmt::Debug for Relay {
     }
 }
 
-impl Handoff for Relay {
+impl Relay {
+    /// Takes what a transition committed: publishes its handed-over
+    /// messages at once over the connection that holds their outbox locks,
+    /// follows the orders whose locks another publisher held, and leaves the
+    /// rest to the next pass.
+    pub fn hand_over(self: &Arc<Self>, committed: Committed) {
+        if !committed.later.is_empty() {
+            self.push(committed.later);
+        }
+        if !committed.follow.is_empty() {
+            self.clone().follow(committed.follow);
+        }
+        if let Some((held, rows)) = committed.publish {
+            self.clone().publish(held, rows);
+        }
+    }
+
     fn publish(self: Arc<Self>, held: Held, rows: Vec<OutboxRow>) {
         let publisher = self
             .publisher
@@ -88,10 +104,6 @@ impl Handoff for Relay {
         });
     }
 
-    fn later(&self, orders: Vec<Uuid>) {
-        self.push(orders);
-    }
-
     fn follow(self: Arc<Self>, mut orders: Vec<Uuid>) {
         let publisher = self
             .publisher
@@ -103,7 +115,7 @@ impl Handoff for Relay {
         };
         orders.sort_unstable();
         let relay = self.clone();
-        // Its own transaction, waiting for the locks: the relay's passes
+        // A take of its own, waiting for the locks: the relay's passes
         // never wait, so that one busy order cannot hold up the rest.
         self.handoffs.spawn(async move {
             let outcome = relay
@@ -118,7 +130,13 @@ impl Handoff for Relay {
         });
     }
 
-    fn ready(&self) -> bool {
+    /// Whether a hand-over now would go out at once: a broker session is
+    /// up and few hand-overs are under way. Under load, when it says no,
+    /// transitions take no outbox locks and leave their messages to the
+    /// relay, whose passes publish many orders' messages together (and a
+    /// transition never waits on a lock a busy publisher holds, nor holds a
+    /// connection while its messages wait for their confirms).
+    pub fn ready(&self) -> bool {
         self.handoffs.len() < MAX_HANDOFFS
             && self
                 .publisher

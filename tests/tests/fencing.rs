@@ -209,9 +209,9 @@ async fn snapshot(app: &TestApp, id: Uuid) -> Value {
     row.0
 }
 
-/// A reply whose order another transaction holds waits for it, then judges
-/// the reply against the order and steps as that transaction left them (the
-/// steps are read afresh when the order changed during the wait).
+/// A reply whose order another transaction holds waits for it to write back,
+/// then, as that transaction changed the order meanwhile, judges the reply
+/// again against the order and steps as that transaction left them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_that_waited_for_the_orders_lock_sees_the_steps_as_they_were_left() {
     use sas::state_store::{Actor, NewOrder, ReplyOutcome, StateStore, Transitions};
@@ -231,9 +231,10 @@ async fn a_reply_that_waited_for_the_orders_lock_sees_the_steps_as_they_were_lef
         not_before: None,
         trace_id: None,
     };
-    t.submit(&order, &wf).await.expect("submit");
+    t.submit(&order, &wf, false).await.expect("submit");
     let me = Actor::new_instance("scheduler");
-    assert_eq!(t.claim(&me, 1, 1).await.expect("claim").len(), 1);
+    let claimed = t.claim(&me, 1, 1, false).await.expect("claim");
+    assert_eq!(claimed.value.len(), 1);
     let (dispatch_id, attempt): (Uuid, i32) = sqlx::query_as(
         "SELECT s.dispatch_id, o.failure_count + 1 FROM steps s JOIN orders o USING (order_id) \
          WHERE order_id = $1",
@@ -267,12 +268,12 @@ async fn a_reply_that_waited_for_the_orders_lock_sees_the_steps_as_they_were_lef
     let applying = tokio::spawn({
         let t = t.clone();
         let me = me.clone();
-        async move { t.apply_reply(&me, &reply).await }
+        async move { t.apply_reply(&me, &reply, false).await.map(|d| d.value) }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !applying.is_finished(),
-        "the reply waits for the order's lock"
+        "the reply's write-back waits for the order's lock"
     );
     sqlx::query("UPDATE steps SET dispatch_id = $2 WHERE order_id = $1")
         .bind(order.order_id)
@@ -295,4 +296,12 @@ async fn a_reply_that_waited_for_the_orders_lock_sees_the_steps_as_they_were_lef
         outcome,
         ReplyOutcome::Stale("the dispatch was superseded".into())
     );
+    // The write-back it first tried failed whole: no event of it stayed.
+    let events: Vec<String> =
+        sqlx::query_scalar("SELECT event FROM order_events WHERE order_id = $1 ORDER BY seq")
+            .bind(order.order_id)
+            .fetch_all(&app.db)
+            .await
+            .expect("events");
+    assert_eq!(events, ["received", "processing"]);
 }

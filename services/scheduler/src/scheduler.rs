@@ -56,8 +56,13 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         ctx.settings.outbox.clone(),
         ctx.metrics.clone(),
     );
-    let transitions = Transitions::new(store, ctx.queues.clone()).with_handoff(relay.clone());
-    let replies = apply_in_batches(transitions.clone(), me.clone(), &ctx.settings.database);
+    let transitions = Transitions::new(store, ctx.queues.clone());
+    let replies = apply_in_batches(
+        transitions.clone(),
+        relay.clone(),
+        me.clone(),
+        &ctx.settings.database,
+    );
     let scheduler = Arc::new(Scheduler {
         me,
         transitions,
@@ -111,17 +116,24 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
 /// Starts the workers that apply replies in batches.
 fn apply_in_batches(
     transitions: Transitions,
+    relay: Arc<Relay>,
     me: Actor,
     db: &sas::config::DatabaseSettings,
 ) -> Batcher {
-    let shared = Arc::new((transitions, me));
+    let shared = Arc::new((transitions, relay, me));
     sas::batch::Batcher::start(db.batch_workers, db.batch_size, move |replies| {
         let shared = shared.clone();
         async move {
-            let (transitions, me) = &*shared;
-            sas::batch::isolating(&replies, StoreError::is_refusal_of_input, |some| {
-                transitions.apply_replies(me, some)
-            })
+            let (transitions, relay, me) = &*shared;
+            sas::batch::isolating(
+                &replies,
+                StoreError::is_refusal_of_input,
+                |some| async move {
+                    let done = transitions.apply_replies(me, some, relay.ready()).await?;
+                    relay.hand_over(done.committed);
+                    Ok(done.value)
+                },
+            )
             .await
         }
     })
@@ -165,7 +177,14 @@ impl Scheduler {
         let batch = self.ctx.settings.scheduler.claim_batch;
         let max_in_flight = self.ctx.settings.scheduler.max_in_flight;
         while !stop.is_cancelled() {
-            match self.transitions.claim(&self.me, batch, max_in_flight).await {
+            let claimed = self
+                .transitions
+                .claim(&self.me, batch, max_in_flight, self.relay.ready())
+                .await;
+            match claimed.map(|done| {
+                self.relay.hand_over(done.committed);
+                done.value
+            }) {
                 Ok(ids) => {
                     let n = ids.len();
                     if n > 0 {

@@ -25,9 +25,9 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         ctx.settings.outbox.clone(),
         ctx.metrics.clone(),
     );
-    let transitions = Transitions::new(store, ctx.queues.clone()).with_handoff(relay.clone());
+    let transitions = Transitions::new(store, ctx.queues.clone());
     let submission = Arc::new(Submitter {
-        batcher: store_in_batches(transitions, &ctx.settings.database),
+        batcher: store_in_batches(transitions, relay.clone(), &ctx.settings.database),
         relay,
         ctx: ctx.clone(),
     });
@@ -74,14 +74,21 @@ type Batcher = sas::batch::Batcher<(NewOrder, Workflow), Result<Submitted, Arc<S
 
 /// Stores orders in batches: those that arrive while a transaction commits
 /// share the next one (and its single wake-up of the schedulers).
-fn store_in_batches(transitions: Transitions, db: &sas::config::DatabaseSettings) -> Batcher {
-    let transitions = Arc::new(transitions);
+fn store_in_batches(
+    transitions: Transitions,
+    relay: Arc<Relay>,
+    db: &sas::config::DatabaseSettings,
+) -> Batcher {
+    let shared = Arc::new((transitions, relay));
     sas::batch::Batcher::start(db.batch_workers, db.batch_size, move |items| {
-        let transitions = transitions.clone();
+        let shared = shared.clone();
         async move {
+            let (transitions, relay) = &*shared;
             let refs: Vec<(&NewOrder, &Workflow)> = items.iter().map(|(o, w)| (o, w)).collect();
-            sas::batch::isolating(&refs, StoreError::is_refusal_of_input, |some| {
-                transitions.submit_many(some)
+            sas::batch::isolating(&refs, StoreError::is_refusal_of_input, |some| async move {
+                let done = transitions.submit_many(some, relay.ready()).await?;
+                relay.hand_over(done.committed);
+                Ok(done.value)
             })
             .await
         }

@@ -28,8 +28,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         ctx.settings.outbox.clone(),
         ctx.metrics.clone(),
     );
-    let transitions =
-        Transitions::new(store.clone(), ctx.queues.clone()).with_handoff(relay.clone());
+    let transitions = Transitions::new(store.clone(), ctx.queues.clone());
     let agents = ctx.settings.agent_names();
     let mut lease = Lease::new("sas.supervisor");
     let mut leading = false;
@@ -53,10 +52,13 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                     continue;
                 }
                 let started = Instant::now();
-                match transitions
-                    .recover_expired(&me, &ctx.settings.supervisor)
-                    .await
-                {
+                let swept = transitions
+                    .recover_expired(&me, &ctx.settings.supervisor, relay.ready())
+                    .await;
+                match swept.map(|done| {
+                    relay.hand_over(done.committed);
+                    done.value
+                }) {
                     Ok(recovered) => {
                         ctx.metrics.supervisor_sweeps.inc();
                         ctx.metrics

@@ -1,18 +1,18 @@
 //! The state store: every SQL statement sas issues, grouped by table, and the
-//! guarded transitions built from them.
+//! transitions built from them, which load orders, ask the pattern's rules
+//! ([`crate::rules`]) and write the decisions back. Every value reaches SQL
+//! as a bound parameter.
 //!
-//! Each transition runs in one transaction whose statements name, in their
-//! `WHERE`, the state they expect, the lock holder and the dispatch they
-//! answer, so a stale actor changes nothing: the row count says so.
+//! A transition's write-back names, in its `WHERE`, the row version it
+//! loaded and the step state and dispatch it expects, so a stale actor
+//! changes nothing: the row count says so, and the statement fails whole.
 
 mod breakers;
 mod dashboard;
 mod events;
 mod leases;
-mod literal;
 mod orders;
 mod outbox;
-mod prepared;
 mod stats;
 mod steps;
 mod transitions;
@@ -31,10 +31,12 @@ pub use dashboard::{Bucket, CHART_BUCKET, CHART_WINDOW, FailedOrder, Overview, W
 pub use events::EventRow;
 pub use leases::Lease;
 pub use orders::{NewOrder, OrderRow};
-pub use outbox::{Handoff, Held, OutboxRow};
+pub use outbox::{Committed, Held, OutboxRow};
 pub use stats::Stats;
 pub use steps::StepRow;
-pub use transitions::{Actor, Expired, Operated, ReplyOutcome, Submitted, Transitions, any_undone};
+pub use transitions::{
+    Actor, Done, Expired, Operated, ReplyOutcome, Submitted, Transitions, any_undone,
+};
 
 use crate::config::DatabaseSettings;
 
@@ -141,22 +143,13 @@ pub enum Plans {
 }
 
 impl Plans {
-    /// The planner settings, sent with the connection's start-up, the text
-    /// form of `bytea` that the relay's simple query decodes, and the
-    /// string literals the simple queries' arguments are written as
-    /// ([`literal`]): the server's defaults, whatever its configuration says.
+    /// The planner settings, sent with the connection's start-up.
     fn settings(self) -> &'static [(&'static str, &'static str)] {
         match self {
-            Self::PerExecution => &[
-                ("plan_cache_mode", "auto"),
-                ("bytea_output", "hex"),
-                ("standard_conforming_strings", "on"),
-            ],
+            Self::PerExecution => &[("plan_cache_mode", "auto")],
             Self::Generic => &[
                 ("plan_cache_mode", "force_generic_plan"),
                 ("enable_seqscan", "off"),
-                ("bytea_output", "hex"),
-                ("standard_conforming_strings", "on"),
             ],
         }
     }
@@ -222,12 +215,6 @@ impl StateStore {
             // A connection that died fails its next statement instead, which
             // every caller treats as transient and retries.
             .test_before_acquire(false)
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    prepared::prepare(conn).await;
-                    Ok(())
-                })
-            })
             .connect_with(options.clone())
             .await
     }
@@ -366,10 +353,20 @@ async fn ensure_database(options: &PgConnectOptions) -> Result<(), sqlx::Error> 
         Err(e) => return Err(e),
     }
     let mut admin = options.clone().database("postgres").connect().await?;
-    let create = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
-    let result = sqlx::raw_sql(sqlx::AssertSqlSafe(create))
-        .execute(&mut admin)
-        .await;
+    // A name cannot be a bound parameter: Postgres quotes it (`%I`), from one.
+    let create: Result<String, sqlx::Error> =
+        sqlx::query_scalar("SELECT format('CREATE DATABASE %I', $1::text)")
+            .bind(&name)
+            .fetch_one(&mut admin)
+            .await;
+    let result = match create {
+        Ok(create) => {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(create))
+                .execute(&mut admin)
+                .await
+        }
+        Err(e) => Err(e),
+    };
     admin.close().await.ok();
     match result {
         Ok(_) => Ok(()),

@@ -5,7 +5,8 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::literal::Args;
+use std::sync::LazyLock;
+
 use crate::state::ProcessState;
 
 /// An order row.
@@ -38,40 +39,39 @@ impl OrderRow {
     }
 }
 
-/// An order locked by this transaction, with the transaction's clock
-/// (`now()`, the same for every statement of it), read in the same round trip.
+/// An order loaded for a transition: its row, the row's version, the
+/// database's clock and its steps, read by one statement.
 #[derive(Debug, sqlx::FromRow)]
-pub struct Locked {
+pub struct Loaded {
     #[sqlx(flatten)]
     pub order: OrderRow,
+    /// The row version read (`xmin`): the write-back changes the row only
+    /// if it is still this version, so a transition that raced another
+    /// changes nothing.
+    pub version: i64,
+    /// The statement's clock (`now()`).
     pub tx_now: DateTime<Utc>,
     /// Whether this connection took the order's outbox lock with it (`None`:
     /// not asked to, or another publisher holds it).
     pub outbox_locked: Option<bool>,
-    /// Its steps, read in the same round trip, unless the order changed
-    /// while this statement waited for its lock (then read them afresh).
-    pub steps: Option<sqlx::types::Json<Vec<super::steps::StepRow>>>,
+    /// Its steps, by index.
+    pub steps: sqlx::types::Json<Vec<super::steps::StepRow>>,
 }
 
-/// Wraps a `SELECT … FOR UPDATE` of orders (`locked`, returning [`COLUMNS`],
-/// `tx_now` and `row_xmin`) so that it also returns each order's steps and,
-/// when parameter `$flag` is true, the connection tries to take each
-/// returned order's outbox lock ([`super::outbox::Held`]). It does not wait
-/// for a publisher that holds one (the previous transition's messages on
-/// their way): the transaction goes on, and its messages for that order
-/// follow once the lock comes free ([`super::outbox::Handoff::follow`]).
-/// The rows come back in order id order.
-///
-/// The steps are read with the statement's snapshot, from before any wait
-/// for a row lock: when the locked row is newer than that snapshot's (it
-/// changed while we waited), they may be too, and come back `NULL` instead.
-fn taking_outbox_locks(locked: &str, flag: u8) -> String {
+/// Wraps a query of orders (`picked`, returning [`COLUMNS`]) so that it
+/// also returns each order's row version, the clock, its steps and, when
+/// parameter `$flag` is true, takes each returned order's outbox lock for
+/// this connection ([`super::outbox::Held`]). It does not wait for a
+/// publisher that holds one (the previous transition's messages on their
+/// way): the transition goes on, and its messages for that order follow
+/// once the lock comes free ([`super::Committed::follow`]). The rows come
+/// back in order id order. Constant text: `flag` is a parameter's number.
+fn loading(picked: &str, flag: u8) -> String {
     format!(
-        "WITH l AS MATERIALIZED ({locked}) \
-         SELECT l.*, k.outbox_locked, \
-           CASE WHEN l.row_xmin = (SELECT o.xmin FROM orders o WHERE o.order_id = l.order_id) \
-           THEN (SELECT coalesce(json_agg(s ORDER BY s.idx), '[]') FROM ( \
-             SELECT {steps} FROM steps WHERE steps.order_id = l.order_id) s) END AS steps \
+        "WITH l AS MATERIALIZED ({picked}) \
+         SELECT l.*, now() AS tx_now, k.outbox_locked, \
+           (SELECT coalesce(json_agg(s ORDER BY s.idx), '[]') FROM ( \
+             SELECT {steps} FROM steps WHERE steps.order_id = l.order_id) s) AS steps \
          FROM l LEFT JOIN LATERAL ( \
            SELECT pg_try_advisory_lock({key}) AS outbox_locked \
            WHERE ${flag}) k ON k.outbox_locked \
@@ -79,6 +79,14 @@ fn taking_outbox_locks(locked: &str, flag: u8) -> String {
         steps = super::steps::COLUMNS,
         key = super::outbox::lock_key("l.order_id"),
     )
+}
+
+/// The SQL of an order's claim lock key, for the order id in `column`: a
+/// session-level advisory lock that a scheduler holds from reading an order
+/// it claims to writing its claim back, so that another scheduler's claim
+/// passes the order by meanwhile.
+pub(super) fn claim_key(column: &str) -> String {
+    format!("hashtextextended('sas.claim:' || {column}::text, 0)")
 }
 
 /// An accepted order, ready to be stored.
@@ -106,105 +114,98 @@ pub async fn get(conn: &mut PgConnection, order_id: Uuid) -> Result<Option<Order
     .await
 }
 
-/// The statement of [`lock_many`]: `$1` the order ids, `$2` whether to take
-/// their outbox locks.
-pub(super) fn lock_many_sql() -> String {
-    taking_outbox_locks(
-        &format!(
-            "SELECT {COLUMNS}, now() AS tx_now, xmin AS row_xmin FROM orders WHERE order_id = ANY($1) \
-             ORDER BY order_id FOR UPDATE"
-        ),
-        2,
-    )
-}
-
-/// These orders, locked for this transaction in id order (so that two
-/// transactions locking overlapping sets cannot deadlock).
-/// With `outbox_locks`, also takes their outbox locks.
-pub async fn lock_many(
+/// These orders, as they are now (not locked: the write-back is guarded
+/// by each row's version). With `outbox_locks`, also takes their outbox locks.
+pub async fn load_many(
     conn: &mut PgConnection,
     order_ids: &[Uuid],
     outbox_locks: bool,
-) -> Result<Vec<Locked>, sqlx::Error> {
-    sqlx::query_as::<_, Locked>(sqlx::AssertSqlSafe(lock_many_sql()))
+) -> Result<Vec<Loaded>, sqlx::Error> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        loading(
+            &format!(
+                "SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders \
+                 WHERE order_id = ANY($1)"
+            ),
+            2,
+        )
+    });
+    sqlx::query_as::<_, Loaded>(sqlx::AssertSqlSafe(SQL.as_str()))
         .bind(order_ids)
         .bind(outbox_locks)
         .fetch_all(conn)
         .await
 }
 
-/// Opens a transaction on `conn` and locks these orders as [`lock_many`]
-/// does, in one round trip instead of two ([`super::prepared::begin_with`]).
-pub async fn begin_lock_many(
-    conn: &mut PgConnection,
-    order_ids: &[Uuid],
-    outbox_locks: bool,
-) -> Result<Vec<Locked>, sqlx::Error> {
-    let execute = Args::default()
-        .array(order_ids)
-        .scalar(outbox_locks)
-        .execute("sas_lock_many");
-    super::prepared::begin_with(conn, &execute).await
-}
-
-/// Up to `limit` claimable orders, highest priority first, locked for a
-/// transaction that this opens on `conn` in the same round trip
-/// ([`super::prepared::begin_with`]): pending orders whose `not_before` has
-/// come, and compensating orders that nobody drives. Rows other claimers
-/// hold are skipped. Fewer when `holder` already holds nearly `max_held`
-/// orders. With `outbox_locks`, also takes their outbox locks.
-pub async fn begin_claimable(
+/// Up to `limit` claimable orders, highest priority first, for `holder` to
+/// claim: pending orders whose `not_before` has come, and compensating orders
+/// that nobody drives. Orders another scheduler is claiming (its row lock
+/// or claim lock) are passed by; `holder` takes the claim lock of each order
+/// returned, which the write-back lets go ([`claim_key`]). Fewer when
+/// `holder` already holds nearly `max_held` orders. With `outbox_locks`,
+/// also takes their outbox locks.
+///
+/// Its row locks make it a transaction that writes; it commits without
+/// waiting for the disk, as it changes no data.
+pub async fn claimable(
     conn: &mut PgConnection,
     limit: i64,
     holder: &str,
     max_held: i64,
     outbox_locks: bool,
-) -> Result<Vec<Locked>, sqlx::Error> {
-    let execute = Args::default()
-        .scalar(limit)
-        .scalar(holder)
-        .scalar(max_held)
-        .scalar(outbox_locks)
-        .execute("sas_claimable");
-    super::prepared::begin_with(conn, &execute).await
+) -> Result<Vec<Loaded>, sqlx::Error> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        loading(
+            &format!(
+                "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), \
+                 c AS MATERIALIZED ( \
+                   SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders, relaxed \
+                   WHERE (process_state = 'pending' \
+                          OR (process_state = 'compensating' AND locked_by IS NULL)) \
+                     AND (not_before IS NULL OR not_before <= now()) \
+                   ORDER BY priority DESC, created_at \
+                   LIMIT LEAST($1, GREATEST(0, $3 - (SELECT count(*) FROM orders WHERE locked_by = $2))) \
+                   FOR UPDATE OF orders SKIP LOCKED) \
+                 SELECT * FROM c WHERE pg_try_advisory_lock({key})",
+                key = claim_key("c.order_id"),
+            ),
+            4,
+        )
+    });
+    sqlx::query_as::<_, Loaded>(sqlx::AssertSqlSafe(SQL.as_str()))
+        .bind(limit)
+        .bind(holder)
+        .bind(max_held)
+        .bind(outbox_locks)
+        .fetch_all(conn)
+        .await
 }
 
-/// The statement of [`begin_claimable`]: `$1` the limit, `$2` the holder, `$3`
-/// the most it may hold, `$4` whether to take outbox locks.
-pub(super) fn claimable_sql() -> String {
-    taking_outbox_locks(
-        &format!(
-            "SELECT {COLUMNS}, now() AS tx_now, xmin AS row_xmin FROM orders \
-             WHERE (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL)) \
-               AND (not_before IS NULL OR not_before <= now()) \
-             ORDER BY priority DESC, created_at \
-             LIMIT LEAST($1, GREATEST(0, $3 - (SELECT count(*) FROM orders WHERE locked_by = $2))) \
-             FOR UPDATE SKIP LOCKED"
-        ),
-        4,
-    )
-}
-
-/// Orders whose step deadline has passed, locked for this transaction.
-/// With `outbox_locks`, also takes their outbox locks.
+/// Orders whose step deadline has passed, oldest deadline first. Orders
+/// another supervisor's sweep has locked are passed by. With
+/// `outbox_locks`, also takes their outbox locks.
 pub async fn expired(
     conn: &mut PgConnection,
     limit: i64,
     outbox_locks: bool,
-) -> Result<Vec<Locked>, sqlx::Error> {
-    sqlx::query_as::<_, Locked>(sqlx::AssertSqlSafe(taking_outbox_locks(
-        &format!(
-            "SELECT {COLUMNS}, now() AS tx_now, xmin AS row_xmin FROM orders \
-             WHERE locked_by IS NOT NULL AND complete_by < now() \
-               AND process_state IN ('processing', 'compensating') \
-             ORDER BY complete_by LIMIT $1 FOR UPDATE SKIP LOCKED"
-        ),
-        2,
-    )))
-    .bind(limit)
-    .bind(outbox_locks)
-    .fetch_all(conn)
-    .await
+) -> Result<Vec<Loaded>, sqlx::Error> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        loading(
+            &format!(
+                "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) \
+                 SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders, relaxed \
+                 WHERE locked_by IS NOT NULL AND complete_by < now() \
+                   AND process_state IN ('processing', 'compensating') \
+                 ORDER BY complete_by LIMIT $1 FOR UPDATE OF orders SKIP LOCKED"
+            ),
+            2,
+        )
+    });
+    sqlx::query_as::<_, Loaded>(sqlx::AssertSqlSafe(SQL.as_str()))
+        .bind(limit)
+        .bind(outbox_locks)
+        .fetch_all(conn)
+        .await
 }
 
 /// Orders, newest first, optionally of one state and one workflow.

@@ -32,32 +32,22 @@ pub(super) fn lock_key(column: &str) -> String {
     format!("hashtextextended('sas.outbox:' || {column}::text, 0)")
 }
 
-/// Where a transition hands the messages it just committed, to be published
-/// at once instead of by the relay's next pass.
-pub trait Handoff: Send + Sync + std::fmt::Debug {
-    /// Publishes `rows` (in order, several orders' messages) over the
-    /// connection that holds their orders' outbox locks, then deletes them
-    /// and lets the locks go ([`Held::release`]).
-    fn publish(self: std::sync::Arc<Self>, held: Held, rows: Vec<OutboxRow>);
-
-    /// These orders' messages are left for the relay's next pass.
-    fn later(&self, orders: Vec<Uuid>);
-
-    /// These orders' outbox locks were held by another publisher when the
-    /// transition tried to take them (their previous messages were on their
-    /// way): publish their messages once the locks come free. By default,
-    /// the relay's next pass.
-    fn follow(self: std::sync::Arc<Self>, orders: Vec<Uuid>) {
-        self.later(orders);
-    }
-
-    /// Whether a hand-over now would go out at once: a broker session is up
-    /// and few hand-overs are under way. Under load, when it says no, the
-    /// transitions take no outbox locks and leave their messages to the
-    /// relay, whose passes publish many orders' messages together (and a
-    /// transition never waits on a lock a busy publisher holds, nor holds a
-    /// connection while its messages wait for their confirms).
-    fn ready(&self) -> bool;
+/// What a transition committed for publishing, handed back to its caller,
+/// which passes it to its relay ([`crate::outbox::Relay::hand_over`]).
+/// Dropped unread, the connection it holds is closed (letting its outbox
+/// locks go) and the messages wait for a relay's sweep.
+#[derive(Debug, Default)]
+pub struct Committed {
+    /// Messages to publish at once, in order (several orders' messages),
+    /// over the connection that holds their orders' outbox locks; then
+    /// [`Held::release`] deletes them and lets the locks go.
+    pub publish: Option<(Held, Vec<OutboxRow>)>,
+    /// Orders whose new messages are left to the relay's next pass.
+    pub later: Vec<Uuid>,
+    /// Orders whose outbox locks another publisher held when the transition
+    /// tried to take them (their previous messages were on their way):
+    /// their messages go once the locks come free.
+    pub follow: Vec<Uuid>,
 }
 
 /// A pooled connection holding orders' outbox locks (session-level advisory
@@ -125,52 +115,53 @@ struct TakenRow {
     body: Option<Vec<u8>>,
 }
 
-/// The statement of [`begin_take`]: `$1` the orders, `$2` whether to wait
-/// for their locks.
-pub(super) fn take_sql() -> String {
-    format!(
-        "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), \
-         taken AS MATERIALIZED ( \
-           SELECT id FROM relaxed, unnest($1::uuid[]) AS t(id) \
-           WHERE CASE WHEN $2 \
-             THEN set_config('lock_timeout', '{LOCK_TIMEOUT}', true) IS NOT NULL \
-               AND pg_advisory_xact_lock({key})::text IS NOT NULL \
-             ELSE pg_try_advisory_xact_lock({key}) END), \
-         gone AS (DELETE FROM outbox o USING taken t WHERE o.order_id = t.id RETURNING o.*) \
-         SELECT t.id AS taken, g.id, g.kind, g.routing_key, g.correlation_id, g.reply_to, \
-           g.traceparent, g.body \
-         FROM taken t LEFT JOIN gone g ON g.order_id = t.id \
-         ORDER BY g.id NULLS LAST",
-        key = lock_key("id")
-    )
-}
-
-/// Opens a transaction on `conn` that takes these orders for relaying and
-/// removes their messages, returning them in the order they were written,
-/// in one round trip ([`super::prepared::begin_with`]); the caller
-/// publishes them and commits, or rolls back to keep them. Taken are the
-/// orders no other relay holds right now (a transaction-scoped advisory lock
-/// per order), so each order's messages are published by one relay at a
-/// time, in sequence, and relays never wait on each other; with `wait`,
-/// every order, once its publisher lets it go (give `order_ids` sorted, so
-/// that two waiters cannot deadlock). Returns the orders taken and their
-/// messages.
+/// Takes these orders for relaying and removes their messages, returning
+/// them in the order they were written, inside the caller's transaction,
+/// which publishes them and commits, or rolls back to keep them. Taken are
+/// the orders no other publisher holds right now (a transaction-scoped
+/// advisory lock per order, [`lock_key`]), so each order's messages are
+/// published by one publisher at a time, in sequence, and relays never
+/// wait on each other; with `wait`, every order, once its publisher lets it
+/// go (give `order_ids` sorted, so that two waiters cannot deadlock).
+/// Returns the orders taken and their messages.
 ///
-/// The relay's transaction only removes rows it has published, so it
-/// commits without waiting for the disk (`synchronous_commit = off`): if a
-/// crash loses the delete, the rows are published again, which at-least-once
+/// The delete, not a read: a publisher that lets an order's lock go while
+/// its own delete of the published rows is not yet committed (a hand-over's
+/// [`Held::release`]) leaves them locked, and this waits for that delete
+/// and skips them, instead of publishing them again.
+///
+/// The transaction only removes rows it has published, so it commits
+/// without waiting for the disk (`synchronous_commit = off`): if a crash
+/// loses the delete, the rows are published again, which at-least-once
 /// delivery allows (status events are deduplicated on `seq`, requests are
 /// fenced by their dispatch id).
-pub async fn begin_take(
+pub async fn take(
     conn: &mut PgConnection,
     order_ids: &[Uuid],
     wait: bool,
 ) -> Result<(Vec<Uuid>, Vec<OutboxRow>), sqlx::Error> {
-    let execute = super::literal::Args::default()
-        .array(order_ids)
-        .scalar(wait)
-        .execute("sas_take");
-    let found: Vec<TakenRow> = super::prepared::begin_with(conn, &execute).await?;
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), \
+             taken AS MATERIALIZED ( \
+               SELECT id FROM relaxed, unnest($1::uuid[]) AS t(id) \
+               WHERE CASE WHEN $2 \
+                 THEN set_config('lock_timeout', '{LOCK_TIMEOUT}', true) IS NOT NULL \
+                   AND pg_advisory_xact_lock({key})::text IS NOT NULL \
+                 ELSE pg_try_advisory_xact_lock({key}) END), \
+             gone AS (DELETE FROM outbox o USING taken t WHERE o.order_id = t.id RETURNING o.*) \
+             SELECT t.id AS taken, g.id, g.kind, g.routing_key, g.correlation_id, g.reply_to, \
+               g.traceparent, g.body \
+             FROM taken t LEFT JOIN gone g ON g.order_id = t.id \
+             ORDER BY g.id NULLS LAST",
+            key = lock_key("id")
+        )
+    });
+    let found: Vec<TakenRow> = sqlx::query_as(sqlx::AssertSqlSafe(SQL.as_str()))
+        .bind(order_ids)
+        .bind(wait)
+        .fetch_all(&mut *conn)
+        .await?;
     let mut taken = Vec::new();
     let mut rows = Vec::new();
     for r in found {

@@ -1,22 +1,28 @@
-//! The transitions of an order, each one transaction: submit, claim, apply a
-//! step's reply, and recover an expired order. Status events, step requests
-//! and alerts are queued in the outbox inside the same transaction.
+//! The transitions of an order: submit, claim, apply a step's reply, recover
+//! an expired order, and an operator's retry and cancel. Each one loads its
+//! orders with their steps (one statement), asks the pattern's rules
+//! ([`crate::rules`]) what to do, and writes the decisions back on a
+//! [`Unit`] (one statement, atomic on its own): the rows, the event log, and
+//! the status events, step requests and alerts queued in the outbox. Batches
+//! of orders (submissions, claims, replies) share both statements.
 //!
-//! Each transition locks its orders, decides in memory on a [`Unit`], and
-//! writes the unit back with a few set-based statements; batches of orders
-//! (submissions, claims, replies) share one transaction.
-
-use std::sync::Arc;
+//! No transaction spans the two statements: the write-back is guarded by
+//! each order row's version, so when another transition changed an order
+//! in between (a duplicate reply applied by another scheduler, a reply
+//! racing the supervisor's expiry), the write-back writes nothing and the
+//! transition runs again on what is there now. Claims keep out of each
+//! other's way by row locks while they read and claim locks until they
+//! write ([`orders::claimable`]).
 
 use chrono::{DateTime, Utc};
 use sqlx::pool::PoolConnection;
-use sqlx::{Acquire as _, PgConnection, Postgres};
+use sqlx::{Acquire as _, PgConnection};
 use uuid::Uuid;
 
 use super::orders::{self, NewOrder};
-use super::outbox::{self, Handoff, Held};
+use super::outbox::{self, Committed, Held};
 use super::steps::StepRow;
-use super::unit::{Flushed, Unit, WriteBack};
+use super::unit::{Flushed, Unit};
 use super::{StateStore, StoreError};
 use crate::config::SupervisorSettings;
 use crate::messages::StepReply;
@@ -90,119 +96,38 @@ pub enum Operated {
     NotAllowed(ProcessState, &'static str),
 }
 
-/// A transaction that [`orders::begin_claimable`],
-/// [`orders::begin_lock_many`] or [`outbox::begin_take`] opened with its
-/// first statement, outside sqlx's own transaction tracking. Dropped before
-/// it [ends](Self::end) (an error, a cancelled task), it closes the
-/// connection rather than let it go back to the pool with the transaction
-/// open; the server then rolls the transaction back.
-struct Begun<'c> {
-    conn: &'c mut PoolConnection<Postgres>,
-    open: bool,
+/// What a transition did, and the messages it committed for its caller to
+/// hand to the relay.
+#[derive(Debug)]
+pub struct Done<T> {
+    pub value: T,
+    pub committed: Committed,
 }
 
-impl<'c> Begun<'c> {
-    fn new(conn: &'c mut PoolConnection<Postgres>) -> Self {
-        Self { conn, open: true }
-    }
-
-    fn conn(&mut self) -> &mut PgConnection {
-        self.conn
-    }
-
-    async fn commit(self) -> Result<(), sqlx::Error> {
-        self.end("COMMIT").await
-    }
-
-    /// The transaction was ended by the last statement sent on it.
-    fn ended(mut self) {
-        self.open = false;
-    }
-
-    /// Ends the transaction with `COMMIT` or `ROLLBACK`.
-    async fn end(mut self, how: &'static str) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(how).execute(&mut **self.conn).await?;
-        self.open = false;
-        Ok(())
-    }
-}
-
-impl Drop for Begun<'_> {
-    fn drop(&mut self) {
-        if self.open {
-            self.conn.close_on_drop();
-        }
-    }
-}
+/// How many times a transition runs again when its write-back finds that
+/// another transition changed one of its orders first.
+const RACES: u32 = 3;
 
 /// The transitions, bound to a state store and the queue names of a deployment.
 #[derive(Clone, Debug)]
 pub struct Transitions {
     store: StateStore,
     queues: QueueNames,
-    /// Takes the messages a transition committed, to publish them at once.
-    handoff: Option<Arc<dyn Handoff>>,
 }
 
 impl Transitions {
     /// Transitions over `store`, routing messages to the queues of `queues`.
-    /// Their messages wait in the outbox for a relay's pass.
+    ///
+    /// Each transition that may send messages takes `hand_over`: whether
+    /// the caller's relay would publish them at once
+    /// ([`crate::outbox::Relay::ready`]). Then the transition takes its
+    /// orders' outbox locks and keeps them past its write-back, and its
+    /// [`Committed`] carries the messages with the connection that holds the
+    /// locks, so they go out at once and in order, without a relay's pass.
+    /// Otherwise, and for the messages it cannot send in order, it names the
+    /// orders the relay should take.
     pub fn new(store: StateStore, queues: QueueNames) -> Self {
-        Self {
-            store,
-            queues,
-            handoff: None,
-        }
-    }
-
-    /// The same transitions, handing the messages of each submission, claim,
-    /// reply and recovery to `handoff` as soon as they are committed, while
-    /// it is [`ready`](Handoff::ready): the transition keeps its orders'
-    /// outbox locks past its commit and passes them on with the connection,
-    /// so the messages go out at once and in order, without a relay's
-    /// transaction of their own. Otherwise, and for the messages it cannot
-    /// send in order, it tells `handoff` which orders the relay should take.
-    pub fn with_handoff(mut self, handoff: Arc<dyn Handoff>) -> Self {
-        self.handoff = Some(handoff);
-        self
-    }
-
-    /// Whether the transition about to run takes its orders' outbox locks
-    /// for a hand-over (decided once per transition).
-    fn direct(&self) -> bool {
-        self.handoff.as_ref().is_some_and(|h| h.ready())
-    }
-
-    /// Ends a transition run on `conn`: hands its committed messages on, or,
-    /// when it failed while the connection may hold outbox locks, closes the
-    /// connection so that the server lets them go.
-    fn settle<T>(
-        &self,
-        conn: PoolConnection<Postgres>,
-        direct: bool,
-        outcome: Result<(T, Flushed), StoreError>,
-    ) -> Result<(T, Vec<Uuid>), StoreError> {
-        let (value, flushed) = match outcome {
-            Ok(done) => done,
-            Err(e) => {
-                if direct {
-                    drop(Held::new(conn));
-                }
-                return Err(e);
-            }
-        };
-        if let Some(handoff) = &self.handoff {
-            if !flushed.later.is_empty() {
-                handoff.later(flushed.later);
-            }
-            if !flushed.follow.is_empty() {
-                handoff.clone().follow(flushed.follow);
-            }
-            if flushed.holds_locks {
-                handoff.clone().publish(Held::new(conn), flushed.publish);
-            }
-        }
-        Ok((value, flushed.created))
+        Self { store, queues }
     }
 
     /// The state store underneath.
@@ -210,25 +135,54 @@ impl Transitions {
         &self.store
     }
 
-    /// Stores a new order, its steps and its `received` event in one
-    /// transaction, and wakes the schedulers. An existing id changes nothing.
+    /// Writes back the unit that a transition's `decided` on `conn`
+    /// (unless deciding failed) and hands the committed messages back. On
+    /// an error the connection is closed, not pooled: it may hold claim or
+    /// outbox locks, which the server lets go with the session.
+    async fn write_back<T>(
+        &self,
+        mut conn: PoolConnection<sqlx::Postgres>,
+        decided: Result<(T, Unit), StoreError>,
+        hand_over: bool,
+    ) -> Result<Done<(T, Vec<Uuid>)>, StoreError> {
+        let outcome = match decided {
+            Ok((value, unit)) => unit.flush(&mut conn, hand_over).await.map(|f| (value, f)),
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok((value, flushed)) => Ok(committed(conn, value, flushed)),
+            Err(e) => {
+                conn.close_on_drop();
+                Err(e)
+            }
+        }
+    }
+
+    /// Stores a new order, its steps and its `received` event, and wakes
+    /// the schedulers. An existing id changes nothing.
     pub async fn submit(
         &self,
         order: &NewOrder,
         workflow: &Workflow,
-    ) -> Result<Submitted, StoreError> {
-        let mut outcome = self.submit_many(&[(order, workflow)]).await?;
-        outcome.pop().ok_or(StoreError::NoOutcome)
+        hand_over: bool,
+    ) -> Result<Done<Submitted>, StoreError> {
+        let done = self.submit_many(&[(order, workflow)], hand_over).await?;
+        let mut outcome = done.value;
+        Ok(Done {
+            value: outcome.pop().ok_or(StoreError::NoOutcome)?,
+            committed: done.committed,
+        })
     }
 
     /// Stores a batch of new orders, with their steps and `received` events,
-    /// in one transaction with one wake-up for the schedulers; one outcome
+    /// in one statement with one wake-up for the schedulers; one outcome
     /// per order, in order. An id that exists, or came earlier in the batch,
     /// is a duplicate and changes nothing.
     pub async fn submit_many(
         &self,
         batch: &[(&NewOrder, &Workflow)],
-    ) -> Result<Vec<Submitted>, StoreError> {
+        hand_over: bool,
+    ) -> Result<Done<Vec<Submitted>>, StoreError> {
         let mut unit = Unit::empty(Utc::now());
         let mut seen = std::collections::HashSet::with_capacity(batch.len());
         for &(order, workflow) in batch {
@@ -236,84 +190,86 @@ impl Transitions {
                 continue;
             }
             let i = unit.insert(order, &workflow.steps);
-            let decision =
-                rules::submission::receive(&unit.get(i).order, context(&unit, "submission"));
+            let ctx = context(&unit, "submission");
+            let decision = rules::submission::receive(&unit.get(i).order, ctx);
             unit.apply(i, decision, &self.queues)?;
         }
-        // One statement: atomic on its own, no transaction to open and close.
-        let mut conn = self.store.pool().acquire().await?;
-        let direct = self.direct();
-        let flushed = unit.flush(&mut conn, direct, WriteBack::Alone).await;
-        let ((), created) = self.settle(conn, direct, flushed.map(|f| ((), f)))?;
+        // Inserts only: no guard to fail, nothing to run again.
+        let conn = self.store.pool().acquire().await?;
+        let done = self.write_back(conn, Ok(((), unit)), hand_over).await?;
+        let ((), created) = done.value;
         let mut outcome = vec![Submitted::Duplicate; batch.len()];
         for id in created {
             if let Some(pos) = batch.iter().position(|(o, _)| o.order_id == id) {
                 outcome[pos] = Submitted::Created;
             }
         }
-        Ok(outcome)
+        Ok(Done {
+            value: outcome,
+            committed: done.committed,
+        })
     }
 
     /// Claims up to `limit` orders for `me`, as long as `me` then holds no
-    /// more than `max_held`, and dispatches each one's next step, all in one
-    /// transaction. Returns the claimed orders' ids.
+    /// more than `max_held`, and dispatches each one's next step
+    /// ([`rules::scheduler::claim`]). Returns the claimed orders' ids.
     pub async fn claim(
         &self,
         me: &Actor,
         limit: u32,
         max_held: u32,
-    ) -> Result<Vec<Uuid>, StoreError> {
-        let mut conn = self.store.pool().acquire().await?;
-        let direct = self.direct();
-        let outcome = self.claim_on(&mut conn, me, limit, max_held, direct).await;
-        self.settle(conn, direct, outcome).map(|(ids, _)| ids)
+        hand_over: bool,
+    ) -> Result<Done<Vec<Uuid>>, StoreError> {
+        again(|| self.claim_once(me, limit, max_held, hand_over)).await
     }
 
-    async fn claim_on(
+    async fn claim_once(
         &self,
-        conn: &mut PoolConnection<Postgres>,
         me: &Actor,
         limit: u32,
         max_held: u32,
-        direct: bool,
-    ) -> Result<(Vec<Uuid>, Flushed), StoreError> {
-        let mut tx = Begun::new(conn);
-        let claimed = orders::begin_claimable(
-            tx.conn(),
-            i64::from(limit),
-            &me.name,
-            i64::from(max_held),
-            direct,
-        )
-        .await?;
-        if claimed.is_empty() {
-            tx.commit().await?;
-            return Ok((Vec::new(), Flushed::default()));
+        hand_over: bool,
+    ) -> Result<Done<(Vec<Uuid>, Vec<Uuid>)>, StoreError> {
+        let mut conn = self.store.pool().acquire().await?;
+        let conn_ref: &mut PgConnection = &mut conn;
+        let decided = async {
+            let (limit, max_held) = (i64::from(limit), i64::from(max_held));
+            let loaded = orders::claimable(conn_ref, limit, &me.name, max_held, hand_over).await?;
+            let mut unit = Unit::load(loaded, true);
+            let mut ids = Vec::with_capacity(unit.len());
+            for i in 0..unit.len() {
+                let order = &unit.get(i).order;
+                ids.push(order.row.order_id);
+                let decision = rules::scheduler::claim(order, context(&unit, &me.name))?;
+                unit.apply(i, decision, &self.queues)?;
+            }
+            Ok((ids, unit))
         }
-        let ids: Vec<Uuid> = claimed.iter().map(|l| l.order.order_id).collect();
-        let mut unit = Unit::load(tx.conn(), claimed).await?;
-        for i in 0..unit.len() {
-            let decision = rules::scheduler::claim(&unit.get(i).order, context(&unit, &me.name))?;
-            unit.apply(i, decision, &self.queues)?;
-        }
-        let flushed = unit.flush(tx.conn(), direct, WriteBack::Commit).await?;
-        tx.ended();
-        Ok((ids, flushed))
+        .await;
+        self.write_back(conn, decided, hand_over).await
     }
 
-    /// Applies an agent's reply, guarded by the order's state, its lock holder,
-    /// its attempt and the step's current dispatch; then dispatches what comes
-    /// next. `me` takes over the order's lock.
+    /// Applies an agent's reply ([`rules::scheduler::apply_reply`]): fenced
+    /// by the order's state, its lock holder, its attempt and the step's
+    /// current dispatch; then dispatches what comes next. `me` takes over
+    /// the order's claim.
     pub async fn apply_reply(
         &self,
         me: &Actor,
         reply: &StepReply,
-    ) -> Result<ReplyOutcome, StoreError> {
-        let mut outcome = self.apply_replies(me, std::slice::from_ref(reply)).await?;
-        outcome.pop().ok_or(StoreError::NoOutcome)
+        hand_over: bool,
+    ) -> Result<Done<ReplyOutcome>, StoreError> {
+        let done = self
+            .apply_replies(me, std::slice::from_ref(reply), hand_over)
+            .await?;
+        let mut outcome = done.value;
+        Ok(Done {
+            value: outcome.pop().ok_or(StoreError::NoOutcome)?,
+            committed: done.committed,
+        })
     }
 
-    /// Applies a batch of replies in one transaction, each as
+    /// Applies a batch of replies together, each as
     /// [`apply_reply`](Self::apply_reply) would, in the order given (a
     /// duplicate later in the batch finds its dispatch answered already).
     /// One outcome per reply, in order.
@@ -321,34 +277,33 @@ impl Transitions {
         &self,
         me: &Actor,
         replies: &[StepReply],
-    ) -> Result<Vec<ReplyOutcome>, StoreError> {
-        let mut conn = self.store.pool().acquire().await?;
-        let direct = self.direct();
-        let outcome = self.apply_on(&mut conn, me, replies, direct).await;
-        self.settle(conn, direct, outcome)
-            .map(|(outcome, _)| outcome)
+        hand_over: bool,
+    ) -> Result<Done<Vec<ReplyOutcome>>, StoreError> {
+        again(|| self.apply_once(me, replies, hand_over)).await
     }
 
-    async fn apply_on(
+    async fn apply_once(
         &self,
-        conn: &mut PoolConnection<Postgres>,
         me: &Actor,
         replies: &[StepReply],
-        direct: bool,
-    ) -> Result<(Vec<ReplyOutcome>, Flushed), StoreError> {
-        let mut ids: Vec<Uuid> = replies.iter().map(|r| r.order_id).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        let mut tx = Begun::new(conn);
-        let locked = orders::begin_lock_many(tx.conn(), &ids, direct).await?;
-        let mut unit = Unit::load(tx.conn(), locked).await?;
-        let mut outcome = Vec::with_capacity(replies.len());
-        for reply in replies {
-            outcome.push(self.apply_one(&mut unit, me, reply)?);
+        hand_over: bool,
+    ) -> Result<Done<(Vec<ReplyOutcome>, Vec<Uuid>)>, StoreError> {
+        let mut conn = self.store.pool().acquire().await?;
+        let conn_ref: &mut PgConnection = &mut conn;
+        let decided = async {
+            let mut ids: Vec<Uuid> = replies.iter().map(|r| r.order_id).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            let loaded = orders::load_many(conn_ref, &ids, hand_over).await?;
+            let mut unit = Unit::load(loaded, false);
+            let mut outcome = Vec::with_capacity(replies.len());
+            for reply in replies {
+                outcome.push(self.apply_one(&mut unit, me, reply)?);
+            }
+            Ok((outcome, unit))
         }
-        let flushed = unit.flush(tx.conn(), direct, WriteBack::Commit).await?;
-        tx.ended();
-        Ok((outcome, flushed))
+        .await;
+        self.write_back(conn, decided, hand_over).await
     }
 
     /// One reply against the unit's orders (see [`apply_reply`](Self::apply_reply)).
@@ -373,60 +328,57 @@ impl Transitions {
         }
     }
 
-    /// Recovers orders whose complete-by has passed: counts the failure and
-    /// either re-queues the order after the retry schedule's wait or gives it up.
+    /// Recovers orders whose complete-by has passed
+    /// ([`rules::supervisor::expire`]): counts the failure and either
+    /// re-queues the order after the retry schedule's wait or gives it up.
     /// Knows nothing of the steps' business: only deadlines and counts.
     pub async fn recover_expired(
         &self,
         me: &Actor,
         settings: &SupervisorSettings,
-    ) -> Result<Vec<Expired>, StoreError> {
-        let mut conn = self.store.pool().acquire().await?;
-        let direct = self.direct();
-        let outcome = self.recover_on(&mut conn, me, settings, direct).await;
-        self.settle(conn, direct, outcome)
-            .map(|(recovered, _)| recovered)
+        hand_over: bool,
+    ) -> Result<Done<Vec<Expired>>, StoreError> {
+        again(|| self.recover_once(me, settings, hand_over)).await
     }
 
-    async fn recover_on(
+    async fn recover_once(
         &self,
-        conn: &mut PgConnection,
         me: &Actor,
         settings: &SupervisorSettings,
-        direct: bool,
-    ) -> Result<(Vec<Expired>, Flushed), StoreError> {
-        let mut tx = conn.begin().await?;
-        let expired = orders::expired(&mut tx, i64::from(settings.batch), direct).await?;
-        if expired.is_empty() {
-            return Ok((Vec::new(), Flushed::default()));
-        }
-        let mut unit = Unit::load(&mut tx, expired).await?;
-        let mut recovered = Vec::with_capacity(unit.len());
-        for i in 0..unit.len() {
-            let ctx = context(&unit, &me.name);
-            let (decision, requeued) = rules::supervisor::expire(&unit.get(i).order, settings, ctx);
-            let (order_id, ended) = (decision.order.row.order_id, decision.ended);
-            unit.apply(i, decision, &self.queues)?;
-            recovered.push(match requeued {
-                Some(not_before) => Expired::Requeued {
-                    order_id,
-                    not_before,
-                },
-                None => Expired::GaveUp { order_id, ended },
-            });
-            if requeued.is_some() {
-                crate::crash::point("supervisor.mid_sweep");
+        hand_over: bool,
+    ) -> Result<Done<(Vec<Expired>, Vec<Uuid>)>, StoreError> {
+        let mut conn = self.store.pool().acquire().await?;
+        let conn_ref: &mut PgConnection = &mut conn;
+        let decided = async {
+            let loaded = orders::expired(conn_ref, i64::from(settings.batch), hand_over).await?;
+            let mut unit = Unit::load(loaded, false);
+            let mut recovered = Vec::with_capacity(unit.len());
+            for i in 0..unit.len() {
+                let ctx = context(&unit, &me.name);
+                let (decision, requeued) =
+                    rules::supervisor::expire(&unit.get(i).order, settings, ctx);
+                let (order_id, ended) = (decision.order.row.order_id, decision.ended);
+                unit.apply(i, decision, &self.queues)?;
+                recovered.push(match requeued {
+                    Some(not_before) => Expired::Requeued {
+                        order_id,
+                        not_before,
+                    },
+                    None => Expired::GaveUp { order_id, ended },
+                });
+                if requeued.is_some() {
+                    crate::crash::point("supervisor.mid_sweep");
+                }
             }
+            Ok((recovered, unit))
         }
-        let flushed = unit
-            .flush(&mut tx, direct, WriteBack::InTransaction)
-            .await?;
-        tx.commit().await?;
-        Ok((recovered, flushed))
+        .await;
+        self.write_back(conn, decided, hand_over).await
     }
 
     /// An operator's retry of an `error` order ([`rules::operator::retry`]):
-    /// back to `pending` with its failure counts reset.
+    /// back to `pending` with its failure counts reset. Its messages are
+    /// left to the relays of the services.
     pub async fn retry(&self, operator: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
         self.operate(operator, order_id, rules::operator::retry)
             .await
@@ -434,35 +386,95 @@ impl Transitions {
 
     /// An operator's cancel of a `pending`, `processing` or `error` order
     /// ([`rules::operator::cancel`]): its completed steps are undone, newest
-    /// first, by the schedulers.
+    /// first, by the schedulers. Its messages are left to the relays of the
+    /// services.
     pub async fn cancel(&self, operator: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
         self.operate(operator, order_id, rules::operator::cancel)
             .await
     }
 
-    /// Locks the order, asks `rule` and writes its decision back.
+    /// Loads the order, asks `rule` and writes its decision back.
     async fn operate(
         &self,
         operator: &Actor,
         order_id: Uuid,
         rule: fn(&Order, Context<'_>) -> Result<Decision, &'static str>,
     ) -> Result<Operated, StoreError> {
-        let mut tx = self.store.pool().begin().await?;
-        let locked = orders::lock_many(&mut tx, &[order_id], false).await?;
-        if locked.is_empty() {
-            return Ok(Operated::NotFound);
+        let done = again(|| self.operate_once(operator, order_id, rule)).await?;
+        Ok(done.value)
+    }
+
+    async fn operate_once(
+        &self,
+        operator: &Actor,
+        order_id: Uuid,
+        rule: fn(&Order, Context<'_>) -> Result<Decision, &'static str>,
+    ) -> Result<Done<(Operated, Vec<Uuid>)>, StoreError> {
+        let mut conn = self.store.pool().acquire().await?;
+        let conn_ref: &mut PgConnection = &mut conn;
+        let decided = async {
+            let loaded = orders::load_many(conn_ref, &[order_id], false).await?;
+            let mut unit = Unit::load(loaded, false);
+            if unit.len() == 0 {
+                return Ok((Operated::NotFound, unit));
+            }
+            let order = &unit.get(0).order;
+            let decision = match rule(order, context(&unit, &operator.name)) {
+                Ok(decision) => decision,
+                Err(why) => {
+                    let state = order.row.process_state;
+                    return Ok((Operated::NotAllowed(state, why), unit));
+                }
+            };
+            let to = decision.order.row.process_state;
+            unit.apply(0, decision, &self.queues)?;
+            Ok((Operated::Done(to), unit))
         }
-        let mut unit = Unit::load(&mut tx, locked).await?;
-        let order = &unit.get(0).order;
-        let decision = match rule(order, context(&unit, &operator.name)) {
-            Ok(decision) => decision,
-            Err(why) => return Ok(Operated::NotAllowed(order.row.process_state, why)),
-        };
-        let to = decision.order.row.process_state;
-        unit.apply(0, decision, &self.queues)?;
-        unit.flush(&mut tx, false, WriteBack::InTransaction).await?;
-        tx.commit().await?;
-        Ok(Operated::Done(to))
+        .await;
+        self.write_back(conn, decided, false).await
+    }
+}
+
+/// Runs `transition` again (up to [`RACES`] times) when its write-back
+/// found that another transition changed one of its orders first.
+async fn again<T, F>(mut transition: impl FnMut() -> F) -> Result<Done<T>, StoreError>
+where
+    F: Future<Output = Result<Done<(T, Vec<Uuid>)>, StoreError>>,
+{
+    let mut races = 0;
+    loop {
+        match transition().await {
+            Err(e @ StoreError::WriteBackRefused(_)) if races < RACES => {
+                races += 1;
+                tracing::debug!(error = %e, "an order changed meanwhile; running again");
+            }
+            done => {
+                return done.map(|d| Done {
+                    value: d.value.0,
+                    committed: d.committed,
+                });
+            }
+        }
+    }
+}
+
+/// Hands the committed messages back with the connection when it holds
+/// their orders' outbox locks; otherwise the connection goes back to the pool.
+fn committed<T>(
+    conn: PoolConnection<sqlx::Postgres>,
+    value: T,
+    flushed: Flushed,
+) -> Done<(T, Vec<Uuid>)> {
+    let publish = flushed
+        .holds_locks
+        .then(|| (Held::new(conn), flushed.publish));
+    Done {
+        value: (value, flushed.created),
+        committed: Committed {
+            publish,
+            later: flushed.later,
+            follow: flushed.follow,
+        },
     }
 }
 
@@ -472,7 +484,7 @@ pub fn any_undone(steps: &[StepRow]) -> bool {
     rules::operator::any_undone(steps.iter().map(|s| s.state))
 }
 
-/// The context of the rules for `actor` in `unit`'s transaction.
+/// The context of the rules for `actor` in `unit`'s transition.
 fn context<'a>(unit: &Unit, actor: &'a str) -> Context<'a> {
     Context {
         now: unit.now,
@@ -483,10 +495,11 @@ fn context<'a>(unit: &Unit, actor: &'a str) -> Context<'a> {
 
 impl StateStore {
     /// Relays the queued messages of these orders in one transaction: takes
-    /// the orders no other relay holds, runs `publish` on their messages,
-    /// deletes the ones it reports published, and commits. Returns the orders
-    /// another relay held (to try again shortly) and `publish`'s verdict.
-    /// With `wait`, it waits for those instead ([`outbox::take`]).
+    /// the orders no other publisher holds ([`outbox::take`]), runs
+    /// `publish` on their messages, and commits the delete of the ones it
+    /// reports published. Returns the orders another publisher held (to try
+    /// again shortly) and `publish`'s verdict. With `wait`, it waits for
+    /// those instead.
     pub async fn relay_outbox<F, Fut, E>(
         &self,
         order_ids: &[Uuid],
@@ -498,26 +511,26 @@ impl StateStore {
         Fut: std::future::Future<Output = (Vec<i64>, Result<(), E>)>,
     {
         let mut conn = self.pool().acquire().await?;
-        let mut tx = Begun::new(&mut conn);
-        let (taken, rows) = outbox::begin_take(tx.conn(), order_ids, wait).await?;
+        let mut tx = conn.begin().await?;
+        let (taken, rows) = outbox::take(&mut tx, order_ids, wait).await?;
         let held: Vec<Uuid> = order_ids
             .iter()
             .filter(|id| !taken.contains(id))
             .copied()
             .collect();
         if rows.is_empty() {
-            tx.end("COMMIT").await?;
+            tx.commit().await?;
             return Ok((held, Ok(0)));
         }
         let all = rows.len();
         let (done, outcome) = publish(rows).await;
         crate::crash::point("outbox.after_publish");
         if done.len() == all {
-            tx.end("COMMIT").await?;
+            tx.commit().await?;
         } else {
             // Some were not confirmed: keep every row, then delete the
             // confirmed ones alone.
-            tx.end("ROLLBACK").await?;
+            tx.rollback().await?;
             if !done.is_empty() {
                 outbox::delete(&mut conn, &done).await?;
             }

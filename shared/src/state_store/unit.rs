@@ -1,65 +1,73 @@
-//! A unit of work: the orders one transaction has locked (or is about to
-//! insert), with their steps, changed in memory by the transitions and then
-//! written back by one statement, however many orders the unit holds: the
-//! new orders and their steps, one `UPDATE` of `orders`, one of `steps`, the
-//! `order_events` and `outbox` rows, and the wake-up, each a data-modifying
-//! part of one `WITH` over arrays.
+//! A unit of work: the orders one transition has loaded (or is about to
+//! insert), as the rules changed them, written back by one statement however
+//! many orders the unit holds: the new orders and their steps, one `UPDATE`
+//! of `orders`, one of `steps`, the `order_events` and `outbox` rows, and
+//! the wake-up, each a data-modifying part of one `WITH`. Each table's rows
+//! are one parameter, a JSON array read by `jsonb_to_recordset` (message
+//! bodies, bytes, are an array of `bytea` beside it): a column added is a
+//! field of one struct here and a name in [`FLUSH`].
 //!
-//! Why: a statement per change cost a round trip and, for `orders`, a new
-//! row version (with an entry in every index) per change. Now each order row
-//! gets one new version per transaction, and a batch of orders costs no more
-//! round trips than one.
+//! Why one statement: a statement per change cost a round trip and, for
+//! `orders`, a new row version (with an entry in every index) per change.
+//! Now each order row gets one new version per transition, a batch of
+//! orders costs no more round trips than one, and the statement is atomic
+//! on its own: no transaction to open and close around it.
 //!
-//! The guards stay in the `WHERE` clauses: each row is written only if it
-//! still holds what the transaction read (state, lock holder, event number,
-//! step dispatch). The rows are locked, so a guard that fails means the data
-//! is not what we read, and the whole transaction is rolled back.
+//! The guards are in the `WHERE` clauses: an order row is written only if
+//! it is still the version that was loaded (`xmin`), and a step only if it
+//! still holds its state and dispatch. A guard that fails means another
+//! transition got there first: the statement fails as a whole
+//! ([`StoreError::WriteBackRefused`]), and the transition runs again on
+//! what is there now.
 
 use chrono::{DateTime, Utc};
+use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgConnection;
+use sqlx::types::Json;
 use uuid::Uuid;
 
-use super::literal::Args;
-use super::orders::{Locked, NewOrder, OrderRow};
-use super::prepared;
-use super::steps::{self, StepRow};
+use super::orders::{Loaded, NewOrder, OrderRow};
+use super::steps::StepRow;
 use super::{StoreError, WAKE_CHANNEL};
 use crate::messages::StatusEvent;
 use crate::rules::{Decision, Effect, Logged, Order};
-use crate::state::ProcessState;
+use crate::state::{ProcessState, StepState};
 use crate::topology::QueueNames;
 use crate::workflow::Step;
 
-/// One locked order: as read, and as the rules have changed it.
+/// One loaded order: as read, and as the rules have changed it.
 #[derive(Debug)]
 pub(super) struct Tracked {
     /// The order as changed so far.
     pub order: Order,
     read: Order,
+    /// The row version read; the write-back's guard.
+    version: i64,
     /// New: written by the unit's insert, nothing to update.
     inserted: bool,
     /// This connection holds the order's outbox lock.
     outbox_locked: bool,
 }
 
-/// An event row to insert.
-#[derive(Debug)]
+/// An `order_events` row to insert.
+#[derive(Debug, Serialize)]
 struct NewEvent {
     order_id: Uuid,
     seq: i32,
-    kind: &'static str,
-    from: Option<&'static str>,
-    to: &'static str,
+    event: &'static str,
+    from_state: Option<&'static str>,
+    to_state: &'static str,
     step: Option<String>,
     attempt: i32,
     actor: String,
     reason: Option<String>,
-    detail: Value,
+    /// JSON text: `jsonb` exactly as given, a JSON `null` included.
+    detail: String,
 }
 
-/// An outbox row to insert.
-#[derive(Debug)]
+/// An `outbox` row to insert; its body goes beside it, as `bytea`.
+#[derive(Debug, Serialize)]
 struct NewMessage {
     order_id: Uuid,
     kind: String,
@@ -68,57 +76,105 @@ struct NewMessage {
     reply_to: Option<String>,
     traceparent: Option<String>,
     /// The JSON to publish, encoded once here.
+    #[serde(skip)]
     body: Vec<u8>,
 }
 
-/// The locked orders of one transaction and what it will write.
+/// A new `orders` row.
+#[derive(Debug, Serialize)]
+struct OrderInsert<'a> {
+    order_id: Uuid,
+    workflow: &'a str,
+    /// JSON text, as [`NewEvent::detail`].
+    payload: String,
+    reply_to: Option<&'a str>,
+    priority: i16,
+    not_before: Option<DateTime<Utc>>,
+    trace_id: Option<&'a str>,
+    last_seq: i32,
+}
+
+/// A new `steps` row.
+#[derive(Debug, Serialize)]
+struct StepInsert<'a> {
+    order_id: Uuid,
+    idx: i32,
+    name: &'a str,
+    agent: &'a str,
+    compensate: Option<&'a str>,
+    timeout_ms: i64,
+}
+
+/// An `orders` row's new values, guarded by the version that was read.
+#[derive(Debug, Serialize)]
+struct OrderUpdate<'a> {
+    order_id: Uuid,
+    process_state: &'static str,
+    locked_by: Option<&'a str>,
+    complete_by: Option<DateTime<Utc>>,
+    not_before: Option<DateTime<Utc>>,
+    failure_count: i32,
+    compensation_failures: i32,
+    last_seq: i32,
+    last_error: Option<&'a str>,
+    version: i64,
+}
+
+/// A `steps` row's new values, guarded by the state and dispatch read.
+#[derive(Debug, Serialize)]
+struct StepUpdate<'a> {
+    order_id: Uuid,
+    idx: i32,
+    state: &'static str,
+    dispatches: i32,
+    dispatch_id: Option<Uuid>,
+    complete_by: Option<DateTime<Utc>>,
+    /// JSON text, as [`NewEvent::detail`].
+    result: Option<String>,
+    error: Option<&'a str>,
+    started_at: Option<DateTime<Utc>>,
+    finished_at: Option<DateTime<Utc>>,
+    was_state: &'static str,
+    was_dispatch: Option<Uuid>,
+}
+
+/// The orders of one transition and what it will write.
 #[derive(Debug)]
 pub(super) struct Unit {
-    /// Every timestamp the unit writes: the transaction's `now()`, or for
-    /// new orders the submitting process's clock.
+    /// Every timestamp the unit writes: the database's `now()` when the
+    /// orders were loaded, or for new orders the submitting process's clock.
     pub now: DateTime<Utc>,
     orders: Vec<Tracked>,
     events: Vec<NewEvent>,
     messages: Vec<NewMessage>,
-    /// The steps of the orders this unit inserts.
-    new_steps: Vec<(Uuid, Vec<Step>)>,
+    /// The orders whose claim locks this connection holds, let go by the write-back.
+    claimed: Vec<Uuid>,
     wake: bool,
 }
 
 impl Unit {
-    /// A unit over `locked`, which this transaction has locked, with their
-    /// steps (read again for the orders whose steps did not come with them).
-    pub async fn load(conn: &mut PgConnection, locked: Vec<Locked>) -> Result<Self, StoreError> {
-        let now = locked.first().map_or_else(Utc::now, |l| l.tx_now);
-        let stale: Vec<Uuid> = locked
-            .iter()
-            .filter(|l| l.steps.is_none())
-            .map(|l| l.order.order_id)
-            .collect();
-        let mut all_steps = if stale.is_empty() {
-            Vec::new()
-        } else {
-            steps::for_orders(conn, &stale).await?
-        };
+    /// A unit over the orders `loaded`; `claimed` when this connection took
+    /// their claim locks ([`super::orders::claimable`]).
+    pub fn load(loaded: Vec<Loaded>, claimed: bool) -> Self {
+        let now = loaded.first().map_or_else(Utc::now, |l| l.tx_now);
         let mut unit = Self::empty(now);
-        for l in locked {
-            let (order, outbox_locked) = (l.order, l.outbox_locked.unwrap_or(false));
-            let mine = match l.steps {
-                Some(steps) => steps.0,
-                None => {
-                    let (mine, rest): (Vec<StepRow>, Vec<StepRow>) = all_steps
-                        .into_iter()
-                        .partition(|s| s.order_id == order.order_id);
-                    all_steps = rest;
-                    mine
-                }
-            };
-            unit.track(order, mine, false);
-            if let Some(t) = unit.orders.last_mut() {
-                t.outbox_locked = outbox_locked;
+        for l in loaded {
+            if claimed {
+                unit.claimed.push(l.order.order_id);
             }
+            let order = Order {
+                row: l.order,
+                steps: l.steps.0,
+            };
+            unit.orders.push(Tracked {
+                read: order.clone(),
+                order,
+                version: l.version,
+                inserted: false,
+                outbox_locked: l.outbox_locked.unwrap_or(false),
+            });
         }
-        Ok(unit)
+        unit
     }
 
     /// A unit with no orders yet, at `now`.
@@ -128,7 +184,7 @@ impl Unit {
             orders: Vec::new(),
             events: Vec::new(),
             messages: Vec::new(),
-            new_steps: Vec::new(),
+            claimed: Vec::new(),
             wake: false,
         }
     }
@@ -154,20 +210,35 @@ impl Unit {
             updated_at: self.now,
             trace_id: order.trace_id.clone(),
         };
-        self.track(row, Vec::new(), true);
-        self.new_steps.push((order.order_id, steps.to_vec()));
-        self.orders.len() - 1
-    }
-
-    /// Adds an order; `inserted` when this unit creates it.
-    fn track(&mut self, row: OrderRow, steps: Vec<StepRow>, inserted: bool) {
+        let steps = steps
+            .iter()
+            .zip(0..)
+            .map(|(s, idx)| StepRow {
+                order_id: order.order_id,
+                idx,
+                name: s.name.clone(),
+                agent: s.agent.clone(),
+                compensate: s.compensate.clone(),
+                timeout_ms: i64::try_from(s.timeout.as_millis()).unwrap_or(i64::MAX),
+                state: StepState::NotStarted,
+                dispatches: 0,
+                dispatch_id: None,
+                complete_by: None,
+                result: None,
+                error: None,
+                started_at: None,
+                finished_at: None,
+            })
+            .collect();
         let order = Order { row, steps };
         self.orders.push(Tracked {
             read: order.clone(),
             order,
-            inserted,
+            version: 0,
+            inserted: true,
             outbox_locked: false,
         });
+        self.orders.len() - 1
     }
 
     /// How many orders the unit holds.
@@ -254,14 +325,14 @@ impl Unit {
         self.events.push(NewEvent {
             order_id: o.order_id,
             seq: e.seq,
-            kind: e.kind.as_str(),
-            from: e.from.map(ProcessState::as_str),
-            to: e.to.as_str(),
+            event: e.kind.as_str(),
+            from_state: e.from.map(ProcessState::as_str),
+            to_state: e.to.as_str(),
             step: e.step,
             attempt: e.attempt,
             actor: e.actor,
             reason: e.reason,
-            detail: e.detail,
+            detail: json_text(&e.detail),
         });
     }
 
@@ -283,36 +354,23 @@ impl Unit {
         }
     }
 
-    /// Writes everything back in one statement: the new orders with their
-    /// steps, the orders' and steps' updates, the events, the messages and
-    /// the wake-up, each a data-modifying part of one `WITH`. Fails on the
-    /// server, writing nothing, if a row no longer holds what was read.
+    /// Writes everything back in one statement ([`FLUSH`]): the new orders
+    /// with their steps, the orders' and steps' updates, the events, the
+    /// messages and the wake-up; and lets the claim locks go. Fails on the
+    /// server, writing nothing, if a row is no longer what was loaded.
     ///
     /// With `direct`, the new orders' outbox locks are taken too (the
-    /// locked orders' were taken when they were read), and the messages of
+    /// loaded orders' were taken when they were read), and the messages of
     /// locked orders with no older message waiting come back to be
     /// published at once; those of orders whose lock another publisher held
     /// follow it ([`Flushed::follow`]), the others' are left to the relay.
-    ///
-    /// The statement runs by name with its arguments as literals
-    /// ([`super::prepared`]); `how` says whether it ends the transaction.
-    pub async fn flush(
-        self,
-        conn: &mut PgConnection,
-        direct: bool,
-        how: WriteBack,
-    ) -> Result<Flushed, StoreError> {
-        let orders: Vec<&Tracked> = self
+    pub async fn flush(self, conn: &mut PgConnection, direct: bool) -> Result<Flushed, StoreError> {
+        let inserted: Vec<&Tracked> = self.orders.iter().filter(|t| t.inserted).collect();
+        // An order whose steps changed is written too: its version guards them.
+        let changed: Vec<&Tracked> = self
             .orders
             .iter()
-            .filter(|t| !t.inserted && t.order.row != t.read.row)
-            .collect();
-        let steps: Vec<(&StepRow, &StepRow)> = self
-            .orders
-            .iter()
-            .filter(|t| !t.inserted)
-            .flat_map(|t| t.order.steps.iter().zip(&t.read.steps))
-            .filter(|(now, read)| now != read)
+            .filter(|t| !t.inserted && t.order != t.read)
             .collect();
         let locked: Vec<Uuid> = self
             .orders
@@ -320,45 +378,52 @@ impl Unit {
             .filter(|t| t.outbox_locked)
             .map(|t| t.order.row.order_id)
             .collect();
-        if self.new_steps.is_empty()
-            && orders.is_empty()
-            && steps.is_empty()
+        if inserted.is_empty()
+            && changed.is_empty()
             && self.events.is_empty()
             && self.messages.is_empty()
+            && self.claimed.is_empty()
             && !self.wake
         {
-            if how == WriteBack::Commit {
-                sqlx::raw_sql("COMMIT").execute(&mut *conn).await?;
-            }
             return Ok(Flushed {
                 holds_locks: !locked.is_empty(),
                 ..Flushed::default()
             });
         }
-        let inserted: Vec<&Tracked> = self.orders.iter().filter(|t| t.inserted).collect();
-        let args = bind_orders(Args::default(), &orders);
-        let args = bind_steps(args, &steps);
-        let args = bind_events(args, &self.events);
-        let args = bind_messages(args, &self.messages);
-        let args = args.scalar(WAKE_CHANNEL).scalar(self.wake);
-        let mut sql = bind_inserts(args, &inserted, &self.new_steps)
-            .scalar(self.now)
-            .scalar(direct)
-            .array(&locked)
-            .scalar(orders.len() as i64)
-            .scalar(steps.len() as i64)
-            .execute("sas_flush");
-        match how {
-            WriteBack::Alone => {}
-            WriteBack::InTransaction => prepared::ensure(conn).await?,
-            WriteBack::Commit => sql.push_str("; COMMIT"),
-        }
-        let found: Result<Vec<FlushRow>, sqlx::Error> =
-            prepared::run(conn, sql, how != WriteBack::Alone).await;
+        let new_orders: Vec<OrderInsert> = inserted
+            .iter()
+            .map(|t| order_insert(&t.order.row))
+            .collect();
+        let new_steps: Vec<StepInsert> = inserted
+            .iter()
+            .flat_map(|t| t.order.steps.iter().map(step_insert))
+            .collect();
+        let orders: Vec<OrderUpdate> = changed.iter().map(|t| order_update(t)).collect();
+        let steps: Vec<StepUpdate> = changed
+            .iter()
+            .flat_map(|t| t.order.steps.iter().zip(&t.read.steps))
+            .filter(|(now, read)| now != read)
+            .map(|(now, read)| step_update(now, read))
+            .collect();
+        let bodies: Vec<&[u8]> = self.messages.iter().map(|m| m.body.as_slice()).collect();
+        let found = sqlx::query_as::<_, FlushRow>(FLUSH)
+            .bind(Json(&new_orders))
+            .bind(Json(&new_steps))
+            .bind(Json(&orders))
+            .bind(Json(&steps))
+            .bind(Json(&self.events))
+            .bind(Json(&self.messages))
+            .bind(&bodies)
+            .bind(self.now)
+            .bind(direct)
+            .bind(&locked)
+            .bind(WAKE_CHANNEL)
+            .bind(self.wake)
+            .bind(&self.claimed)
+            .fetch_one(&mut *conn)
+            .await;
         let row = match found {
-            Ok(mut rows) => rows
-                .pop()
-                .ok_or_else(|| StoreError::WriteBackRefused("it returned no row".into()))?,
+            Ok(row) => row,
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(GUARD_FAILED) => {
                 return Err(StoreError::WriteBackRefused(e.message().to_owned()));
             }
@@ -370,21 +435,70 @@ impl Unit {
     }
 }
 
-/// How [`Unit::flush`] runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum WriteBack {
-    /// On its own: a statement commits as it ends.
-    Alone,
-    /// Inside a transaction that sqlx opened and the caller commits.
-    InTransaction,
-    /// Last in a transaction opened with [`super::prepared::begin_with`]:
-    /// `COMMIT` goes in the same round trip. The statement's guards fail it
-    /// (and so the transaction) on the server, before the `COMMIT` runs.
-    Commit,
+/// JSON as text, for a `text` field cast to `jsonb`.
+fn json_text(v: &Value) -> String {
+    v.to_string()
+}
+
+fn order_insert(o: &OrderRow) -> OrderInsert<'_> {
+    OrderInsert {
+        order_id: o.order_id,
+        workflow: &o.workflow,
+        payload: json_text(&o.payload),
+        reply_to: o.reply_to.as_deref(),
+        priority: o.priority,
+        not_before: o.not_before,
+        trace_id: o.trace_id.as_deref(),
+        last_seq: o.last_seq,
+    }
+}
+
+fn step_insert(s: &StepRow) -> StepInsert<'_> {
+    StepInsert {
+        order_id: s.order_id,
+        idx: s.idx,
+        name: &s.name,
+        agent: &s.agent,
+        compensate: s.compensate.as_deref(),
+        timeout_ms: s.timeout_ms,
+    }
+}
+
+fn order_update(t: &Tracked) -> OrderUpdate<'_> {
+    let o = &t.order.row;
+    OrderUpdate {
+        order_id: o.order_id,
+        process_state: o.process_state.as_str(),
+        locked_by: o.locked_by.as_deref(),
+        complete_by: o.complete_by,
+        not_before: o.not_before,
+        failure_count: o.failure_count,
+        compensation_failures: o.compensation_failures,
+        last_seq: o.last_seq,
+        last_error: o.last_error.as_deref(),
+        version: t.version,
+    }
+}
+
+fn step_update<'a>(s: &'a StepRow, read: &StepRow) -> StepUpdate<'a> {
+    StepUpdate {
+        order_id: s.order_id,
+        idx: s.idx,
+        state: s.state.as_str(),
+        dispatches: s.dispatches,
+        dispatch_id: s.dispatch_id,
+        complete_by: s.complete_by,
+        result: s.result.as_ref().map(json_text),
+        error: s.error.as_deref(),
+        started_at: s.started_at,
+        finished_at: s.finished_at,
+        was_state: read.state.as_str(),
+        was_dispatch: read.dispatch_id,
+    }
 }
 
 /// The SQLSTATE of `sas_fail`, raised when a guard of [`FLUSH`] finds a row
-/// changed under its lock.
+/// changed since it was loaded.
 const GUARD_FAILED: &str = "SAS01";
 
 /// What [`Unit::flush`] wrote, and where its messages go.
@@ -471,231 +585,81 @@ impl FlushRow {
     }
 }
 
-/// The one statement of [`Unit::flush`]. Each part reads its rows from
-/// arrays (`unnest`), so it costs one round trip for any number of orders.
-/// Guards: an order is written only if its state, lock holder and event
-/// number are still what was read; a step only if its state and dispatch
-/// are; and when a guard leaves a row unwritten (`$61` orders and `$62`
-/// steps are expected), `sas_fail` fails the statement, so that nothing of
-/// it stays and the transaction cannot commit.
+/// The one statement of [`Unit::flush`]: `$1` the new orders, `$2` their
+/// steps, `$3` the orders' updates, `$4` the steps', `$5` the events, `$6`
+/// the messages (JSON arrays of the structs above) and `$7` their bodies;
+/// `$8` the unit's time, `$9` whether to take the new orders' outbox locks,
+/// `$10` the orders whose outbox locks this connection holds, `$11` and
+/// `$12` the channel to notify and whether to, `$13` the orders whose claim
+/// locks to let go. Guards: an order is written only if its row is still
+/// the version loaded, a step only if its state and dispatch are; and when
+/// a guard leaves a row unwritten, `sas_fail` fails the statement, so that
+/// nothing of it stays. The claim locks go once the rows are written.
 pub(super) const FLUSH: &str = "\
-WITH n AS ( \
+WITH new AS (SELECT order_id FROM jsonb_to_recordset($1) AS i(order_id uuid)), \
+n AS ( \
   INSERT INTO orders (order_id, workflow, payload, reply_to, priority, not_before, trace_id, \
     last_seq, created_at, updated_at) \
-  SELECT id, workflow, payload::jsonb, reply_to, priority, not_before, trace_id, seq, $58, $58 \
-  FROM unnest($44::uuid[], $45::text[], $46::text[], $47::text[], $48::smallint[], \
-              $49::timestamptz[], $50::text[], $51::int[]) \
-    AS u(id, workflow, payload, reply_to, priority, not_before, trace_id, seq) \
+  SELECT order_id, workflow, payload::jsonb, reply_to, priority, not_before, trace_id, last_seq, $8, $8 \
+  FROM jsonb_to_recordset($1) AS u(order_id uuid, workflow text, payload text, reply_to text, \
+    priority smallint, not_before timestamptz, trace_id text, last_seq int) \
   ON CONFLICT (order_id) DO NOTHING \
-  RETURNING order_id, CASE WHEN $59 \
+  RETURNING order_id, CASE WHEN $9 \
     THEN pg_try_advisory_lock(hashtextextended('sas.outbox:' || order_id::text, 0)) ELSE false END AS locked), \
 ns AS ( \
   INSERT INTO steps (order_id, idx, name, agent, compensate, timeout_ms) \
-  SELECT * FROM unnest($52::uuid[], $53::int[], $54::text[], $55::text[], $56::text[], $57::bigint[]) \
-    AS u(id, idx, name, agent, compensate, timeout_ms) \
-  WHERE u.id IN (SELECT order_id FROM n)), \
+  SELECT order_id, idx, name, agent, compensate, timeout_ms \
+  FROM jsonb_to_recordset($2) AS u(order_id uuid, idx int, name text, agent text, compensate text, \
+    timeout_ms bigint) \
+  WHERE u.order_id IN (SELECT order_id FROM n)), \
 o AS ( \
-  UPDATE orders o SET process_state = u.state, locked_by = u.locked_by, \
-    complete_by = u.complete_by, not_before = u.not_before, failure_count = u.failures, \
-    compensation_failures = u.comp_failures, last_seq = u.seq, last_error = u.error, \
-    updated_at = now() \
-  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::timestamptz[], $5::timestamptz[], \
-              $6::int[], $7::int[], $8::int[], $9::text[], $10::text[], $11::text[], $12::int[]) \
-    AS u(id, state, locked_by, complete_by, not_before, failures, comp_failures, seq, error, \
-         was_state, was_locked_by, was_seq) \
-  WHERE o.order_id = u.id AND o.process_state = u.was_state \
-    AND o.locked_by IS NOT DISTINCT FROM u.was_locked_by AND o.last_seq = u.was_seq \
+  UPDATE orders o SET process_state = u.process_state, locked_by = u.locked_by, \
+    complete_by = u.complete_by, not_before = u.not_before, failure_count = u.failure_count, \
+    compensation_failures = u.compensation_failures, last_seq = u.last_seq, \
+    last_error = u.last_error, updated_at = now() \
+  FROM jsonb_to_recordset($3) AS u(order_id uuid, process_state text, locked_by text, \
+    complete_by timestamptz, not_before timestamptz, failure_count int, \
+    compensation_failures int, last_seq int, last_error text, version bigint) \
+  WHERE o.order_id = u.order_id AND o.xmin::text::bigint = u.version \
   RETURNING 1), \
 s AS ( \
   UPDATE steps s SET state = u.state, dispatches = u.dispatches, dispatch_id = u.dispatch_id, \
     complete_by = u.complete_by, result = u.result::jsonb, error = u.error, \
     started_at = u.started_at, finished_at = u.finished_at \
-  FROM unnest($13::uuid[], $14::int[], $15::text[], $16::int[], $17::uuid[], $18::timestamptz[], \
-              $19::text[], $20::text[], $21::timestamptz[], $22::timestamptz[], $23::text[], $24::uuid[]) \
-    AS u(id, idx, state, dispatches, dispatch_id, complete_by, result, error, started_at, \
-         finished_at, was_state, was_dispatch) \
-  WHERE s.order_id = u.id AND s.idx = u.idx AND s.state = u.was_state \
+  FROM jsonb_to_recordset($4) AS u(order_id uuid, idx int, state text, dispatches int, \
+    dispatch_id uuid, complete_by timestamptz, result text, error text, started_at timestamptz, \
+    finished_at timestamptz, was_state text, was_dispatch uuid) \
+  WHERE s.order_id = u.order_id AND s.idx = u.idx AND s.state = u.was_state \
     AND s.dispatch_id IS NOT DISTINCT FROM u.was_dispatch \
   RETURNING 1), \
 e AS ( \
-  INSERT INTO order_events (order_id, seq, event, from_state, to_state, step, attempt, actor, reason, detail, at) \
-  SELECT id, seq, event, from_state, to_state, step, attempt, actor, reason, detail::jsonb, $58 \
-  FROM unnest($25::uuid[], $26::int[], $27::text[], $28::text[], $29::text[], $30::text[], $31::int[], \
-              $32::text[], $33::text[], $34::text[]) \
-    AS u(id, seq, event, from_state, to_state, step, attempt, actor, reason, detail) \
-  WHERE u.id <> ALL($44) OR u.id IN (SELECT order_id FROM n)), \
+  INSERT INTO order_events (order_id, seq, event, from_state, to_state, step, attempt, actor, \
+    reason, detail, at) \
+  SELECT order_id, seq, event, from_state, to_state, step, attempt, actor, reason, detail::jsonb, $8 \
+  FROM jsonb_to_recordset($5) AS u(order_id uuid, seq int, event text, from_state text, \
+    to_state text, step text, attempt int, actor text, reason text, detail text) \
+  WHERE u.order_id NOT IN (SELECT order_id FROM new) OR u.order_id IN (SELECT order_id FROM n)), \
 m AS ( \
   INSERT INTO outbox (order_id, kind, routing_key, correlation_id, reply_to, traceparent, body) \
-  SELECT id, kind, routing_key, correlation_id, reply_to, traceparent, body \
-  FROM unnest($35::uuid[], $36::text[], $37::text[], $38::text[], $39::text[], $40::text[], $41::bytea[]) \
-    WITH ORDINALITY AS u(id, kind, routing_key, correlation_id, reply_to, traceparent, body, n) \
-  WHERE u.id <> ALL($44) OR u.id IN (SELECT order_id FROM n) \
-  ORDER BY n RETURNING id), \
-w AS (SELECT pg_notify($42, '') WHERE $43 AND (cardinality($44) = 0 OR EXISTS (SELECT 1 FROM n))) \
-SELECT (SELECT count(*) FROM w) AS woken, ARRAY(SELECT order_id FROM n) AS created, \
+  SELECT u.order_id, u.kind, u.routing_key, u.correlation_id, u.reply_to, u.traceparent, b.body \
+  FROM ROWS FROM (jsonb_to_recordset($6) AS (order_id uuid, kind text, routing_key text, \
+      correlation_id text, reply_to text, traceparent text)) \
+    WITH ORDINALITY AS u(order_id, kind, routing_key, correlation_id, reply_to, traceparent, n) \
+  JOIN unnest($7::bytea[]) WITH ORDINALITY AS b(body, n) ON b.n = u.n \
+  WHERE u.order_id NOT IN (SELECT order_id FROM new) OR u.order_id IN (SELECT order_id FROM n) \
+  ORDER BY u.n RETURNING id), \
+w AS (SELECT pg_notify($11, '') WHERE $12 \
+  AND (NOT EXISTS (SELECT 1 FROM new) OR EXISTS (SELECT 1 FROM n))) \
+SELECT ARRAY(SELECT order_id FROM n) AS created, \
   ARRAY(SELECT id FROM m ORDER BY id) AS message_ids, \
   ARRAY(SELECT order_id FROM n WHERE locked) AS locked_new, \
-  ARRAY(SELECT DISTINCT order_id FROM outbox WHERE order_id = ANY($60::uuid[])) AS waiting, \
-  CASE WHEN (SELECT count(*) FROM o) = $61::bigint AND (SELECT count(*) FROM s) = $62::bigint \
-    THEN true ELSE sas_fail('rows changed under their row locks') END AS guarded";
-
-/// JSON as text, for a `text[]` parameter cast to `jsonb[]`.
-fn json_text(v: &Value) -> String {
-    v.to_string()
-}
-
-/// The new orders and their steps; the events and messages of a new order
-/// whose id existed are left out.
-fn bind_inserts(q: Args, new: &[&Tracked], steps: &[(Uuid, Vec<Step>)]) -> Args {
-    let ids: Vec<Uuid> = new.iter().map(|t| t.order.row.order_id).collect();
-    let workflows: Vec<String> = new.iter().map(|t| t.order.row.workflow.clone()).collect();
-    let payloads: Vec<String> = new
-        .iter()
-        .map(|t| json_text(&t.order.row.payload))
-        .collect();
-    let reply_tos: Vec<Option<String>> = new.iter().map(|t| t.order.row.reply_to.clone()).collect();
-    let priorities: Vec<i16> = new.iter().map(|t| t.order.row.priority).collect();
-    let not_before: Vec<Option<DateTime<Utc>>> =
-        new.iter().map(|t| t.order.row.not_before).collect();
-    let traces: Vec<Option<String>> = new.iter().map(|t| t.order.row.trace_id.clone()).collect();
-    let seqs: Vec<i32> = new.iter().map(|t| t.order.row.last_seq).collect();
-    let mut step_ids = Vec::new();
-    let mut idx = Vec::new();
-    let mut names = Vec::new();
-    let mut agents = Vec::new();
-    let mut comps = Vec::new();
-    let mut timeouts = Vec::new();
-    for (order_id, steps) in steps {
-        for (i, s) in steps.iter().enumerate() {
-            step_ids.push(*order_id);
-            idx.push(i32::try_from(i).unwrap_or(i32::MAX));
-            names.push(s.name.clone());
-            agents.push(s.agent.clone());
-            comps.push(s.compensate.clone());
-            timeouts.push(i64::try_from(s.timeout.as_millis()).unwrap_or(i64::MAX));
-        }
-    }
-    q.array(&ids)
-        .array(&workflows)
-        .array(&payloads)
-        .array(&reply_tos)
-        .array(&priorities)
-        .array(&not_before)
-        .array(&traces)
-        .array(&seqs)
-        .array(&step_ids)
-        .array(&idx)
-        .array(&names)
-        .array(&agents)
-        .array(&comps)
-        .array(&timeouts)
-}
-
-fn bind_orders(q: Args, changed: &[&Tracked]) -> Args {
-    let col = |f: fn(&Tracked) -> Option<String>| changed.iter().map(|t| f(t)).collect::<Vec<_>>();
-    let ids: Vec<Uuid> = changed.iter().map(|t| t.order.row.order_id).collect();
-    let states = col(|t| Some(t.order.row.process_state.as_str().to_owned()));
-    let locks = col(|t| t.order.row.locked_by.clone());
-    let deadlines: Vec<Option<DateTime<Utc>>> =
-        changed.iter().map(|t| t.order.row.complete_by).collect();
-    let not_before: Vec<Option<DateTime<Utc>>> =
-        changed.iter().map(|t| t.order.row.not_before).collect();
-    let failures: Vec<i32> = changed.iter().map(|t| t.order.row.failure_count).collect();
-    let comp_failures: Vec<i32> = changed
-        .iter()
-        .map(|t| t.order.row.compensation_failures)
-        .collect();
-    let seqs: Vec<i32> = changed.iter().map(|t| t.order.row.last_seq).collect();
-    let errors = col(|t| t.order.row.last_error.clone());
-    let was_states = col(|t| Some(t.read.row.process_state.as_str().to_owned()));
-    let was_locks = col(|t| t.read.row.locked_by.clone());
-    let was_seqs: Vec<i32> = changed.iter().map(|t| t.read.row.last_seq).collect();
-    q.array(&ids)
-        .array(&states)
-        .array(&locks)
-        .array(&deadlines)
-        .array(&not_before)
-        .array(&failures)
-        .array(&comp_failures)
-        .array(&seqs)
-        .array(&errors)
-        .array(&was_states)
-        .array(&was_locks)
-        .array(&was_seqs)
-}
-
-fn bind_steps(q: Args, changed: &[(&StepRow, &StepRow)]) -> Args {
-    let ids: Vec<Uuid> = changed.iter().map(|(s, _)| s.order_id).collect();
-    let idx: Vec<i32> = changed.iter().map(|(s, _)| s.idx).collect();
-    let states: Vec<&'static str> = changed.iter().map(|(s, _)| s.state.as_str()).collect();
-    let dispatches: Vec<i32> = changed.iter().map(|(s, _)| s.dispatches).collect();
-    let dispatch_ids: Vec<Option<Uuid>> = changed.iter().map(|(s, _)| s.dispatch_id).collect();
-    let deadlines: Vec<Option<DateTime<Utc>>> =
-        changed.iter().map(|(s, _)| s.complete_by).collect();
-    let results: Vec<Option<String>> = changed
-        .iter()
-        .map(|(s, _)| s.result.as_ref().map(json_text))
-        .collect();
-    let errors: Vec<Option<String>> = changed.iter().map(|(s, _)| s.error.clone()).collect();
-    let started: Vec<Option<DateTime<Utc>>> = changed.iter().map(|(s, _)| s.started_at).collect();
-    let finished: Vec<Option<DateTime<Utc>>> = changed.iter().map(|(s, _)| s.finished_at).collect();
-    let was_states: Vec<&'static str> = changed.iter().map(|(_, r)| r.state.as_str()).collect();
-    let was_dispatch: Vec<Option<Uuid>> = changed.iter().map(|(_, r)| r.dispatch_id).collect();
-    q.array(&ids)
-        .array(&idx)
-        .array(&states)
-        .array(&dispatches)
-        .array(&dispatch_ids)
-        .array(&deadlines)
-        .array(&results)
-        .array(&errors)
-        .array(&started)
-        .array(&finished)
-        .array(&was_states)
-        .array(&was_dispatch)
-}
-
-fn bind_events(q: Args, events: &[NewEvent]) -> Args {
-    let ids: Vec<Uuid> = events.iter().map(|e| e.order_id).collect();
-    let seqs: Vec<i32> = events.iter().map(|e| e.seq).collect();
-    let kinds: Vec<&'static str> = events.iter().map(|e| e.kind).collect();
-    let froms: Vec<Option<&'static str>> = events.iter().map(|e| e.from).collect();
-    let tos: Vec<&'static str> = events.iter().map(|e| e.to).collect();
-    let steps: Vec<Option<String>> = events.iter().map(|e| e.step.clone()).collect();
-    let attempts: Vec<i32> = events.iter().map(|e| e.attempt).collect();
-    let actors: Vec<String> = events.iter().map(|e| e.actor.clone()).collect();
-    let reasons: Vec<Option<String>> = events.iter().map(|e| e.reason.clone()).collect();
-    let details: Vec<String> = events.iter().map(|e| json_text(&e.detail)).collect();
-    q.array(&ids)
-        .array(&seqs)
-        .array(&kinds)
-        .array(&froms)
-        .array(&tos)
-        .array(&steps)
-        .array(&attempts)
-        .array(&actors)
-        .array(&reasons)
-        .array(&details)
-}
-
-fn bind_messages(q: Args, messages: &[NewMessage]) -> Args {
-    let ids: Vec<Uuid> = messages.iter().map(|m| m.order_id).collect();
-    let kinds: Vec<String> = messages.iter().map(|m| m.kind.clone()).collect();
-    let keys: Vec<String> = messages.iter().map(|m| m.routing_key.clone()).collect();
-    let correlations: Vec<Option<String>> =
-        messages.iter().map(|m| m.correlation_id.clone()).collect();
-    let reply_tos: Vec<Option<String>> = messages.iter().map(|m| m.reply_to.clone()).collect();
-    let traces: Vec<Option<String>> = messages.iter().map(|m| m.traceparent.clone()).collect();
-    let bodies: Vec<Vec<u8>> = messages.iter().map(|m| m.body.clone()).collect();
-    // In the order given: the relay publishes an order's messages by `id`.
-    q.array(&ids)
-        .array(&kinds)
-        .array(&keys)
-        .array(&correlations)
-        .array(&reply_tos)
-        .array(&traces)
-        .array(&bodies)
-}
+  ARRAY(SELECT DISTINCT order_id FROM outbox WHERE order_id = ANY($10::uuid[])) AS waiting, \
+  (SELECT count(*) FROM w) AS woken, \
+  CASE WHEN (SELECT count(*) FROM o) = jsonb_array_length($3) \
+        AND (SELECT count(*) FROM s) = jsonb_array_length($4) \
+    THEN (SELECT count(*) FROM (SELECT pg_advisory_unlock( \
+           hashtextextended('sas.claim:' || id::text, 0)) FROM unnest($13::uuid[]) AS c(id)) x) >= 0 \
+    ELSE sas_fail('a row changed since it was loaded') END AS guarded";
 
 #[cfg(test)]
 mod tests {
@@ -705,5 +669,10 @@ mod tests {
     fn the_write_back_takes_new_orders_outbox_locks_by_the_relays_key() {
         // A literal in the statement: it must stay the key the relay try-locks.
         assert!(FLUSH.contains(&super::super::outbox::lock_key("order_id")));
+    }
+
+    #[test]
+    fn the_write_back_lets_go_of_claim_locks_by_the_claims_key() {
+        assert!(FLUSH.contains(&super::super::orders::claim_key("id")));
     }
 }
