@@ -526,15 +526,8 @@ pub async fn procrastinate(
 pub async fn delete_exchanges(env: &Env, names: &[String]) {
     if let Ok(b) = sas::broker::Broker::connect(&env.broker_settings("cleanup"), "sas-bench").await
     {
-        for name in names {
-            // A missing exchange closes the channel: one channel each.
-            if let Ok(ch) = b.channel().await {
-                ch.exchange_delete(name.as_str().into(), Default::default())
-                    .await
-                    .ok();
-                ch.close(200, "deleted".into()).await.ok();
-            }
-        }
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        b.delete_exchanges(&names).await.ok();
         b.close().await;
     }
 }

@@ -19,11 +19,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicQosOptions};
-use lapin::types::FieldTable;
 use remote_sim::{Knobs, RemoteSim, Stats};
-use sas::broker::{Broker, Outgoing, Publisher, Subscription};
+use sas::broker::{Broker, Consumer, Delivery, Outgoing, Publisher, Subscription};
 use sas::config::BrokerSettings;
 use sas::topology::QueueNames;
 use serde_json::{Value, json};
@@ -328,17 +325,11 @@ impl TestApp {
     /// Declares a quorum queue of the test's own (deleted with the app),
     /// dead-lettering to `dead` when given, as sas declares its work queues.
     pub async fn declare_queue(&self, queue: &str, dead: Option<&str>) {
-        let channel = self.conn().broker.channel().await.expect("channel");
-        let args = sas::broker::queue_arguments(sas::config::QueueType::Quorum, dead, 20);
-        channel
-            .queue_declare(
-                queue.into(),
-                lapin::options::QueueDeclareOptions::durable(),
-                args,
-            )
+        self.conn()
+            .broker
+            .declare_queue(queue, sas::config::QueueType::Quorum, dead, 20)
             .await
             .expect("declare queue");
-        channel.close(200, "done".into()).await.ok();
         self.extra_queues.lock().unwrap().push(queue.to_owned());
     }
 
@@ -398,16 +389,16 @@ impl TestApp {
         timeout: Duration,
         done: impl Fn(&[Value]) -> bool,
     ) -> Vec<Value> {
-        let (channel, mut consumer) = self.consumer(queue).await;
+        let mut consumer = self.consumer(queue).await;
         let mut got = Vec::new();
         let deadline = tokio::time::Instant::now() + timeout;
         while !done(&got) {
             match tokio::time::timeout_at(deadline, consumer.next()).await {
                 Ok(Some(Ok(d))) => {
-                    got.push(serde_json::from_slice(&d.data).unwrap_or_else(|_| {
-                        json!({ "raw": String::from_utf8_lossy(&d.data), "headers": format!("{:?}", d.properties.headers()) })
+                    got.push(serde_json::from_slice(d.body()).unwrap_or_else(|_| {
+                        json!({ "raw": String::from_utf8_lossy(d.body()), "delivery": format!("{d:?}") })
                     }));
-                    d.acker.ack(BasicAckOptions::default()).await.expect("ack");
+                    d.ack().await.expect("ack");
                 }
                 Ok(_) => panic!("consumer of {queue} ended"),
                 Err(_) => panic!(
@@ -417,56 +408,43 @@ impl TestApp {
                 ),
             }
         }
-        channel.close(200, "done".into()).await.ok();
+        consumer.close("done").await;
         got
     }
 
     /// Takes one message from `queue`, if any: `(body, x-sas-reason)`.
     pub async fn get(&self, queue: &str) -> Option<(Vec<u8>, Option<String>)> {
-        let channel = self.conn().broker.channel().await.expect("channel");
-        let msg = channel
-            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
-            .await
-            .expect("basic.get")?;
-        channel.close(200, "done".into()).await.ok();
-        Some((msg.delivery.data.clone(), reason_of(&msg.delivery)))
+        let taken = self.conn().broker.take(queue).await.expect("basic.get")?;
+        let got = (taken.delivery.body().to_vec(), reason_of(&taken.delivery));
+        taken.ack().await.expect("ack");
+        Some(got)
     }
 
     /// A consumer of `queue` (up to 500 unacknowledged) on a channel of its own.
-    async fn consumer(&self, queue: &str) -> (lapin::Channel, lapin::Consumer) {
-        let channel = self.conn().broker.channel().await.expect("channel");
-        channel
-            .basic_qos(500, BasicQosOptions::default())
+    async fn consumer(&self, queue: &str) -> Consumer {
+        self.conn()
+            .broker
+            .consume(queue, 500, "")
             .await
-            .expect("qos");
-        let consumer = channel
-            .basic_consume(
-                queue.into(),
-                "".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .expect("consume");
-        (channel, consumer)
+            .expect("consume")
     }
 
     /// Takes every message now ready in `queue` (acking them): `(body,
     /// x-sas-reason)` each, in queue order.
     pub async fn drain(&self, queue: &str) -> Vec<(Vec<u8>, Option<String>)> {
         let count = self.ready(queue).await as usize;
-        let (channel, mut consumer) = self.consumer(queue).await;
+        let mut consumer = self.consumer(queue).await;
         let mut got = Vec::with_capacity(count);
         while got.len() < count {
             match tokio::time::timeout(Duration::from_secs(10), consumer.next()).await {
                 Ok(Some(Ok(d))) => {
-                    got.push((d.data.clone(), reason_of(&d)));
-                    d.acker.ack(BasicAckOptions::default()).await.expect("ack");
+                    got.push((d.body().to_vec(), reason_of(&d)));
+                    d.ack().await.expect("ack");
                 }
                 _ => panic!("{queue}: {} of {count} messages taken", got.len()),
             }
         }
-        channel.close(200, "done".into()).await.ok();
+        consumer.close("done").await;
         got
     }
 
@@ -871,14 +849,8 @@ steps = [ {solo} ]
 }
 
 /// The `x-sas-reason` header of a delivery.
-fn reason_of(delivery: &lapin::message::Delivery) -> Option<String> {
-    let headers = delivery.properties.headers().as_ref()?;
-    headers.inner().get("x-sas-reason").map(|v| match v {
-        lapin::types::AMQPValue::LongString(s) => {
-            String::from_utf8_lossy(s.as_bytes()).into_owned()
-        }
-        other => format!("{other:?}"),
-    })
+fn reason_of(delivery: &Delivery) -> Option<String> {
+    delivery.header(sas::broker::REASON_HEADER)
 }
 
 /// Whether a status event ends its order.

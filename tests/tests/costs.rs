@@ -1052,7 +1052,7 @@ async fn deliveries_finished_together_share_a_few_ack_frames_and_all_are_settled
             }
             async move {
                 committed.await.unwrap();
-                if delivery.delivery_tag % 10 == 0 {
+                if delivery.tag() % 10 == 0 {
                     broker::dead_letter(&delivery).await?;
                 } else {
                     broker::ack(&delivery).await?;
@@ -1123,7 +1123,7 @@ async fn a_hand_back_behind_a_slow_delivery_goes_back_at_once() {
                 let (came_again, settled, stop) =
                     (came_again.clone(), settled.clone(), stop.clone());
                 async move {
-                    match (&delivery.data[..], delivery.redelivered) {
+                    match (delivery.body(), delivery.redelivered()) {
                         (b"slow", _) => {
                             came_again.notified().await;
                             broker::ack(&delivery).await?;

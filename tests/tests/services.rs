@@ -161,18 +161,8 @@ async fn an_orders_queue_declared_by_the_application_with_other_arguments_is_use
         .delete_queues(&[app.queues.orders().to_owned()])
         .await
         .unwrap();
-    let channel = broker.channel().await.unwrap();
-    let mut args = lapin::types::FieldTable::default();
-    args.insert(
-        "x-queue-type".into(),
-        lapin::types::AMQPValue::LongString("quorum".into()),
-    );
-    channel
-        .queue_declare(
-            app.queues.orders().into(),
-            lapin::options::QueueDeclareOptions::durable(),
-            args,
-        )
+    broker
+        .declare_queue(app.queues.orders(), sas::config::QueueType::Quorum, None, 0)
         .await
         .unwrap();
     broker.close().await;
@@ -199,18 +189,10 @@ async fn the_services_declare_classic_step_queues_and_a_quorum_orders_queue_by_d
         let broker = &broker;
         let limit = settings.delivery_limit;
         async move {
-            let channel = broker.channel().await.unwrap();
-            let args = sas::broker::queue_arguments(kind, Some(&dead), limit);
-            let ok = channel
-                .queue_declare(
-                    queue.as_str().into(),
-                    lapin::options::QueueDeclareOptions::durable(),
-                    args,
-                )
+            broker
+                .declare_queue(&queue, kind, Some(&dead), limit)
                 .await
-                .is_ok();
-            channel.close(200, "checked".into()).await.ok();
-            ok
+                .is_ok()
         }
     };
     let q = &app.queues;
