@@ -287,11 +287,11 @@ async fn pg_limit(
     let store_batch = DatabaseSettings::default().batch_size;
     let claim_batch = sas::config::SchedulerSettings::default().claim_batch;
     let db_name = format!("sasbench_{}_limits", env.run_id);
-    env.create_db(&db_name).await?;
+    let db_url = env.postgres.create(&db_name).await?;
     let result = async {
         let store = StateStore::connect(
             &DatabaseSettings {
-                url: env.db_url(&db_name),
+                url: db_url,
                 max_connections: concurrency as u32,
                 ..Default::default()
             },
@@ -304,17 +304,7 @@ async fn pg_limit(
             Transitions::new(store.clone(), QueueNames::new(&prefix)).with_handoff(outlet.clone());
         let wf = Arc::new(workflow(name, steps)?);
         let status = format!("{prefix}.app.status");
-        let new_orders: Vec<NewOrder> = (0..orders)
-            .map(|_| NewOrder {
-                order_id: Uuid::new_v4(),
-                workflow: name.into(),
-                payload: json!({}),
-                reply_to: Some(status.clone()),
-                priority: 0,
-                not_before: None,
-                trace_id: Some(sas::trace::TraceContext::new_root().trace_id),
-            })
-            .collect();
+        let new_orders = sas_testkit::fixtures::new_orders(name, orders, &status);
         let ids: Vec<Uuid> = new_orders.iter().map(|o| o.order_id).collect();
         let order_body = format!(
             r#"{{"order_id":"{}","workflow":"{name}","payload":{{}}}}"#,

@@ -13,7 +13,6 @@ pub mod cli;
 pub mod tls;
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -23,8 +22,10 @@ use remote_sim::{Knobs, RemoteSim, Stats};
 use sas::broker::{Broker, Consumer, Delivery, Outgoing, Publisher, Subscription};
 use sas::config::BrokerSettings;
 use sas::topology::QueueNames;
+use sas_testkit::config::ConfigFile;
+use sas_testkit::database::Postgres;
 use serde_json::{Value, json};
-use sqlx::{Connection, PgPool};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 /// Postgres as every test sees it.
@@ -32,7 +33,9 @@ pub const PG_ADMIN: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 /// RabbitMQ as every test sees it.
 pub const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
-/// The agents of the test workflows: `a`, `b`, `c` and their undos.
+/// The agents of the test workflows
+/// ([`sas_testkit::config::WORKFLOW_AGENTS`]) and `c-undo`,
+/// which no workflow calls (the agent serves and reports it all the same).
 pub const AGENTS: [&str; 6] = ["a", "b", "c", "a-undo", "b-undo", "c-undo"];
 
 /// How a test wants the suite configured.
@@ -104,27 +107,13 @@ impl TestApp {
         let id = Uuid::new_v4().simple().to_string();
         let prefix = format!("t{}", &id[..12]);
         let db_name = format!("sas_test_{}", &id[..12]);
-        let db_url = format!("postgres://postgres@127.0.0.1:5432/{db_name}");
-        let mut admin = sqlx::PgConnection::connect(PG_ADMIN)
+        let db_url = Postgres::new(PG_ADMIN)
+            .create_migrated(&db_name)
             .await
             .expect("Postgres is up");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db_name}")))
-            .execute(&mut admin)
-            .await
-            .expect("create test database");
-        admin.close().await.ok();
         let db = PgPool::connect(&db_url)
             .await
             .expect("connect test database");
-        sas::state_store::StateStore::connect(
-            &sas::config::DatabaseSettings {
-                url: db_url.clone(),
-                ..Default::default()
-            },
-            "test",
-        )
-        .await
-        .expect("migrate test database");
 
         let sim = Arc::new(RemoteSim::new(Default::default()).expect("remote-sim"));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -139,7 +128,30 @@ impl TestApp {
         let dir = std::env::temp_dir().join(format!("sas-test-{prefix}"));
         std::fs::create_dir_all(&dir).expect("test dir");
         let config = dir.join("sas.toml");
-        std::fs::write(&config, config_toml(&options, &db_url, &prefix, sim_addr))
+        let agents_url = format!("http://{sim_addr}/svc");
+        let extra = format!(
+            r#"[scheduler]
+poll_interval = "{poll}"
+
+[outbox]
+sweep_interval = "300ms"
+sweep_age = "1s"
+
+[shutdown]
+grace = "5s"
+
+[agent]
+backoff_initial = "20ms"
+backoff_max = "200ms"
+# Many tests hang or fail endpoints on purpose; only the breaker's own test trips it.
+breaker_threshold = 100000
+
+{extra}"#,
+            poll = options.scheduler_poll,
+            extra = options.extra,
+        );
+        config_file(&options, &db_url, &prefix, &agents_url, &extra)
+            .write(&config)
             .expect("write config");
 
         let settings = broker_settings(&prefix);
@@ -147,10 +159,7 @@ impl TestApp {
             .await
             .expect("RabbitMQ is up");
         let publisher = broker.publisher().await.expect("publisher");
-        let queues = QueueNames::new(&prefix);
-        let agents: Vec<String> = AGENTS.iter().map(|s| s.to_string()).collect();
-        broker
-            .declare_topology(&queues, &agents, &settings)
+        let queues = sas_testkit::broker::declare(&broker, &settings, &AGENTS)
             .await
             .expect("topology");
         Self {
@@ -730,13 +739,7 @@ impl Drop for TestApp {
         if let Some(tx) = self.sim_stop.take() {
             tx.send(()).ok();
         }
-        let mut queues: Vec<String> = self
-            .queues
-            .all(AGENTS)
-            .into_iter()
-            .map(|q| q.name)
-            .collect();
-        queues.extend(self.extra_queues.lock().unwrap().drain(..));
+        let extra_queues: Vec<String> = self.extra_queues.lock().unwrap().drain(..).collect();
         let (db_name, prefix, dir) = (self.db_name.clone(), self.prefix.clone(), self.dir.clone());
         let keep_logs = std::thread::panicking() || std::env::var_os("SAS_TEST_KEEP").is_some();
         // Async cleanup from Drop: a thread with its own runtime.
@@ -746,20 +749,11 @@ impl Drop for TestApp {
                 .build()
                 .expect("runtime");
             rt.block_on(async move {
-                if let Ok(b) = Broker::connect(&broker_settings(&prefix), "test-cleanup").await {
-                    b.delete_deployment(&QueueNames::new(&prefix), &queues)
-                        .await
-                        .ok();
-                    b.close().await;
-                }
-                if let Ok(mut admin) = sqlx::PgConnection::connect(PG_ADMIN).await {
-                    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                        "DROP DATABASE IF EXISTS {db_name} WITH (FORCE)"
-                    )))
-                    .execute(&mut admin)
+                // Best effort: a failed clean-up must not fail the test.
+                sas_testkit::broker::delete(&broker_settings(&prefix), &AGENTS, &extra_queues)
                     .await
                     .ok();
-                }
+                Postgres::new(PG_ADMIN).drop(&db_name).await.ok();
             });
             if keep_logs {
                 eprintln!("logs kept in {}", dir.display());
@@ -773,79 +767,32 @@ impl Drop for TestApp {
 }
 
 fn broker_settings(prefix: &str) -> BrokerSettings {
-    BrokerSettings {
-        url: AMQP.into(),
-        prefix: prefix.into(),
-        ..Default::default()
-    }
+    sas_testkit::broker::settings(AMQP, prefix)
 }
 
-fn config_toml(o: &Options, db_url: &str, prefix: &str, sim: std::net::SocketAddr) -> String {
-    let step = |name: &str, comp: bool| {
-        let undo = if comp {
-            format!(", compensate = \"{name}-undo\"")
-        } else {
-            String::new()
-        };
-        format!(
-            "{{ name = \"{name}\", agent = \"{name}\", timeout = \"{}\"{undo} }}",
-            o.step_timeout
-        )
-    };
-    let mut agents = String::new();
-    for a in AGENTS {
-        agents.push_str(&format!("[agents.{a}]\nurl = \"http://{sim}/svc/{a}\"\n\n"));
+/// The configuration of a test deployment: the shared workflows, with
+/// the tests' quick timings (a slow poll, sweep and back-off would make
+/// every test wait) and the test's `extra` sections.
+fn config_file<'a>(
+    o: &'a Options,
+    db_url: &'a str,
+    prefix: &'a str,
+    agents_url: &'a str,
+    extra: &'a str,
+) -> ConfigFile<'a> {
+    ConfigFile {
+        database_url: db_url,
+        max_connections: Some(8),
+        broker_url: AMQP,
+        prefix,
+        agents_url,
+        agents: &AGENTS,
+        step_timeout: o.step_timeout,
+        supervisor_interval: o.supervisor_interval,
+        max_failures: o.max_failures,
+        retry_schedule: o.retry_schedule,
+        extra,
     }
-    format!(
-        r#"
-[database]
-url = "{db_url}"
-max_connections = 8
-
-[broker]
-url = "{AMQP}"
-prefix = "{prefix}"
-
-[scheduler]
-poll_interval = "{poll}"
-
-[supervisor]
-interval = "{interval}"
-max_failures = {max}
-retry_schedule = {schedule}
-
-[outbox]
-sweep_interval = "300ms"
-sweep_age = "1s"
-
-[shutdown]
-grace = "5s"
-
-[agent]
-backoff_initial = "20ms"
-backoff_max = "200ms"
-# Many tests hang or fail endpoints on purpose; only the breaker's own test trips it.
-breaker_threshold = 100000
-
-[workflows.three]
-steps = [ {a}, {b}, {c} ]
-
-[workflows.one]
-steps = [ {solo} ]
-
-{agents}
-{extra}
-"#,
-        interval = o.supervisor_interval,
-        poll = o.scheduler_poll,
-        max = o.max_failures,
-        schedule = o.retry_schedule,
-        a = step("a", true),
-        b = step("b", true),
-        c = step("c", false),
-        solo = step("a", false),
-        extra = o.extra,
-    )
 }
 
 /// The `x-sas-reason` header of a delivery.
@@ -874,10 +821,7 @@ pub fn bin(name: &str) -> PathBuf {
 
 /// A port that was free a moment ago on 127.0.0.1.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    sas_testkit::free_port().expect("free port")
 }
 
 fn signal(child: &Child, sig: &str) {

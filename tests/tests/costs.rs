@@ -253,17 +253,7 @@ async fn run_batch(app: &TestApp, workflow: &str, publishing: Publishing) -> Cos
         Publishing::Relay => t,
         Publishing::Handoff => t.with_handoff(recorder.clone()),
     };
-    let orders: Vec<NewOrder> = (0..N)
-        .map(|_| NewOrder {
-            order_id: Uuid::new_v4(),
-            workflow: workflow.into(),
-            payload: json!({}),
-            reply_to: Some(status.clone()),
-            priority: 0,
-            not_before: None,
-            trace_id: Some(sas::trace::TraceContext::new_root().trace_id),
-        })
-        .collect();
+    let orders = sas_testkit::fixtures::new_orders(workflow, N, &status);
     let ids: Vec<Uuid> = orders.iter().map(|o| o.order_id).collect();
     let mut relayed = BTreeMap::new();
     // The relay hands the rows to the closure; collect them through a cell.
