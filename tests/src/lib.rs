@@ -38,9 +38,9 @@ pub const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 /// which no workflow calls (the agent serves and reports it all the same).
 pub const AGENTS: [&str; 6] = ["a", "b", "c", "a-undo", "b-undo", "c-undo"];
 
-/// How a test wants the suite configured.
+/// How a test wants its deployment configured: what the [`Builder`] sets.
 #[derive(Debug, Clone)]
-pub struct Options {
+struct Options {
     /// Complete-by of each step.
     pub step_timeout: &'static str,
     pub max_failures: u32,
@@ -62,6 +62,65 @@ impl Default for Options {
             scheduler_poll: "200ms",
             extra: String::new(),
         }
+    }
+}
+
+/// Arranges a [`TestApp`]: each method changes one setting of the
+/// deployment's configuration from the tests' quick defaults.
+#[derive(Debug, Clone, Default)]
+pub struct Builder {
+    options: Options,
+}
+
+impl Builder {
+    /// The complete-by of every step (default 5s).
+    pub fn step_timeout(mut self, timeout: &'static str) -> Self {
+        self.options.step_timeout = timeout;
+        self
+    }
+
+    /// `supervisor.max_failures` (default 3).
+    pub fn max_failures(mut self, n: u32) -> Self {
+        self.options.max_failures = n;
+        self
+    }
+
+    /// `supervisor.retry_schedule` as a TOML array (default `["100ms"]`).
+    pub fn retry_schedule(mut self, schedule: &'static str) -> Self {
+        self.options.retry_schedule = schedule;
+        self
+    }
+
+    /// `supervisor.interval` (default 200ms).
+    pub fn supervisor_interval(mut self, interval: &'static str) -> Self {
+        self.options.supervisor_interval = interval;
+        self
+    }
+
+    /// The scheduler's slow poll beside its wake-ups (default 200ms).
+    pub fn scheduler_poll(mut self, poll: &'static str) -> Self {
+        self.options.scheduler_poll = poll;
+        self
+    }
+
+    /// Further TOML sections appended to the configuration.
+    pub fn extra_config(mut self, toml: impl Into<String>) -> Self {
+        self.options.extra = toml.into();
+        self
+    }
+
+    /// The deployment (database, prefix, remote-sim, configuration), with
+    /// no service running yet.
+    pub async fn build(self) -> TestApp {
+        TestApp::with(self.options).await
+    }
+
+    /// The deployment with submission, scheduler, agent and supervisor
+    /// running and ready.
+    pub async fn spawn(self) -> TestApp {
+        let app = self.build().await;
+        app.start_all().await;
+        app
     }
 }
 
@@ -97,13 +156,21 @@ struct Proc {
 }
 
 impl TestApp {
-    /// A fresh deployment with the default options, without processes yet.
+    /// How a test arranges its deployment: quick default timings, changed
+    /// one at a time, e.g.
+    /// `TestApp::builder().step_timeout("700ms").spawn().await`.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// A fresh deployment with the default configuration, without processes
+    /// yet: `TestApp::builder().build()`.
     pub async fn new() -> Self {
-        Self::with(Options::default()).await
+        Self::builder().build().await
     }
 
     /// A fresh deployment: database, prefix, remote-sim and configuration.
-    pub async fn with(options: Options) -> Self {
+    async fn with(options: Options) -> Self {
         let id = Uuid::new_v4().simple().to_string();
         let prefix = format!("t{}", &id[..12]);
         let db_name = format!("sas_test_{}", &id[..12]);
@@ -179,11 +246,10 @@ breaker_threshold = 100000
         }
     }
 
-    /// A deployment with one of each service running and ready.
+    /// A deployment with one of each service running and ready:
+    /// `TestApp::builder().spawn()`.
     pub async fn spawn() -> Self {
-        let app = Self::new().await;
-        app.start_all().await;
-        app
+        Self::builder().spawn().await
     }
 
     /// Starts submission, scheduler, agent and supervisor and waits until each is ready.

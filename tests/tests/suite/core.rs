@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use remote_sim::Knobs;
-use sas_tests::{Options, TestApp};
+use sas_tests::TestApp;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -246,11 +246,7 @@ async fn bad_messages_are_dead_lettered_with_a_reason_and_later_orders_still_flo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_step_is_reattempted_by_the_supervisor_and_ends_processed() {
-    let app = TestApp::with(Options {
-        step_timeout: "700ms",
-        ..Options::default()
-    })
-    .await;
+    let app = TestApp::builder().step_timeout("700ms").build().await;
     app.knobs(
         "b",
         Knobs {
@@ -286,12 +282,11 @@ async fn a_hanging_step_is_reattempted_by_the_supervisor_and_ends_processed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_that_keeps_failing_ends_in_error_with_an_alert_and_failed() {
-    let app = TestApp::with(Options {
-        step_timeout: "400ms",
-        max_failures: 3,
-        ..Options::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .step_timeout("400ms")
+        .max_failures(3)
+        .build()
+        .await;
     app.knobs(
         "a",
         Knobs {
@@ -434,11 +429,7 @@ async fn two_schedulers_and_two_agents_process_every_order_exactly_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_to_each_service_while_orders_flow_exits_zero_and_every_order_completes() {
-    let app = TestApp::with(Options {
-        step_timeout: "20s",
-        ..Options::default()
-    })
-    .await;
+    let app = TestApp::builder().step_timeout("20s").build().await;
     app.knobs(
         "b",
         Knobs {

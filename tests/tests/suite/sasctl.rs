@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use remote_sim::Knobs;
 use sas_tests::cli::{bare_sasctl, output, run, sasctl, wait_state};
-use sas_tests::{Options, TestApp, bin};
+use sas_tests::{TestApp, bin};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -117,12 +117,7 @@ async fn an_order_whose_undo_failed_half_way_is_not_retried_forward_and_cancel_f
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_cancel_compensates_a_processing_order() {
-    let app = TestApp::with(Options {
-        step_timeout: "30s",
-        ..Options::default()
-    })
-    .await;
-    app.start_all().await;
+    let app = TestApp::builder().step_timeout("30s").spawn().await;
     app.knobs(
         "b",
         Knobs {

@@ -5,7 +5,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use sas_tests::{Options, TestApp, bin, http_get};
+use sas_tests::{TestApp, bin, http_get};
 
 const SERVICES: [&str; 4] = ["submission", "scheduler", "agent", "supervisor"];
 
@@ -126,12 +126,7 @@ async fn every_service_serves_health_readiness_and_metrics() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_orders_are_noticed_without_waiting_for_the_poll() {
-    let app = TestApp::with(Options {
-        scheduler_poll: "1h",
-        ..Options::default()
-    })
-    .await;
-    app.start_all().await;
+    let app = TestApp::builder().scheduler_poll("1h").spawn().await;
     // Give the scheduler's first (start-up) claim time to pass.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let id = app.submit("three", None).await;
@@ -175,8 +170,7 @@ async fn an_orders_queue_declared_by_the_application_with_other_arguments_is_use
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_services_declare_classic_step_queues_and_a_quorum_orders_queue_by_default() {
     use sas::config::{BrokerSettings, QueueType};
-    let app = TestApp::new().await;
-    app.start_all().await;
+    let app = TestApp::spawn().await;
     let settings = BrokerSettings {
         url: sas_tests::AMQP.into(),
         ..Default::default()
