@@ -588,6 +588,27 @@ breaker_threshold = 100000
         .await;
     }
 
+    /// Waits (up to 10 s) until `n` sessions of the test's database wait on
+    /// a lock (a row lock or an advisory lock): a statement the test blocked
+    /// on purpose has reached the lock, rather than maybe being on its way.
+    pub async fn wait_for_lock_waiters(&self, n: i64) {
+        self.eventually(
+            &format!("{n} sessions waiting on a lock"),
+            Duration::from_secs(10),
+            || async {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                )
+                .fetch_one(&self.db)
+                .await
+                .expect("pg_stat_activity");
+                waiting >= n
+            },
+        )
+        .await;
+    }
+
     /// Sets the remote-sim knobs of `/svc/<agent>`.
     pub fn knobs(&self, agent: &str, knobs: Knobs) {
         self.sim

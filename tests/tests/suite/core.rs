@@ -143,13 +143,33 @@ async fn the_same_order_submitted_twice_is_stored_and_processed_once() {
         })
         .await;
     assert_story(&events, &[id, by_message_id], "processed");
-    // Nothing more arrives for the repeats.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Nothing more arrives for the repeats: once submission has counted
+    // both, an order submitted after them ends, and no event of the
+    // repeated orders came before its own.
+    app.eventually(
+        "submission counted both repeats",
+        Duration::from_secs(20),
+        || async {
+            app.metrics("submission")
+                .await
+                .contains("sas_orders_duplicate_total 2")
+        },
+    )
+    .await;
+    let marker_id = app.submit("one", Some(&status)).await;
+    let marker = marker_id.to_string();
+    let later = app
+        .collect(&status, Duration::from_secs(30), |got| {
+            got.iter()
+                .any(|e| e["order_id"] == marker.as_str() && sas_tests::is_terminal(e))
+        })
+        .await;
     assert!(
-        app.get(&status).await.is_none(),
-        "a repeat produced an event"
+        later.iter().all(|e| e["order_id"] == marker.as_str()),
+        "a repeat produced an event: {later:?}"
     );
-    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE order_id <> $1")
+        .bind(marker_id)
         .fetch_one(&app.db)
         .await
         .unwrap();

@@ -74,10 +74,17 @@ async fn rows(url: &str) -> BTreeMap<(String, &'static str), i64> {
     rows
 }
 
-/// Polls `read` until two reads in a row agree.
+/// Polls `read` until two reads in a row agree (other backends' statistics
+/// reach `pg_stat_*` up to a few hundred milliseconds late); panics if they
+/// have not settled within 30 s.
 async fn settled<T: PartialEq, F: AsyncFn() -> T>(read: F) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let mut last = read().await;
     loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "statistics did not settle within 30s"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         let now = read().await;
         if now == last {
@@ -520,7 +527,7 @@ async fn a_transition_does_not_wait_for_the_previous_publisher_and_its_messages_
                 .await
         })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    app.wait_for_lock_waiters(1).await;
     assert!(
         !follower.is_finished(),
         "the follower waits for the publisher"
@@ -551,7 +558,7 @@ async fn a_hand_over_lets_its_outbox_locks_go_only_once_its_messages_are_deleted
         .await
         .expect("row lock");
     let release = tokio::spawn(async move { held.release(&received).await });
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    app.wait_for_lock_waiters(1).await;
     let mut other = PgConnection::connect(&app.db_url).await.expect("connect");
     let free: bool = sqlx::query_scalar(
         "SELECT pg_try_advisory_lock(hashtextextended('sas.outbox:' || $1::text, 0))",
@@ -963,11 +970,27 @@ async fn a_reply_cancelled_inside_its_transaction_does_not_leave_it_open_in_the_
         let (t, me, reply) = (t.clone(), me.clone(), reply.clone());
         async move { t.apply_reply(&me, &reply).await }
     });
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    app.wait_for_lock_waiters(1).await;
     waiting.abort();
     assert!(waiting.await.is_err(), "cancelled while it waited");
     tx.rollback().await.expect("rollback");
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // A connection left in its transaction would stay so; one the pool
+    // cleaned up ends idle (or closed). Wait for that, bounded.
+    app.eventually(
+        "the cancelled connection is idle, its transaction ended",
+        std::time::Duration::from_secs(10),
+        || async {
+            let busy: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'cancelled' \
+                   AND state <> 'idle'",
+            )
+            .fetch_one(&app.db)
+            .await
+            .expect("activity");
+            busy == 0
+        },
+    )
+    .await;
     let open: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'cancelled' \
            AND state LIKE 'idle in transaction%'",

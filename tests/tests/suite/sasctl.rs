@@ -143,14 +143,12 @@ async fn orders_cancel_compensates_a_processing_order() {
     )
     .await;
 
-    let started = Instant::now();
     let out = run(&app, &["orders", "cancel", &id.to_string()])
         .await
         .expect_code(0);
     assert_eq!(out.stdout, format!("order {id} cancelled: compensating\n"));
     // Well before b's complete-by: the cancel does not wait for the deadline.
     wait_state(&app, id, "compensated", Duration::from_secs(20)).await;
-    assert!(started.elapsed() < Duration::from_secs(25));
 
     let stats = app.stats();
     assert_eq!(stats.keys[&format!("{id}:a:compensate")].applied, 1);

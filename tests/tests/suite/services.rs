@@ -127,8 +127,10 @@ async fn every_service_serves_health_readiness_and_metrics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_orders_are_noticed_without_waiting_for_the_poll() {
     let app = TestApp::builder().scheduler_poll("1h").spawn().await;
-    // Give the scheduler's first (start-up) claim time to pass.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A first order, processed, shows the scheduler past its start-up claim
+    // and waiting: the next one cannot ride on that claim.
+    let first = app.submit("one", None).await;
+    sas_tests::cli::wait_state(&app, first, "processed", Duration::from_secs(20)).await;
     let id = app.submit("three", None).await;
     // The poll is an hour away: only a wake-up can get it done in time.
     app.eventually(
