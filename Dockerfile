@@ -21,6 +21,7 @@ WORKDIR /build
 COPY Cargo.toml Cargo.lock ./
 COPY shared ./shared
 COPY services ./services
+COPY testkit ./testkit
 COPY tests ./tests
 COPY bench ./bench
 COPY migrations ./migrations

@@ -24,11 +24,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use futures_util::StreamExt;
-use lapin::options::{BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
-use lapin::types::{AMQPValue, FieldTable};
-use sas::broker::{BasicAckOptions, Broker, Outgoing};
-use sas::config::{DatabaseSettings, StepSpec, WorkflowSpec};
+use sas::broker::{Broker, Outgoing};
+use sas::config::{DatabaseSettings, QueueType, StepSpec, WorkflowSpec};
 use sas::messages::{StepOutcome, StepReply, StepRequest};
 use sas::state_store::{
     Actor, Committed, Done, Held, NewOrder, OutboxRow, ReplyOutcome, StateStore, StoreError,
@@ -193,8 +190,8 @@ pub async fn measure(
         let mut classic = Vec::new();
         for _ in 0..REPEATS {
             for (kind, sizes, runs) in [
-                ("quorum", &quorum_sizes, &mut quorum),
-                ("classic", &classic_sizes, &mut classic),
+                (QueueType::Quorum, &quorum_sizes, &mut quorum),
+                (QueueType::Classic, &classic_sizes, &mut classic),
             ] {
                 runs.push(mq_limit(env, kind, sizes, o.messages).await?);
             }
@@ -293,11 +290,11 @@ async fn pg_limit(
     let store_batch = DatabaseSettings::default().batch_size;
     let claim_batch = sas::config::SchedulerSettings::default().claim_batch;
     let db_name = format!("sasbench_{}_limits", env.run_id);
-    env.create_db(&db_name).await?;
+    let db_url = env.postgres.create(&db_name).await?;
     let result = async {
         let store = StateStore::connect(
             &DatabaseSettings {
-                url: env.db_url(&db_name),
+                url: db_url,
                 max_connections: concurrency as u32,
                 ..Default::default()
             },
@@ -312,17 +309,7 @@ async fn pg_limit(
         });
         let wf = Arc::new(workflow(name, steps)?);
         let status = format!("{prefix}.app.status");
-        let new_orders: Vec<NewOrder> = (0..orders)
-            .map(|_| NewOrder {
-                order_id: Uuid::new_v4(),
-                workflow: name.into(),
-                payload: json!({}),
-                reply_to: Some(status.clone()),
-                priority: 0,
-                not_before: None,
-                trace_id: Some(sas::trace::TraceContext::new_root().trace_id),
-            })
-            .collect();
+        let new_orders = sas_testkit::fixtures::new_orders(name, orders, &status);
         let ids: Vec<Uuid> = new_orders.iter().map(|o| o.order_id).collect();
         let order_body = format!(
             r#"{{"order_id":"{}","workflow":"{name}","payload":{{}}}}"#,
@@ -633,7 +620,7 @@ const ACKS_PER_FRAME: usize = 32;
 /// with its own publisher and consumer channel.
 async fn mq_limit(
     env: &Env,
-    queue_type: &str,
+    queue_type: QueueType,
     sizes: &[usize],
     messages: usize,
 ) -> anyhow::Result<MqLimit> {
@@ -642,7 +629,7 @@ async fn mq_limit(
     let in_flight = usize::from(sas::config::BrokerSettings::default().prefetch);
     let prefix = format!("sasbench{}limits", env.run_id);
     let queues: Vec<String> = (0..LANES)
-        .map(|lane| format!("{prefix}.mq.{queue_type}.{lane}"))
+        .map(|lane| format!("{prefix}.mq.{}.{lane}", queue_type.as_str()))
         .collect();
     let publisher_conn = Broker::connect(&env.broker_settings(&prefix), "sas-bench-mq-pub").await?;
     let consumer_conn = Broker::connect(&env.broker_settings(&prefix), "sas-bench-mq-sub").await?;
@@ -655,26 +642,14 @@ async fn mq_limit(
         let per_lane = messages.div_ceil(LANES);
         let mut lanes = Vec::new();
         for queue in &queues {
-            let channel = publisher_conn.channel().await?;
-            let mut args = FieldTable::default();
-            args.insert(
-                "x-queue-type".into(),
-                AMQPValue::LongString(queue_type.into()),
-            );
-            channel
-                .queue_declare(queue.as_str().into(), QueueDeclareOptions::durable(), args)
+            // No dead-letter route, so no delivery limit either: a bare queue.
+            publisher_conn
+                .declare_queue(queue, queue_type, None, 0)
                 .await
                 .with_context(|| format!("declaring {queue}"))?;
-            let sub = consumer_conn.channel().await?;
-            sub.basic_qos(in_flight as u16, BasicQosOptions::default())
-                .await?;
-            let consumer = sub
-                .basic_consume(
-                    queue.as_str().into(),
-                    "sas-bench-mq".into(),
-                    BasicConsumeOptions::default(),
-                    FieldTable::default(),
-                )
+            // Its own channel, `in_flight` deliveries unacknowledged at most.
+            let consumer = consumer_conn
+                .consume(queue, in_flight as u16, "sas-bench-mq")
                 .await?;
             lanes.push((queue.clone(), publisher_conn.publisher().await?, consumer));
         }
@@ -690,7 +665,7 @@ async fn mq_limit(
                             got += 1;
                             // Several deliveries per ack frame, as sas acknowledges.
                             if got % ACKS_PER_FRAME == 0 || got == per_lane {
-                                d.acker.ack(BasicAckOptions { multiple: true }).await?;
+                                d.ack_up_to().await?;
                             }
                         }
                         _ => anyhow::bail!("consumer stopped after {got} of {per_lane} messages"),
@@ -729,7 +704,7 @@ async fn mq_limit(
         let seconds = started.elapsed().as_secs_f64();
         let moved = per_lane * LANES;
         Ok::<MqLimit, anyhow::Error>(MqLimit {
-            queue_type: queue_type.into(),
+            queue_type: queue_type.as_str().into(),
             messages: moved,
             mean_bytes,
             in_flight,

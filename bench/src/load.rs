@@ -10,8 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use futures_util::StreamExt;
-use sas::broker::{BasicAckOptions, Outgoing, PendingConfirm};
+use sas::broker::{Outgoing, PendingConfirm};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -200,7 +199,7 @@ pub async fn run(suite: &mut Suite, spec: &LoadSpec) -> anyhow::Result<LoadResul
             let mut dupes = 0usize;
             let mut states: std::collections::BTreeMap<String, usize> = Default::default();
             let mut unacked = 0usize;
-            let mut last_tag = None;
+            let mut last = None;
             while terminal < n {
                 let next = tokio::time::timeout_at(deadline.into(), consumer.next()).await;
                 let delivery = match next {
@@ -213,7 +212,7 @@ pub async fn run(suite: &mut Suite, spec: &LoadSpec) -> anyhow::Result<LoadResul
                 };
                 let now = us();
                 events += 1;
-                if let Ok(e) = serde_json::from_slice::<Event>(&delivery.data)
+                if let Ok(e) = serde_json::from_slice::<Event>(delivery.body())
                     && let Some(i) = e
                         .order_id
                         .and_then(|s| Uuid::parse_str(s).ok())
@@ -238,19 +237,16 @@ pub async fn run(suite: &mut Suite, spec: &LoadSpec) -> anyhow::Result<LoadResul
                     }
                 }
                 unacked += 1;
-                last_tag = Some(delivery.acker.clone());
                 if unacked >= 200 {
-                    delivery
-                        .acker
-                        .ack(BasicAckOptions { multiple: true })
-                        .await
-                        .ok();
+                    delivery.ack_up_to().await.ok();
                     unacked = 0;
-                    last_tag = None;
+                    last = None;
+                } else {
+                    last = Some(delivery);
                 }
             }
-            if let Some(acker) = last_tag {
-                acker.ack(BasicAckOptions { multiple: true }).await.ok();
+            if let Some(delivery) = last {
+                delivery.ack_up_to().await.ok();
             }
             (seen, events, dupes, states)
         })

@@ -343,12 +343,8 @@ pub async fn celery(
     let backend_url = match backend {
         CeleryBackend::Rpc | CeleryBackend::RpcJoin => "rpc://".to_owned(),
         CeleryBackend::Postgres => {
-            env.create_db(&db_name).await?;
-            format!(
-                "db+{}",
-                env.db_url(&db_name)
-                    .replacen("postgres://", "postgresql://", 1)
-            )
+            let url = env.postgres.create(&db_name).await?;
+            format!("db+{}", url.replacen("postgres://", "postgresql://", 1))
         }
     };
     let ready = dir.join("ready");
@@ -438,9 +434,10 @@ pub async fn procrastinate(
     let dir = env.work_dir.join(&tag);
     std::fs::create_dir_all(&dir)?;
     let db_name = format!("sasbench_{}_procrastinate", env.run_id);
-    env.create_db(&db_name).await?;
     let dsn = env
-        .db_url(&db_name)
+        .postgres
+        .create(&db_name)
+        .await?
         .replacen("postgres://", "postgresql://", 1);
     let base: Vec<(String, String)> = vec![
         ("BENCH_DSN".into(), dsn),
@@ -526,15 +523,8 @@ pub async fn procrastinate(
 pub async fn delete_exchanges(env: &Env, names: &[String]) {
     if let Ok(b) = sas::broker::Broker::connect(&env.broker_settings("cleanup"), "sas-bench").await
     {
-        for name in names {
-            // A missing exchange closes the channel: one channel each.
-            if let Ok(ch) = b.channel().await {
-                ch.exchange_delete(name.as_str().into(), Default::default())
-                    .await
-                    .ok();
-                ch.close(200, "deleted".into()).await.ok();
-            }
-        }
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        b.delete_exchanges(&names).await.ok();
         b.close().await;
     }
 }

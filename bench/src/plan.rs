@@ -109,7 +109,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let env = Env {
-        pg_admin: args.pg.clone(),
+        postgres: sas_testkit::database::Postgres::new(&args.pg),
         amqp: args.amqp.clone(),
         bin_dir: std::fs::canonicalize(&args.bin_dir).with_context(|| {
             format!(
@@ -686,7 +686,7 @@ async fn cleanup(env: &Env) {
     queues.extend(celery.iter().cloned());
     env.delete_queues(&queues).await;
     peers::delete_exchanges(env, &celery).await;
-    if let Ok(mut admin) = sqlx::PgConnection::connect(&env.pg_admin).await {
+    if let Ok(mut admin) = sqlx::PgConnection::connect(&env.postgres.admin_url).await {
         let names: Vec<String> =
             sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE $1")
                 .bind(format!("sasbench\\_{}\\_%", env.run_id))
@@ -720,7 +720,9 @@ fn git_describe() -> String {
 }
 
 async fn server_setting(env: &Env, name: &str) -> Option<String> {
-    let mut c = sqlx::PgConnection::connect(&env.pg_admin).await.ok()?;
+    let mut c = sqlx::PgConnection::connect(&env.postgres.admin_url)
+        .await
+        .ok()?;
     let v: Option<String> = sqlx::query_scalar("SELECT current_setting($1)")
         .bind(name)
         .fetch_one(&mut c)
@@ -731,7 +733,7 @@ async fn server_setting(env: &Env, name: &str) -> Option<String> {
 }
 
 async fn postgres_version(env: &Env) -> String {
-    let Ok(mut c) = sqlx::PgConnection::connect(&env.pg_admin).await else {
+    let Ok(mut c) = sqlx::PgConnection::connect(&env.postgres.admin_url).await else {
         return "Postgres".into();
     };
     let v: String = sqlx::query_scalar("SHOW server_version")

@@ -12,6 +12,8 @@ use anyhow::{Context, bail};
 use sas::broker::{Broker, Publisher};
 use sas::config::BrokerSettings;
 use sas::topology::QueueNames;
+use sas_testkit::config::{ConfigFile, WORKFLOW_AGENTS};
+use sas_testkit::database::Postgres;
 use sqlx::{Connection, PgPool};
 use tokio::io::AsyncBufReadExt;
 use tokio::process::{Child, Command};
@@ -21,8 +23,8 @@ use crate::procs::{self, Group, Memory};
 /// Where everything is: shared by every deployment of one bench run.
 #[derive(Debug, Clone)]
 pub struct Env {
-    /// `postgres://…/postgres`: where databases are created and dropped.
-    pub pg_admin: String,
+    /// The server, where each deployment's database is created and dropped.
+    pub postgres: Postgres,
     pub amqp: String,
     /// The directory of the release binaries.
     pub bin_dir: PathBuf,
@@ -38,14 +40,6 @@ pub struct Env {
 }
 
 impl Env {
-    /// A Postgres URL of database `name` on the admin server.
-    pub fn db_url(&self, name: &str) -> String {
-        match self.pg_admin.rsplit_once('/') {
-            Some((base, _)) => format!("{base}/{name}"),
-            None => format!("{}/{name}", self.pg_admin),
-        }
-    }
-
     /// Broker settings for `prefix`.
     pub fn broker_settings(&self, prefix: &str) -> BrokerSettings {
         // The harness declares the queues before the services start: as
@@ -55,52 +49,25 @@ impl Env {
             .iter()
             .find(|(k, _)| k == "SAS__BROKER__STEP_QUEUES")
             .and_then(|(_, v)| serde_json::from_value(serde_json::Value::String(v.clone())).ok());
-        let defaults = BrokerSettings::default();
+        let defaults = sas_testkit::broker::settings(&self.amqp, prefix);
         BrokerSettings {
-            url: self.amqp.clone(),
-            prefix: prefix.into(),
             step_queues: step_queues.unwrap_or(defaults.step_queues),
             ..defaults
         }
     }
 
-    /// Creates a database (dropping a leftover of the same name).
-    pub async fn create_db(&self, name: &str) -> anyhow::Result<()> {
-        let mut admin = sqlx::PgConnection::connect(&self.pg_admin)
-            .await
-            .with_context(|| format!("connecting to Postgres at {}", self.pg_admin))?;
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
-        )))
-        .execute(&mut admin)
-        .await?;
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
-            .execute(&mut admin)
-            .await
-            .with_context(|| format!("creating database {name}"))?;
-        admin.close().await.ok();
-        Ok(())
-    }
-
-    /// Drops a database, disconnecting whoever is still on it.
+    /// Drops a database, disconnecting whoever is still on it; a failure
+    /// is only reported: clean-up must not end a bench run.
     pub async fn drop_db(&self, name: &str) {
-        if let Ok(mut admin) = sqlx::PgConnection::connect(&self.pg_admin).await {
-            let dropped = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
-            )))
-            .execute(&mut admin)
-            .await;
-            if let Err(e) = dropped {
-                eprintln!("warning: could not drop database {name}: {e}");
-            }
-            admin.close().await.ok();
+        if let Err(e) = self.postgres.drop(name).await {
+            eprintln!("warning: could not drop database {name}: {e:#}");
         }
     }
 
     /// Writes out the dirty buffers the previous run left (as pgbench does
     /// between runs), so a run does not pay for its predecessor's checkpoint.
     pub async fn checkpoint(&self) {
-        if let Ok(mut admin) = sqlx::PgConnection::connect(&self.pg_admin).await {
+        if let Ok(mut admin) = sqlx::PgConnection::connect(&self.postgres.admin_url).await {
             sqlx::raw_sql("CHECKPOINT").execute(&mut admin).await.ok();
             admin.close().await.ok();
         }
@@ -121,13 +88,6 @@ impl Env {
     pub fn bin(&self, name: &str) -> PathBuf {
         self.bin_dir.join(name)
     }
-}
-
-/// A free TCP port on 127.0.0.1.
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// A tiny HTTP client for readiness and remote-sim's control API.
@@ -234,9 +194,8 @@ impl Default for SuiteOptions {
     }
 }
 
-/// The agents of the bench workflows: `one` runs `a`; `three` runs `a`, `b`, `c`,
-/// with `a` and `b` undone by `a-undo` and `b-undo` (idle in these runs).
-pub const AGENTS: [&str; 5] = ["a", "b", "c", "a-undo", "b-undo"];
+/// The agents of the bench workflows (the undos are idle in these runs).
+pub const AGENTS: [&str; 5] = WORKFLOW_AGENTS;
 
 struct Proc {
     child: Child,
@@ -275,37 +234,30 @@ impl Suite {
         let sim = Sim::start(env, &format!("remote-sim-{name}")).await?;
         let prefix = format!("sasbench{}{name}", env.run_id);
         let db_name = format!("sasbench_{}_{name}", env.run_id);
-        env.create_db(&db_name).await?;
-        let db_url = env.db_url(&db_name);
+        let db_url = env.postgres.create_migrated(&db_name).await?;
         let dir = env.work_dir.join(name);
         std::fs::create_dir_all(&dir)?;
         let config = dir.join("sas.toml");
-        std::fs::write(
-            &config,
-            config_toml(&options, &db_url, &env.amqp, &prefix, &sim.url()),
-        )?;
-        // Migrate once here, so services do not race on an empty database.
-        let store = sas::state_store::StateStore::connect(
-            &sas::config::DatabaseSettings {
-                url: db_url.clone(),
-                max_connections: 2,
-                ..Default::default()
-            },
-            "sas-bench",
-        )
-        .await
-        .context("migrating the bench database")?;
-        store.close().await;
+        let agents_url = format!("{}/bench", sim.url());
+        ConfigFile {
+            database_url: &db_url,
+            max_connections: None,
+            broker_url: &env.amqp,
+            prefix: &prefix,
+            agents_url: &agents_url,
+            agents: &AGENTS,
+            step_timeout: options.step_timeout,
+            supervisor_interval: options.supervisor_interval,
+            max_failures: 5,
+            retry_schedule: r#"["200ms"]"#,
+            extra: "",
+        }
+        .write(&config)?;
         let db = PgPool::connect(&db_url).await?;
         let broker_settings = env.broker_settings(&prefix);
         let broker = Broker::connect(&broker_settings, "sas-bench").await?;
         let publisher = broker.publisher().await?;
-        let queues = QueueNames::new(&prefix);
-        let agents: Vec<String> = AGENTS.iter().map(|s| s.to_string()).collect();
-        broker
-            .declare_topology(&queues, &agents, &broker_settings)
-            .await
-            .context("declaring the sas queues")?;
+        let queues = sas_testkit::broker::declare(&broker, &broker_settings, &AGENTS).await?;
         let status_queue = format!("{prefix}.app.status");
         broker.declare_status_queue(&status_queue).await?;
         Ok(Self {
@@ -343,7 +295,7 @@ impl Suite {
 
     /// Starts `binary` as process `name` and waits for its `/readyz`.
     pub async fn start(&mut self, name: &str, binary: &str) -> anyhow::Result<()> {
-        let port = free_port()?;
+        let port = sas_testkit::free_port()?;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -558,49 +510,4 @@ impl PgCounters {
             wal_bytes: (self.wal_bytes - earlier.wal_bytes) / n,
         }
     }
-}
-
-fn config_toml(o: &SuiteOptions, db_url: &str, amqp: &str, prefix: &str, sim: &str) -> String {
-    let step = |name: &str, undo: bool| {
-        let undo = if undo {
-            format!(", compensate = \"{name}-undo\"")
-        } else {
-            String::new()
-        };
-        format!(
-            "{{ name = \"{name}\", agent = \"{name}\", timeout = \"{}\"{undo} }}",
-            o.step_timeout
-        )
-    };
-    let mut agents = String::new();
-    for a in AGENTS {
-        agents.push_str(&format!("[agents.{a}]\nurl = \"{sim}/bench/{a}\"\n\n"));
-    }
-    format!(
-        r#"# Written by sas-bench; every other key has its default.
-[database]
-url = "{db_url}"
-
-[broker]
-url = "{amqp}"
-prefix = "{prefix}"
-
-[supervisor]
-interval = "{interval}"
-max_failures = 5
-retry_schedule = ["200ms"]
-
-[workflows.one]
-steps = [ {solo} ]
-
-[workflows.three]
-steps = [ {a}, {b}, {c} ]
-
-{agents}"#,
-        interval = o.supervisor_interval,
-        solo = step("a", false),
-        a = step("a", true),
-        b = step("b", true),
-        c = step("c", false),
-    )
 }

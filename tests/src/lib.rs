@@ -13,21 +13,19 @@ pub mod cli;
 pub mod tls;
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicQosOptions};
-use lapin::types::FieldTable;
 use remote_sim::{Knobs, RemoteSim, Stats};
-use sas::broker::{Broker, Outgoing, Publisher, Subscription};
+use sas::broker::{Broker, Consumer, Delivery, Outgoing, Publisher, Subscription};
 use sas::config::BrokerSettings;
 use sas::topology::QueueNames;
+use sas_testkit::config::ConfigFile;
+use sas_testkit::database::Postgres;
 use serde_json::{Value, json};
-use sqlx::{Connection, PgPool};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 /// Postgres as every test sees it.
@@ -35,12 +33,14 @@ pub const PG_ADMIN: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 /// RabbitMQ as every test sees it.
 pub const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
-/// The agents of the test workflows: `a`, `b`, `c` and their undos.
+/// The agents of the test workflows
+/// ([`sas_testkit::config::WORKFLOW_AGENTS`]) and `c-undo`,
+/// which no workflow calls (the agent serves and reports it all the same).
 pub const AGENTS: [&str; 6] = ["a", "b", "c", "a-undo", "b-undo", "c-undo"];
 
-/// How a test wants the suite configured.
+/// How a test wants its deployment configured: what the [`Builder`] sets.
 #[derive(Debug, Clone)]
-pub struct Options {
+struct Options {
     /// Complete-by of each step.
     pub step_timeout: &'static str,
     pub max_failures: u32,
@@ -62,6 +62,65 @@ impl Default for Options {
             scheduler_poll: "200ms",
             extra: String::new(),
         }
+    }
+}
+
+/// Arranges a [`TestApp`]: each method changes one setting of the
+/// deployment's configuration from the tests' quick defaults.
+#[derive(Debug, Clone, Default)]
+pub struct Builder {
+    options: Options,
+}
+
+impl Builder {
+    /// The complete-by of every step (default 5s).
+    pub fn step_timeout(mut self, timeout: &'static str) -> Self {
+        self.options.step_timeout = timeout;
+        self
+    }
+
+    /// `supervisor.max_failures` (default 3).
+    pub fn max_failures(mut self, n: u32) -> Self {
+        self.options.max_failures = n;
+        self
+    }
+
+    /// `supervisor.retry_schedule` as a TOML array (default `["100ms"]`).
+    pub fn retry_schedule(mut self, schedule: &'static str) -> Self {
+        self.options.retry_schedule = schedule;
+        self
+    }
+
+    /// `supervisor.interval` (default 200ms).
+    pub fn supervisor_interval(mut self, interval: &'static str) -> Self {
+        self.options.supervisor_interval = interval;
+        self
+    }
+
+    /// The scheduler's slow poll beside its wake-ups (default 200ms).
+    pub fn scheduler_poll(mut self, poll: &'static str) -> Self {
+        self.options.scheduler_poll = poll;
+        self
+    }
+
+    /// Further TOML sections appended to the configuration.
+    pub fn extra_config(mut self, toml: impl Into<String>) -> Self {
+        self.options.extra = toml.into();
+        self
+    }
+
+    /// The deployment (database, prefix, remote-sim, configuration), with
+    /// no service running yet.
+    pub async fn build(self) -> TestApp {
+        TestApp::with(self.options).await
+    }
+
+    /// The deployment with submission, scheduler, agent and supervisor
+    /// running and ready.
+    pub async fn spawn(self) -> TestApp {
+        let app = self.build().await;
+        app.start_all().await;
+        app
     }
 }
 
@@ -97,37 +156,31 @@ struct Proc {
 }
 
 impl TestApp {
-    /// A fresh deployment with the default options, without processes yet.
+    /// How a test arranges its deployment: quick default timings, changed
+    /// one at a time, e.g.
+    /// `TestApp::builder().step_timeout("700ms").spawn().await`.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// A fresh deployment with the default configuration, without processes
+    /// yet: `TestApp::builder().build()`.
     pub async fn new() -> Self {
-        Self::with(Options::default()).await
+        Self::builder().build().await
     }
 
     /// A fresh deployment: database, prefix, remote-sim and configuration.
-    pub async fn with(options: Options) -> Self {
+    async fn with(options: Options) -> Self {
         let id = Uuid::new_v4().simple().to_string();
         let prefix = format!("t{}", &id[..12]);
         let db_name = format!("sas_test_{}", &id[..12]);
-        let db_url = format!("postgres://postgres@127.0.0.1:5432/{db_name}");
-        let mut admin = sqlx::PgConnection::connect(PG_ADMIN)
+        let db_url = Postgres::new(PG_ADMIN)
+            .create_migrated(&db_name)
             .await
             .expect("Postgres is up");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db_name}")))
-            .execute(&mut admin)
-            .await
-            .expect("create test database");
-        admin.close().await.ok();
         let db = PgPool::connect(&db_url)
             .await
             .expect("connect test database");
-        sas::state_store::StateStore::connect(
-            &sas::config::DatabaseSettings {
-                url: db_url.clone(),
-                ..Default::default()
-            },
-            "test",
-        )
-        .await
-        .expect("migrate test database");
 
         let sim = Arc::new(RemoteSim::new(Default::default()).expect("remote-sim"));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -142,7 +195,30 @@ impl TestApp {
         let dir = std::env::temp_dir().join(format!("sas-test-{prefix}"));
         std::fs::create_dir_all(&dir).expect("test dir");
         let config = dir.join("sas.toml");
-        std::fs::write(&config, config_toml(&options, &db_url, &prefix, sim_addr))
+        let agents_url = format!("http://{sim_addr}/svc");
+        let extra = format!(
+            r#"[scheduler]
+poll_interval = "{poll}"
+
+[outbox]
+sweep_interval = "300ms"
+sweep_age = "1s"
+
+[shutdown]
+grace = "5s"
+
+[agent]
+backoff_initial = "20ms"
+backoff_max = "200ms"
+# Many tests hang or fail endpoints on purpose; only the breaker's own test trips it.
+breaker_threshold = 100000
+
+{extra}"#,
+            poll = options.scheduler_poll,
+            extra = options.extra,
+        );
+        config_file(&options, &db_url, &prefix, &agents_url, &extra)
+            .write(&config)
             .expect("write config");
 
         let settings = broker_settings(&prefix);
@@ -150,10 +226,7 @@ impl TestApp {
             .await
             .expect("RabbitMQ is up");
         let publisher = broker.publisher().await.expect("publisher");
-        let queues = QueueNames::new(&prefix);
-        let agents: Vec<String> = AGENTS.iter().map(|s| s.to_string()).collect();
-        broker
-            .declare_topology(&queues, &agents, &settings)
+        let queues = sas_testkit::broker::declare(&broker, &settings, &AGENTS)
             .await
             .expect("topology");
         Self {
@@ -173,11 +246,10 @@ impl TestApp {
         }
     }
 
-    /// A deployment with one of each service running and ready.
+    /// A deployment with one of each service running and ready:
+    /// `TestApp::builder().spawn()`.
     pub async fn spawn() -> Self {
-        let app = Self::new().await;
-        app.start_all().await;
-        app
+        Self::builder().spawn().await
     }
 
     /// Starts submission, scheduler, agent and supervisor and waits until each is ready.
@@ -328,17 +400,11 @@ impl TestApp {
     /// Declares a quorum queue of the test's own (deleted with the app),
     /// dead-lettering to `dead` when given, as sas declares its work queues.
     pub async fn declare_queue(&self, queue: &str, dead: Option<&str>) {
-        let channel = self.conn().broker.channel().await.expect("channel");
-        let args = sas::broker::queue_arguments(sas::config::QueueType::Quorum, dead, 20);
-        channel
-            .queue_declare(
-                queue.into(),
-                lapin::options::QueueDeclareOptions::durable(),
-                args,
-            )
+        self.conn()
+            .broker
+            .declare_queue(queue, sas::config::QueueType::Quorum, dead, 20)
             .await
             .expect("declare queue");
-        channel.close(200, "done".into()).await.ok();
         self.extra_queues.lock().unwrap().push(queue.to_owned());
     }
 
@@ -398,16 +464,16 @@ impl TestApp {
         timeout: Duration,
         done: impl Fn(&[Value]) -> bool,
     ) -> Vec<Value> {
-        let (channel, mut consumer) = self.consumer(queue).await;
+        let mut consumer = self.consumer(queue).await;
         let mut got = Vec::new();
         let deadline = tokio::time::Instant::now() + timeout;
         while !done(&got) {
             match tokio::time::timeout_at(deadline, consumer.next()).await {
                 Ok(Some(Ok(d))) => {
-                    got.push(serde_json::from_slice(&d.data).unwrap_or_else(|_| {
-                        json!({ "raw": String::from_utf8_lossy(&d.data), "headers": format!("{:?}", d.properties.headers()) })
+                    got.push(serde_json::from_slice(d.body()).unwrap_or_else(|_| {
+                        json!({ "raw": String::from_utf8_lossy(d.body()), "delivery": format!("{d:?}") })
                     }));
-                    d.acker.ack(BasicAckOptions::default()).await.expect("ack");
+                    d.ack().await.expect("ack");
                 }
                 Ok(_) => panic!("consumer of {queue} ended"),
                 Err(_) => panic!(
@@ -417,56 +483,43 @@ impl TestApp {
                 ),
             }
         }
-        channel.close(200, "done".into()).await.ok();
+        consumer.close("done").await;
         got
     }
 
     /// Takes one message from `queue`, if any: `(body, x-sas-reason)`.
     pub async fn get(&self, queue: &str) -> Option<(Vec<u8>, Option<String>)> {
-        let channel = self.conn().broker.channel().await.expect("channel");
-        let msg = channel
-            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
-            .await
-            .expect("basic.get")?;
-        channel.close(200, "done".into()).await.ok();
-        Some((msg.delivery.data.clone(), reason_of(&msg.delivery)))
+        let taken = self.conn().broker.take(queue).await.expect("basic.get")?;
+        let got = (taken.delivery.body().to_vec(), reason_of(&taken.delivery));
+        taken.ack().await.expect("ack");
+        Some(got)
     }
 
     /// A consumer of `queue` (up to 500 unacknowledged) on a channel of its own.
-    async fn consumer(&self, queue: &str) -> (lapin::Channel, lapin::Consumer) {
-        let channel = self.conn().broker.channel().await.expect("channel");
-        channel
-            .basic_qos(500, BasicQosOptions::default())
+    async fn consumer(&self, queue: &str) -> Consumer {
+        self.conn()
+            .broker
+            .consume(queue, 500, "")
             .await
-            .expect("qos");
-        let consumer = channel
-            .basic_consume(
-                queue.into(),
-                "".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .expect("consume");
-        (channel, consumer)
+            .expect("consume")
     }
 
     /// Takes every message now ready in `queue` (acking them): `(body,
     /// x-sas-reason)` each, in queue order.
     pub async fn drain(&self, queue: &str) -> Vec<(Vec<u8>, Option<String>)> {
         let count = self.ready(queue).await as usize;
-        let (channel, mut consumer) = self.consumer(queue).await;
+        let mut consumer = self.consumer(queue).await;
         let mut got = Vec::with_capacity(count);
         while got.len() < count {
             match tokio::time::timeout(Duration::from_secs(10), consumer.next()).await {
                 Ok(Some(Ok(d))) => {
-                    got.push((d.data.clone(), reason_of(&d)));
-                    d.acker.ack(BasicAckOptions::default()).await.expect("ack");
+                    got.push((d.body().to_vec(), reason_of(&d)));
+                    d.ack().await.expect("ack");
                 }
                 _ => panic!("{queue}: {} of {count} messages taken", got.len()),
             }
         }
-        channel.close(200, "done".into()).await.ok();
+        consumer.close("done").await;
         got
     }
 
@@ -532,6 +585,27 @@ impl TestApp {
         self.eventually(&format!("{n} orders {state}"), timeout, || async {
             self.count_in(state).await >= n
         })
+        .await;
+    }
+
+    /// Waits (up to 10 s) until `n` sessions of the test's database wait on
+    /// a lock (a row lock or an advisory lock): a statement the test blocked
+    /// on purpose has reached the lock, rather than maybe being on its way.
+    pub async fn wait_for_lock_waiters(&self, n: i64) {
+        self.eventually(
+            &format!("{n} sessions waiting on a lock"),
+            Duration::from_secs(10),
+            || async {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                )
+                .fetch_one(&self.db)
+                .await
+                .expect("pg_stat_activity");
+                waiting >= n
+            },
+        )
         .await;
     }
 
@@ -752,13 +826,7 @@ impl Drop for TestApp {
         if let Some(tx) = self.sim_stop.take() {
             tx.send(()).ok();
         }
-        let mut queues: Vec<String> = self
-            .queues
-            .all(AGENTS)
-            .into_iter()
-            .map(|q| q.name)
-            .collect();
-        queues.extend(self.extra_queues.lock().unwrap().drain(..));
+        let extra_queues: Vec<String> = self.extra_queues.lock().unwrap().drain(..).collect();
         let (db_name, prefix, dir) = (self.db_name.clone(), self.prefix.clone(), self.dir.clone());
         let keep_logs = std::thread::panicking() || std::env::var_os("SAS_TEST_KEEP").is_some();
         // Async cleanup from Drop: a thread with its own runtime.
@@ -768,20 +836,11 @@ impl Drop for TestApp {
                 .build()
                 .expect("runtime");
             rt.block_on(async move {
-                if let Ok(b) = Broker::connect(&broker_settings(&prefix), "test-cleanup").await {
-                    b.delete_deployment(&QueueNames::new(&prefix), &queues)
-                        .await
-                        .ok();
-                    b.close().await;
-                }
-                if let Ok(mut admin) = sqlx::PgConnection::connect(PG_ADMIN).await {
-                    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                        "DROP DATABASE IF EXISTS {db_name} WITH (FORCE)"
-                    )))
-                    .execute(&mut admin)
+                // Best effort: a failed clean-up must not fail the test.
+                sas_testkit::broker::delete(&broker_settings(&prefix), &AGENTS, &extra_queues)
                     .await
                     .ok();
-                }
+                Postgres::new(PG_ADMIN).drop(&db_name).await.ok();
             });
             if keep_logs {
                 eprintln!("logs kept in {}", dir.display());
@@ -795,90 +854,37 @@ impl Drop for TestApp {
 }
 
 fn broker_settings(prefix: &str) -> BrokerSettings {
-    BrokerSettings {
-        url: AMQP.into(),
-        prefix: prefix.into(),
-        ..Default::default()
-    }
+    sas_testkit::broker::settings(AMQP, prefix)
 }
 
-fn config_toml(o: &Options, db_url: &str, prefix: &str, sim: std::net::SocketAddr) -> String {
-    let step = |name: &str, comp: bool| {
-        let undo = if comp {
-            format!(", compensate = \"{name}-undo\"")
-        } else {
-            String::new()
-        };
-        format!(
-            "{{ name = \"{name}\", agent = \"{name}\", timeout = \"{}\"{undo} }}",
-            o.step_timeout
-        )
-    };
-    let mut agents = String::new();
-    for a in AGENTS {
-        agents.push_str(&format!("[agents.{a}]\nurl = \"http://{sim}/svc/{a}\"\n\n"));
+/// The configuration of a test deployment: the shared workflows, with
+/// the tests' quick timings (a slow poll, sweep and back-off would make
+/// every test wait) and the test's `extra` sections.
+fn config_file<'a>(
+    o: &'a Options,
+    db_url: &'a str,
+    prefix: &'a str,
+    agents_url: &'a str,
+    extra: &'a str,
+) -> ConfigFile<'a> {
+    ConfigFile {
+        database_url: db_url,
+        max_connections: Some(8),
+        broker_url: AMQP,
+        prefix,
+        agents_url,
+        agents: &AGENTS,
+        step_timeout: o.step_timeout,
+        supervisor_interval: o.supervisor_interval,
+        max_failures: o.max_failures,
+        retry_schedule: o.retry_schedule,
+        extra,
     }
-    format!(
-        r#"
-[database]
-url = "{db_url}"
-max_connections = 8
-
-[broker]
-url = "{AMQP}"
-prefix = "{prefix}"
-
-[scheduler]
-poll_interval = "{poll}"
-
-[supervisor]
-interval = "{interval}"
-max_failures = {max}
-retry_schedule = {schedule}
-
-[outbox]
-sweep_interval = "300ms"
-sweep_age = "1s"
-
-[shutdown]
-grace = "5s"
-
-[agent]
-backoff_initial = "20ms"
-backoff_max = "200ms"
-# Many tests hang or fail endpoints on purpose; only the breaker's own test trips it.
-breaker_threshold = 100000
-
-[workflows.three]
-steps = [ {a}, {b}, {c} ]
-
-[workflows.one]
-steps = [ {solo} ]
-
-{agents}
-{extra}
-"#,
-        interval = o.supervisor_interval,
-        poll = o.scheduler_poll,
-        max = o.max_failures,
-        schedule = o.retry_schedule,
-        a = step("a", true),
-        b = step("b", true),
-        c = step("c", false),
-        solo = step("a", false),
-        extra = o.extra,
-    )
 }
 
 /// The `x-sas-reason` header of a delivery.
-fn reason_of(delivery: &lapin::message::Delivery) -> Option<String> {
-    let headers = delivery.properties.headers().as_ref()?;
-    headers.inner().get("x-sas-reason").map(|v| match v {
-        lapin::types::AMQPValue::LongString(s) => {
-            String::from_utf8_lossy(s.as_bytes()).into_owned()
-        }
-        other => format!("{other:?}"),
-    })
+fn reason_of(delivery: &Delivery) -> Option<String> {
+    delivery.header(sas::broker::REASON_HEADER)
 }
 
 /// Whether a status event ends its order.
@@ -902,10 +908,7 @@ pub fn bin(name: &str) -> PathBuf {
 
 /// A port that was free a moment ago on 127.0.0.1.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    sas_testkit::free_port().expect("free port")
 }
 
 fn signal(child: &Child, sig: &str) {

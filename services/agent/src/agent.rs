@@ -194,8 +194,8 @@ impl Agent {
 
     /// Works on one request; an error means the broker is gone.
     async fn handle(&self, publisher: &Publisher, delivery: Received) -> Result<(), BrokerError> {
-        sas::crash::panic_if_marked(&delivery.data);
-        let request: StepRequest = match serde_json::from_slice(&delivery.data) {
+        sas::crash::panic_if_marked(delivery.body());
+        let request: StepRequest = match serde_json::from_slice(delivery.body()) {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(agent = %self.name, error = %e, "unreadable request; dead-lettered");
@@ -207,7 +207,8 @@ impl Agent {
                 return broker::dead_letter_with(&delivery, &reason).await;
             }
         };
-        let trace = broker::header_str(&delivery, sas::trace::HEADER)
+        let trace = delivery
+            .header(sas::trace::HEADER)
             .and_then(|t| sas::trace::TraceContext::parse(&t));
         let span = tracing::info_span!(
             "step",
@@ -285,7 +286,7 @@ impl Agent {
                 return Ok("handed_back");
             }
         };
-        let Some(reply_to) = broker::reply_to(delivery) else {
+        let Some(reply_to) = delivery.reply_to() else {
             tracing::warn!("request has no reply queue; nobody to answer");
             broker::ack(delivery).await?;
             return Ok("no_reply_to");

@@ -83,10 +83,10 @@ struct Letter {
 impl Letter {
     fn of(delivery: &broker::Delivery) -> Self {
         Self {
-            reason: broker::header_str(delivery, REASON),
-            message_id: broker::message_id(delivery).map(str::to_owned),
-            reply_to: broker::reply_to(delivery).map(str::to_owned),
-            body: String::from_utf8_lossy(&delivery.data).into_owned(),
+            reason: delivery.header(REASON),
+            message_id: delivery.message_id().map(str::to_owned),
+            reply_to: delivery.reply_to().map(str::to_owned),
+            body: String::from_utf8_lossy(delivery.body()).into_owned(),
         }
     }
 
@@ -260,18 +260,18 @@ async fn replay_one(
     taken: Taken,
 ) -> anyhow::Result<()> {
     let delivery = &taken.delivery;
-    let trace = broker::header_str(delivery, sas::trace::HEADER);
+    let trace = delivery.header(sas::trace::HEADER);
     let headers: Vec<(&str, &str)> = trace
         .as_deref()
         .map(|t| (sas::trace::HEADER, t))
         .into_iter()
         .collect();
-    let message_id = broker::message_id(delivery).map(str::to_owned);
+    let message_id = delivery.message_id().map(str::to_owned);
     let published = publisher
         .publish(&Outgoing {
             routing_key: queues.orders(),
-            body: &delivery.data,
-            reply_to: broker::reply_to(delivery),
+            body: delivery.body(),
+            reply_to: delivery.reply_to(),
             message_id: message_id.as_deref(),
             headers: &headers,
             mandatory: true,

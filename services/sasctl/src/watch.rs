@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::value_parser;
-use futures_util::StreamExt;
 use sas::broker::{Broker, Consumer};
 use sas::config::Settings;
 use sas::messages::EventKind;
@@ -415,11 +414,12 @@ where
                 "the broker cancelled the consumer of {queue} (was the queue deleted?)"
             ),
         };
-        let handled = handle(&delivery.data)?;
+        let handled = handle(delivery.body())?;
         if handled == Handled::Refused {
             return Ok(ReadEnd::Handler);
         }
-        sas::broker::ack_one(&delivery)
+        delivery
+            .ack()
             .await
             .with_context(|| format!("acknowledging a message of {queue}"))?;
         if handled == Handled::Last {

@@ -210,7 +210,7 @@ impl Scheduler {
 
     /// Applies one reply; an error means the broker is gone.
     async fn on_reply(&self, delivery: Received) -> Result<(), BrokerError> {
-        let mut reply: StepReply = match serde_json::from_slice(&delivery.data) {
+        let mut reply: StepReply = match serde_json::from_slice(delivery.body()) {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "unreadable reply; dead-lettered");
@@ -219,7 +219,8 @@ impl Scheduler {
                 return broker::dead_letter_with(&delivery, &reason).await;
             }
         };
-        let trace = broker::header_str(&delivery, sas::trace::HEADER)
+        let trace = delivery
+            .header(sas::trace::HEADER)
             .and_then(|t| sas::trace::TraceContext::parse(&t))
             .map(|t| t.trace_id)
             .unwrap_or_default();

@@ -105,11 +105,11 @@ struct Submitter {
 impl Submitter {
     /// Handles one delivery; an error means the broker is gone.
     async fn handle(&self, publisher: &Publisher, delivery: Received) -> Result<(), BrokerError> {
-        sas::crash::panic_if_marked(&delivery.data);
+        sas::crash::panic_if_marked(delivery.body());
         let settings = &self.ctx.settings;
         let decoded = Submission::decode(
-            &delivery.data,
-            broker::reply_to(&delivery),
+            delivery.body(),
+            delivery.reply_to(),
             settings.submission.max_body_bytes,
         )
         .and_then(|s| match settings.workflow(&s.workflow) {
@@ -135,10 +135,11 @@ impl Submitter {
         };
         let order_id = order
             .order_id
-            .or_else(|| broker::message_id(&delivery).and_then(|m| Uuid::parse_str(m).ok()))
+            .or_else(|| delivery.message_id().and_then(|m| Uuid::parse_str(m).ok()))
             .unwrap_or_else(Uuid::new_v4);
         // Continue the application's trace when it sent one.
-        let trace = broker::header_str(&delivery, sas::trace::HEADER)
+        let trace = delivery
+            .header(sas::trace::HEADER)
             .and_then(|t| sas::trace::TraceContext::parse(&t))
             .unwrap_or_else(sas::trace::TraceContext::new_root);
         let span = tracing::info_span!(

@@ -24,14 +24,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use lapin::Acker;
-use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 
 use super::BrokerError;
+use super::delivery::Delivery;
 use super::poison::DeadLetters;
 
-/// A delivery taken by [`super::consume`]: lapin's [`Delivery`] (it derefs
-/// to it), settled through its channel's [`Acks`].
+/// A delivery taken by [`super::consume`]: a [`Delivery`] (it derefs to
+/// it), settled through its channel's [`Acks`].
 pub struct Received {
     /// Shared with the consumer loop, which settles it if the handler panics.
     delivery: Arc<Delivery>,
@@ -51,7 +51,7 @@ impl Deref for Received {
 impl std::fmt::Debug for Received {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Received")
-            .field("delivery_tag", &self.delivery.delivery_tag)
+            .field("delivery_tag", &self.delivery.tag())
             .finish_non_exhaustive()
     }
 }
@@ -60,17 +60,14 @@ impl Received {
     /// Settles the delivery through its channel's [`Acks`]: what
     /// [`super::ack`], [`super::requeue`] and [`super::dead_letter`] do.
     pub(super) async fn settle(&self, how: Settle) -> Result<(), BrokerError> {
-        let (tag, acker) = (self.delivery.delivery_tag, self.delivery.acker.clone());
+        let (tag, acker) = (self.delivery.tag(), self.delivery.inner.acker.clone());
         self.acks.finished(tag, acker, how);
         self.acks.send(false).await
     }
 
     /// Whether no handler has settled the delivery yet.
     pub(super) fn is_unfinished(&self) -> bool {
-        self.acks
-            .lock()
-            .unfinished
-            .contains(&self.delivery.delivery_tag)
+        self.acks.lock().unfinished.contains(&self.delivery.tag())
     }
 
     /// The consumer's dead-letter route, when it has one.
@@ -198,12 +195,12 @@ impl Acks {
 
     /// Wraps a delivery just taken from the channel; it counts as
     /// unfinished until its handler settles it.
-    pub fn received(
+    pub(super) fn received(
         self: &Arc<Self>,
         delivery: Delivery,
         dead_letters: Option<Arc<DeadLetters>>,
     ) -> Received {
-        self.lock().unfinished.insert(delivery.delivery_tag);
+        self.lock().unfinished.insert(delivery.tag());
         Received {
             delivery: Arc::new(delivery),
             acks: self.clone(),

@@ -7,9 +7,7 @@ use std::time::Duration;
 
 use std::panic::AssertUnwindSafe;
 
-use futures_util::{FutureExt as _, StreamExt};
-use lapin::message::Delivery;
-use lapin::options::BasicAckOptions;
+use futures_util::FutureExt as _;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -37,12 +35,11 @@ where
     Fut: Future<Output = Result<(), BrokerError>> + Send + 'static,
 {
     let Subscription {
-        channel,
         mut consumer,
         acks,
         dead_letters,
     } = subscription;
-    let queue = consumer.queue().to_string();
+    let queue = consumer.queue();
     let mut tasks: JoinSet<Result<(), BrokerError>> = JoinSet::new();
     let outcome = loop {
         tokio::select! {
@@ -67,7 +64,7 @@ where
                         }
                     });
                 }
-                Some(Err(e)) => break Err(e.into()),
+                Some(Err(e)) => break Err(e),
                 None => break Err(BrokerError::ConsumerEnded(queue.clone())),
             },
         }
@@ -89,7 +86,7 @@ where
     if let Err(e) = acks.send(true).await {
         tracing::warn!(error = %e, %queue, "could not send the last acks; those messages come again");
     }
-    channel.close(200, "consumer stopped".into()).await.ok();
+    consumer.close("consumer stopped").await;
     outcome
 }
 
@@ -120,10 +117,4 @@ pub async fn requeue(delivery: &Received) -> Result<(), BrokerError> {
 /// Rejects a delivery that can never be processed: the queue dead-letters it.
 pub async fn dead_letter(delivery: &Received) -> Result<(), BrokerError> {
     delivery.settle(Settle::DeadLetter).await
-}
-
-/// Acknowledges a delivery taken outside [`consume`], on its own.
-pub async fn ack_one(delivery: &Delivery) -> Result<(), BrokerError> {
-    delivery.acker.ack(BasicAckOptions::default()).await?;
-    Ok(())
 }

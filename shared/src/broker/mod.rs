@@ -9,6 +9,7 @@
 
 mod acks;
 mod consumer;
+mod delivery;
 mod poison;
 mod publisher;
 mod session;
@@ -17,8 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::options::{
-    BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
-    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicConsumeOptions, BasicNackOptions, BasicQosOptions, ExchangeDeclareOptions,
+    ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::{AMQPValue, FieldTable};
@@ -26,15 +27,13 @@ use lapin::uri::AMQPUri;
 use lapin::{Channel, Connection, ConnectionProperties, DefaultConnectionBuilder};
 
 pub use acks::{Acks, Received};
-pub use consumer::{ack, ack_one, consume, dead_letter, requeue};
+pub use consumer::{ack, consume, dead_letter, requeue};
+pub use delivery::{Consumer, Delivery};
 pub use poison::{
     DeadLetters, INTERNAL_ERROR, REASON_HEADER, TRIES_HEADER, dead_letter_with, retry_counted,
     tries,
 };
 
-pub use lapin::Consumer;
-pub use lapin::message::Delivery;
-pub use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 pub use publisher::{Header, Outgoing, PendingConfirm, PublishError, Publisher};
 pub use session::{SessionEnd, run_sessions};
 
@@ -231,7 +230,7 @@ impl Broker {
     }
 
     /// A plain channel.
-    pub async fn channel(&self) -> Result<Channel, BrokerError> {
+    async fn channel(&self) -> Result<Channel, BrokerError> {
         let channel = self.conn.create_channel().await?;
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         channels.retain(|c| c.status().connected());
@@ -254,7 +253,6 @@ impl Broker {
         agents: &[String],
         settings: &BrokerSettings,
     ) -> Result<(), BrokerError> {
-        let mut channel = self.channel().await?;
         for q in names.all(agents.iter().map(String::as_str)) {
             let queue = &q.name;
             let kind = if q.step {
@@ -262,32 +260,27 @@ impl Broker {
             } else {
                 QueueType::Quorum
             };
-            let declared = channel
-                .queue_declare(
-                    queue.as_str().into(),
-                    QueueDeclareOptions::durable(),
-                    queue_arguments(kind, q.dead_letters.as_deref(), settings.delivery_limit),
+            let declared = self
+                .declare_queue(
+                    queue,
+                    kind,
+                    q.dead_letters.as_deref(),
+                    settings.delivery_limit,
                 )
                 .await;
-            match declared.map_err(BrokerError::from) {
-                Ok(_) => {}
+            match declared {
+                Ok(()) => {}
                 // Someone (an application, an older deployment) declared it with
                 // other arguments: use it as it is rather than refuse to start.
                 Err(e) if e.is_precondition_failed() => {
                     tracing::warn!(%queue, "queue exists with other arguments than sas declares; using it as it is");
-                    channel = self.channel().await?;
-                    let passive = QueueDeclareOptions {
-                        passive: true,
-                        ..QueueDeclareOptions::default()
-                    };
-                    channel
-                        .queue_declare(queue.as_str().into(), passive, FieldTable::default())
-                        .await?;
+                    self.message_count(queue).await?;
                 }
                 Err(e) => return Err(e),
             }
         }
         // Applications that may not use the default exchange submit here.
+        let channel = self.channel().await?;
         channel
             .exchange_declare(
                 names.submit_exchange().into(),
@@ -312,7 +305,33 @@ impl Broker {
         Ok(())
     }
 
-    /// Starts consuming `queue` with manual acks and at most `prefetch` unacknowledged deliveries.
+    /// Declares a durable queue of `kind` as sas declares its own: with a
+    /// dead-letter route to the queue `dead_letter` when given and then,
+    /// when quorum, a delivery limit. Fails with
+    /// [`BrokerError::is_precondition_failed`] when the queue exists with
+    /// other arguments.
+    pub async fn declare_queue(
+        &self,
+        queue: &str,
+        kind: QueueType,
+        dead_letter: Option<&str>,
+        delivery_limit: u32,
+    ) -> Result<(), BrokerError> {
+        // A refused declaration closes the channel: one of its own.
+        let channel = self.channel().await?;
+        channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions::durable(),
+                queue_arguments(kind, dead_letter, delivery_limit),
+            )
+            .await?;
+        channel.close(200, "declared".into()).await.ok();
+        Ok(())
+    }
+
+    /// Starts consuming `queue` on a channel of its own, with manual acks and
+    /// at most `prefetch` unacknowledged deliveries.
     pub async fn consume(
         &self,
         queue: &str,
@@ -343,8 +362,7 @@ impl Broker {
             )
             .await?;
         Ok(Subscription {
-            channel,
-            consumer,
+            consumer: Consumer::new(channel, consumer),
             acks: Acks::new(prefetch),
             dead_letters: None,
         })
@@ -362,7 +380,7 @@ impl Broker {
             )
             .await?;
         Ok(got.map(|m| Taken {
-            delivery: m.delivery,
+            delivery: Delivery::new(m.delivery),
             channel,
         }))
     }
@@ -400,15 +418,20 @@ impl Broker {
         queues: &[String],
     ) -> Result<(), BrokerError> {
         self.delete_queues(queues).await?;
-        let channel = self.channel().await?;
-        channel
-            .exchange_delete(
-                names.submit_exchange().into(),
-                ExchangeDeleteOptions::default(),
-            )
-            .await
-            .ok();
-        channel.close(200, "deleted".into()).await.ok();
+        self.delete_exchanges(&[names.submit_exchange()]).await
+    }
+
+    /// Deletes exchanges; missing ones are skipped.
+    pub async fn delete_exchanges(&self, exchanges: &[&str]) -> Result<(), BrokerError> {
+        for exchange in exchanges {
+            // A missing exchange closes the channel: one channel each.
+            let channel = self.channel().await?;
+            channel
+                .exchange_delete((*exchange).into(), ExchangeDeleteOptions::default())
+                .await
+                .ok();
+            channel.close(200, "deleted".into()).await.ok();
+        }
         Ok(())
     }
 
@@ -461,7 +484,7 @@ pub struct Taken {
 impl Taken {
     /// Done with it: the broker forgets it.
     pub async fn ack(self) -> Result<(), BrokerError> {
-        consumer::ack_one(&self.delivery).await?;
+        self.delivery.ack().await?;
         self.channel.close(200, "taken".into()).await.ok();
         Ok(())
     }
@@ -469,6 +492,7 @@ impl Taken {
     /// Puts it back on its queue.
     pub async fn release(self) -> Result<(), BrokerError> {
         self.delivery
+            .inner
             .acker
             .nack(BasicNackOptions {
                 requeue: true,
@@ -480,9 +504,8 @@ impl Taken {
     }
 }
 
-/// A consumer with its own channel.
+/// A consumer with its own channel, and that channel's acknowledgements.
 pub struct Subscription {
-    channel: Channel,
     consumer: Consumer,
     acks: Arc<Acks>,
     /// Where hopeless deliveries go with their reason; without it they are
@@ -507,11 +530,7 @@ impl Subscription {
 /// Arguments of a sas queue: its type, and for work queues a dead-letter
 /// route and (quorum only) a delivery limit. A declaration with other
 /// arguments than an existing queue's fails (`PRECONDITION_FAILED`).
-pub fn queue_arguments(
-    kind: QueueType,
-    dead_letter: Option<&str>,
-    delivery_limit: u32,
-) -> FieldTable {
+fn queue_arguments(kind: QueueType, dead_letter: Option<&str>, delivery_limit: u32) -> FieldTable {
     let mut args = FieldTable::default();
     args.insert(
         "x-queue-type".into(),
@@ -534,28 +553,4 @@ pub fn queue_arguments(
         }
     }
     args
-}
-
-/// A header of a delivery as text, if present.
-pub fn header_str(delivery: &Delivery, name: &str) -> Option<String> {
-    let headers = delivery.properties.headers().as_ref()?;
-    match headers.inner().get(name)? {
-        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
-        _ => None,
-    }
-}
-
-/// The AMQP `reply_to` of a delivery.
-pub fn reply_to(delivery: &Delivery) -> Option<&str> {
-    delivery.properties.reply_to().as_ref().map(|s| s.as_str())
-}
-
-/// The AMQP `message_id` of a delivery.
-pub fn message_id(delivery: &Delivery) -> Option<&str> {
-    delivery
-        .properties
-        .message_id()
-        .as_ref()
-        .map(|s| s.as_str())
 }

@@ -16,6 +16,7 @@ use lapin::types::AMQPValue;
 use prometheus_client::metrics::counter::Counter;
 
 use super::acks::Received;
+use super::delivery::Delivery;
 use super::publisher::{Header, Publisher};
 use super::{BrokerError, PublishError};
 
@@ -106,7 +107,7 @@ pub async fn retry_counted(delivery: &Received, reason: &str) -> Result<(), Brok
 /// The handler of `delivery` panicked: counts it and, unless the handler
 /// settled the delivery before, dead-letters it with reason `internal_error`.
 pub(super) async fn panicked(delivery: &Received, what: &str) -> Result<(), BrokerError> {
-    tracing::error!(panic = %what, delivery_tag = delivery.delivery_tag, "a message handler panicked; the delivery is dead-lettered");
+    tracing::error!(panic = %what, delivery_tag = delivery.tag(), "a message handler panicked; the delivery is dead-lettered");
     if let Some(dead) = delivery.dead_letters() {
         dead.panics.inc();
     }
@@ -117,8 +118,8 @@ pub(super) async fn panicked(delivery: &Received, what: &str) -> Result<(), Brok
 }
 
 /// The tries counted in a delivery's `x-sas-tries` header (0 when absent).
-pub fn tries(delivery: &lapin::message::Delivery) -> u32 {
-    let Some(headers) = delivery.properties.headers().as_ref() else {
+pub fn tries(delivery: &Delivery) -> u32 {
+    let Some(headers) = delivery.inner.properties.headers().as_ref() else {
         return 0;
     };
     match headers.inner().get(TRIES_HEADER) {
@@ -150,7 +151,6 @@ pub(super) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 #[cfg(test)]
 mod tests {
     use lapin::BasicProperties;
-    use lapin::message::Delivery;
     use lapin::types::{FieldTable, LongString};
 
     use super::*;
@@ -160,9 +160,10 @@ mod tests {
         if let Some(v) = value {
             headers.insert(TRIES_HEADER.into(), v);
         }
-        let mut delivery = Delivery::mock(1, "".into(), "q".into(), false, Vec::new());
+        let mut delivery =
+            lapin::message::Delivery::mock(1, "".into(), "q".into(), false, Vec::new());
         delivery.properties = BasicProperties::default().with_headers(headers);
-        delivery
+        Delivery::new(delivery)
     }
 
     #[test]

@@ -127,13 +127,18 @@ impl Publisher {
     pub async fn republish(
         &self,
         routing_key: &str,
-        delivery: &lapin::message::Delivery,
+        delivery: &super::Delivery,
         headers: &[(&str, Header<'_>)],
     ) -> Result<(), PublishError> {
         if routing_key.len() > SHORT_STRING {
             return Err(PublishError::Invalid("routing key longer than 255 bytes"));
         }
-        let mut table = delivery.properties.headers().clone().unwrap_or_default();
+        let mut table = delivery
+            .inner
+            .properties
+            .headers()
+            .clone()
+            .unwrap_or_default();
         for (k, v) in headers {
             let v = match v {
                 Header::Text(text) => AMQPValue::LongString(
@@ -143,7 +148,7 @@ impl Publisher {
             };
             table.insert((*k).into(), v);
         }
-        let props = delivery.properties.clone().with_headers(table);
+        let props = delivery.inner.properties.clone().with_headers(table);
         let confirm = self
             .channel
             .basic_publish(
@@ -153,7 +158,7 @@ impl Publisher {
                     mandatory: true,
                     ..BasicPublishOptions::default()
                 },
-                &delivery.data,
+                delivery.body(),
                 props,
             )
             .await?;

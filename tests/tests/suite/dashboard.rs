@@ -13,9 +13,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use remote_sim::Knobs;
+use sas_tests::TestApp;
 use sas_tests::browser::Browser;
 use sas_tests::cli::wait_state;
-use sas_tests::{Options, TestApp};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -179,16 +179,14 @@ async fn waits_for_retry(app: &TestApp, id: Uuid) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_a_known_run_in_chromium_to_a_logged_in_viewer_without_buttons_and_an_operators_retry_is_audited_under_their_name()
  {
-    let app = TestApp::with(Options {
-        step_timeout: "3s",
+    let app = TestApp::builder()
+        .step_timeout("3s")
         // A step that runs out of time waits an hour for its re-attempt: it
         // stays in the "waiting" table for the whole test.
-        retry_schedule: r#"["1h"]"#,
-        extra: dashboard_auth(),
-        ..Options::default()
-    })
-    .await;
-    app.start_all().await;
+        .retry_schedule(r#"["1h"]"#)
+        .extra_config(dashboard_auth())
+        .spawn()
+        .await;
 
     // Three orders that succeed.
     let processed: Vec<Uuid> = {
@@ -780,12 +778,10 @@ async fn operator_actors(http: &reqwest::Client, base: &str, id: Uuid) -> Vec<St
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_token_auth_the_api_refuses_strangers_lets_a_viewer_read_and_names_the_operator_who_retried()
  {
-    let app = TestApp::with(Options {
-        extra: dashboard_auth(),
-        ..Options::default()
-    })
-    .await;
-    app.start_all().await;
+    let app = TestApp::builder()
+        .extra_config(dashboard_auth())
+        .spawn()
+        .await;
     app.knobs("a", permanent());
     let failed = app.submit("one", None).await;
     wait_state(&app, failed, "error", Duration::from_secs(30)).await;
@@ -986,11 +982,10 @@ async fn with_token_auth_the_api_refuses_strangers_lets_a_viewer_read_and_names_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn basic_auth_and_a_trusted_proxy_identify_their_users_an_untrusted_peer_is_refused_and_no_auth_off_loopback_warns()
  {
-    let app = TestApp::with(Options {
-        extra: dashboard_auth(),
-        ..Options::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .extra_config(dashboard_auth())
+        .build()
+        .await;
     let http = client();
     let unknown = Uuid::new_v4();
     let json = serde_json::json!({});

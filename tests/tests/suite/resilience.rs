@@ -7,18 +7,17 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use remote_sim::Knobs;
-use sas_tests::{Options, TestApp};
+use sas_tests::TestApp;
 use serde_json::json;
 use uuid::Uuid;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_step_that_times_out_twice_then_succeeds_applies_every_effect_once() {
-    let app = TestApp::with(Options {
-        step_timeout: "600ms",
-        max_failures: 5,
-        ..Options::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .step_timeout("600ms")
+        .max_failures(5)
+        .build()
+        .await;
     app.knobs(
         "b",
         Knobs {
@@ -124,12 +123,11 @@ async fn an_open_breaker_sends_requests_to_a_healthy_agent_and_closes_after_reco
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_supervisors_recover_each_expiry_once_and_hand_over_when_the_leader_dies() {
-    let app = TestApp::with(Options {
-        step_timeout: "1500ms",
-        supervisor_interval: "200ms",
-        ..Options::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .step_timeout("1500ms")
+        .supervisor_interval("200ms")
+        .build()
+        .await;
     app.knobs(
         "a",
         Knobs {
@@ -258,11 +256,7 @@ async fn claim_times(app: &TestApp) -> BTreeMap<Uuid, DateTime<Utc>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_orders_with_mixed_priorities_and_transient_faults_all_end_with_effects_matching_steps()
  {
-    let app = TestApp::with(Options {
-        step_timeout: "10s",
-        ..Options::default()
-    })
-    .await;
+    let app = TestApp::builder().step_timeout("10s").build().await;
     for step in ["a", "b", "c"] {
         app.knobs(
             step,
@@ -344,12 +338,11 @@ async fn a_thousand_orders_with_mixed_priorities_and_transient_faults_all_end_wi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compensation_that_cannot_complete_leaves_the_order_in_error_with_an_alert() {
-    let app = TestApp::with(Options {
-        step_timeout: "500ms",
-        max_failures: 2,
-        ..Options::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .step_timeout("500ms")
+        .max_failures(2)
+        .build()
+        .await;
     app.knobs(
         "c",
         Knobs {

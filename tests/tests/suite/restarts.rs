@@ -204,6 +204,8 @@ async fn postgres_restart_under_load_loses_and_repeats_nothing() {
     .await;
     // Orders keep arriving while the state store is down; none is lost.
     ids.extend(app.submit_many("three", 30, Some(&status)).await);
+    // The outage lasts two seconds more while they arrive: part of the
+    // scenario, not a wait for something to happen.
     tokio::time::sleep(Duration::from_secs(2)).await;
     guard.start();
     drop(guard);

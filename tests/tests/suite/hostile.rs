@@ -13,7 +13,7 @@ use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use remote_sim::Knobs;
 use sas::broker::Outgoing;
-use sas_tests::{Options, TestApp, is_terminal};
+use sas_tests::{TestApp, is_terminal};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -69,14 +69,13 @@ fn ends(events: &[Value]) -> BTreeMap<String, String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_class_of_the_review_is_set_aside_alone_and_the_orders_around_it_are_processed() {
-    let app = TestApp::with(Options {
+    let app = TestApp::builder()
         // Long enough for a debug remote-sim to build a 20 MB answer on a
         // busy machine; the agent's panics use it up twice.
-        step_timeout: "3s",
-        max_failures: 2,
-        ..Options::default()
-    })
-    .await;
+        .step_timeout("3s")
+        .max_failures(2)
+        .build()
+        .await;
     start(&app).await;
     let status = app.status_queue("status").await;
     // The third step's remote answers 20 MB: more than max_response_bytes.

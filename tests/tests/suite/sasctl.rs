@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use remote_sim::Knobs;
 use sas_tests::cli::{bare_sasctl, output, run, sasctl, wait_state};
-use sas_tests::{Options, TestApp, bin};
+use sas_tests::{TestApp, bin};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -117,12 +117,7 @@ async fn an_order_whose_undo_failed_half_way_is_not_retried_forward_and_cancel_f
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_cancel_compensates_a_processing_order() {
-    let app = TestApp::with(Options {
-        step_timeout: "30s",
-        ..Options::default()
-    })
-    .await;
-    app.start_all().await;
+    let app = TestApp::builder().step_timeout("30s").spawn().await;
     app.knobs(
         "b",
         Knobs {
@@ -148,14 +143,12 @@ async fn orders_cancel_compensates_a_processing_order() {
     )
     .await;
 
-    let started = Instant::now();
     let out = run(&app, &["orders", "cancel", &id.to_string()])
         .await
         .expect_code(0);
     assert_eq!(out.stdout, format!("order {id} cancelled: compensating\n"));
     // Well before b's complete-by: the cancel does not wait for the deadline.
     wait_state(&app, id, "compensated", Duration::from_secs(20)).await;
-    assert!(started.elapsed() < Duration::from_secs(25));
 
     let stats = app.stats();
     assert_eq!(stats.keys[&format!("{id}:a:compensate")].applied, 1);

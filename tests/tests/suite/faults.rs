@@ -9,7 +9,7 @@ use chrono::Utc;
 use remote_sim::Knobs;
 use sas::broker::Outgoing;
 use sas::messages::{Direction, StepOutcome, StepReply, StepRequest};
-use sas_tests::{Options, TestApp};
+use sas_tests::TestApp;
 use serde_json::{Map, json};
 use uuid::Uuid;
 
@@ -75,11 +75,7 @@ async fn agent_killed_mid_call_applies_the_effect_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn supervisor_killed_mid_sweep_recovers_each_expiry_once() {
-    let app = TestApp::with(Options {
-        step_timeout: "700ms",
-        ..Options::default()
-    })
-    .await;
+    let app = TestApp::builder().step_timeout("700ms").build().await;
     app.knobs(
         "a",
         Knobs {
@@ -112,12 +108,11 @@ async fn relay_killed_between_publish_and_bookkeeping_delivers_every_event() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_down_longer_than_complete_by_then_back_ends_processed() {
-    let app = TestApp::with(Options {
-        step_timeout: "500ms",
-        max_failures: 10,
-        ..Options::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .step_timeout("500ms")
+        .max_failures(10)
+        .build()
+        .await;
     app.knobs(
         "b",
         Knobs {
@@ -151,12 +146,11 @@ async fn a_remote_down_longer_than_complete_by_then_back_ends_processed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_that_answers_near_the_deadline_keeps_every_invariant() {
-    let app = TestApp::with(Options {
-        step_timeout: "400ms",
-        max_failures: 10,
-        ..Options::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .step_timeout("400ms")
+        .max_failures(10)
+        .build()
+        .await;
     // Some answers land just before complete-by, some just after.
     app.knobs(
         "b",
@@ -282,8 +276,7 @@ async fn duplicated_and_stray_requests_and_replies_change_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_input_is_dead_lettered_and_never_stops_a_service() {
-    let app = TestApp::new().await;
-    app.start_all().await;
+    let app = TestApp::spawn().await;
     let status = app.status_queue("status").await;
     // Orders: a 10 MB body, no reply queue at all, a reply queue that does not exist.
     let huge = vec![b'x'; 10 * 1024 * 1024];

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use remote_sim::Knobs;
-use sas_tests::{Options, TestApp};
+use sas_tests::TestApp;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -143,13 +143,33 @@ async fn the_same_order_submitted_twice_is_stored_and_processed_once() {
         })
         .await;
     assert_story(&events, &[id, by_message_id], "processed");
-    // Nothing more arrives for the repeats.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Nothing more arrives for the repeats: once submission has counted
+    // both, an order submitted after them ends, and no event of the
+    // repeated orders came before its own.
+    app.eventually(
+        "submission counted both repeats",
+        Duration::from_secs(20),
+        || async {
+            app.metrics("submission")
+                .await
+                .contains("sas_orders_duplicate_total 2")
+        },
+    )
+    .await;
+    let marker_id = app.submit("one", Some(&status)).await;
+    let marker = marker_id.to_string();
+    let later = app
+        .collect(&status, Duration::from_secs(30), |got| {
+            got.iter()
+                .any(|e| e["order_id"] == marker.as_str() && sas_tests::is_terminal(e))
+        })
+        .await;
     assert!(
-        app.get(&status).await.is_none(),
-        "a repeat produced an event"
+        later.iter().all(|e| e["order_id"] == marker.as_str()),
+        "a repeat produced an event: {later:?}"
     );
-    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE order_id <> $1")
+        .bind(marker_id)
         .fetch_one(&app.db)
         .await
         .unwrap();
@@ -246,11 +266,7 @@ async fn bad_messages_are_dead_lettered_with_a_reason_and_later_orders_still_flo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_step_is_reattempted_by_the_supervisor_and_ends_processed() {
-    let app = TestApp::with(Options {
-        step_timeout: "700ms",
-        ..Options::default()
-    })
-    .await;
+    let app = TestApp::builder().step_timeout("700ms").build().await;
     app.knobs(
         "b",
         Knobs {
@@ -286,12 +302,11 @@ async fn a_hanging_step_is_reattempted_by_the_supervisor_and_ends_processed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_that_keeps_failing_ends_in_error_with_an_alert_and_failed() {
-    let app = TestApp::with(Options {
-        step_timeout: "400ms",
-        max_failures: 3,
-        ..Options::default()
-    })
-    .await;
+    let app = TestApp::builder()
+        .step_timeout("400ms")
+        .max_failures(3)
+        .build()
+        .await;
     app.knobs(
         "a",
         Knobs {
@@ -434,11 +449,7 @@ async fn two_schedulers_and_two_agents_process_every_order_exactly_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_to_each_service_while_orders_flow_exits_zero_and_every_order_completes() {
-    let app = TestApp::with(Options {
-        step_timeout: "20s",
-        ..Options::default()
-    })
-    .await;
+    let app = TestApp::builder().step_timeout("20s").build().await;
     app.knobs(
         "b",
         Knobs {

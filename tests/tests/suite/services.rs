@@ -5,7 +5,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use sas_tests::{Options, TestApp, bin, http_get};
+use sas_tests::{TestApp, bin, http_get};
 
 const SERVICES: [&str; 4] = ["submission", "scheduler", "agent", "supervisor"];
 
@@ -126,14 +126,11 @@ async fn every_service_serves_health_readiness_and_metrics() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_orders_are_noticed_without_waiting_for_the_poll() {
-    let app = TestApp::with(Options {
-        scheduler_poll: "1h",
-        ..Options::default()
-    })
-    .await;
-    app.start_all().await;
-    // Give the scheduler's first (start-up) claim time to pass.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let app = TestApp::builder().scheduler_poll("1h").spawn().await;
+    // A first order, processed, shows the scheduler past its start-up claim
+    // and waiting: the next one cannot ride on that claim.
+    let first = app.submit("one", None).await;
+    sas_tests::cli::wait_state(&app, first, "processed", Duration::from_secs(20)).await;
     let id = app.submit("three", None).await;
     // The poll is an hour away: only a wake-up can get it done in time.
     app.eventually(
@@ -161,18 +158,8 @@ async fn an_orders_queue_declared_by_the_application_with_other_arguments_is_use
         .delete_queues(&[app.queues.orders().to_owned()])
         .await
         .unwrap();
-    let channel = broker.channel().await.unwrap();
-    let mut args = lapin::types::FieldTable::default();
-    args.insert(
-        "x-queue-type".into(),
-        lapin::types::AMQPValue::LongString("quorum".into()),
-    );
-    channel
-        .queue_declare(
-            app.queues.orders().into(),
-            lapin::options::QueueDeclareOptions::durable(),
-            args,
-        )
+    broker
+        .declare_queue(app.queues.orders(), sas::config::QueueType::Quorum, None, 0)
         .await
         .unwrap();
     broker.close().await;
@@ -185,8 +172,7 @@ async fn an_orders_queue_declared_by_the_application_with_other_arguments_is_use
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_services_declare_classic_step_queues_and_a_quorum_orders_queue_by_default() {
     use sas::config::{BrokerSettings, QueueType};
-    let app = TestApp::new().await;
-    app.start_all().await;
+    let app = TestApp::spawn().await;
     let settings = BrokerSettings {
         url: sas_tests::AMQP.into(),
         ..Default::default()
@@ -199,18 +185,10 @@ async fn the_services_declare_classic_step_queues_and_a_quorum_orders_queue_by_d
         let broker = &broker;
         let limit = settings.delivery_limit;
         async move {
-            let channel = broker.channel().await.unwrap();
-            let args = sas::broker::queue_arguments(kind, Some(&dead), limit);
-            let ok = channel
-                .queue_declare(
-                    queue.as_str().into(),
-                    lapin::options::QueueDeclareOptions::durable(),
-                    args,
-                )
+            broker
+                .declare_queue(&queue, kind, Some(&dead), limit)
                 .await
-                .is_ok();
-            channel.close(200, "checked".into()).await.ok();
-            ok
+                .is_ok()
         }
     };
     let q = &app.queues;

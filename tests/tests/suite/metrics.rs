@@ -147,8 +147,7 @@ async fn the_counters_equal_what_happened() {
 /// pass of the relay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_low_load_the_messages_are_handed_over_not_relayed() {
-    let app = TestApp::new().await;
-    app.start_all().await;
+    let app = TestApp::spawn().await;
     for n in 1..=3 {
         app.submit_many("one", 1, None).await;
         app.eventually("the order ended", Duration::from_secs(30), || async {

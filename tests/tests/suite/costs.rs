@@ -80,10 +80,17 @@ async fn rows(url: &str) -> BTreeMap<(String, &'static str), i64> {
     rows
 }
 
-/// Polls `read` until two reads in a row agree.
+/// Polls `read` until two reads in a row agree (other backends' statistics
+/// reach `pg_stat_*` up to a few hundred milliseconds late); panics if they
+/// have not settled within 30 s.
 async fn settled<T: PartialEq, F: AsyncFn() -> T>(read: F) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let mut last = read().await;
     loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "statistics did not settle within 30s"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         let now = read().await;
         if now == last {
@@ -317,17 +324,7 @@ async fn run_batch(app: &TestApp, workflow: &str, publishing: Publishing) -> Cos
         Publishing::Relay => Handed::plain(t),
         Publishing::Handoff => Handed::to(t, recorder.clone()),
     };
-    let orders: Vec<NewOrder> = (0..N)
-        .map(|_| NewOrder {
-            order_id: Uuid::new_v4(),
-            workflow: workflow.into(),
-            payload: json!({}),
-            reply_to: Some(status.clone()),
-            priority: 0,
-            not_before: None,
-            trace_id: Some(sas::trace::TraceContext::new_root().trace_id),
-        })
-        .collect();
+    let orders = sas_testkit::fixtures::new_orders(workflow, N, &status);
     let ids: Vec<Uuid> = orders.iter().map(|o| o.order_id).collect();
     let mut relayed = BTreeMap::new();
     // The relay hands the rows to the closure; collect them through a cell.
@@ -613,7 +610,7 @@ async fn a_transition_does_not_wait_for_the_previous_publisher_and_its_messages_
                 .await
         })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    app.wait_for_lock_waiters(1).await;
     assert!(
         !follower.is_finished(),
         "the follower waits for the publisher"
@@ -644,7 +641,7 @@ async fn a_hand_over_lets_its_outbox_locks_go_only_once_its_messages_are_deleted
         .await
         .expect("row lock");
     let release = tokio::spawn(async move { held.release(&received).await });
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    app.wait_for_lock_waiters(1).await;
     let mut other = PgConnection::connect(&app.db_url).await.expect("connect");
     let free: bool = sqlx::query_scalar(
         "SELECT pg_try_advisory_lock(hashtextextended('sas.outbox:' || $1::text, 0))",
@@ -915,21 +912,7 @@ async fn a_reply_cancelled_while_its_write_back_waits_counts_once_and_leaves_no_
         let (t, me, reply) = (t.clone(), me.clone(), reply.clone());
         async move { t.apply_reply(&me, &reply).await }
     });
-    let blocked = async || -> i64 {
-        sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'cancelled' \
-               AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(&app.db)
-        .await
-        .expect("activity")
-    };
-    app.eventually(
-        "the write-back waits for the row",
-        std::time::Duration::from_secs(10),
-        || async { blocked().await == 1 },
-    )
-    .await;
+    app.wait_for_lock_waiters(1).await;
     waiting.abort();
     assert!(waiting.await.is_err(), "cancelled while it waited");
     tx.rollback().await.expect("rollback");
@@ -1014,7 +997,7 @@ async fn deliveries_finished_together_share_a_few_ack_frames_and_all_are_settled
             }
             async move {
                 committed.await.unwrap();
-                if delivery.delivery_tag % 10 == 0 {
+                if delivery.tag() % 10 == 0 {
                     broker::dead_letter(&delivery).await?;
                 } else {
                     broker::ack(&delivery).await?;
@@ -1085,7 +1068,7 @@ async fn a_hand_back_behind_a_slow_delivery_goes_back_at_once() {
                 let (came_again, settled, stop) =
                     (came_again.clone(), settled.clone(), stop.clone());
                 async move {
-                    match (&delivery.data[..], delivery.redelivered) {
+                    match (delivery.body(), delivery.redelivered()) {
                         (b"slow", _) => {
                             came_again.notified().await;
                             broker::ack(&delivery).await?;

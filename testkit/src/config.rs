@@ -1,0 +1,137 @@
+//! The configuration file of a test or bench deployment. Every deployment
+//! runs the same two workflows, so that tests and bench runs compare:
+//! `one` runs agent `a`; `three` runs `a`, `b` and `c`, with `a` and `b`
+//! undone by `a-undo` and `b-undo`.
+
+use std::fmt::Write as _;
+
+/// The agents the two workflows call.
+pub const WORKFLOW_AGENTS: [&str; 5] = ["a", "b", "c", "a-undo", "b-undo"];
+
+/// What differs between deployments; every key not written here has its
+/// default.
+#[derive(Debug, Clone)]
+pub struct ConfigFile<'a> {
+    pub database_url: &'a str,
+    /// `database.max_connections`, when not the default.
+    pub max_connections: Option<u32>,
+    pub broker_url: &'a str,
+    /// `broker.prefix`: keeps the deployment's queues apart from others'.
+    pub prefix: &'a str,
+    /// Where the agents are called: agent `x` at `{agents_url}/x`.
+    pub agents_url: &'a str,
+    /// The agents configured (at least [`WORKFLOW_AGENTS`]).
+    pub agents: &'a [&'a str],
+    /// The complete-by of every step.
+    pub step_timeout: &'a str,
+    pub supervisor_interval: &'a str,
+    pub max_failures: u32,
+    /// `supervisor.retry_schedule`, as a TOML array.
+    pub retry_schedule: &'a str,
+    /// Further TOML, appended as it is: sections the keys above do not
+    /// write.
+    pub extra: &'a str,
+}
+
+impl ConfigFile<'_> {
+    /// The file's text.
+    pub fn to_toml(&self) -> String {
+        let step = |name: &str, undo: bool| {
+            let undo = if undo {
+                format!(", compensate = \"{name}-undo\"")
+            } else {
+                String::new()
+            };
+            format!(
+                "{{ name = \"{name}\", agent = \"{name}\", timeout = \"{}\"{undo} }}",
+                self.step_timeout
+            )
+        };
+        let max_connections = self
+            .max_connections
+            .map(|n| format!("max_connections = {n}\n"))
+            .unwrap_or_default();
+        let mut agents = String::new();
+        for a in self.agents {
+            // Writing to a String cannot fail.
+            let _ = write!(
+                agents,
+                "[agents.{a}]\nurl = \"{}/{a}\"\n\n",
+                self.agents_url
+            );
+        }
+        format!(
+            r#"# Written by sas-testkit; every key not here has its default.
+[database]
+url = "{database_url}"
+{max_connections}
+[broker]
+url = "{broker_url}"
+prefix = "{prefix}"
+
+[supervisor]
+interval = "{interval}"
+max_failures = {max_failures}
+retry_schedule = {retry_schedule}
+
+[workflows.one]
+steps = [ {solo} ]
+
+[workflows.three]
+steps = [ {a}, {b}, {c} ]
+
+{agents}{extra}
+"#,
+            database_url = self.database_url,
+            broker_url = self.broker_url,
+            prefix = self.prefix,
+            interval = self.supervisor_interval,
+            max_failures = self.max_failures,
+            retry_schedule = self.retry_schedule,
+            solo = step("a", false),
+            a = step("a", true),
+            b = step("b", true),
+            c = step("c", false),
+            extra = self.extra,
+        )
+    }
+
+    /// Writes the file to `path`.
+    pub fn write(&self, path: &std::path::Path) -> anyhow::Result<()> {
+        use anyhow::Context as _;
+        std::fs::write(path, self.to_toml()).with_context(|| format!("writing {}", path.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_loads_as_sas_settings_with_both_workflows() {
+        let file = ConfigFile {
+            database_url: "postgres://postgres@127.0.0.1:5432/x",
+            max_connections: Some(8),
+            broker_url: "amqp://guest:guest@127.0.0.1:5672/%2f",
+            prefix: "tx",
+            agents_url: "http://127.0.0.1:1/svc",
+            agents: &WORKFLOW_AGENTS,
+            step_timeout: "5s",
+            supervisor_interval: "200ms",
+            max_failures: 3,
+            retry_schedule: r#"["100ms"]"#,
+            extra: "[outbox]\nsweep_age = \"1s\"\n",
+        };
+        let dir = std::env::temp_dir().join(format!("sas-testkit-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sas.toml");
+        file.write(&path).unwrap();
+        let settings = sas::config::Settings::load(Some(&path));
+        std::fs::remove_dir_all(&dir).ok();
+        let settings = settings.expect("the written file loads");
+        assert_eq!(settings.database.max_connections, 8);
+        assert_eq!(settings.broker.prefix, "tx");
+        assert!(settings.workflow("one").is_ok());
+        assert!(settings.workflow("three").is_ok());
+    }
+}

@@ -1,0 +1,22 @@
+//! The end-to-end tests, one binary (linked once): each module is one
+//! area of the behaviour, run against the real binaries, Postgres and
+//! RabbitMQ through `sas_tests::TestApp`. Tests that restart a server live in
+//! `restarts` and run alone, after the rest (`scripts/test.sh`).
+
+mod chaos;
+mod core;
+mod costs;
+mod dashboard;
+mod faults;
+mod fencing;
+mod hostile;
+mod metrics;
+mod packaging;
+mod permissions;
+mod resilience;
+mod restarts;
+mod sasctl;
+mod sasctl_more;
+mod services;
+mod tls;
+mod tracing;
