@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Compares this checkout's sas with another git revision's, back to back:
+# builds that revision's release binaries in a worktree of its own
+# (.bench/compare/<rev>), then alternates runs of the harness on the two
+# builds (A = the revision, B = this checkout) so that the machine's drift
+# falls on both alike, and prints each run's throughput and low-load latency
+# and the medians per build. Peers, the machine's limit and the recovery run
+# are skipped; the 10%-load runs offer both builds the same rate.
+#
+#   scripts/bench-compare.sh <git-rev> [pairs] [harness options...]
+#   scripts/bench-compare.sh 437ede7 3 --orders-one 6000
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+rev="${1:?usage: scripts/bench-compare.sh <git-rev> [pairs] [harness options...]}"
+pairs="${2:-3}"
+shift $(( $# >= 2 ? 2 : 1 ))
+
+base=".bench/compare/$(git rev-parse --short "$rev")"
+if [ ! -d "$base" ]; then
+    git worktree add --detach "$base" "$rev" >/dev/null
+fi
+(cd "$base" && cargo build --release -p submission -p scheduler -p agent -p supervisor -p remote-sim)
+target="${CARGO_TARGET_DIR:-target}"
+cargo build --release \
+    -p submission -p scheduler -p agent -p supervisor -p remote-sim -p sas-bench
+
+out=".bench/compare/out"
+mkdir -p "$out"
+common=(--quick --skip-peers --skip-limits --skip-recovery --low-rate 100
+        --orders-one 6000 --orders-three 3000 --scaled-orders 3000 --low-orders 600
+        --low-max-secs 15 "$@")
+for i in $(seq 1 "$pairs"); do
+    "$target/release/sas-bench" --bin-dir "$base/target/release" --out "$out/A-$i.json" "${common[@]}"
+    "$target/release/sas-bench" --bin-dir "$target/release" --out "$out/B-$i.json" "${common[@]}"
+done
+
+python3 - "$out" "$pairs" "$rev" <<'PY'
+import json, statistics, sys
+out, pairs, rev = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rows = {}
+for build in "AB":
+    for i in range(1, pairs + 1):
+        report = json.load(open(f"{out}/{build}-{i}.json"))
+        for run in report["sas"]:
+            r = run["result"]
+            key = (run["deployment"], r["workflow"], run["load"])
+            value = r["throughput"] if run["load"] == "full" else r["latency_ms"]["p50"]
+            rows.setdefault(key, {"A": [], "B": []})[build].append(value)
+print(f"A = {rev}, B = this checkout; {pairs} alternating runs each")
+print("| deployment | workflow | load | measure | A runs | B runs | A median | B median | B/A |")
+print("|---|---|---|---|---|---|--:|--:|--:|")
+for (dep, wf, load), v in sorted(rows.items()):
+    what = "orders/s" if load == "full" else "p50 ms"
+    a, b = statistics.median(v["A"]), statistics.median(v["B"])
+    fmt = lambda xs: ", ".join(f"{x:.1f}" for x in xs)
+    print(f"| {dep} | {wf} | {load} | {what} | {fmt(v['A'])} | {fmt(v['B'])} | {a:.1f} | {b:.1f} | {b / a:.3f} |")
+PY
