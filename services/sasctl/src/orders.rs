@@ -490,14 +490,10 @@ pub(crate) fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
 }
 
 /// A value on one line.
-pub(crate) use crate::terminal::cell;
+pub(crate) use crate::terminal::{cell, time};
 
 fn opt(text: Option<&str>) -> String {
     text.unwrap_or("-").to_owned()
-}
-
-fn time(t: DateTime<Utc>) -> String {
-    t.format("%Y-%m-%d %H:%M:%S%.3fZ").to_string()
 }
 
 fn opt_time(t: Option<DateTime<Utc>>) -> String {
@@ -547,6 +543,7 @@ mod tests {
             error: None,
             started_at: Some(at),
             finished_at: None,
+            warned: 0,
         };
         let steps = vec![
             step(

@@ -164,7 +164,7 @@ impl Figures {
             (Some(at), Some(age)) => format!(
                 "{} ago ({})",
                 humantime::format_duration(Duration::from_secs(age.as_secs())),
-                at.format("%Y-%m-%d %H:%M:%SZ")
+                crate::terminal::time(at)
             ),
             _ => "-".into(),
         };
@@ -228,7 +228,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("oldest pending  2m 5s ago (2030-01-02 03:02:00Z)"),
+            text.contains("oldest pending  2m 5s ago (2030-01-02 03:02:00.000Z)"),
             "{text}"
         );
         assert!(text.contains("outbox backlog  4\n"), "{text}");

@@ -30,6 +30,12 @@ pub fn cell(text: &str) -> String {
     printable(&text.replace(['\n', '\r', '\t'], " ")).into_owned()
 }
 
+/// A time as sasctl's tables show it: UTC to the millisecond (machine
+/// output, `--json`, uses the messages' RFC 3339 instead).
+pub fn time(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%S%.3fZ").to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
