@@ -250,6 +250,8 @@ impl Suite {
             supervisor_interval: options.supervisor_interval,
             max_failures: 5,
             retry_schedule: r#"["200ms"]"#,
+            // The default ladder, as a deployment has it.
+            warn_at: "[0.5, 0.8]",
             extra: "",
         }
         .write(&config)?;

@@ -310,6 +310,12 @@ pub struct SupervisorSettings {
     pub retry_schedule: Vec<Duration>,
     /// Expired orders handled per sweep transaction.
     pub batch: u32,
+    /// The deadline ladder (contract §8): fractions of a running step's time
+    /// at which its order's status queue is warned (`deadline_warning`),
+    /// once per rung and dispatch; ascending, each in (0, 1).
+    pub warn_at: Vec<f64>,
+    /// Also raise an operator alert at the ladder's last rung.
+    pub alert_at_warning: bool,
 }
 
 impl Default for SupervisorSettings {
@@ -322,6 +328,8 @@ impl Default for SupervisorSettings {
                 .map(|m| Duration::from_secs(m * 60))
                 .collect(),
             batch: 100,
+            warn_at: vec![0.5, 0.8],
+            alert_at_warning: false,
         }
     }
 }
@@ -478,6 +486,7 @@ impl Settings {
                 .separator("__")
                 .list_separator(",")
                 .with_list_parse_key("supervisor.retry_schedule")
+                .with_list_parse_key("supervisor.warn_at")
                 .with_list_parse_key("dashboard.trusted_proxies")
                 .with_list_parse_key("dashboard.allowed_hosts")
                 .try_parsing(true)
@@ -511,6 +520,12 @@ impl Settings {
         }
         if self.supervisor.max_failures == 0 {
             return invalid("supervisor.max_failures must be at least 1".into());
+        }
+        let rungs = &self.supervisor.warn_at;
+        if rungs.iter().any(|f| !(*f > 0.0 && *f < 1.0)) || rungs.windows(2).any(|w| w[0] >= w[1]) {
+            return invalid(format!(
+                "supervisor.warn_at must be ascending fractions between 0 and 1, got {rungs:?}"
+            ));
         }
         if self.supervisor.interval.is_zero() {
             return invalid("supervisor.interval must be more than 0".into());
@@ -735,6 +750,25 @@ mod tests {
             assert!(!shown.contains(secret), "{shown}");
         }
         assert!(shown.contains("amqps://sas:***@mq/%2f"), "{shown}");
+    }
+
+    #[test]
+    fn the_deadline_ladder_must_be_ascending_fractions() {
+        let mut s = Settings::default();
+        assert_eq!(s.supervisor.warn_at, [0.5, 0.8]);
+        assert!(s.validate().is_ok());
+        for bad in [
+            vec![0.8, 0.5],
+            vec![0.5, 0.5],
+            vec![0.0],
+            vec![1.0],
+            vec![f64::NAN],
+        ] {
+            s.supervisor.warn_at = bad;
+            assert!(s.validate().is_err(), "{:?}", s.supervisor.warn_at);
+        }
+        s.supervisor.warn_at = Vec::new();
+        assert!(s.validate().is_ok(), "no ladder");
     }
 
     #[test]

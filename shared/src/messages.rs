@@ -363,6 +363,8 @@ pub enum EventKind {
     Compensating,
     Compensated,
     Failed,
+    /// A running step has used a rung's fraction of its time (contract §8).
+    DeadlineWarning,
 }
 
 impl EventKind {
@@ -378,6 +380,7 @@ impl EventKind {
             Self::Compensating => "compensating",
             Self::Compensated => "compensated",
             Self::Failed => "failed",
+            Self::DeadlineWarning => "deadline_warning",
         }
     }
 
@@ -458,7 +461,18 @@ pub struct StepRequest {
     pub payload: Value,
     /// Earlier steps' results, by step name.
     pub results: Map<String, Value>,
+    /// The `X-Sas-Fencing-Token` of this dispatch's calls (contract §8): the
+    /// step's dispatch count, the same on every retry within this dispatch
+    /// and greater on every later dispatch of the step (re-attempts,
+    /// operator retries and its undo included), so a remote can refuse a
+    /// call older than the newest it has seen. 0 in a request that carries
+    /// none (from an older scheduler).
+    #[serde(default)]
+    pub fencing_token: i64,
 }
+
+/// The header that carries [`StepRequest::fencing_token`] to the remote.
+pub const FENCING_TOKEN_HEADER: &str = "X-Sas-Fencing-Token";
 
 impl StepRequest {
     /// The `Idempotency-Key` of this call: the same on every retry and re-attempt.
@@ -880,6 +894,7 @@ mod tests {
             complete_by: Utc::now(),
             payload: Value::Null,
             results: Map::new(),
+            fencing_token: 1,
         };
         assert!(req.idempotency_key().ends_with(":charge:compensate"));
         let reply = StepReply::to(&req, StepOutcome::Failed { error: "no".into() });

@@ -28,6 +28,8 @@ pub struct ConfigFile<'a> {
     pub max_failures: u32,
     /// `supervisor.retry_schedule`, as a TOML array.
     pub retry_schedule: &'a str,
+    /// `supervisor.warn_at`, as a TOML array (the deadline ladder).
+    pub warn_at: &'a str,
     /// Further TOML, appended as it is: sections the keys above do not
     /// write.
     pub extra: &'a str,
@@ -73,6 +75,7 @@ prefix = "{prefix}"
 interval = "{interval}"
 max_failures = {max_failures}
 retry_schedule = {retry_schedule}
+warn_at = {warn_at}
 
 [workflows.one]
 steps = [ {solo} ]
@@ -88,6 +91,7 @@ steps = [ {a}, {b}, {c} ]
             interval = self.supervisor_interval,
             max_failures = self.max_failures,
             retry_schedule = self.retry_schedule,
+            warn_at = self.warn_at,
             solo = step("a", false),
             a = step("a", true),
             b = step("b", true),
@@ -120,6 +124,7 @@ mod tests {
             supervisor_interval: "200ms",
             max_failures: 3,
             retry_schedule: r#"["100ms"]"#,
+            warn_at: "[0.5, 0.8]",
             extra: "[outbox]\nsweep_age = \"1s\"\n",
         };
         let dir = std::env::temp_dir().join(format!("sas-testkit-{}", uuid::Uuid::new_v4()));

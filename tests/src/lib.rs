@@ -48,6 +48,9 @@ struct Options {
     pub supervisor_interval: &'static str,
     /// The scheduler's slow poll beside its wake-ups.
     pub scheduler_poll: &'static str,
+    /// `supervisor.warn_at`: none by default, so that the events of a
+    /// slow step do not depend on when the sweeps happen to fall.
+    pub warn_at: &'static str,
     /// Extra TOML appended to the configuration.
     pub extra: String,
 }
@@ -60,6 +63,7 @@ impl Default for Options {
             retry_schedule: r#"["100ms"]"#,
             supervisor_interval: "200ms",
             scheduler_poll: "200ms",
+            warn_at: "[]",
             extra: String::new(),
         }
     }
@@ -94,6 +98,13 @@ impl Builder {
     /// `supervisor.interval` (default 200ms).
     pub fn supervisor_interval(mut self, interval: &'static str) -> Self {
         self.options.supervisor_interval = interval;
+        self
+    }
+
+    /// The deadline ladder, `supervisor.warn_at` as a TOML array (default
+    /// `[]`, none).
+    pub fn warn_at(mut self, rungs: &'static str) -> Self {
+        self.options.warn_at = rungs;
         self
     }
 
@@ -878,6 +889,7 @@ fn config_file<'a>(
         supervisor_interval: o.supervisor_interval,
         max_failures: o.max_failures,
         retry_schedule: o.retry_schedule,
+        warn_at: o.warn_at,
         extra,
     }
 }

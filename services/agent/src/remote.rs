@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 use sas::config::{AgentSettings, AgentSpec};
-use sas::messages::{StepOutcome, StepRequest, rfc3339};
+use sas::messages::{FENCING_TOKEN_HEADER, StepOutcome, StepRequest, rfc3339};
 use sas::trace::TraceContext;
 use tokio_util::sync::CancellationToken;
 
@@ -82,6 +82,7 @@ pub async fn call(
         let send = post
             .header("Idempotency-Key", &key)
             .header("X-Complete-By", &complete_by)
+            .header(FENCING_TOKEN_HEADER, request.fencing_token)
             .timeout(timeout)
             .json(&body)
             .send();

@@ -20,6 +20,8 @@ pub const BODY_LIMIT: usize = 1024 * 1024;
 
 /// Header carrying the idempotency key of a call.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// The fencing token an agent sends with each call (contract §8).
+pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("x-sas-fencing-token");
 
 /// Header set to `true` on answers replayed from the deduplication store.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -138,7 +140,11 @@ async fn simulated_endpoint(
         .and_then(|value| value.to_str().ok())
         .map(str::trim)
         .filter(|key| !key.is_empty());
-    let reply = sim.call(endpoint, key, &body).await;
+    let token = headers
+        .get(&FENCING_TOKEN)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<i64>().ok());
+    let reply = sim.call(endpoint, key, token, &body).await;
     tracing::info!(
         endpoint,
         key = key.unwrap_or("-"),

@@ -51,6 +51,10 @@ pub struct Knobs {
     /// Pads an applied call's JSON answer with a `pad` string of this many
     /// bytes (to try a client's answer-size limit).
     pub pad_bytes: usize,
+    /// Refuses (409, without applying) a call whose `X-Sas-Fencing-Token`
+    /// is lower than the highest its key has seen, as a remote that honours
+    /// fencing tokens would: a call from a dispatch that was superseded.
+    pub fencing: bool,
 }
 
 impl Default for Knobs {
@@ -68,6 +72,7 @@ impl Default for Knobs {
             retry_after: None,
             idempotent: true,
             pad_bytes: 0,
+            fencing: false,
         }
     }
 }

@@ -7,7 +7,8 @@
 //!
 //! Agents call `POST <path>` with a JSON body
 //! `{"order_id","step","attempt","payload","results"}` and the headers
-//! `Idempotency-Key: <order_id>:<step>[:compensate]` and `X-Complete-By`.
+//! `Idempotency-Key: <order_id>:<step>[:compensate]`, `X-Complete-By` and
+//! `X-Sas-Fencing-Token` (recorded per key, in order, in the stats).
 //! An applied call answers 200 with
 //! `{"ok":true,"endpoint","idempotency_key","effect_id","order_id","step"}`
 //! (`order_id` and `step` copied from the body when present).
@@ -17,7 +18,8 @@
 //! # Faults
 //!
 //! Each endpoint has [`Knobs`], evaluated per call in this order:
-//! count the call → `permanent` (422) → `status` (that status) →
+//! count the call → `fencing` (409 for a token lower than the highest the
+//! key has seen) → `permanent` (422) → `status` (that status) →
 //! `hang` / `hang_first` (sleep `hang_ms`, then 504) → `fail_first` (503) →
 //! `transient_rate` (503) → if `idempotent` and the key was already applied:
 //! replay the stored response (200, `Idempotent-Replayed: true`) →
@@ -55,7 +57,7 @@ mod tls;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-pub use http::{BODY_LIMIT, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, router};
+pub use http::{BODY_LIMIT, FENCING_TOKEN, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, router};
 pub use knobs::{DEFAULT_HANG_MS, Knobs, parse_knobs_map};
 /// Installs the process's TLS crypto provider (sas's own, shared by every
 /// binary): a reqwest client in this crate's tests needs one.

@@ -134,8 +134,15 @@ impl RemoteSim {
 
     /// Handles one call on the simulated `endpoint`.
     ///
-    /// `key` is the `Idempotency-Key` header, `body` the raw request body.
-    pub(crate) async fn call(&self, endpoint: &str, key: Option<&str>, body: &[u8]) -> Reply {
+    /// `key` is the `Idempotency-Key` header, `token` the
+    /// `X-Sas-Fencing-Token`, `body` the raw request body.
+    pub(crate) async fn call(
+        &self,
+        endpoint: &str,
+        key: Option<&str>,
+        token: Option<i64>,
+        body: &[u8],
+    ) -> Reply {
         let knobs = self.knobs(endpoint);
         let parsed = serde_json::from_slice::<Value>(body);
 
@@ -174,6 +181,14 @@ impl RemoteSim {
                 );
             }
             let calls = inner.stats.count_key_call(key, endpoint);
+            let newest = token.and_then(|t| inner.stats.note_token(key, endpoint, t));
+            if let (true, Some(token), Some(newest)) = (knobs.fencing, token, newest)
+                && token < newest
+            {
+                inner.stats.record(endpoint, Some(key), Outcome::Permanent);
+                let error = format!("fencing token {token} is older than {newest}");
+                return Reply::error(StatusCode::CONFLICT, endpoint, Some(key), &error);
+            }
             let slot = inner.slots.entry(key.to_owned()).or_default().clone();
             (key, calls, slot)
         };
@@ -293,4 +308,46 @@ fn applied_response(endpoint: &str, key: &str, body: &Value) -> Value {
         }
     }
     Value::Object(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn with_fencing_on_a_call_older_than_the_newest_token_of_its_key_is_refused() {
+        let knobs = Knobs {
+            fencing: true,
+            idempotent: false,
+            ..Knobs::default()
+        };
+        let sim = RemoteSim::new(HashMap::from([("/pay".to_owned(), knobs)])).expect("sim");
+        let call = |token| sim.call("/pay", Some("o:s"), token, b"{}");
+        assert_eq!(call(Some(2)).await.status, StatusCode::OK);
+        assert_eq!(call(Some(2)).await.status, StatusCode::OK, "a retry");
+        assert_eq!(
+            call(Some(3)).await.status,
+            StatusCode::OK,
+            "a newer dispatch"
+        );
+        let zombie = call(Some(2)).await;
+        assert_eq!(zombie.status, StatusCode::CONFLICT, "an older one");
+        assert_eq!(
+            call(None).await.status,
+            StatusCode::OK,
+            "no token: not fenced"
+        );
+        assert_eq!(sim.stats().keys["o:s"].tokens, [2, 2, 3, 2]);
+        assert_eq!(sim.stats().keys["o:s"].applied, 4);
+    }
+
+    #[tokio::test]
+    async fn without_fencing_tokens_are_recorded_and_nothing_is_refused() {
+        let sim = RemoteSim::new(HashMap::new()).expect("sim");
+        for token in [5, 1] {
+            let reply = sim.call("/pay", Some("o:t"), Some(token), b"{}").await;
+            assert_eq!(reply.status, StatusCode::OK);
+        }
+        assert_eq!(sim.stats().keys["o:t"].tokens, [5, 1]);
+    }
 }

@@ -29,6 +29,9 @@ pub struct KeyStats {
     pub calls: u64,
     /// Times the effect was applied for this key (at most 1 while `idempotent`).
     pub applied: u64,
+    /// The `X-Sas-Fencing-Token` of each call carrying one, in arrival order.
+    #[serde(default)]
+    pub tokens: Vec<i64>,
 }
 
 /// Counters for one endpoint path.
@@ -83,6 +86,15 @@ impl Stats {
         let entry = self.key_mut(key, endpoint);
         entry.calls += 1;
         entry.calls
+    }
+
+    /// Records a call's fencing token for `key`; returns the highest one
+    /// seen before it, if any.
+    pub(crate) fn note_token(&mut self, key: &str, endpoint: &str, token: i64) -> Option<i64> {
+        let entry = self.key_mut(key, endpoint);
+        let highest = entry.tokens.iter().copied().max();
+        entry.tokens.push(token);
+        highest
     }
 
     /// Records the outcome of a call on `endpoint` (and `key`, for applied effects).

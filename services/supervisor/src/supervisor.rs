@@ -75,6 +75,17 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                     }
                     Err(e) => tracing::warn!(error = %e, "sweep failed; will retry"),
                 }
+                let warned = transitions
+                    .warn_late(&me, &ctx.settings.supervisor, relay.ready())
+                    .await;
+                match warned.map(|done| {
+                    relay.hand_over(done.committed);
+                    done.value
+                }) {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(orders = n, "warned of approaching deadlines"),
+                    Err(e) => tracing::warn!(error = %e, "deadline warnings failed; will retry"),
+                }
             }
             relay_task.stop(Ok(SessionEnd::Shutdown)).await
         },

@@ -319,6 +319,7 @@ pub(crate) mod fixture {
                 error: None,
                 started_at: None,
                 finished_at: None,
+                warned: 0,
             })
             .collect();
         Order { row, steps }

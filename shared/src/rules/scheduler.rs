@@ -170,6 +170,8 @@ impl Deciding<'_> {
         step.dispatch_id = Some(dispatch_id);
         step.dispatches += 1;
         step.complete_by = Some(complete_by);
+        // Each dispatch climbs the deadline ladder afresh.
+        step.warned = 0;
         step.started_at.get_or_insert(now);
         let name = step.name.clone();
         let holding = self.row().process_state;
@@ -187,6 +189,7 @@ impl Deciding<'_> {
             complete_by,
             payload: o.payload.clone(),
             results: self.order.results(),
+            fencing_token: i64::from(self.order.steps[pos].dispatches),
         };
         self.effects.push(Effect::Request { agent, request });
         Ok(())
@@ -357,6 +360,7 @@ mod tests {
             error: None,
             started_at: None,
             finished_at: None,
+            warned: 0,
         }
     }
 

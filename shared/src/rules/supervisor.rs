@@ -83,6 +83,63 @@ pub fn expire(
     (d.done(), Some(not_before))
 }
 
+/// The deadline ladder (contract §8): the rungs of `settings.warn_at` that
+/// `order`'s running step has passed at `ctx.now`, of which its dispatch
+/// was not warned yet: a `deadline_warning` each, with the fraction and the
+/// complete-by, and an alert at the last rung when `alert_at_warning` says
+/// so. `None` when there is nothing to warn of.
+pub fn warn(order: &Order, settings: &SupervisorSettings, ctx: Context<'_>) -> Option<Decision> {
+    let state = order.row.process_state;
+    let running = match state {
+        ProcessState::Processing => crate::state::StepState::Running,
+        ProcessState::Compensating => crate::state::StepState::Compensating,
+        _ => return None,
+    };
+    let pos = order.steps.iter().position(|s| s.state == running)?;
+    let step = &order.steps[pos];
+    let complete_by = step.complete_by?;
+    if step.timeout_ms <= 0 {
+        return None;
+    }
+    let budget = step.timeout_ms as f64;
+    let left = (complete_by - ctx.now).num_milliseconds() as f64;
+    let used = 1.0 - left / budget;
+    let warned = usize::try_from(step.warned).unwrap_or(0);
+    let due: Vec<(usize, f64)> = settings
+        .warn_at
+        .iter()
+        .copied()
+        .enumerate()
+        .skip(warned)
+        .take_while(|&(_, rung)| used >= rung)
+        .collect();
+    let &(last, _) = due.last()?;
+    let mut d = Deciding::new(order, ctx);
+    let name = step.name.clone();
+    let attempt = d.row().attempt();
+    for &(i, rung) in &due {
+        let reason = format!("step {name} has used {:.0}% of its time", rung * 100.0);
+        if settings.alert_at_warning && i + 1 == settings.warn_at.len() {
+            d.alert(state, &reason);
+        }
+        d.log(Event {
+            kind: EventKind::DeadlineWarning,
+            from: Some(state),
+            to: state,
+            step: Some(&name),
+            attempt,
+            reason: Some(&reason),
+            detail: json!({
+                "step": name,
+                "fraction": rung,
+                "complete_by": rfc3339::format(&complete_by),
+            }),
+        });
+    }
+    d.order.steps[pos].warned = i16::try_from(last + 1).unwrap_or(i16::MAX);
+    Some(d.done())
+}
+
 impl Deciding<'_> {
     /// Gives the order up (contract §4a): alerts, then compensates the
     /// completed steps, or fails it when there is nothing to undo. With
@@ -426,6 +483,70 @@ mod decisions {
         let (d, _) = expire(&order, &settings(3), ctx("sup"));
         assert_eq!(d.ended, Some(ProcessState::Error));
         assert_eq!(d.order.row.failure_count, 3);
+    }
+
+    /// The context at `ms` milliseconds after the fixture's clock.
+    fn later(ms: i64) -> crate::rules::Context<'static> {
+        crate::rules::Context {
+            now: now() + chrono::Duration::milliseconds(ms),
+            ..ctx("sup")
+        }
+    }
+
+    #[test]
+    fn each_rung_of_the_ladder_warns_once_per_dispatch() {
+        let mut s = settings(3);
+        s.warn_at = vec![0.5, 0.8];
+        // The step's budget is 1 s, dispatched at the fixture's clock.
+        let order = running(1, 0);
+        assert_eq!(warn(&order, &s, later(400)), None, "below the first rung");
+        let half = warn(&order, &s, later(500)).expect("the first rung");
+        let events: Vec<_> = half.events().collect();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].kind, EventKind::DeadlineWarning);
+        assert_eq!(events[0].detail["fraction"], 0.5);
+        assert_eq!(events[0].detail["step"], "s0");
+        assert_eq!(half.order.steps[0].warned, 1);
+        assert_eq!(warn(&half.order, &s, later(700)), None, "warned already");
+        let late = warn(&half.order, &s, later(850)).expect("the second rung");
+        assert_eq!(late.order.steps[0].warned, 2);
+        assert!(late.effects.iter().all(|e| !matches!(e, Effect::Alert(_))));
+        assert_eq!(
+            warn(&late.order, &s, later(990)),
+            None,
+            "the ladder is climbed"
+        );
+        // A new dispatch climbs it again.
+        let (expired, _) = expire(&late.order, &s, later(1000));
+        let again = claim(&expired.order, later(1000)).expect("claim").order;
+        assert_eq!(again.steps[0].warned, 0);
+        assert!(warn(&again, &s, later(1500)).is_some());
+    }
+
+    #[test]
+    fn rungs_passed_together_warn_each_and_the_last_may_alert() {
+        let mut s = settings(3);
+        s.warn_at = vec![0.5, 0.8];
+        s.alert_at_warning = true;
+        let d = warn(&running(1, 0), &s, later(900)).expect("both rungs");
+        let kinds: Vec<_> = d
+            .effects
+            .iter()
+            .map(|e| match e {
+                Effect::Event(e) => format!("{}:{}", e.kind.as_str(), e.detail["fraction"]),
+                Effect::Alert(_) => "alert".into(),
+                Effect::Request { .. } => "request".into(),
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            ["deadline_warning:0.5", "alert", "deadline_warning:0.8"]
+        );
+        s.warn_at.clear();
+        assert_eq!(warn(&running(1, 0), &s, later(900)), None, "no ladder");
+        let mut done = running(1, 0);
+        done.row.process_state = ProcessState::Processed;
+        assert_eq!(warn(&done, &settings(3), later(900)), None);
     }
 
     #[test]

@@ -208,6 +208,40 @@ pub async fn expired(
         .await
 }
 
+/// Orders whose running step has passed a rung of the deadline ladder
+/// (`rungs`, ascending fractions of its time) that its dispatch was not
+/// warned of, and whose complete-by has not passed; soonest deadline first.
+/// With `outbox_locks`, also takes their outbox locks.
+pub async fn warnable(
+    conn: &mut PgConnection,
+    rungs: &[f64],
+    limit: i64,
+    outbox_locks: bool,
+) -> Result<Vec<Loaded>, sqlx::Error> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        loading(
+            &format!(
+                "SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders o \
+                 WHERE o.locked_by IS NOT NULL AND o.complete_by >= now() \
+                   AND o.process_state IN ('processing', 'compensating') \
+                   AND EXISTS (SELECT 1 FROM steps s WHERE s.order_id = o.order_id \
+                     AND s.state IN ('running', 'compensating') \
+                     AND s.warned < cardinality($1::float8[]) \
+                     AND now() >= s.complete_by \
+                       - (1 - ($1::float8[])[s.warned + 1]) * s.timeout_ms * interval '1 millisecond') \
+                 ORDER BY o.complete_by LIMIT $3"
+            ),
+            2,
+        )
+    });
+    sqlx::query_as::<_, Loaded>(sqlx::AssertSqlSafe(SQL.as_str()))
+        .bind(rungs)
+        .bind(outbox_locks)
+        .bind(limit)
+        .fetch_all(conn)
+        .await
+}
+
 /// Orders, newest first, optionally of one state and one workflow.
 pub async fn list(
     conn: &mut PgConnection,

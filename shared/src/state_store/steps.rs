@@ -26,6 +26,8 @@ pub struct StepRow {
     pub error: Option<String>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// Rungs of the deadline ladder its current dispatch was warned of.
+    pub warned: i16,
 }
 
 impl StepRow {
@@ -41,7 +43,7 @@ impl StepRow {
 
 /// The columns of a [`StepRow`].
 pub(super) const COLUMNS: &str = "order_id, idx, name, agent, compensate, timeout_ms, state, \
-     dispatches, dispatch_id, complete_by, result, error, started_at, finished_at";
+     dispatches, dispatch_id, complete_by, result, error, started_at, finished_at, warned";
 
 /// The steps of these orders, ordered by order and index.
 pub async fn for_orders(

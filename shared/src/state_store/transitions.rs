@@ -16,7 +16,7 @@
 
 use chrono::{DateTime, Utc};
 use sqlx::pool::PoolConnection;
-use sqlx::{Acquire as _, PgConnection};
+use sqlx::Acquire as _;
 use uuid::Uuid;
 
 use super::orders::{self, NewOrder};
@@ -231,10 +231,9 @@ impl Transitions {
         hand_over: bool,
     ) -> Result<Done<(Vec<Uuid>, Vec<Uuid>)>, StoreError> {
         let mut conn = self.store.pool().acquire().await?;
-        let conn_ref: &mut PgConnection = &mut conn;
-        let decided = async {
-            let (limit, max_held) = (i64::from(limit), i64::from(max_held));
-            let loaded = orders::claimable(conn_ref, limit, &me.name, max_held, hand_over).await?;
+        let (limit, max_held) = (i64::from(limit), i64::from(max_held));
+        let loaded = orders::claimable(&mut conn, limit, &me.name, max_held, hand_over).await;
+        let decided = loaded.map_err(StoreError::from).and_then(|loaded| {
             let mut unit = Unit::load(loaded, true);
             let mut ids = Vec::with_capacity(unit.len());
             for i in 0..unit.len() {
@@ -244,8 +243,7 @@ impl Transitions {
                 unit.apply(i, decision, &self.queues)?;
             }
             Ok((ids, unit))
-        }
-        .await;
+        });
         self.write_back(conn, decided, hand_over).await
     }
 
@@ -288,21 +286,19 @@ impl Transitions {
         replies: &[StepReply],
         hand_over: bool,
     ) -> Result<Done<(Vec<ReplyOutcome>, Vec<Uuid>)>, StoreError> {
+        let mut ids: Vec<Uuid> = replies.iter().map(|r| r.order_id).collect();
+        ids.sort_unstable();
+        ids.dedup();
         let mut conn = self.store.pool().acquire().await?;
-        let conn_ref: &mut PgConnection = &mut conn;
-        let decided = async {
-            let mut ids: Vec<Uuid> = replies.iter().map(|r| r.order_id).collect();
-            ids.sort_unstable();
-            ids.dedup();
-            let loaded = orders::load_many(conn_ref, &ids, hand_over).await?;
+        let loaded = orders::load_many(&mut conn, &ids, hand_over).await;
+        let decided = loaded.map_err(StoreError::from).and_then(|loaded| {
             let mut unit = Unit::load(loaded, false);
             let mut outcome = Vec::with_capacity(replies.len());
             for reply in replies {
                 outcome.push(self.apply_one(&mut unit, me, reply)?);
             }
             Ok((outcome, unit))
-        }
-        .await;
+        });
         self.write_back(conn, decided, hand_over).await
     }
 
@@ -348,9 +344,8 @@ impl Transitions {
         hand_over: bool,
     ) -> Result<Done<(Vec<Expired>, Vec<Uuid>)>, StoreError> {
         let mut conn = self.store.pool().acquire().await?;
-        let conn_ref: &mut PgConnection = &mut conn;
-        let decided = async {
-            let loaded = orders::expired(conn_ref, i64::from(settings.batch), hand_over).await?;
+        let loaded = orders::expired(&mut conn, i64::from(settings.batch), hand_over).await;
+        let decided = loaded.map_err(StoreError::from).and_then(|loaded| {
             let mut unit = Unit::load(loaded, false);
             let mut recovered = Vec::with_capacity(unit.len());
             for i in 0..unit.len() {
@@ -371,8 +366,49 @@ impl Transitions {
                 }
             }
             Ok((recovered, unit))
+        });
+        self.write_back(conn, decided, hand_over).await
+    }
+
+    /// Climbs the deadline ladder ([`rules::supervisor::warn`]): warns the
+    /// orders whose running step has passed a rung of `settings.warn_at`
+    /// since its dispatch. Returns how many orders were warned.
+    pub async fn warn_late(
+        &self,
+        me: &Actor,
+        settings: &SupervisorSettings,
+        hand_over: bool,
+    ) -> Result<Done<usize>, StoreError> {
+        if settings.warn_at.is_empty() {
+            return Ok(Done {
+                value: 0,
+                committed: Committed::default(),
+            });
         }
-        .await;
+        again(|| self.warn_once(me, settings, hand_over)).await
+    }
+
+    async fn warn_once(
+        &self,
+        me: &Actor,
+        settings: &SupervisorSettings,
+        hand_over: bool,
+    ) -> Result<Done<(usize, Vec<Uuid>)>, StoreError> {
+        let mut conn = self.store.pool().acquire().await?;
+        let limit = i64::from(settings.batch);
+        let loaded = orders::warnable(&mut conn, &settings.warn_at, limit, hand_over).await;
+        let decided = loaded.map_err(StoreError::from).and_then(|loaded| {
+            let mut unit = Unit::load(loaded, false);
+            let mut warned = 0;
+            for i in 0..unit.len() {
+                let ctx = context(&unit, &me.name);
+                if let Some(decision) = rules::supervisor::warn(&unit.get(i).order, settings, ctx) {
+                    unit.apply(i, decision, &self.queues)?;
+                    warned += 1;
+                }
+            }
+            Ok((warned, unit))
+        });
         self.write_back(conn, decided, hand_over).await
     }
 
@@ -411,9 +447,8 @@ impl Transitions {
         rule: fn(&Order, Context<'_>) -> Result<Decision, &'static str>,
     ) -> Result<Done<(Operated, Vec<Uuid>)>, StoreError> {
         let mut conn = self.store.pool().acquire().await?;
-        let conn_ref: &mut PgConnection = &mut conn;
-        let decided = async {
-            let loaded = orders::load_many(conn_ref, &[order_id], false).await?;
+        let loaded = orders::load_many(&mut conn, &[order_id], false).await;
+        let decided = loaded.map_err(StoreError::from).and_then(|loaded| {
             let mut unit = Unit::load(loaded, false);
             if unit.len() == 0 {
                 return Ok((Operated::NotFound, unit));
@@ -429,8 +464,7 @@ impl Transitions {
             let to = decision.order.row.process_state;
             unit.apply(0, decision, &self.queues)?;
             Ok((Operated::Done(to), unit))
-        }
-        .await;
+        });
         self.write_back(conn, decided, false).await
     }
 }

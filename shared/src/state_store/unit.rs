@@ -134,6 +134,7 @@ struct StepUpdate<'a> {
     error: Option<&'a str>,
     started_at: Option<DateTime<Utc>>,
     finished_at: Option<DateTime<Utc>>,
+    warned: i16,
     was_state: &'static str,
     was_dispatch: Option<Uuid>,
 }
@@ -228,6 +229,7 @@ impl Unit {
                 error: None,
                 started_at: None,
                 finished_at: None,
+                warned: 0,
             })
             .collect();
         let order = Order { row, steps };
@@ -492,6 +494,7 @@ fn step_update<'a>(s: &'a StepRow, read: &StepRow) -> StepUpdate<'a> {
         error: s.error.as_deref(),
         started_at: s.started_at,
         finished_at: s.finished_at,
+        warned: s.warned,
         was_state: read.state.as_str(),
         was_dispatch: read.dispatch_id,
     }
@@ -625,10 +628,10 @@ o AS ( \
 s AS ( \
   UPDATE steps s SET state = u.state, dispatches = u.dispatches, dispatch_id = u.dispatch_id, \
     complete_by = u.complete_by, result = u.result::jsonb, error = u.error, \
-    started_at = u.started_at, finished_at = u.finished_at \
+    started_at = u.started_at, finished_at = u.finished_at, warned = u.warned \
   FROM jsonb_to_recordset($4) AS u(order_id uuid, idx int, state text, dispatches int, \
     dispatch_id uuid, complete_by timestamptz, result text, error text, started_at timestamptz, \
-    finished_at timestamptz, was_state text, was_dispatch uuid) \
+    finished_at timestamptz, warned smallint, was_state text, was_dispatch uuid) \
   WHERE s.order_id = u.order_id AND s.idx = u.idx AND s.state = u.was_state \
     AND s.dispatch_id IS NOT DISTINCT FROM u.was_dispatch \
   RETURNING 1), \

@@ -193,6 +193,7 @@ fn request(order_id: Uuid, complete_in_ms: i64) -> StepRequest {
         complete_by: Utc::now() + chrono::Duration::milliseconds(complete_in_ms),
         payload: json!({}),
         results: Map::new(),
+        fencing_token: 1,
     }
 }
 

@@ -25,6 +25,7 @@ fn request(complete_in_ms: i64) -> StepRequest {
         complete_by: Utc::now() + chrono::Duration::milliseconds(complete_in_ms),
         payload: json!({}),
         results: Map::new(),
+        fencing_token: 1,
     }
 }
 

@@ -11,6 +11,7 @@ mod faults;
 mod fencing;
 mod hostile;
 mod metrics;
+mod outages;
 mod packaging;
 mod permissions;
 mod resilience;

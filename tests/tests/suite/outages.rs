@@ -1,0 +1,95 @@
+//! Riding out outages and saying why (contract §8): the deadline ladder
+//! and the fencing token every remote call carries.
+
+use std::time::Duration;
+
+use remote_sim::Knobs;
+use sas_tests::TestApp;
+use sas_tests::cli::{run, wait_state};
+
+/// The `state` of each status event, with the rung of a `deadline_warning`.
+fn story(events: &[serde_json::Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| match e["state"].as_str() {
+            Some("deadline_warning") => format!("deadline_warning {}", e["detail"]["fraction"]),
+            Some(state) => state.to_owned(),
+            None => format!("{e}"),
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_step_is_warned_at_each_rung_once_before_it_is_reattempted() {
+    let app = TestApp::builder()
+        .step_timeout("2s")
+        .supervisor_interval("100ms")
+        .warn_at("[0.5, 0.8]")
+        .build()
+        .await;
+    app.knobs(
+        "a",
+        Knobs {
+            hang_first: 1,
+            ..Knobs::default()
+        },
+    );
+    app.start_all().await;
+    let (id, events) = app.run_one("one").await;
+    // The second dispatch answers at once: no rung of its ladder is reached.
+    assert_eq!(
+        story(&events),
+        [
+            "received",
+            "processing",
+            "deadline_warning 0.5",
+            "deadline_warning 0.8",
+            "retry_scheduled",
+            "processing",
+            "step_succeeded",
+            "processed"
+        ]
+    );
+    let warning = &events[2];
+    assert_eq!(warning["step"], "a");
+    assert_eq!(warning["attempt"], 1);
+    assert!(warning["detail"]["complete_by"].is_string(), "{warning}");
+    assert_eq!(app.order(id).await, Some(("processed".into(), 1)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_call_carries_a_fencing_token_that_grows_with_each_dispatch_of_its_step() {
+    let app = TestApp::builder()
+        .step_timeout("800ms")
+        .max_failures(2)
+        .retry_schedule(r#"["100ms"]"#)
+        .build()
+        .await;
+    // Two dispatches hang past their complete-by (two re-attempts' worth of
+    // failures: the order fails), then an operator's retry goes through.
+    app.knobs(
+        "a",
+        Knobs {
+            hang_first: 2,
+            fencing: true,
+            ..Knobs::default()
+        },
+    );
+    app.start_all().await;
+    let id = app.submit("one", None).await;
+    wait_state(&app, id, "error", Duration::from_secs(30)).await;
+    run(&app, &["orders", "retry", &id.to_string()])
+        .await
+        .expect_code(0);
+    wait_state(&app, id, "processed", Duration::from_secs(30)).await;
+    let key = app.stats().keys[&format!("{id}:a")].clone();
+    assert_eq!(key.applied, 1);
+    let mut dispatches = key.tokens.clone();
+    dispatches.dedup();
+    assert_eq!(
+        dispatches,
+        [1, 2, 3],
+        "one token per dispatch, each greater than the last: {:?}",
+        key.tokens
+    );
+}
