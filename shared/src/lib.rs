@@ -25,6 +25,7 @@ pub mod batch;
 pub mod broker;
 pub mod config;
 pub mod crash;
+pub mod heartbeat;
 pub mod http;
 pub mod messages;
 pub mod metrics;

@@ -15,6 +15,7 @@ mod dead_letters;
 mod migrate;
 mod orders;
 mod stats;
+mod stuck;
 mod submit;
 mod terminal;
 mod watch;

@@ -290,16 +290,30 @@ async fn prune(args: PruneArgs, settings: &Settings) -> anyhow::Result<()> {
 async fn show(args: ShowArgs, settings: &Settings) -> anyhow::Result<()> {
     let store = connect(settings).await?;
     let details = store.order_details(args.id).await;
-    store.close().await;
     let Some((order, steps, events)) =
         details.with_context(|| format!("reading order {}", args.id))?
     else {
+        store.close().await;
         return Err(not_found(args.id));
     };
+    let stuck = crate::stuck::of(&order, &steps, &store, settings).await;
+    store.close().await;
     let text = if args.json {
-        to_json(&order, &steps, &events).to_string()
+        let mut json = to_json(&order, &steps, &events);
+        json["stuck"] = stuck.map_or(Value::Null, |s| crate::stuck::to_json(&s));
+        json.to_string()
     } else {
-        to_text(&order, &steps, &events)
+        let mut text = to_text(&order, &steps, &events);
+        if let Some(s) = &stuck {
+            let json = crate::stuck::to_json(s);
+            text.push_str(&format!(
+                "\nstuck: {} since {} {}",
+                s.reason.as_str(),
+                json["since"].as_str().unwrap_or_default(),
+                s.detail
+            ));
+        }
+        text
     };
     println!("{}", crate::terminal::printable(text.trim_end()));
     Ok(())

@@ -51,6 +51,12 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         None => Actor::new_instance("scheduler"),
     };
     tracing::info!(instance = %me.name, "scheduler instance");
+    sas::heartbeat::spawn(
+        store.clone(),
+        me.name.clone(),
+        "scheduler",
+        ctx.shutdown.clone(),
+    );
     let relay = Relay::new(
         store.clone(),
         ctx.settings.outbox.clone(),

@@ -20,6 +20,12 @@ use uuid::Uuid;
 /// Runs the submission until shutdown.
 pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     let store = ctx.store()?.clone();
+    sas::heartbeat::spawn(
+        store.clone(),
+        sas::state_store::Actor::new_instance("submission").name,
+        "submission",
+        ctx.shutdown.clone(),
+    );
     let relay = Relay::new(
         store.clone(),
         ctx.settings.outbox.clone(),

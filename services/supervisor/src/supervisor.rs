@@ -23,6 +23,12 @@ use sas::state_store::{Actor, Expired, Lease, StateStore, Transitions};
 pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     let store = ctx.store()?.clone();
     let me = Actor::new_instance("supervisor");
+    sas::heartbeat::spawn(
+        store.clone(),
+        me.name.clone(),
+        "supervisor",
+        ctx.shutdown.clone(),
+    );
     let relay = Relay::new(
         store.clone(),
         ctx.settings.outbox.clone(),

@@ -146,6 +146,15 @@ fn is_tls_failure(e: &lapin::Error) -> bool {
     }
 }
 
+/// What a queue holds and who reads it, as the broker counts them now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueCounts {
+    /// Messages ready (not delivered to a consumer yet).
+    pub messages: u32,
+    /// Consumers subscribed.
+    pub consumers: u32,
+}
+
 /// One connection to RabbitMQ.
 pub struct Broker {
     conn: Connection,
@@ -398,6 +407,12 @@ impl Broker {
     /// Messages ready in `queue` (a passive declare); an error that
     /// [`BrokerError::is_not_found`] when there is no such queue.
     pub async fn message_count(&self, queue: &str) -> Result<u32, BrokerError> {
+        Ok(self.queue_counts(queue).await?.messages)
+    }
+
+    /// Messages ready in `queue` and its consumers (a passive declare); an
+    /// error that [`BrokerError::is_not_found`] when there is no such queue.
+    pub async fn queue_counts(&self, queue: &str) -> Result<QueueCounts, BrokerError> {
         let channel = self.channel().await?;
         let passive = QueueDeclareOptions {
             passive: true,
@@ -407,7 +422,10 @@ impl Broker {
             .queue_declare(queue.into(), passive, FieldTable::default())
             .await?;
         channel.close(200, "counted".into()).await.ok();
-        Ok(declared.message_count())
+        Ok(QueueCounts {
+            messages: declared.message_count(),
+            consumers: declared.consumer_count(),
+        })
     }
 
     /// Deletes a deployment's `queues` and its submission exchange (for

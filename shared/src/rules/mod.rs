@@ -8,6 +8,7 @@
 pub mod operator;
 pub mod order;
 pub mod scheduler;
+pub mod stuck;
 pub mod submission;
 pub mod supervisor;
 

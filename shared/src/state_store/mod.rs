@@ -10,6 +10,7 @@
 mod breakers;
 mod dashboard;
 mod events;
+mod instances;
 mod leases;
 mod orders;
 mod outbox;
@@ -286,6 +287,29 @@ impl StateStore {
         let mut conn = self.pool.acquire().await?;
         let ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
         Ok(orders::prune(&mut conn, ms).await?)
+    }
+
+    /// Records that `instance` (of `role`) is alive now; instances not seen
+    /// for an hour are forgotten.
+    pub async fn heartbeat(&self, instance: &str, role: &str) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        Ok(instances::beat(&mut conn, instance, role, 3_600_000).await?)
+    }
+
+    /// When `instance` last recorded a heartbeat (`None`: never, or
+    /// forgotten), with the database's clock now.
+    pub async fn last_seen(
+        &self,
+        instance: &str,
+    ) -> Result<
+        (
+            Option<chrono::DateTime<chrono::Utc>>,
+            chrono::DateTime<chrono::Utc>,
+        ),
+        StoreError,
+    > {
+        let mut conn = self.pool.acquire().await?;
+        Ok(instances::last_seen(&mut conn, instance).await?)
     }
 
     /// Closes the pool, waiting for connections in use to come back.

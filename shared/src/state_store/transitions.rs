@@ -15,8 +15,8 @@
 //! write ([`orders::claimable`]).
 
 use chrono::{DateTime, Utc};
-use sqlx::pool::PoolConnection;
 use sqlx::Acquire as _;
+use sqlx::pool::PoolConnection;
 use uuid::Uuid;
 
 use super::orders::{self, NewOrder};

@@ -93,3 +93,56 @@ async fn every_call_carries_a_fencing_token_that_grows_with_each_dispatch_of_its
         key.tokens
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_order_says_why_an_agent_busy_then_gone_then_its_scheduler_gone() {
+    let app = TestApp::builder()
+        .step_timeout("60s")
+        .warn_at("[0.01]")
+        .supervisor_interval("100ms")
+        .build()
+        .await;
+    app.knobs(
+        "a",
+        Knobs {
+            hang: true,
+            hang_ms: 120_000,
+            ..Knobs::default()
+        },
+    );
+    app.start_all().await;
+    let id = app.submit("one", None).await;
+    let stuck = async || -> serde_json::Value {
+        let out = run(&app, &["orders", "show", &id.to_string(), "--json"])
+            .await
+            .expect_code(0);
+        let shown: serde_json::Value = serde_json::from_str(&out.stdout).expect("json");
+        shown["stuck"].clone()
+    };
+    let becomes = async |reason: &str| {
+        app.eventually(
+            &format!("the order says {reason}"),
+            Duration::from_secs(15),
+            || async { stuck().await["reason"] == reason },
+        )
+        .await;
+    };
+    // Past its first rung (0.6 s), with the remote hanging.
+    becomes("agent_busy").await;
+    let busy = stuck().await;
+    assert_eq!(busy["detail"]["agent"], "a");
+    assert!(busy["since"].is_string(), "{busy}");
+    // The request goes back to its queue, which nothing consumes.
+    app.kill("agent");
+    becomes("no_agent").await;
+    // The scheduler holding the order stops beating.
+    app.kill("scheduler");
+    becomes("scheduler_gone").await;
+    let gone = stuck().await;
+    assert!(
+        gone["detail"]["locked_by"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("scheduler-")),
+        "{gone}"
+    );
+}
