@@ -36,6 +36,7 @@ pub mod service;
 pub mod shutdown;
 pub mod state;
 pub mod state_store;
+pub mod stuck;
 pub mod telemetry;
 pub mod tls;
 pub mod topology;

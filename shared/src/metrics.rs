@@ -56,6 +56,9 @@ pub struct Metrics {
     pub agent_breaker_state: Family<Labels, Gauge>,
     /// Whether this supervisor is the leader (1) or standing by (0).
     pub supervisor_leader: Gauge,
+    /// Orders past the first rung of their deadline ladder, by why they
+    /// are stuck (`reason`); counted by the leading supervisor.
+    pub orders_stuck: Family<Labels, Gauge>,
     /// Outbox messages confirmed by the broker, by `kind`.
     pub outbox_published: Family<Labels, Counter>,
     /// Status events dropped because the application's queue does not exist,
@@ -86,6 +89,7 @@ impl Default for Metrics {
             supervisor_sweeps: Counter::default(),
             agent_breaker_state: Family::default(),
             supervisor_leader: Gauge::default(),
+            orders_stuck: Family::default(),
             outbox_published: Family::default(),
             outbox_unroutable: Counter::default(),
             handler_panics: Counter::default(),
@@ -166,6 +170,11 @@ impl Default for Metrics {
             "agent_breaker_state",
             "Circuit breaker per agent: 0 closed, 1 half-open, 2 open",
             m.agent_breaker_state.clone(),
+        );
+        registry.register(
+            "orders_stuck",
+            "Orders past the first rung of their deadline ladder, by why they are stuck",
+            m.orders_stuck.clone(),
         );
         registry.register(
             "supervisor_leader",

@@ -1,6 +1,7 @@
 //! `supervisor`: sweeps the state store for expired complete-by times and
 //! asks for a re-attempt or gives the order up.
 
+mod stuck;
 mod supervisor;
 
 use std::process::ExitCode;

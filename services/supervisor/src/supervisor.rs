@@ -92,6 +92,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                     Ok(n) => tracing::info!(orders = n, "warned of approaching deadlines"),
                     Err(e) => tracing::warn!(error = %e, "deadline warnings failed; will retry"),
                 }
+                crate::stuck::count(&ctx, &store, broker).await;
             }
             relay_task.stop(Ok(SessionEnd::Shutdown)).await
         },

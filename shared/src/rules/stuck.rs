@@ -41,6 +41,15 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason, for a gauge that shows each.
+    pub const ALL: [Self; 5] = [
+        Self::SchedulerGone,
+        Self::NoAgent,
+        Self::Backlog,
+        Self::AgentBusy,
+        Self::Unknown,
+    ];
+
     /// The name in `stuck.reason` and the `reason` label.
     pub fn as_str(self) -> &'static str {
         match self {

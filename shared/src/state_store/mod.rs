@@ -312,6 +312,20 @@ impl StateStore {
         Ok(instances::last_seen(&mut conn, instance).await?)
     }
 
+    /// Up to `limit` orders whose running step is past the first rung of
+    /// its deadline ladder (those that may be stuck), with their steps.
+    pub async fn late_orders(&self, limit: i64) -> Result<Vec<crate::rules::Order>, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let loaded = orders::late(&mut conn, limit).await?;
+        Ok(loaded
+            .into_iter()
+            .map(|l| crate::rules::Order {
+                row: l.order,
+                steps: l.steps.0,
+            })
+            .collect())
+    }
+
     /// Closes the pool, waiting for connections in use to come back.
     pub async fn close(&self) {
         self.pool.close().await;

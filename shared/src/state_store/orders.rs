@@ -242,6 +242,29 @@ pub async fn warnable(
         .await
 }
 
+/// Orders whose running step is past the first rung of its deadline
+/// ladder (those that may be stuck), soonest deadline first.
+pub async fn late(conn: &mut PgConnection, limit: i64) -> Result<Vec<Loaded>, sqlx::Error> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        loading(
+            &format!(
+                "SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders o \
+                 WHERE o.locked_by IS NOT NULL \
+                   AND o.process_state IN ('processing', 'compensating') \
+                   AND EXISTS (SELECT 1 FROM steps s WHERE s.order_id = o.order_id \
+                     AND s.state IN ('running', 'compensating') AND s.warned > 0) \
+                 ORDER BY o.complete_by LIMIT $1"
+            ),
+            2,
+        )
+    });
+    sqlx::query_as::<_, Loaded>(sqlx::AssertSqlSafe(SQL.as_str()))
+        .bind(limit)
+        .bind(false)
+        .fetch_all(conn)
+        .await
+}
+
 /// Orders, newest first, optionally of one state and one workflow.
 pub async fn list(
     conn: &mut PgConnection,

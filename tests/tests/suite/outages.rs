@@ -135,6 +135,17 @@ async fn a_stuck_order_says_why_an_agent_busy_then_gone_then_its_scheduler_gone(
     // The request goes back to its queue, which nothing consumes.
     app.kill("agent");
     becomes("no_agent").await;
+    // The leading supervisor counts it too.
+    app.eventually(
+        "the gauge counts the order as no_agent",
+        Duration::from_secs(10),
+        || async {
+            app.metrics("supervisor")
+                .await
+                .contains(r#"sas_orders_stuck{reason="no_agent"} 1"#)
+        },
+    )
+    .await;
     // The scheduler holding the order stops beating.
     app.kill("scheduler");
     becomes("scheduler_gone").await;
