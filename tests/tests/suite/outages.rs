@@ -157,3 +157,44 @@ async fn a_stuck_order_says_why_an_agent_busy_then_gone_then_its_scheduler_gone(
         "{gone}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_whose_request_waits_behind_others_says_backlog() {
+    let app = TestApp::builder()
+        .step_timeout("60s")
+        .warn_at("[0.01]")
+        .supervisor_interval("100ms")
+        .build()
+        .await;
+    app.knobs(
+        "a",
+        Knobs {
+            hang: true,
+            hang_ms: 120_000,
+            ..Knobs::default()
+        },
+    );
+    for name in ["submission", "scheduler", "supervisor"] {
+        app.start(name, name, &[]).await;
+    }
+    // The agent works on one request at a time: two wait behind it.
+    app.start_with_env("agent", "agent", &[], &[("SAS__AGENT__CONCURRENCY", "1")])
+        .await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(app.submit("one", None).await);
+    }
+    let last = ids[2].to_string();
+    app.eventually(
+        "the last order says backlog with two requests waiting",
+        Duration::from_secs(15),
+        || async {
+            let out = run(&app, &["orders", "show", &last, "--json"])
+                .await
+                .expect_code(0);
+            let shown: serde_json::Value = serde_json::from_str(&out.stdout).expect("json");
+            shown["stuck"]["reason"] == "backlog" && shown["stuck"]["detail"]["ahead"] == 2
+        },
+    )
+    .await;
+}
