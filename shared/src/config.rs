@@ -316,6 +316,9 @@ pub struct SupervisorSettings {
     pub warn_at: Vec<f64>,
     /// Also raise an operator alert at the ladder's last rung.
     pub alert_at_warning: bool,
+    /// The orders are split into this many partitions by id; each
+    /// supervisor sweeps the partitions it holds (contract §8).
+    pub partitions: u32,
 }
 
 impl Default for SupervisorSettings {
@@ -330,6 +333,7 @@ impl Default for SupervisorSettings {
             batch: 100,
             warn_at: vec![0.5, 0.8],
             alert_at_warning: false,
+            partitions: 16,
         }
     }
 }
@@ -526,6 +530,9 @@ impl Settings {
             return invalid(format!(
                 "supervisor.warn_at must be ascending fractions between 0 and 1, got {rungs:?}"
             ));
+        }
+        if self.supervisor.partitions == 0 || self.supervisor.partitions > 1024 {
+            return invalid("supervisor.partitions must be between 1 and 1024".into());
         }
         if self.supervisor.interval.is_zero() {
             return invalid("supervisor.interval must be more than 0".into());

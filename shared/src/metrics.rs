@@ -56,6 +56,8 @@ pub struct Metrics {
     pub agent_breaker_state: Family<Labels, Gauge>,
     /// Whether this supervisor is the leader (1) or standing by (0).
     pub supervisor_leader: Gauge,
+    /// The partitions of the orders this supervisor sweeps.
+    pub supervisor_partitions: Gauge,
     /// Orders past the first rung of their deadline ladder, by why they
     /// are stuck (`reason`); counted by the leading supervisor.
     pub orders_stuck: Family<Labels, Gauge>,
@@ -89,6 +91,7 @@ impl Default for Metrics {
             supervisor_sweeps: Counter::default(),
             agent_breaker_state: Family::default(),
             supervisor_leader: Gauge::default(),
+            supervisor_partitions: Gauge::default(),
             orders_stuck: Family::default(),
             outbox_published: Family::default(),
             outbox_unroutable: Counter::default(),
@@ -175,6 +178,11 @@ impl Default for Metrics {
             "orders_stuck",
             "Orders past the first rung of their deadline ladder, by why they are stuck",
             m.orders_stuck.clone(),
+        );
+        registry.register(
+            "supervisor_partitions",
+            "The partitions of the orders this supervisor sweeps",
+            m.supervisor_partitions.clone(),
         );
         registry.register(
             "supervisor_leader",

@@ -17,18 +17,12 @@ use sas::broker::{self, SessionEnd};
 use sas::metrics::labels;
 use sas::outbox::Relay;
 use sas::service::Context;
-use sas::state_store::{Actor, Expired, Lease, StateStore, Transitions};
+use sas::state_store::{Actor, Expired, Lease, Partitions, StateStore, Transitions};
 
 /// Runs a supervisor until shutdown.
 pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     let store = ctx.store()?.clone();
     let me = Actor::new_instance("supervisor");
-    sas::heartbeat::spawn(
-        store.clone(),
-        me.name.clone(),
-        "supervisor",
-        ctx.shutdown.clone(),
-    );
     let relay = Relay::new(
         store.clone(),
         ctx.settings.outbox.clone(),
@@ -38,6 +32,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     let agents = ctx.settings.agent_names();
     let mut lease = Lease::new("sas.supervisor");
     let mut leading = false;
+    let mut partitions = Partitions::new(ctx.settings.supervisor.partitions);
     broker::run_sessions(
         &ctx.settings.broker,
         &agents,
@@ -54,12 +49,10 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                     () = relay_task.lost().cancelled() => break,
                     _ = tick.tick() => {}
                 }
-                if !lead(&ctx, &me, &store, &mut lease, &mut leading).await {
-                    continue;
-                }
+                let mine = share(&ctx, &me, &store, &mut partitions).await;
                 let started = Instant::now();
                 let swept = transitions
-                    .recover_expired(&me, &ctx.settings.supervisor, relay.ready())
+                    .recover_expired(&me, &ctx.settings.supervisor, &mine, relay.ready())
                     .await;
                 match swept.map(|done| {
                     relay.hand_over(done.committed);
@@ -81,6 +74,10 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                     }
                     Err(e) => tracing::warn!(error = %e, "sweep failed; will retry"),
                 }
+                // The rest is the leader's alone.
+                if !lead(&ctx, &me, &store, &mut lease, &mut leading).await {
+                    continue;
+                }
                 let warned = transitions
                     .warn_late(&me, &ctx.settings.supervisor, relay.ready())
                     .await;
@@ -100,7 +97,38 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     .await
     .context("RabbitMQ")?;
     lease.release().await;
+    partitions.release().await;
     Ok(())
+}
+
+/// Records this supervisor's heartbeat, then holds its fair share of the
+/// partitions among the supervisors seen within two intervals;
+/// returns the partitions it sweeps (none while Postgres cannot say).
+async fn share(
+    ctx: &Context,
+    me: &Actor,
+    store: &StateStore,
+    partitions: &mut Partitions,
+) -> Vec<i32> {
+    let interval = ctx.settings.supervisor.interval;
+    let held = async {
+        store.heartbeat(&me.name, "supervisor").await?;
+        let alive = store.alive("supervisor", interval * 2).await?;
+        partitions.rebalance(store, alive).await
+    };
+    match held.await {
+        Ok(held) => {
+            ctx.metrics
+                .supervisor_partitions
+                .set(i64::try_from(held.len()).unwrap_or(i64::MAX));
+            held
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot hold partitions; sweeping none");
+            ctx.metrics.supervisor_partitions.set(0);
+            Vec::new()
+        }
+    }
 }
 
 /// Whether this supervisor leads now; reports changes.

@@ -14,6 +14,7 @@ mod instances;
 mod leases;
 mod orders;
 mod outbox;
+mod partitions;
 mod stats;
 mod steps;
 mod transitions;
@@ -33,6 +34,7 @@ pub use events::EventRow;
 pub use leases::Lease;
 pub use orders::{NewOrder, OrderRow};
 pub use outbox::{Committed, Held, OutboxRow};
+pub use partitions::Partitions;
 pub use stats::Stats;
 pub use steps::StepRow;
 pub use transitions::{
@@ -294,6 +296,21 @@ impl StateStore {
     pub async fn heartbeat(&self, instance: &str, role: &str) -> Result<(), StoreError> {
         let mut conn = self.pool.acquire().await?;
         Ok(instances::beat(&mut conn, instance, role, 3_600_000).await?)
+    }
+
+    /// How many instances of `role` recorded a heartbeat within `within`.
+    pub async fn alive(&self, role: &str, within: Duration) -> Result<u32, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let ms = i64::try_from(within.as_millis()).unwrap_or(i64::MAX);
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM instances \
+             WHERE role = $1 AND last_seen > now() - $2 * interval '1 millisecond'",
+        )
+        .bind(role)
+        .bind(ms)
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(u32::try_from(n).unwrap_or(u32::MAX))
     }
 
     /// When `instance` last recorded a heartbeat (`None`: never, or

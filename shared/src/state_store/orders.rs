@@ -181,13 +181,16 @@ pub async fn claimable(
         .await
 }
 
-/// Orders whose step deadline has passed, oldest deadline first. Orders
-/// another supervisor's sweep has locked are passed by. With
+/// Orders whose step deadline has passed, oldest deadline first, of the
+/// `partitions` (out of `count`, [`super::partitions`]) the caller sweeps.
+/// Orders another supervisor's sweep has locked are passed by. With
 /// `outbox_locks`, also takes their outbox locks.
 pub async fn expired(
     conn: &mut PgConnection,
     limit: i64,
     outbox_locks: bool,
+    partitions: &[i32],
+    count: i32,
 ) -> Result<Vec<Loaded>, sqlx::Error> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         loading(
@@ -196,7 +199,9 @@ pub async fn expired(
                  SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders, relaxed \
                  WHERE locked_by IS NOT NULL AND complete_by < now() \
                    AND process_state IN ('processing', 'compensating') \
-                 ORDER BY complete_by LIMIT $1 FOR UPDATE OF orders SKIP LOCKED"
+                   AND {partition} = ANY($3::int[]) \
+                 ORDER BY complete_by LIMIT $1 FOR UPDATE OF orders SKIP LOCKED",
+                partition = super::partitions::partition_of("order_id", "$4::int"),
             ),
             2,
         )
@@ -204,6 +209,8 @@ pub async fn expired(
     sqlx::query_as::<_, Loaded>(sqlx::AssertSqlSafe(SQL.as_str()))
         .bind(limit)
         .bind(outbox_locks)
+        .bind(partitions)
+        .bind(count)
         .fetch_all(conn)
         .await
 }

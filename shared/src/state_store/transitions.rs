@@ -324,7 +324,7 @@ impl Transitions {
         }
     }
 
-    /// Recovers orders whose complete-by has passed
+    /// Recovers the orders of `partitions` whose complete-by has passed
     /// ([`rules::supervisor::expire`]): counts the failure and either
     /// re-queues the order after the retry schedule's wait or gives it up.
     /// Knows nothing of the steps' business: only deadlines and counts.
@@ -332,19 +332,23 @@ impl Transitions {
         &self,
         me: &Actor,
         settings: &SupervisorSettings,
+        partitions: &[i32],
         hand_over: bool,
     ) -> Result<Done<Vec<Expired>>, StoreError> {
-        again(|| self.recover_once(me, settings, hand_over)).await
+        again(|| self.recover_once(me, settings, partitions, hand_over)).await
     }
 
     async fn recover_once(
         &self,
         me: &Actor,
         settings: &SupervisorSettings,
+        partitions: &[i32],
         hand_over: bool,
     ) -> Result<Done<(Vec<Expired>, Vec<Uuid>)>, StoreError> {
         let mut conn = self.store.pool().acquire().await?;
-        let loaded = orders::expired(&mut conn, i64::from(settings.batch), hand_over).await;
+        let count = i32::try_from(settings.partitions).unwrap_or(i32::MAX);
+        let batch = i64::from(settings.batch);
+        let loaded = orders::expired(&mut conn, batch, hand_over, partitions, count).await;
         let decided = loaded.map_err(StoreError::from).and_then(|loaded| {
             let mut unit = Unit::load(loaded, false);
             let mut recovered = Vec::with_capacity(unit.len());

@@ -72,7 +72,7 @@ async fn each_class_of_the_review_is_set_aside_alone_and_the_orders_around_it_ar
     let app = TestApp::builder()
         // Long enough for a debug remote-sim to build a 20 MB answer on a
         // busy machine; the agent's panics use it up twice.
-        .step_timeout("3s")
+        .step_timeout("6s")
         .max_failures(2)
         .build()
         .await;

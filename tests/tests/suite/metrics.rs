@@ -129,9 +129,19 @@ async fn the_counters_equal_what_happened() {
     );
     assert_eq!(sample(&agent, r#"sas_agent_breaker_state{agent="a"}"#), 0.0);
 
+    // Its first sweep, and its leadership after it, may come after the
+    // orders ended.
+    app.eventually(
+        "the supervisor swept and leads",
+        Duration::from_secs(10),
+        || async {
+            let supervisor = app.metrics("supervisor").await;
+            sample(&supervisor, "sas_supervisor_sweeps_total") >= 1.0
+                && sample(&supervisor, "sas_supervisor_leader") == 1.0
+        },
+    )
+    .await;
     let supervisor = app.metrics("supervisor").await;
-    assert!(sample(&supervisor, "sas_supervisor_sweeps_total") >= 1.0);
-    assert_eq!(sample(&supervisor, "sas_supervisor_leader"), 1.0);
     assert_eq!(
         sample(
             &supervisor,
