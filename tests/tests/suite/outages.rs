@@ -21,12 +21,12 @@ fn story(events: &[serde_json::Value]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_step_is_warned_at_each_rung_once_before_it_is_reattempted() {
-    // Rungs at 2 s and 3.2 s, the re-attempt at 4 s: room for sweeps that
-    // come late on a busy machine.
+    // Rungs at 0.8 s and 1.6 s, the re-attempt at 4 s: room for sweeps
+    // that come late on a busy machine.
     let app = TestApp::builder()
         .step_timeout("4s")
         .supervisor_interval("100ms")
-        .warn_at("[0.5, 0.8]")
+        .warn_at("[0.2, 0.4]")
         .build()
         .await;
     app.knobs(
@@ -44,8 +44,8 @@ async fn a_hanging_step_is_warned_at_each_rung_once_before_it_is_reattempted() {
         [
             "received",
             "processing",
-            "deadline_warning 0.5",
-            "deadline_warning 0.8",
+            "deadline_warning 0.2",
+            "deadline_warning 0.4",
             "retry_scheduled",
             "processing",
             "step_succeeded",
