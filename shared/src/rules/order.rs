@@ -262,8 +262,9 @@ pub(crate) mod fixture {
     use uuid::Uuid;
 
     use super::{Context, Order};
-    use crate::state::{ProcessState, StepState};
+    use crate::state::ProcessState;
     use crate::state_store::{OrderRow, StepRow};
+    use crate::workflow::Step;
 
     /// A fixed clock: the rules read no other.
     pub fn now() -> DateTime<Utc> {
@@ -304,22 +305,14 @@ pub(crate) mod fixture {
             trace_id: None,
         };
         let steps = (0..n)
-            .map(|idx| StepRow {
-                order_id,
-                idx,
-                name: format!("s{idx}"),
-                agent: format!("a{idx}"),
-                compensate: undo(idx).then(|| format!("u{idx}")),
-                timeout_ms: 1000,
-                state: StepState::NotStarted,
-                dispatches: 0,
-                dispatch_id: None,
-                complete_by: None,
-                result: None,
-                error: None,
-                started_at: None,
-                finished_at: None,
-                warned: 0,
+            .map(|idx| {
+                let step = Step {
+                    name: format!("s{idx}"),
+                    agent: format!("a{idx}"),
+                    timeout: std::time::Duration::from_secs(1),
+                    compensate: undo(idx).then(|| format!("u{idx}")),
+                };
+                StepRow::planned(order_id, idx, &step)
             })
             .collect();
         Order { row, steps }

@@ -31,6 +31,27 @@ pub struct StepRow {
 }
 
 impl StepRow {
+    /// Step `idx` of a new order, as its workflow plans it: not started.
+    pub fn planned(order_id: Uuid, idx: i32, step: &crate::workflow::Step) -> Self {
+        Self {
+            order_id,
+            idx,
+            name: step.name.clone(),
+            agent: step.agent.clone(),
+            compensate: step.compensate.clone(),
+            timeout_ms: i64::try_from(step.timeout.as_millis()).unwrap_or(i64::MAX),
+            state: StepState::NotStarted,
+            dispatches: 0,
+            dispatch_id: None,
+            complete_by: None,
+            result: None,
+            error: None,
+            started_at: None,
+            finished_at: None,
+            warned: 0,
+        }
+    }
+
     /// What the step plan needs of this row.
     pub fn view(&self) -> StepView<'_> {
         StepView {

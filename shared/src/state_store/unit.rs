@@ -32,7 +32,7 @@ use super::steps::StepRow;
 use super::{StoreError, WAKE_CHANNEL};
 use crate::messages::StatusEvent;
 use crate::rules::{Decision, Effect, Logged, Order};
-use crate::state::{ProcessState, StepState};
+use crate::state::ProcessState;
 use crate::topology::QueueNames;
 use crate::workflow::Step;
 
@@ -214,23 +214,7 @@ impl Unit {
         let steps = steps
             .iter()
             .zip(0..)
-            .map(|(s, idx)| StepRow {
-                order_id: order.order_id,
-                idx,
-                name: s.name.clone(),
-                agent: s.agent.clone(),
-                compensate: s.compensate.clone(),
-                timeout_ms: i64::try_from(s.timeout.as_millis()).unwrap_or(i64::MAX),
-                state: StepState::NotStarted,
-                dispatches: 0,
-                dispatch_id: None,
-                complete_by: None,
-                result: None,
-                error: None,
-                started_at: None,
-                finished_at: None,
-                warned: 0,
-            })
+            .map(|(s, idx)| StepRow::planned(order.order_id, idx, s))
             .collect();
         let order = Order { row, steps };
         self.orders.push(Tracked {
