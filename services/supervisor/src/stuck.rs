@@ -10,6 +10,21 @@ use sas::state_store::StateStore;
 /// Orders counted at most, per count.
 const LIMIT: i64 = 1000;
 
+/// Sets the gauge to 0 for every reason: a supervisor that no longer leads
+/// counts nothing, so that the deployment's sum is the leader's count.
+pub fn clear(ctx: &Context) {
+    for reason in Reason::ALL {
+        set(ctx, reason, 0);
+    }
+}
+
+fn set(ctx: &Context, reason: Reason, n: usize) {
+    ctx.metrics
+        .orders_stuck
+        .get_or_create(&sas::metrics::labels(&[("reason", reason.as_str())]))
+        .set(i64::try_from(n).unwrap_or(i64::MAX));
+}
+
 /// Counts the stuck orders by reason and sets the gauge (0 for a reason no
 /// order has). A count that fails leaves the gauge as it was.
 pub async fn count(ctx: &Context, store: &StateStore, broker: &Broker) {
@@ -23,9 +38,6 @@ pub async fn count(ctx: &Context, store: &StateStore, broker: &Broker) {
     let why = sas::stuck::explain(&orders, store, Some(broker), &ctx.queues).await;
     for reason in Reason::ALL {
         let n = why.iter().flatten().filter(|s| s.reason == reason).count();
-        ctx.metrics
-            .orders_stuck
-            .get_or_create(&sas::metrics::labels(&[("reason", reason.as_str())]))
-            .set(i64::try_from(n).unwrap_or(i64::MAX));
+        set(ctx, reason, n);
     }
 }

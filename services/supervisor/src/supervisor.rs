@@ -153,6 +153,7 @@ async fn lead(
             tracing::info!(instance = %me.name, "leading: sweeping for expired orders");
         } else {
             tracing::warn!(instance = %me.name, "standing by: another supervisor leads");
+            crate::stuck::clear(ctx);
         }
     }
     now

@@ -50,7 +50,22 @@ impl Partitions {
     /// Holds a fair share of the partitions among `supervisors` (those seen
     /// lately, this one included): lets go of partitions beyond the share,
     /// or takes free ones up to it. Returns the partitions held.
+    ///
+    /// On an error the connection is closed and every lease with it: a
+    /// failed statement may have taken locks this value does not know of.
     pub async fn rebalance(
+        &mut self,
+        store: &StateStore,
+        supervisors: u32,
+    ) -> Result<Vec<i32>, StoreError> {
+        let held = self.try_rebalance(store, supervisors).await;
+        if held.is_err() {
+            self.release().await;
+        }
+        held
+    }
+
+    async fn try_rebalance(
         &mut self,
         store: &StateStore,
         supervisors: u32,
