@@ -124,9 +124,11 @@ async fn an_open_breaker_sends_requests_to_a_healthy_agent_and_closes_after_reco
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_supervisors_share_sixteen_partitions_recover_each_expiry_once_and_take_over_a_dead_ones()
  {
+    // Ticks of 0.5 s: a supervisor counts the others alive over two of
+    // them, which a loaded machine keeps to.
     let app = TestApp::builder()
         .step_timeout("1500ms")
-        .supervisor_interval("200ms")
+        .supervisor_interval("500ms")
         .build()
         .await;
     app.knobs(
@@ -162,7 +164,7 @@ async fn three_supervisors_share_sixteen_partitions_recover_each_expiry_once_and
     assert_eq!(leading.len(), 1, "exactly one leader: {leading:?}");
     let leader = leading[0];
     // The leader dies: the others take its partitions within three
-    // intervals (0.6 s; the bound allows for a loaded machine), and one
+    // intervals (1.5 s; the bound allows a second more for a loaded machine), and one
     // of them leads.
     app.kill(leader);
     let rest: Vec<&str> = sups.iter().copied().filter(|s| *s != leader).collect();
@@ -174,7 +176,7 @@ async fn three_supervisors_share_sixteen_partitions_recover_each_expiry_once_and
     )
     .await;
     assert!(
-        killed.elapsed() < Duration::from_millis(1500),
+        killed.elapsed() < Duration::from_millis(2500),
         "taken over in {:?}",
         killed.elapsed()
     );
