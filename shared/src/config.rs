@@ -453,10 +453,38 @@ pub struct AgentSpec {
     /// failure of the step (contract §1a).
     #[serde(default = "default_max_response_bytes")]
     pub max_response_bytes: usize,
+    /// Consecutive transient failures (all instances together) that open
+    /// this agent's shared breaker; default `agent.breaker_threshold`.
+    #[serde(default)]
+    pub breaker_threshold: Option<u32>,
+    /// How long its open breaker waits before one probe; default
+    /// `agent.breaker_cooldown`.
+    #[serde(with = "humantime_serde", default)]
+    pub breaker_cooldown: Option<Duration>,
+    /// How long an order may be held for its open breaker before the hold
+    /// is handled as a failure (contract §8).
+    #[serde(with = "humantime_serde", default = "default_max_hold")]
+    pub max_hold: Duration,
 }
 
 fn default_max_response_bytes() -> usize {
     1024 * 1024
+}
+
+fn default_max_hold() -> Duration {
+    Duration::from_secs(24 * 3600)
+}
+
+impl AgentSpec {
+    /// The breaker's threshold, cool-down and max hold for this agent,
+    /// its own or `agent`'s.
+    pub fn breaker_policy(&self, agent: &AgentSettings) -> (u32, Duration, Duration) {
+        (
+            self.breaker_threshold.unwrap_or(agent.breaker_threshold),
+            self.breaker_cooldown.unwrap_or(agent.breaker_cooldown),
+            self.max_hold,
+        )
+    }
 }
 
 impl Settings {

@@ -365,6 +365,10 @@ pub enum EventKind {
     Failed,
     /// A running step has used a rung's fraction of its time (contract §8).
     DeadlineWarning,
+    /// The order waits for its agent's breaker to close (contract §8).
+    Held,
+    /// A held order's step is dispatched again.
+    Resumed,
 }
 
 impl EventKind {
@@ -381,6 +385,8 @@ impl EventKind {
             Self::Compensated => "compensated",
             Self::Failed => "failed",
             Self::DeadlineWarning => "deadline_warning",
+            Self::Held => "held",
+            Self::Resumed => "resumed",
         }
     }
 
@@ -503,6 +509,9 @@ pub enum StepOutcome {
     Succeeded { result: Value },
     /// The remote answered a permanent error: no retry will help.
     Failed { error: String },
+    /// Not sent: the agent's breaker is open (contract §8). The order is
+    /// held, and no failure counts.
+    Held,
 }
 
 impl StepOutcome {
@@ -514,6 +523,7 @@ impl StepOutcome {
         match self {
             Self::Succeeded { result } => replace_nul(result),
             Self::Failed { error } => replace_nul_in(error),
+            Self::Held => false,
         }
     }
 }

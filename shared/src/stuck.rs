@@ -25,7 +25,8 @@ pub async fn explain(
     let mut out = Vec::with_capacity(orders.len());
     for order in orders {
         let Some(agent) = stuck::late_step(order).and_then(stuck::agent_of) else {
-            out.push(None);
+            // Held, or not stuck: no facts needed.
+            out.push(stuck::held(order));
             continue;
         };
         let holder = order.row.locked_by.clone().unwrap_or_default();

@@ -51,6 +51,8 @@ struct Options {
     /// `supervisor.warn_at`: none by default, so that the events of a
     /// slow step do not depend on when the sweeps happen to fall.
     pub warn_at: &'static str,
+    /// `agent.breaker_threshold` and `agent.breaker_cooldown`.
+    pub breaker: (u32, &'static str),
     /// Extra TOML appended to the configuration.
     pub extra: String,
 }
@@ -64,6 +66,9 @@ impl Default for Options {
             supervisor_interval: "200ms",
             scheduler_poll: "200ms",
             warn_at: "[]",
+            // Many tests hang or fail endpoints on purpose; only the
+            // breakers' own tests trip them.
+            breaker: (100_000, "5s"),
             extra: String::new(),
         }
     }
@@ -111,6 +116,13 @@ impl Builder {
     /// The scheduler's slow poll beside its wake-ups (default 200ms).
     pub fn scheduler_poll(mut self, poll: &'static str) -> Self {
         self.options.scheduler_poll = poll;
+        self
+    }
+
+    /// The breakers: `agent.breaker_threshold` failures open one, for
+    /// `agent.breaker_cooldown` (default: they never open).
+    pub fn breaker(mut self, threshold: u32, cooldown: &'static str) -> Self {
+        self.options.breaker = (threshold, cooldown);
         self
     }
 
@@ -221,11 +233,13 @@ grace = "5s"
 [agent]
 backoff_initial = "20ms"
 backoff_max = "200ms"
-# Many tests hang or fail endpoints on purpose; only the breaker's own test trips it.
-breaker_threshold = 100000
+breaker_threshold = {threshold}
+breaker_cooldown = "{cooldown}"
 
 {extra}"#,
             poll = options.scheduler_poll,
+            threshold = options.breaker.0,
+            cooldown = options.breaker.1,
             extra = options.extra,
         );
         config_file(&options, &db_url, &prefix, &agents_url, &extra)
@@ -346,6 +360,20 @@ breaker_threshold = 100000
     }
 
     /// Kills a process with SIGKILL.
+    /// The process id of a running process.
+    pub fn pid(&self, name: &str) -> u32 {
+        self.processes.lock().unwrap()[name].child.id()
+    }
+
+    /// Whether a running process is stopped (SIGSTOP), by `/proc`.
+    pub fn is_stopped(&self, name: &str) -> bool {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.pid(name))).unwrap_or_default();
+        // The state follows the command name, which is in parentheses.
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('T'))
+    }
+
     pub fn kill(&self, name: &str) {
         if let Some(mut p) = self.processes.lock().unwrap().remove(name) {
             p.child.kill().ok();

@@ -4,13 +4,13 @@
 //! request whose complete-by has passed and stays silent when complete-by
 //! passes mid-work: the supervisor takes over from there.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context as _, bail};
 use chrono::Utc;
 use sas::broker::{self, BrokerError, Outgoing, PublishError, Publisher, Received, SessionEnd};
 use sas::config::AgentSpec;
-use sas::messages::{StepReply, StepRequest};
+use sas::messages::{StepOutcome, StepReply, StepRequest};
 use sas::metrics::labels;
 use sas::service::Context;
 use sas::trace::TraceContext;
@@ -20,6 +20,7 @@ use tracing::Instrument;
 use crate::breaker::{Breaker, State};
 use crate::remote::{self, CallEnd};
 use crate::report;
+use crate::shared::{self, Shared};
 
 /// One served agent.
 struct Agent {
@@ -29,8 +30,10 @@ struct Agent {
     ctx: Arc<Context>,
     /// Cancelled when the shutdown grace period is over: in-flight calls stop and are handed back.
     hard_stop: CancellationToken,
-    /// Shared with the reporter that writes its state to Postgres.
+    /// This instance's breaker; shared with the reporter that writes its state to Postgres.
     breaker: Arc<Breaker>,
+    /// The breaker the agent's instances share.
+    shared: Arc<Shared>,
 }
 
 /// Runs the agents named in `only` (every configured agent when empty) until shutdown.
@@ -45,6 +48,8 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
     }
     let client = http_client(&ctx.settings.agent)?;
     let hard_stop = CancellationToken::new();
+    let instance = report::instance_name();
+    let store = Arc::new(OnceLock::new());
     let mut agents = Vec::new();
     for name in &names {
         let spec = ctx.settings.agents.get(name).with_context(|| {
@@ -60,6 +65,12 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
                 ctx.settings.agent.breaker_threshold,
                 ctx.settings.agent.breaker_cooldown,
             )),
+            shared: Arc::new(Shared::new(
+                name,
+                &instance,
+                store.clone(),
+                spec.breaker_policy(&ctx.settings.agent),
+            )),
         }));
     }
     tracing::info!(agents = ?names, "serving");
@@ -72,10 +83,13 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
             breaker: a.breaker.clone(),
         })
         .collect();
-    let mut reporter = tokio::spawn(report::run(
+    let shared = agents.iter().map(|a| a.shared.clone()).collect();
+    let mut reporter = tokio::spawn(keep_breakers(
         ctx.settings.database.clone(),
-        report::instance_name(),
+        instance,
         reported,
+        shared,
+        store,
         ctx.shutdown.clone(),
     ));
     let grace = ctx.settings.shutdown.grace;
@@ -122,6 +136,28 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
     reporter.abort();
     sessions.context("RabbitMQ")?;
     Ok(())
+}
+
+/// Connects to Postgres (retrying, off the requests' path), then reports
+/// this instance's breakers and keeps the shared ones in sync until
+/// `shutdown`.
+async fn keep_breakers(
+    database: sas::config::DatabaseSettings,
+    instance: String,
+    reported: Vec<report::Reported>,
+    shared: Vec<Arc<Shared>>,
+    cell: Arc<OnceLock<sas::state_store::StateStore>>,
+    shutdown: CancellationToken,
+) {
+    let Some(store) = report::connect(database, &shutdown).await else {
+        return;
+    };
+    let store = cell.get_or_init(|| store);
+    tokio::join!(
+        report::run(store, &instance, &reported, &shutdown),
+        shared::run(store, &shared, &shutdown),
+    );
+    store.close().await;
 }
 
 impl Agent {
@@ -245,36 +281,17 @@ impl Agent {
             broker::ack(delivery).await?;
             return Ok("expired");
         }
-        let endpoint = remote::Endpoint {
-            client: &self.client,
-            spec: &self.spec,
-            settings: &self.ctx.settings.agent,
-            stop: &self.hard_stop,
-            breaker: &self.breaker,
+        let end = if self.shared.lets_through(request.order_id).await {
+            self.call(request, trace).await
+        } else {
+            CallEnd::Held
         };
-        let end = remote::call(
-            &endpoint,
-            request,
-            trace,
-            |outcome| {
-                self.ctx
-                    .metrics
-                    .agent_calls
-                    .get_or_create(&labels(&[("agent", &self.name), ("outcome", outcome)]))
-                    .inc();
-                let changed = match outcome {
-                    "transient" => self.breaker.failed(),
-                    _ => self.breaker.succeeded(),
-                };
-                if let Some(state) = changed {
-                    tracing::warn!(agent = %self.name, state = state.as_str(), "circuit breaker changed");
-                    self.show_breaker(state);
-                }
-            },
-        )
-        .await;
         let outcome = match end {
             CallEnd::Answer(outcome) => outcome,
+            CallEnd::Held => {
+                tracing::info!("shared breaker open: not sent; the order is held");
+                StepOutcome::Held
+            }
             CallEnd::Expired => {
                 tracing::info!("complete-by passed; staying silent");
                 broker::ack(delivery).await?;
@@ -294,8 +311,9 @@ impl Agent {
         sas::crash::point("agent.after_call");
         let reply = StepReply::to(request, outcome);
         let label = match reply.outcome {
-            sas::messages::StepOutcome::Succeeded { .. } => "succeeded",
-            sas::messages::StepOutcome::Failed { .. } => "failed",
+            StepOutcome::Succeeded { .. } => "succeeded",
+            StepOutcome::Failed { .. } => "failed",
+            StepOutcome::Held => "held",
         };
         let body = serde_json::to_vec(&reply).unwrap_or_default();
         let correlation = request.dispatch_id.to_string();
@@ -327,6 +345,36 @@ impl Agent {
         tracing::debug!(outcome = label, "answered");
         broker::ack(delivery).await?;
         Ok(label)
+    }
+
+    /// Calls the remote for `request`, counting each attempt on both breakers.
+    async fn call(&self, request: &StepRequest, trace: Option<&TraceContext>) -> CallEnd {
+        let endpoint = remote::Endpoint {
+            client: &self.client,
+            spec: &self.spec,
+            settings: &self.ctx.settings.agent,
+            stop: &self.hard_stop,
+            breaker: &self.breaker,
+            shared: &self.shared,
+        };
+        remote::call(&endpoint, request, trace, |outcome| {
+            self.ctx
+                .metrics
+                .agent_calls
+                .get_or_create(&labels(&[("agent", &self.name), ("outcome", outcome)]))
+                .inc();
+            // Counted here too: when only this instance cannot reach the
+            // remote, its own breaker sends the requests to the others.
+            let changed = match outcome {
+                "transient" => self.breaker.failed(),
+                _ => self.breaker.succeeded(),
+            };
+            if let Some(state) = changed {
+                tracing::warn!(agent = %self.name, state = state.as_str(), "circuit breaker changed");
+                self.show_breaker(state);
+            }
+        })
+        .await
     }
 
     fn count(&self, outcome: &str) {

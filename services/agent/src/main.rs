@@ -5,6 +5,7 @@ mod agent;
 mod breaker;
 mod remote;
 mod report;
+mod shared;
 
 use std::process::ExitCode;
 

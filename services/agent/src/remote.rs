@@ -14,6 +14,7 @@ use sas::trace::TraceContext;
 use tokio_util::sync::CancellationToken;
 
 use crate::breaker::Breaker;
+use crate::shared::Shared;
 
 /// How a call ended.
 #[derive(Debug)]
@@ -22,8 +23,11 @@ pub enum CallEnd {
     Answer(StepOutcome),
     /// Complete-by passed: stop and send nothing; the supervisor takes over.
     Expired,
-    /// Shutdown or an open circuit interrupted the call: hand the request back.
+    /// Shutdown or this instance's open circuit interrupted the call: hand
+    /// the request back (another instance may reach the remote).
     Interrupted,
+    /// The shared breaker is open: answer `held`, the order waits for it.
+    Held,
 }
 
 /// One attempt's verdict.
@@ -42,11 +46,14 @@ pub struct Endpoint<'a> {
     pub settings: &'a AgentSettings,
     /// Cancelled when in-flight calls must stop (the end of the shutdown grace).
     pub stop: &'a CancellationToken,
+    /// This instance's breaker.
     pub breaker: &'a Breaker,
+    /// The breaker the agent's instances share.
+    pub shared: &'a Shared,
 }
 
 /// Calls the remote service for `request` until it answers for good,
-/// complete-by passes, the endpoint's `stop` is cancelled or its breaker
+/// complete-by passes, the endpoint's `stop` is cancelled or a breaker
 /// opens. `on_attempt` sees each attempt's outcome label (`succeeded`,
 /// `permanent`, `transient`).
 pub async fn call(
@@ -61,6 +68,7 @@ pub async fn call(
         settings,
         stop,
         breaker,
+        shared,
     } = *endpoint;
     let body = request.remote_body();
     let key = request.idempotency_key();
@@ -73,6 +81,8 @@ pub async fn call(
         if breaker.is_open() {
             return CallEnd::Interrupted;
         }
+        // The fault suite freezes an agent here to make a zombie of it.
+        sas::crash::pause("agent.before_call");
         let timeout = spec.timeout.map_or(left, |t| t.min(left));
         let mut post = client.post(&spec.url);
         // The remote call is a span of its own in the order's trace.
@@ -92,14 +102,19 @@ pub async fn call(
         };
         let (error, retry_after) = match attempt {
             Attempt::Done(outcome) => {
+                shared.succeeded().await;
                 on_attempt(match outcome {
-                    StepOutcome::Succeeded { .. } => "succeeded",
                     StepOutcome::Failed { .. } => "permanent",
+                    _ => "succeeded",
                 });
                 return CallEnd::Answer(outcome);
             }
             Attempt::Transient { error, retry_after } => {
                 on_attempt("transient");
+                if shared.failed().await {
+                    tracing::info!(%error, "transient failure and the shared breaker is open");
+                    return CallEnd::Held;
+                }
                 (error, retry_after)
             }
         };

@@ -38,34 +38,30 @@ pub fn instance_name() -> String {
 
 /// Reports until `shutdown`, then deletes this instance's rows.
 pub async fn run(
-    database: DatabaseSettings,
-    instance: String,
-    endpoints: Vec<Reported>,
-    shutdown: CancellationToken,
+    store: &StateStore,
+    instance: &str,
+    endpoints: &[Reported],
+    shutdown: &CancellationToken,
 ) {
-    let Some(store) = connect(database, &shutdown).await else {
-        return;
-    };
     if let Err(e) = store.forget_old_breakers().await {
         tracing::warn!(error = %e, "could not delete old breaker reports");
     }
     let loops = endpoints
         .iter()
-        .map(|e| report_loop(&store, &instance, e, &shutdown));
+        .map(|e| report_loop(store, instance, e, shutdown));
     futures_util::future::join_all(loops).await;
-    if let Err(e) = store.forget_breakers_of(&instance).await {
+    if let Err(e) = store.forget_breakers_of(instance).await {
         tracing::warn!(error = %e, "could not delete this instance's breaker reports");
     }
-    store.close().await;
 }
 
 /// Connects with a small pool of its own, retrying until `shutdown`.
-async fn connect(
+pub async fn connect(
     mut database: DatabaseSettings,
     shutdown: &CancellationToken,
 ) -> Option<StateStore> {
-    // One report at a time per endpoint; two connections are plenty.
-    database.max_connections = 2;
+    // Reports and breaker reads are small and few; a handful of connections is plenty.
+    database.max_connections = 4;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return None,
@@ -73,7 +69,7 @@ async fn connect(
                 Ok(store) => return Some(store),
                 Err(e) => tracing::warn!(
                     error = %e,
-                    "cannot reach Postgres to report breaker states; trying again"
+                    "cannot reach Postgres for the breakers; trying again"
                 ),
             },
         }

@@ -21,6 +21,7 @@
       ["priority", o.priority],
       ["created", time(o.created_at)],
       ["updated", `${time(o.updated_at)} (${relative(o.updated_at, data.now)})`],
+      ["stuck", stuck(data)],
       ["reply to", o.reply_to || "–"],
       ["last error", o.last_error || "–"],
       ["trace id", o.trace_id || "–"],
@@ -30,6 +31,17 @@
       dl.replaceChildren(...list.flatMap(([k]) => [el("dt", {}, k), el("dd", { "data-field": k })]));
     }
     list.forEach(([, v], i) => setText(dl.children[i * 2 + 1], v));
+  }
+
+  /** Why the order waits (held for a breaker, or late with a step), or a dash. */
+  function stuck(data) {
+    const s = data.stuck;
+    if (!s) return "–";
+    const d = s.detail || {};
+    const what = [d.agent && `agent ${d.agent}`, d.ahead !== undefined && `${d.ahead} ahead`, d.locked_by && `held by ${d.locked_by}`]
+      .filter(Boolean)
+      .join(", ");
+    return `${s.reason}${what ? ` (${what})` : ""} since ${time(s.since)} (${relative(s.since, data.now)})`;
   }
 
   function head(data) {

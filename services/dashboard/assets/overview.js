@@ -207,6 +207,36 @@
     byId("breakers-empty").hidden = data.breakers.length > 0;
   }
 
+  /** Each agent's breaker shared by its instances, with the orders it holds. */
+  function sharedBreakersTable(data) {
+    const list = data.shared_breakers;
+    sas.reconcile(
+      byId("shared-breakers").tBodies[0],
+      list,
+      (b) => b.agent,
+      (b) => {
+        const tr = row(7);
+        tr.dataset.agent = b.agent;
+        return tr;
+      },
+      (tr, b) => {
+        tr.dataset.state = b.state;
+        tr.dataset.held = b.held;
+        fill(tr.cells[0], b.agent, "nowrap");
+        fill(tr.cells[1], badge(b.forced ? `${b.state} · forced ${b.forced}` : b.state, b.state));
+        fill(tr.cells[2], b.failures, "num");
+        fill(tr.cells[3], b.state !== "closed" && b.opened_at ? relative(b.opened_at, data.now) : "–", "time");
+        fill(tr.cells[4], b.held, "num");
+        fill(tr.cells[5], b.oldest_held_since ? relative(b.oldest_held_since, data.now) : "–", "time");
+        fill(tr.cells[6], b.forced_by || "–", "mono");
+      },
+    );
+    const open = list.filter((b) => b.state !== "closed").length;
+    const held = list.reduce((n, b) => n + b.held, 0);
+    setText(byId("shared-breakers-count"), `(${list.length}${open ? `, ${open} not closed, ${held} orders held` : ""})`);
+    byId("shared-breakers-empty").hidden = list.length > 0;
+  }
+
   async function load() {
     const data = await sas.getJson("/api/overview");
     counters(data);
@@ -214,6 +244,7 @@
     latencyChart(data.buckets);
     failedTable(data);
     waitingTable(data);
+    sharedBreakersTable(data);
     breakersTable(data);
     document.body.dataset.loaded = "true";
   }

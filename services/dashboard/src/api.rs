@@ -25,6 +25,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router, middleware};
 use chrono::{DateTime, Utc};
+use sas::rules::Order;
 use sas::service::Context;
 use sas::state::ProcessState;
 use sas::state_store::{
@@ -132,10 +133,20 @@ async fn order(
     Path(id): Path<String>,
 ) -> Result<axum::Json<Value>, ApiError> {
     let id = parse_id(&id)?;
-    let Some((order, steps, events)) = ctx.store()?.order_details(id).await? else {
+    let store = ctx.store()?;
+    let Some((order, steps, events)) = store.order_details(id).await? else {
         return Err(ApiError::NotFound(format!("no order {id}")));
     };
-    Ok(axum::Json(order_json(&order, &steps, &events, Utc::now())))
+    let mut json = order_json(&order, &steps, &events, Utc::now());
+    // Why it is stuck, from the state store alone (the dashboard does not
+    // ask RabbitMQ: a late step's queue facts read `unknown`).
+    let loaded = [Order { row: order, steps }];
+    let stuck = sas::stuck::explain(&loaded, store, None, &ctx.queues)
+        .await
+        .pop()
+        .flatten();
+    json["stuck"] = stuck.map_or(Value::Null, |s| s.to_json());
+    Ok(axum::Json(json))
 }
 
 /// An operator's action.

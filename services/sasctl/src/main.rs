@@ -1,7 +1,8 @@
 //! `sasctl`: the operator's command line for a sas deployment. Submits orders
 //! as an application would (also from a JSON-lines file), watches queues and
 //! the alert queue, lists orders, shows one with its steps and event log,
-//! retries, cancels and prunes orders, lists, replays and purges the orders'
+//! retries, cancels and prunes orders, lists and overrides the agents'
+//! shared breakers, lists, replays and purges the orders'
 //! dead letters, shows statistics, applies the state store's migrations, and
 //! runs soak tests (`chaos`). The data commands take `--json` for scripts.
 //!
@@ -9,6 +10,7 @@
 //! order, 4 action not allowed in the order's state ([`EXIT_CODES`]).
 //! Command output goes to stdout, logs and summaries to stderr.
 
+mod agents;
 mod alerts;
 mod chaos;
 mod dead_letters;
@@ -63,6 +65,10 @@ enum Command {
     /// List, show, retry, cancel and prune orders in the state store (Postgres only).
     #[command(subcommand)]
     Orders(orders::Command),
+    /// List the agents' shared breakers with their held orders, force one
+    /// open or closed, release it, show their history (Postgres only).
+    #[command(subcommand)]
+    Agents(agents::Command),
     /// List, replay or purge the messages of `<prefix>.orders.dead`, the orders
     /// the submission service could not accept (RabbitMQ only).
     #[command(subcommand)]
@@ -133,6 +139,7 @@ async fn main() -> ExitCode {
         Command::Watch(args) => watch::run(args, &settings).await,
         Command::Alerts(args) => alerts::run(args, &settings).await,
         Command::Orders(command) => orders::run(command, &settings).await,
+        Command::Agents(command) => agents::run(command, &settings).await,
         Command::DeadLetters(command) => dead_letters::run(command, &settings).await,
         Command::Stats(args) => stats::run(args, &settings).await,
         Command::Migrate(args) => migrate::run(args, &settings).await,

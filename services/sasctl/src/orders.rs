@@ -226,7 +226,7 @@ fn list_text(orders: &[OrderRow]) -> String {
 
 /// The operator an action is recorded under: `operator:<$USER>`, or
 /// `operator:sasctl` when `USER` is unset.
-fn operator() -> Actor {
+pub(crate) fn operator() -> Actor {
     let user = std::env::var("USER").unwrap_or_default();
     let user = user.trim();
     Actor {
@@ -300,12 +300,12 @@ async fn show(args: ShowArgs, settings: &Settings) -> anyhow::Result<()> {
     store.close().await;
     let text = if args.json {
         let mut json = to_json(&order, &steps, &events);
-        json["stuck"] = stuck.map_or(Value::Null, |s| crate::stuck::to_json(&s));
+        json["stuck"] = stuck.map_or(Value::Null, |s| s.to_json());
         json.to_string()
     } else {
         let mut text = to_text(&order, &steps, &events);
         if let Some(s) = &stuck {
-            let json = crate::stuck::to_json(s);
+            let json = s.to_json();
             text.push_str(&format!(
                 "\nstuck: {} since {} {}",
                 s.reason.as_str(),
@@ -541,6 +541,9 @@ mod tests {
             created_at: at,
             updated_at: at,
             trace_id: None,
+            held_for: None,
+            held_since: None,
+            hold_until: None,
         };
         let step = |idx: i32, name: &str, state, result: Option<Value>| StepRow {
             order_id: id,

@@ -6,10 +6,10 @@ use sas::rules::Order;
 use sas::rules::stuck::Stuck;
 use sas::state_store::{OrderRow, StateStore, StepRow};
 use sas::topology::QueueNames;
-use serde_json::{Value, json};
 
-/// Why the order is stuck, if its running step is past the first rung of
-/// its deadline ladder ([`sas::stuck::explain`]); RabbitMQ is asked only then.
+/// Why the order is stuck, if it is held for a breaker or its running step
+/// is past the first rung of its deadline ladder ([`sas::stuck::explain`]);
+/// RabbitMQ is asked only for the latter.
 pub async fn of(
     order: &OrderRow,
     steps: &[StepRow],
@@ -20,6 +20,9 @@ pub async fn of(
         row: order.clone(),
         steps: steps.to_vec(),
     };
+    if let Some(held) = sas::rules::stuck::held(&order) {
+        return Some(held);
+    }
     sas::rules::stuck::late_step(&order)?;
     let broker = Broker::connect(&settings.broker, "sasctl").await.ok();
     let queues = QueueNames::new(&settings.broker.prefix);
@@ -34,13 +37,4 @@ pub async fn of(
         broker.close().await;
     }
     why.pop().flatten()
-}
-
-/// `stuck` as `orders show --json` gives it.
-pub fn to_json(s: &Stuck) -> Value {
-    json!({
-        "reason": s.reason.as_str(),
-        "since": sas::messages::rfc3339::format(&s.since),
-        "detail": s.detail,
-    })
 }

@@ -169,6 +169,10 @@ fn report(ctx: &Context, recovered: &[Expired]) {
                 tracing::info!(%order_id, %not_before, "complete-by passed; re-attempt scheduled");
                 "requeued"
             }
+            Expired::Held { order_id } => {
+                tracing::info!(%order_id, "complete-by passed behind an open breaker; order held");
+                "held"
+            }
             Expired::GaveUp { order_id, ended } => {
                 tracing::warn!(%order_id, "complete-by passed too often; order given up");
                 if let Some(state) = ended {

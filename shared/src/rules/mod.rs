@@ -1,10 +1,12 @@
 //! The rules of the pattern as pure functions over an order: what the
 //! supervisor decides at a deadline ([`supervisor`]), whether an agent's
 //! reply still counts and what it does to its step ([`scheduler`]), and
-//! what an operator may do ([`operator`]). No I/O, no clock
+//! what an operator may do ([`operator`]), and when the breaker shared by
+//! an agent's instances opens, probes and closes ([`breaker`]). No I/O, no clock
 //! reads (`now` is an argument, from the database): the state store loads
 //! the order, asks the rule, and writes the decision back.
 
+pub mod breaker;
 pub mod operator;
 pub mod order;
 pub mod scheduler;

@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
+use super::breaker::{self, Gate};
 use crate::messages::{Alert, EventKind, StepRequest};
 use crate::state::{ProcessState, StepState};
 use crate::state_store::{OrderRow, StepRow};
@@ -47,6 +48,8 @@ pub struct Context<'a> {
     pub actor: &'a str,
     /// Mints a dispatch id (`Uuid::now_v7` in the services).
     pub new_id: fn() -> Uuid,
+    /// The agents' breakers that are not closed, as loaded with the orders.
+    pub gates: &'a [Gate],
 }
 
 /// An event a decision logs, with its number in the order's log; it is
@@ -175,7 +178,9 @@ impl<'c> Deciding<'c> {
         &self.order.row
     }
 
-    /// Moves the order to `to`, held by `locked_by`, with complete-by `deadline`.
+    /// Moves the order to `to`, held by `locked_by`, with complete-by
+    /// `deadline`; an order waiting for a breaker ([`Self::hold`]) is no
+    /// longer held.
     pub(super) fn set_state(
         &mut self,
         to: ProcessState,
@@ -186,6 +191,49 @@ impl<'c> Deciding<'c> {
         o.process_state = to;
         o.locked_by = locked_by.map(str::to_owned);
         o.complete_by = deadline;
+        o.held_for = None;
+        o.held_since = None;
+        o.hold_until = None;
+    }
+
+    /// Holds the order for `gate`'s agent (contract §8): nobody drives it,
+    /// no complete-by, no failure counted; pending (or compensating) again,
+    /// claimable once the breaker closes or picks it as its probe, and
+    /// handled as a failure again after the agent's `max_hold`. The step
+    /// (`idx`) stays undispatched.
+    pub(super) fn hold(&mut self, gate: &Gate, step: &str) {
+        let from = self.row().process_state;
+        let to = match from {
+            ProcessState::Compensating => ProcessState::Compensating,
+            _ => ProcessState::Pending,
+        };
+        let now = self.ctx.now;
+        self.set_state(to, None, None);
+        let o = &mut self.order.row;
+        o.not_before = None;
+        o.held_for = Some(gate.agent.clone());
+        o.held_since = Some(now);
+        o.hold_until = Some(breaker::after(now, gate.max_hold_ms));
+        let attempt = o.attempt();
+        let reason = if gate.forced {
+            "forced_open"
+        } else {
+            "breaker_open"
+        };
+        let since = gate.since.unwrap_or(now);
+        self.log(Event {
+            kind: EventKind::Held,
+            from: Some(from),
+            to,
+            step: Some(step),
+            attempt,
+            reason: Some(reason),
+            detail: serde_json::json!({
+                "agent": gate.agent,
+                "reason": reason,
+                "since": crate::messages::rfc3339::format(&since),
+            }),
+        });
     }
 
     /// Logs `e` with the order's next event number (the numbers have no gaps).
@@ -279,6 +327,7 @@ pub(crate) mod fixture {
             now: now(),
             actor,
             new_id: Uuid::new_v4,
+            gates: &[],
         }
     }
 
@@ -303,6 +352,9 @@ pub(crate) mod fixture {
             created_at: now(),
             updated_at: now(),
             trace_id: None,
+            held_for: None,
+            held_since: None,
+            hold_until: None,
         };
         let steps = (0..n)
             .map(|idx| {

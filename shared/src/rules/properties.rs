@@ -1,7 +1,8 @@
 //! The pattern's invariants, checked over random histories of one order:
 //! claims by two schedulers, replies (current, duplicate and stale,
-//! successes and failures), expiries, and operator retries and cancels,
-//! each decided by the rules alone.
+//! successes, failures and `held` answers), expiries, agents' breakers
+//! opening, probing and closing, and operator retries and cancels, each
+//! decided by the rules alone.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -10,7 +11,9 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::json;
 
-use super::order::fixture::{ctx, pending};
+use super::Context;
+use super::breaker::{self, Admit, Gate, State};
+use super::order::fixture::{ctx, now, pending};
 use super::scheduler::{Replied, apply_reply, claim};
 use super::{Decision, Effect, Order, operator, submission, supervisor};
 use crate::config::SupervisorSettings;
@@ -31,6 +34,9 @@ enum Action {
     Retry,
     /// An operator cancels it.
     Cancel,
+    /// The breaker of step `n`'s agent (or its undo's) opens, half-opens
+    /// with this order as its probe, or closes.
+    Breaker(u8, bool, u8),
 }
 
 fn action() -> impl Strategy<Value = Action> {
@@ -41,6 +47,7 @@ fn action() -> impl Strategy<Value = Action> {
         2 => Just(Action::Expire),
         1 => Just(Action::Retry),
         1 => Just(Action::Cancel),
+        2 => (0u8..4, any::<bool>(), 0u8..3).prop_map(|(n, undo, to)| Action::Breaker(n, undo, to)),
     ]
 }
 
@@ -55,6 +62,10 @@ struct World {
     completed: BTreeSet<i32>,
     /// Whether the order ended and no operator has reopened it since.
     ended: bool,
+    /// The breakers that are not closed.
+    gates: Vec<Gate>,
+    /// `held` and `resumed` events logged.
+    holds: (usize, usize),
 }
 
 impl World {
@@ -87,7 +98,38 @@ impl World {
                 prop_assert!(!d.order.row.process_state.is_terminal());
             }
         }
+        let row = &d.order.row;
+        if row.held_for.is_some() {
+            // Held: nobody drives it, nothing runs, no deadline.
+            prop_assert!(
+                row.locked_by.is_none() && row.complete_by.is_none(),
+                "{row:?}"
+            );
+            prop_assert!(row.hold_until.is_some());
+            prop_assert!(
+                !d.order
+                    .steps
+                    .iter()
+                    .any(|s| matches!(s.state, StepState::Running | StepState::Compensating)),
+                "a held order has a step out: {:?}",
+                d.order.steps
+            );
+        }
+        // Holding never counts a failure.
+        if d.events().any(|e| e.kind == EventKind::Held) {
+            prop_assert_eq!(row.failure_count, before.row.failure_count);
+            prop_assert_eq!(row.compensation_failures, before.row.compensation_failures);
+        }
         for (agent, r) in d.requests() {
+            // Nothing goes to an agent whose breaker is open, but its probe.
+            prop_assert!(
+                !matches!(
+                    breaker::admit(&self.gates, agent, r.order_id),
+                    Admit::Hold(_)
+                ),
+                "a request to {agent} behind its open breaker: {:?}",
+                self.gates
+            );
             let step = &before.steps[r.step_index as usize];
             match r.direction {
                 // A completed step is never dispatched again.
@@ -99,13 +141,14 @@ impl World {
                     );
                     prop_assert_eq!(agent, step.agent.as_str());
                 }
-                // Undo only completed steps, newest first.
+                // Undo only completed steps (or one whose undo was out and
+                // is sent again, after a `held` answer), newest first.
                 Direction::Compensate => {
                     let now = &d.order.steps;
-                    prop_assert_eq!(
-                        step.state,
-                        StepState::Completed,
-                        "undo of a step that did not complete"
+                    prop_assert!(
+                        matches!(step.state, StepState::Completed | StepState::Compensating),
+                        "undo of a step that did not complete: {:?}",
+                        step.state
                     );
                     prop_assert!(
                         now.iter()
@@ -129,6 +172,11 @@ impl World {
         for e in &d.effects {
             if let Effect::Event(e) = e {
                 self.seqs.push(e.seq);
+                match e.kind {
+                    EventKind::Held => self.holds.0 += 1,
+                    EventKind::Resumed => self.holds.1 += 1,
+                    _ => {}
+                }
             }
         }
         // `seq` has no gaps.
@@ -171,26 +219,67 @@ fn run(steps: i32, undo: u8, actions: Vec<Action>, reached: &Reached) -> Result<
         seqs: Vec::new(),
         completed: BTreeSet::new(),
         ended: false,
+        gates: Vec::new(),
+        holds: (0, 0),
     };
     world.take(received, false)?;
     for action in actions {
+        let gates = world.gates.clone();
+        let with_gates = |actor| Context {
+            gates: &gates,
+            ..ctx(actor)
+        };
         let row = &world.order.row;
         match action {
             Action::Claim(s) => {
+                // As `orders::claimable` selects: a held order once its
+                // breaker closed or it is the probe.
+                let waits = row.held_for.as_deref().is_some_and(|agent| {
+                    matches!(breaker::admit(&gates, agent, row.order_id), Admit::Hold(_))
+                });
                 let claimable = row.process_state == ProcessState::Pending
                     || row.process_state == ProcessState::Compensating && row.locked_by.is_none();
-                if claimable {
-                    let d = claim(&world.order, ctx(SCHEDULERS[s as usize]))
+                if claimable && !waits {
+                    let d = claim(&world.order, with_gates(SCHEDULERS[s as usize]))
                         .map_err(|e| TestCaseError::fail(e.to_string()))?;
                     world.take(d, false)?;
                 }
+            }
+            Action::Breaker(n, undo, to) => {
+                let Some(step) = world.order.steps.get(usize::from(n)) else {
+                    continue;
+                };
+                let agent = if undo {
+                    step.compensate
+                        .clone()
+                        .unwrap_or_else(|| step.agent.clone())
+                } else {
+                    step.agent.clone()
+                };
+                world.gates.retain(|g| g.agent != agent);
+                let state = match to {
+                    0 => continue,
+                    1 => State::Open,
+                    _ => State::HalfOpen,
+                };
+                world.gates.push(Gate {
+                    agent,
+                    state,
+                    since: Some(now()),
+                    probe_order: (state == State::HalfOpen).then_some(row.order_id),
+                    max_hold_ms: 60_000,
+                    forced: false,
+                });
             }
             Action::Reply(i, ok, s) => {
                 if world.sent.is_empty() {
                     continue;
                 }
-                let request = &world.sent[i.index(world.sent.len())];
-                let outcome = if ok {
+                let pick = i.index(world.sent.len() * 5);
+                let request = &world.sent[pick / 5];
+                let outcome = if pick % 5 == 0 {
+                    StepOutcome::Held
+                } else if ok {
                     StepOutcome::Succeeded {
                         result: json!({ "step": request.step_index }),
                     }
@@ -202,7 +291,7 @@ fn run(steps: i32, undo: u8, actions: Vec<Action>, reached: &Reached) -> Result<
                 let current = step.dispatch_id == Some(reply.dispatch_id)
                     && row.locked_by.as_deref() == Some(reply.locked_by.as_str())
                     && matches!(step.state, StepState::Running | StepState::Compensating);
-                match apply_reply(&world.order, &reply, ctx(SCHEDULERS[s as usize]))
+                match apply_reply(&world.order, &reply, with_gates(SCHEDULERS[s as usize]))
                     .map_err(|e| TestCaseError::fail(e.to_string()))?
                 {
                     Replied::Applied(d) => {
@@ -237,12 +326,13 @@ fn run(steps: i32, undo: u8, actions: Vec<Action>, reached: &Reached) -> Result<
                 }
             }
             Action::Expire => {
+                // A running step past its deadline, or a hold past max_hold.
                 let running = matches!(
                     row.process_state,
                     ProcessState::Processing | ProcessState::Compensating
                 ) && row.locked_by.is_some();
-                if running {
-                    let (d, _) = supervisor::expire(&world.order, &settings, ctx("sup"));
+                if running || row.held_for.is_some() {
+                    let (d, _) = supervisor::expire(&world.order, &settings, with_gates("sup"));
                     world.take(d, false)?;
                 }
             }
@@ -258,6 +348,9 @@ fn run(steps: i32, undo: u8, actions: Vec<Action>, reached: &Reached) -> Result<
             }
         }
     }
+    use std::sync::atomic::Ordering::Relaxed;
+    reached.held.fetch_add(world.holds.0, Relaxed);
+    reached.resumed.fetch_add(world.holds.1, Relaxed);
     Ok(())
 }
 
@@ -267,6 +360,8 @@ struct Reached {
     ended: std::sync::Mutex<BTreeSet<&'static str>>,
     stale: std::sync::atomic::AtomicUsize,
     undone: std::sync::atomic::AtomicUsize,
+    held: std::sync::atomic::AtomicUsize,
+    resumed: std::sync::atomic::AtomicUsize,
 }
 
 #[test]
@@ -295,6 +390,9 @@ fn every_history_keeps_the_invariants() {
     assert!(REACHED.stale.load(std::sync::atomic::Ordering::Relaxed) > 100);
     let undone = REACHED.undone.load(std::sync::atomic::Ordering::Relaxed);
     assert!(undone > 20, "{undone} undos");
+    let held = REACHED.held.load(std::sync::atomic::Ordering::Relaxed);
+    let resumed = REACHED.resumed.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(held > 20 && resumed > 20, "{held} holds, {resumed} resumes");
 }
 
 static REACHED: std::sync::LazyLock<Reached> = std::sync::LazyLock::new(Reached::default);

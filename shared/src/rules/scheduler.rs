@@ -10,6 +10,7 @@
 
 use serde_json::{Value, json};
 
+use super::breaker::{self, Admit};
 use super::order::{Context, Deciding, Decision, Effect, Event, Order, RuleError};
 use crate::messages::{Direction, EventKind, StepOutcome, StepReply, StepRequest};
 use crate::state::{ProcessState, StepState};
@@ -33,10 +34,26 @@ pub fn claim(order: &Order, ctx: Context<'_>) -> Result<Decision, RuleError> {
             });
         }
     };
+    let held = d.row().held_for.clone().map(|a| (a, d.row().held_since));
     d.set_state(to, Some(ctx.actor), None);
     d.order.row.not_before = None;
-    if from == ProcessState::Pending {
-        let attempt = d.row().attempt();
+    let attempt = d.row().attempt();
+    if let Some((agent, since)) = held {
+        // Claimable again: its breaker closed, or it is the probe.
+        d.log(Event {
+            kind: EventKind::Resumed,
+            from: Some(from),
+            to,
+            step: None,
+            attempt,
+            reason: None,
+            detail: json!({
+                "agent": agent,
+                "held_since": since.map(|t| crate::messages::rfc3339::format(&t)),
+                "locked_by": ctx.actor,
+            }),
+        });
+    } else if from == ProcessState::Pending {
         d.log(Event {
             kind: EventKind::Processing,
             from: Some(from),
@@ -74,6 +91,15 @@ pub fn apply_reply(
         Err(why) => return Ok(Replied::Stale(why)),
     };
     let mut d = Deciding::new(order, ctx);
+    if reply.outcome == StepOutcome::Held {
+        // The agent found its breaker open and sent nothing: the step goes
+        // back and is dispatched again, which holds the order while the
+        // breaker is open (as this load saw it).
+        d.withdraw_running();
+        d.set_state(change.order_state, Some(ctx.actor), None);
+        d.drive()?;
+        return Ok(Replied::Applied(Box::new(d.done())));
+    }
     let step = &mut d.order.steps[change.pos];
     step.state = change.to;
     if let Some(r) = change.result {
@@ -98,7 +124,9 @@ pub fn apply_reply(
             });
             d.drive()?;
         }
-        (StepOutcome::Succeeded { .. }, Direction::Compensate) => d.drive()?,
+        (StepOutcome::Succeeded { .. }, Direction::Compensate) | (StepOutcome::Held, _) => {
+            d.drive()?;
+        }
         (StepOutcome::Failed { error }, Direction::Forward) => {
             let reason = format!("step {} failed permanently: {error}", reply.step);
             d.give_up(&reason, true)?;
@@ -149,10 +177,13 @@ impl Deciding<'_> {
 
     /// Sends step `idx` to its agent (or its compensating agent) with a
     /// fresh dispatch id and a complete-by of now plus the step's timeout.
+    ///
+    /// While the agent's breaker is open the step is not sent: the order
+    /// is held ([`Deciding::hold`]), unless it is the breaker's probe.
     fn dispatch(&mut self, idx: i32, direction: Direction) -> Result<(), RuleError> {
         let now = self.ctx.now;
         let pos = self.step_pos(idx)?;
-        let step = &mut self.order.steps[pos];
+        let step = &self.order.steps[pos];
         let (agent, state) = match direction {
             Direction::Forward => (step.agent.clone(), StepState::Running),
             Direction::Compensate => (
@@ -162,6 +193,13 @@ impl Deciding<'_> {
                 StepState::Compensating,
             ),
         };
+        let gates = self.ctx.gates;
+        if let Admit::Hold(gate) = breaker::admit(gates, &agent, self.row().order_id) {
+            let name = step.name.clone();
+            self.hold(gate, &name);
+            return Ok(());
+        }
+        let step = &mut self.order.steps[pos];
         let dispatch_id = (self.ctx.new_id)();
         let complete_by = now
             .checked_add_signed(chrono::Duration::milliseconds(step.timeout_ms))
@@ -304,6 +342,9 @@ pub fn judge_reply<'r>(
         (StepOutcome::Failed { error }, Direction::Compensate) => {
             (StepState::Completed, None, Some(error.as_str()))
         }
+        // Not sent: the step is as it was before its dispatch.
+        (StepOutcome::Held, Direction::Forward) => (StepState::NotStarted, None, None),
+        (StepOutcome::Held, Direction::Compensate) => (StepState::Completed, None, None),
     };
     Ok(StepChange {
         pos,
@@ -341,6 +382,9 @@ mod tests {
             created_at: now,
             updated_at: now,
             trace_id: None,
+            held_for: None,
+            held_since: None,
+            hold_until: None,
         }
     }
 

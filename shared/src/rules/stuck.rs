@@ -36,17 +36,24 @@ pub enum Reason {
     Backlog,
     /// An agent has the request and has not answered.
     AgentBusy,
+    /// Held: its agent's shared breaker is open.
+    BreakerOpen,
+    /// Flow control keeps its step back (kept for flow control, which
+    /// sas does not have yet: never given now).
+    RateLimited,
     /// None of the above could be told.
     Unknown,
 }
 
 impl Reason {
     /// Every reason, for a gauge that shows each.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 7] = [
         Self::SchedulerGone,
         Self::NoAgent,
         Self::Backlog,
         Self::AgentBusy,
+        Self::BreakerOpen,
+        Self::RateLimited,
         Self::Unknown,
     ];
 
@@ -57,6 +64,8 @@ impl Reason {
             Self::NoAgent => "no_agent",
             Self::Backlog => "backlog",
             Self::AgentBusy => "agent_busy",
+            Self::BreakerOpen => "breaker_open",
+            Self::RateLimited => "rate_limited",
             Self::Unknown => "unknown",
         }
     }
@@ -70,19 +79,44 @@ pub struct Stuck {
     pub detail: Value,
 }
 
+impl Stuck {
+    /// `stuck` as `sasctl orders show --json` and the dashboard give it.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "reason": self.reason.as_str(),
+            "since": crate::messages::rfc3339::format(&self.since),
+            "detail": self.detail,
+        })
+    }
+}
+
 /// The running step of `order` if the order may be stuck: the step has
 /// passed the first rung of its deadline ladder. The caller gathers the
 /// facts only then.
 pub fn late_step(order: &Order) -> Option<&StepRow> {
+    running_step(order).filter(|s| s.warned > 0)
+}
+
+/// The step `order` has out with an agent (forward or its undo), if any.
+pub fn running_step(order: &Order) -> Option<&StepRow> {
     let running = match order.row.process_state {
         ProcessState::Processing => StepState::Running,
         ProcessState::Compensating => StepState::Compensating,
         _ => return None,
     };
-    order
-        .steps
-        .iter()
-        .find(|s| s.state == running && s.warned > 0)
+    order.steps.iter().find(|s| s.state == running)
+}
+
+/// Why a held order is stuck: its agent's breaker is open (since it was
+/// held). `None` for an order that is not held.
+pub fn held(order: &Order) -> Option<Stuck> {
+    let agent = order.row.held_for.as_deref()?;
+    let at = |t: Option<DateTime<Utc>>| t.map(|t| crate::messages::rfc3339::format(&t));
+    Some(Stuck {
+        reason: Reason::BreakerOpen,
+        since: order.row.held_since.unwrap_or(order.row.updated_at),
+        detail: json!({ "agent": agent, "hold_until": at(order.row.hold_until) }),
+    })
 }
 
 /// The agent whose answer `step` waits for: its own, or its undo's.
@@ -97,6 +131,9 @@ pub fn agent_of(step: &StepRow) -> Option<&str> {
 /// in order: the holder gone, no agent, a backlog, else an agent busy
 /// with it.
 pub fn why(order: &Order, facts: &Facts) -> Option<Stuck> {
+    if let Some(stuck) = held(order) {
+        return Some(stuck);
+    }
     let step = late_step(order)?;
     let dispatched = step
         .complete_by

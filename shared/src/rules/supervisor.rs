@@ -11,6 +11,7 @@
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
+use super::breaker::Gate;
 use super::order::{Context, Deciding, Decision, Event, Order};
 use crate::config::SupervisorSettings;
 use crate::messages::{EventKind, rfc3339};
@@ -28,12 +29,21 @@ pub fn expire(
     ctx: Context<'_>,
 ) -> (Decision, Option<DateTime<Utc>>) {
     let mut d = Deciding::new(order, ctx);
+    let held = order.row.held_for.is_some();
+    // A step whose agent's breaker is not closed ran late because the
+    // agent cannot reach its remote: the order waits for it, no failure counted.
+    if !held && let Some((step, gate)) = running_behind_a_breaker(order, ctx) {
+        d.withdraw_running();
+        d.hold(gate, &step);
+        return (d.done(), None);
+    }
     d.withdraw_running();
     let before = d.row().clone();
     let expiry = Expiry {
         state: before.process_state,
         failure_count: before.failure_count,
         compensation_failures: before.compensation_failures,
+        held,
     };
     let decision = at_deadline(expiry, ctx.now, settings);
     let failures = decision.failures;
@@ -81,6 +91,15 @@ pub fn expire(
         }),
     });
     (d.done(), Some(not_before))
+}
+
+/// The running step of `order` (its name) and the gate of its agent's
+/// breaker, when that breaker is not closed (its probe included).
+fn running_behind_a_breaker<'g>(order: &Order, ctx: Context<'g>) -> Option<(String, &'g Gate)> {
+    let step = super::stuck::running_step(order)?;
+    let agent = super::stuck::agent_of(step)?;
+    let gate = ctx.gates.iter().find(|g| g.agent == agent)?;
+    Some((step.name.clone(), gate))
 }
 
 /// The deadline ladder (contract §8): the rungs of `settings.warn_at` that
@@ -200,6 +219,9 @@ pub struct Expiry {
     pub failure_count: i32,
     /// Failures of the compensation so far.
     pub compensation_failures: i32,
+    /// It was held for a breaker longer than the agent's `max_hold`
+    /// (rather than late with a step).
+    pub held: bool,
 }
 
 /// The supervisor's decision for one expired order.
@@ -245,10 +267,12 @@ pub fn at_deadline(order: Expiry, now: DateTime<Utc>, settings: &SupervisorSetti
         order.failure_count
     }
     .saturating_add(1);
-    let reason = format!(
-        "complete-by passed ({failures} of {} allowed)",
-        settings.max_failures
-    );
+    let cause = if order.held {
+        "held longer than its agent's max_hold"
+    } else {
+        "complete-by passed"
+    };
+    let reason = format!("{cause} ({failures} of {} allowed)", settings.max_failures);
     let tries = u32::try_from(failures).unwrap_or(u32::MAX);
     if tries >= settings.max_failures {
         let (next, reason) = if compensating {
@@ -308,6 +332,7 @@ mod tests {
             state: ProcessState::Processing,
             failure_count,
             compensation_failures: 0,
+            held: false,
         }
     }
 
@@ -366,6 +391,7 @@ mod tests {
         let now = Utc::now();
         let s = settings(2, &[7]);
         let undoing = Expiry {
+            held: false,
             state: ProcessState::Compensating,
             failure_count: 4,
             compensation_failures: 0,

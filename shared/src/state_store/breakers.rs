@@ -1,110 +1,319 @@
-//! The `agent_breakers` table: each agent instance's circuit-breaker state per
-//! endpoint, reported by the agents for operators (the dashboard). Nothing
-//! in sas decides anything from it: the breakers themselves live in the agents.
-
-use std::time::Duration;
+//! The `breakers` table: the breaker each agent's instances share (contract
+//! §8), and `breaker_events`, the log of its changes. Each change loads the
+//! row, asks the rule ([`crate::rules::breaker`]) and writes the new row
+//! back guarded by the version it loaded; a write that finds the row
+//! changed runs again on what is there now. So two instances that count a
+//! failure at once both count, and two that would start a probe at once
+//! start one.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use sqlx::PgConnection;
+use uuid::Uuid;
 
-use super::{StateStore, StoreError};
+use super::{StateStore, StoreError, WAKE_CHANNEL};
+use crate::rules::breaker::{self, Breaker, State};
 
-/// How often an agent reports its breakers when nothing changes.
-pub const BREAKER_HEARTBEAT: Duration = Duration::from_secs(5);
+/// The SQL of the breakers that are not closed, as the rules' gates (JSON):
+/// read with every load of orders ([`super::orders`]).
+pub(super) const GATES: &str = "SELECT coalesce(json_agg(json_build_object( \
+     'agent', agent, 'state', state, 'since', opened_at, 'probe_order', probe_order, \
+     'max_hold_ms', max_hold_ms, 'forced', coalesce(forced = 'open', false))), '[]') \
+   FROM breakers WHERE state <> 'closed'";
 
-/// A report older than this means the instance stopped reporting (it died,
-/// or lost Postgres): the dashboard shows its row as not reporting.
-pub const BREAKER_STALE_AFTER: Duration = Duration::from_secs(30);
+/// How many times a change runs again when another instance changed the
+/// breaker between its load and its write.
+const RACES: u32 = 5;
 
-/// Rows not reported for this long are deleted: their instances are gone.
-pub const BREAKER_FORGET_AFTER: Duration = Duration::from_secs(24 * 3600);
+/// The columns of a breaker's row the rules read.
+const COLUMNS: &str = "agent, state, failures, opened_at, open_until, probe_order, forced, \
+     threshold, cooldown_ms, max_hold_ms";
 
-/// What an agent instance reports of one endpoint's breaker.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BreakerReport<'a> {
-    /// The agent's name.
-    pub agent: &'a str,
-    /// The reporting process, e.g. `<host>:<pid>`.
-    pub instance: &'a str,
-    /// The remote URL.
-    pub endpoint: &'a str,
-    /// `closed`, `half_open` or `open`.
-    pub state: &'a str,
-    pub consecutive_failures: u32,
+/// A breaker row as loaded.
+#[derive(Debug, sqlx::FromRow)]
+struct Loaded {
+    agent: String,
+    state: String,
+    failures: i32,
+    opened_at: Option<DateTime<Utc>>,
+    open_until: Option<DateTime<Utc>>,
+    probe_order: Option<Uuid>,
+    forced: Option<String>,
+    threshold: i32,
+    cooldown_ms: i64,
+    max_hold_ms: i64,
+    version: i64,
+    now: DateTime<Utc>,
+    /// The order held longest for this agent.
+    oldest_held: Option<Uuid>,
 }
 
-/// One row of `agent_breakers`, as the dashboard shows it.
+impl Loaded {
+    fn breaker(&self) -> Breaker {
+        Breaker {
+            agent: self.agent.clone(),
+            state: State::parse(&self.state).unwrap_or(State::Closed),
+            failures: self.failures,
+            opened_at: self.opened_at,
+            open_until: self.open_until,
+            probe_order: self.probe_order,
+            forced: self.forced.as_deref().and_then(State::parse),
+            threshold: self.threshold,
+            cooldown_ms: self.cooldown_ms,
+            max_hold_ms: self.max_hold_ms,
+        }
+    }
+}
+
+/// One agent's breaker as `sasctl agents` and the dashboard show it.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
-pub struct BreakerRow {
+pub struct SharedBreaker {
     pub agent: String,
-    pub instance: String,
-    pub endpoint: String,
+    /// `closed`, `open` or `half_open`.
     pub state: String,
-    pub consecutive_failures: i32,
+    pub failures: i32,
+    pub opened_at: Option<DateTime<Utc>>,
+    pub open_until: Option<DateTime<Utc>>,
+    pub probe_order: Option<Uuid>,
+    /// `open` or `closed` when an operator forced it.
+    pub forced: Option<String>,
+    pub forced_by: Option<String>,
     pub changed_at: DateTime<Utc>,
-    pub seen_at: DateTime<Utc>,
-    /// Whether the last report is older than [`BREAKER_STALE_AFTER`] (database clock).
-    pub stale: bool,
+    /// Orders held for it now.
+    pub held: i64,
+    /// When the longest-held of them was held.
+    pub oldest_held_since: Option<DateTime<Utc>>,
 }
 
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+/// One change of a breaker's state.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct BreakerEvent {
+    pub id: i64,
+    pub agent: String,
+    pub at: DateTime<Utc>,
+    pub from_state: String,
+    pub to_state: String,
+    /// The agent instance, or `operator:<name>`.
+    pub actor: String,
+    pub reason: String,
+}
+
+async fn load(conn: &mut PgConnection, agent: &str) -> Result<Option<Loaded>, sqlx::Error> {
+    sqlx::query_as::<_, Loaded>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS}, xmin::text::bigint AS version, now() AS now, \
+           (SELECT order_id FROM orders WHERE held_for = b.agent \
+            ORDER BY held_since, order_id LIMIT 1) AS oldest_held \
+         FROM breakers b WHERE agent = $1"
+    )))
+    .bind(agent)
+    .fetch_optional(conn)
+    .await
+}
+
+/// Writes `next` over the row loaded as `version`, logging a change of
+/// state (or of the override) by `actor` for `reason`, and waking the
+/// schedulers when held orders may now be claimed. `false` when the row
+/// was no longer that version.
+async fn write(
+    conn: &mut PgConnection,
+    was: &Breaker,
+    next: &Breaker,
+    version: i64,
+    actor: &str,
+    reason: &str,
+) -> Result<bool, sqlx::Error> {
+    let logged = was.state != next.state || was.forced != next.forced;
+    // Closing, or a new probe: orders become claimable.
+    let wake = next.state == State::Closed && was.state != State::Closed
+        || next.probe_order.is_some() && next.probe_order != was.probe_order;
+    let written: i64 = sqlx::query_scalar(
+        "WITH u AS ( \
+           UPDATE breakers SET state = $2, failures = $3, opened_at = $4, open_until = $5, \
+             probe_order = $6, forced = $7, \
+             forced_by = CASE WHEN $7 IS NULL THEN NULL \
+                              WHEN forced IS DISTINCT FROM $7 THEN $10 ELSE forced_by END, \
+             changed_at = CASE WHEN state <> $2 THEN now() ELSE changed_at END \
+           WHERE agent = $1 AND xmin::text::bigint = $8 RETURNING 1), \
+         e AS (INSERT INTO breaker_events (agent, from_state, to_state, actor, reason) \
+           SELECT $1, $9, $2, $10, $11 FROM u WHERE $12), \
+         w AS (SELECT pg_notify($13, '') FROM u WHERE $14) \
+         SELECT (SELECT count(*) FROM u) + 0 * (SELECT count(*) FROM w)",
+    )
+    .bind(&next.agent)
+    .bind(next.state.as_str())
+    .bind(next.failures)
+    .bind(next.opened_at)
+    .bind(next.open_until)
+    .bind(next.probe_order)
+    .bind(next.forced.map(State::as_str))
+    .bind(version)
+    .bind(was.state.as_str())
+    .bind(actor)
+    .bind(reason)
+    .bind(logged)
+    .bind(WAKE_CHANNEL)
+    .bind(wake)
+    .fetch_one(conn)
+    .await?;
+    Ok(written == 1)
 }
 
 impl StateStore {
-    /// Records a breaker's state now; `changed_at` moves only when the state differs
-    /// from the one last reported.
-    pub async fn report_breaker(&self, r: &BreakerReport<'_>) -> Result<(), StoreError> {
+    /// Creates `agent`'s breaker (closed) if it has none, and records its
+    /// policy: the instances' configuration, which the rules read from the row.
+    pub async fn declare_breaker(
+        &self,
+        agent: &str,
+        threshold: u32,
+        cooldown: std::time::Duration,
+        max_hold: std::time::Duration,
+    ) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO agent_breakers (agent, instance, endpoint, state, consecutive_failures) \
-             VALUES ($1, $2, $3, $4, $5) \
-             ON CONFLICT (agent, instance, endpoint) DO UPDATE SET \
-               changed_at = CASE WHEN agent_breakers.state IS DISTINCT FROM EXCLUDED.state \
-                            THEN now() ELSE agent_breakers.changed_at END, \
-               state = EXCLUDED.state, \
-               consecutive_failures = EXCLUDED.consecutive_failures, \
-               seen_at = now()",
+            "INSERT INTO breakers AS b (agent, threshold, cooldown_ms, max_hold_ms) \
+             VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (agent) DO UPDATE SET threshold = $2, cooldown_ms = $3, max_hold_ms = $4 \
+             WHERE (b.threshold, b.cooldown_ms, b.max_hold_ms) IS DISTINCT FROM ($2, $3, $4)",
         )
-        .bind(r.agent)
-        .bind(r.instance)
-        .bind(r.endpoint)
-        .bind(r.state)
-        .bind(i32::try_from(r.consecutive_failures).unwrap_or(i32::MAX))
+        .bind(agent)
+        .bind(i32::try_from(threshold).unwrap_or(i32::MAX))
+        .bind(millis(cooldown))
+        .bind(millis(max_hold))
         .execute(self.pool())
         .await?;
         Ok(())
     }
 
-    /// Deletes the rows of instances that have not reported for
-    /// [`BREAKER_FORGET_AFTER`]; how many.
-    pub async fn forget_old_breakers(&self) -> Result<u64, StoreError> {
-        let done = sqlx::query(
-            "DELETE FROM agent_breakers WHERE seen_at < now() - $1 * interval '1 millisecond'",
-        )
-        .bind(millis(BREAKER_FORGET_AFTER))
-        .execute(self.pool())
-        .await?;
-        Ok(done.rows_affected())
+    /// Changes `agent`'s breaker by `rule` (`None`: no change) as `actor`,
+    /// for `reason`; returns the breaker as it is afterwards (`None`: the
+    /// agent has no breaker row).
+    async fn change_breaker(
+        &self,
+        agent: &str,
+        actor: &str,
+        reason: &str,
+        rule: impl Fn(&Breaker, Option<Uuid>, DateTime<Utc>) -> Option<Breaker>,
+    ) -> Result<Option<Breaker>, StoreError> {
+        let mut conn = self.pool().acquire().await?;
+        for _ in 0..RACES {
+            let Some(loaded) = load(&mut conn, agent).await? else {
+                return Ok(None);
+            };
+            let was = loaded.breaker();
+            let Some(next) = rule(&was, loaded.oldest_held, loaded.now) else {
+                return Ok(Some(was));
+            };
+            if next == was || write(&mut conn, &was, &next, loaded.version, actor, reason).await? {
+                return Ok(Some(next));
+            }
+        }
+        Err(StoreError::WriteBackRefused(format!(
+            "breaker {agent} changed {RACES} times while being written"
+        )))
     }
 
-    /// Deletes the rows of one instance (it stops cleanly); how many.
-    pub async fn forget_breakers_of(&self, instance: &str) -> Result<u64, StoreError> {
-        let done = sqlx::query("DELETE FROM agent_breakers WHERE instance = $1")
-            .bind(instance)
+    /// `agent`'s breaker as it is now (`None`: it has none).
+    pub async fn breaker(&self, agent: &str) -> Result<Option<Breaker>, StoreError> {
+        let mut conn = self.pool().acquire().await?;
+        Ok(load(&mut conn, agent).await?.map(|l| l.breaker()))
+    }
+
+    /// A transient failure of a call to `agent`'s remote, seen by `instance`
+    /// ([`breaker::failed`]).
+    pub async fn breaker_failed(
+        &self,
+        agent: &str,
+        instance: &str,
+    ) -> Result<Option<Breaker>, StoreError> {
+        self.change_breaker(
+            agent,
+            instance,
+            "consecutive transient failures",
+            |b, _, now| Some(breaker::failed(b, now)),
+        )
+        .await
+    }
+
+    /// An answer from `agent`'s remote that shows it works
+    /// ([`breaker::succeeded`]).
+    pub async fn breaker_succeeded(
+        &self,
+        agent: &str,
+        instance: &str,
+    ) -> Result<Option<Breaker>, StoreError> {
+        self.change_breaker(agent, instance, "the remote answered", |b, _, _| {
+            breaker::succeeded(b)
+        })
+        .await
+    }
+
+    /// `agent`'s breaker, after starting a probe with its oldest held order
+    /// if one is due ([`breaker::probe`]).
+    pub async fn sync_breaker(
+        &self,
+        agent: &str,
+        instance: &str,
+    ) -> Result<Option<Breaker>, StoreError> {
+        self.change_breaker(agent, instance, "cool-down over: probing", breaker::probe)
+            .await
+    }
+
+    /// An operator forces `agent`'s breaker open or closed, or (`None`)
+    /// lets it decide again ([`breaker::force`]); logged under `operator`.
+    /// Creates the breaker if the agent has none yet.
+    pub async fn force_breaker(
+        &self,
+        agent: &str,
+        to: Option<State>,
+        operator: &str,
+    ) -> Result<Breaker, StoreError> {
+        sqlx::query("INSERT INTO breakers (agent) VALUES ($1) ON CONFLICT (agent) DO NOTHING")
+            .bind(agent)
             .execute(self.pool())
             .await?;
-        Ok(done.rows_affected())
+        let reason = match to {
+            Some(State::Open) => "forced open by an operator",
+            Some(_) => "forced closed by an operator",
+            None => "released by an operator",
+        };
+        let forced = self
+            .change_breaker(agent, operator, reason, |b, _, now| {
+                Some(breaker::force(b, to, now))
+            })
+            .await?;
+        forced.ok_or_else(|| StoreError::WriteBackRefused(format!("breaker {agent} vanished")))
     }
 
-    /// Every reported breaker, by agent, instance and endpoint.
-    pub async fn breakers(&self) -> Result<Vec<BreakerRow>, StoreError> {
-        Ok(sqlx::query_as::<_, BreakerRow>(
-            "SELECT agent, instance, endpoint, state, consecutive_failures, changed_at, seen_at, \
-               seen_at < now() - $1 * interval '1 millisecond' AS stale \
-             FROM agent_breakers ORDER BY agent, instance, endpoint",
+    /// Every agent's breaker, with the orders held for it.
+    pub async fn shared_breakers(&self) -> Result<Vec<SharedBreaker>, StoreError> {
+        Ok(sqlx::query_as::<_, SharedBreaker>(
+            "SELECT b.agent, b.state, b.failures, b.opened_at, b.open_until, b.probe_order, \
+               b.forced, b.forced_by, b.changed_at, count(o.order_id) AS held, \
+               min(o.held_since) AS oldest_held_since \
+             FROM breakers b LEFT JOIN orders o ON o.held_for = b.agent \
+             GROUP BY b.agent ORDER BY b.agent",
         )
-        .bind(millis(BREAKER_STALE_AFTER))
         .fetch_all(self.pool())
         .await?)
     }
+
+    /// The latest `limit` changes of `agent`'s breaker (every agent's when
+    /// `None`), newest first.
+    pub async fn breaker_events(
+        &self,
+        agent: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<BreakerEvent>, StoreError> {
+        Ok(sqlx::query_as::<_, BreakerEvent>(
+            "SELECT id, agent, at, from_state, to_state, actor, reason FROM breaker_events \
+             WHERE $1::text IS NULL OR agent = $1 ORDER BY id DESC LIMIT $2",
+        )
+        .bind(agent)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
+    }
+}
+
+fn millis(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

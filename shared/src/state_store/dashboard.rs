@@ -11,7 +11,7 @@ use serde::Serialize;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::breakers::BreakerRow;
+use super::breaker_reports::BreakerRow;
 use super::{StateStore, StoreError};
 use crate::state::ProcessState;
 
@@ -38,8 +38,10 @@ pub struct Overview {
     pub failed: Vec<FailedOrder>,
     /// Orders whose alert still needs an operator: those in `error`.
     pub open_alerts: i64,
-    /// Every agent instance's breaker per endpoint.
+    /// Every agent instance's own breaker per endpoint.
     pub breakers: Vec<BreakerRow>,
+    /// Each agent's breaker shared by its instances, with its held orders.
+    pub shared_breakers: Vec<super::SharedBreaker>,
 }
 
 /// Orders that ended in one time bucket.
@@ -63,7 +65,8 @@ pub struct WaitingOrder {
     pub workflow: String,
     #[sqlx(try_from = "String")]
     pub process_state: ProcessState,
-    /// `retry` (after a failure) or `scheduled` (an application's `not_before`).
+    /// `retry` (after a failure), `scheduled` (an application's
+    /// `not_before`) or `held` (for its agent's open breaker).
     pub kind: String,
     /// The attempt that comes next (1 + failure count).
     pub attempt: i32,
@@ -117,6 +120,7 @@ impl StateStore {
         let failed = failed(&mut tx, limit).await?;
         tx.commit().await?;
         let breakers = self.breakers().await?;
+        let shared_breakers = self.shared_breakers().await?;
         Ok(Overview {
             now,
             open_alerts: by_state
@@ -129,6 +133,7 @@ impl StateStore {
             waiting_total,
             failed,
             breakers,
+            shared_breakers,
         })
     }
 }
@@ -215,8 +220,8 @@ async fn waiting(
     conn: &mut PgConnection,
     limit: i64,
 ) -> Result<(Vec<WaitingOrder>, i64), sqlx::Error> {
-    const WAITING: &str = "o.locked_by IS NULL AND ( \
-           (o.process_state = 'pending' AND (o.failure_count > 0 OR o.not_before > now())) \
+    const WAITING: &str = "o.locked_by IS NULL AND (o.held_for IS NOT NULL \
+           OR (o.process_state = 'pending' AND (o.failure_count > 0 OR o.not_before > now())) \
            OR (o.process_state = 'compensating' AND o.not_before > now()))";
     let total: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) FROM orders o WHERE {WAITING}"
@@ -225,7 +230,8 @@ async fn waiting(
     .await?;
     let rows = sqlx::query_as::<_, WaitingOrder>(sqlx::AssertSqlSafe(format!(
         "SELECT o.order_id, o.workflow, o.process_state, \
-           CASE WHEN o.failure_count > 0 OR o.process_state = 'compensating' \
+           CASE WHEN o.held_for IS NOT NULL THEN 'held' \
+                WHEN o.failure_count > 0 OR o.process_state = 'compensating' \
                 THEN 'retry' ELSE 'scheduled' END AS kind, \
            o.failure_count + 1 AS attempt, o.not_before, ev.reason, o.created_at \
          FROM orders o \

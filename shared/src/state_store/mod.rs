@@ -7,6 +7,7 @@
 //! loaded and the step state and dispatch it expects, so a stale actor
 //! changes nothing: the row count says so, and the statement fails whole.
 
+mod breaker_reports;
 mod breakers;
 mod dashboard;
 mod events;
@@ -26,9 +27,10 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
 pub use crate::rules::operator::{cancel_refusal, retry_refusal};
-pub use breakers::{
+pub use breaker_reports::{
     BREAKER_FORGET_AFTER, BREAKER_HEARTBEAT, BREAKER_STALE_AFTER, BreakerReport, BreakerRow,
 };
+pub use breakers::{BreakerEvent, SharedBreaker};
 pub use dashboard::{Bucket, CHART_BUCKET, CHART_WINDOW, FailedOrder, Overview, WaitingOrder};
 pub use events::EventRow;
 pub use leases::Lease;
@@ -147,12 +149,18 @@ pub enum Plans {
 
 impl Plans {
     /// The planner settings, sent with the connection's start-up.
+    ///
+    /// No JIT compilation either way: sas's statements run in well under a
+    /// millisecond, and compiling one costs a hundred or more. A statement
+    /// whose estimate passes `jit_above_cost` (a sequential scan priced as
+    /// disabled does) would burn that CPU at every execution.
     fn settings(self) -> &'static [(&'static str, &'static str)] {
         match self {
-            Self::PerExecution => &[("plan_cache_mode", "auto")],
+            Self::PerExecution => &[("plan_cache_mode", "auto"), ("jit", "off")],
             Self::Generic => &[
                 ("plan_cache_mode", "force_generic_plan"),
                 ("enable_seqscan", "off"),
+                ("jit", "off"),
             ],
         }
     }

@@ -30,6 +30,12 @@ pub struct OrderRow {
     pub updated_at: DateTime<Utc>,
     /// The W3C trace id every hop of this order reports.
     pub trace_id: Option<String>,
+    /// The agent whose breaker the order waits for (contract §8), if held.
+    pub held_for: Option<String>,
+    /// When it was held.
+    pub held_since: Option<DateTime<Utc>>,
+    /// When a hold that lasts is handled as a failure (the agent's `max_hold`).
+    pub hold_until: Option<DateTime<Utc>>,
 }
 
 impl OrderRow {
@@ -56,6 +62,8 @@ pub struct Loaded {
     pub outbox_locked: Option<bool>,
     /// Its steps, by index.
     pub steps: sqlx::types::Json<Vec<super::steps::StepRow>>,
+    /// The agents' breakers that are not closed (the same on every row).
+    pub gates: sqlx::types::Json<Vec<crate::rules::breaker::Gate>>,
 }
 
 /// Wraps a query of orders (`picked`, returning [`COLUMNS`]) so that it
@@ -64,19 +72,23 @@ pub struct Loaded {
 /// this connection ([`super::outbox::Held`]). It does not wait for a
 /// publisher that holds one (the previous transition's messages on their
 /// way): the transition goes on, and its messages for that order follow
-/// once the lock comes free ([`super::Committed::follow`]). The rows come
-/// back in order id order. Constant text: `flag` is a parameter's number.
+/// once the lock comes free ([`super::Committed::follow`]). With them, the
+/// breakers that are not closed, read once ([`super::breakers::GATES`]).
+/// The rows come back in order id order. Constant text: `flag` is a
+/// parameter's number.
 fn loading(picked: &str, flag: u8) -> String {
     format!(
         "WITH l AS MATERIALIZED ({picked}) \
          SELECT l.*, now() AS tx_now, k.outbox_locked, \
            (SELECT coalesce(json_agg(s ORDER BY s.idx), '[]') FROM ( \
-             SELECT {steps} FROM steps WHERE steps.order_id = l.order_id) s) AS steps \
+             SELECT {steps} FROM steps WHERE steps.order_id = l.order_id) s) AS steps, \
+           ({gates}) AS gates \
          FROM l LEFT JOIN LATERAL ( \
            SELECT pg_try_advisory_lock({key}) AS outbox_locked \
            WHERE ${flag}) k ON k.outbox_locked \
          ORDER BY l.order_id",
         steps = super::steps::COLUMNS,
+        gates = super::breakers::GATES,
         key = super::outbox::lock_key("l.order_id"),
     )
 }
@@ -102,7 +114,7 @@ pub struct NewOrder {
 }
 
 const COLUMNS: &str = "order_id, workflow, payload, reply_to, priority, not_before, process_state, \
-     locked_by, complete_by, failure_count, compensation_failures, last_seq, last_error, created_at, updated_at, trace_id";
+     locked_by, complete_by, failure_count, compensation_failures, last_seq, last_error, created_at, updated_at, trace_id, held_for, held_since, hold_until";
 
 /// The order, without locking it.
 pub async fn get(conn: &mut PgConnection, order_id: Uuid) -> Result<Option<OrderRow>, sqlx::Error> {
@@ -139,7 +151,8 @@ pub async fn load_many(
 
 /// Up to `limit` claimable orders, highest priority first, for `holder` to
 /// claim: pending orders whose `not_before` has come, and compensating orders
-/// that nobody drives. Orders another scheduler is claiming (its row lock
+/// that nobody drives; a held one once its breaker closed, or is the
+/// breaker's probe. Orders another scheduler is claiming (its row lock
 /// or claim lock) are passed by; `holder` takes the claim lock of each order
 /// returned, which the write-back lets go ([`claim_key`]). Fewer when
 /// `holder` already holds nearly `max_held` orders. With `outbox_locks`,
@@ -163,6 +176,9 @@ pub async fn claimable(
                    WHERE (process_state = 'pending' \
                           OR (process_state = 'compensating' AND locked_by IS NULL)) \
                      AND (not_before IS NULL OR not_before <= now()) \
+                     AND (held_for IS NULL OR NOT EXISTS (SELECT 1 FROM breakers b \
+                       WHERE b.agent = orders.held_for AND b.state <> 'closed' \
+                         AND b.probe_order IS DISTINCT FROM orders.order_id)) \
                    ORDER BY priority DESC, created_at \
                    LIMIT LEAST($1, GREATEST(0, $3 - (SELECT count(*) FROM orders WHERE locked_by = $2))) \
                    FOR UPDATE OF orders SKIP LOCKED) \
@@ -181,7 +197,8 @@ pub async fn claimable(
         .await
 }
 
-/// Orders whose step deadline has passed, oldest deadline first, of the
+/// Orders whose step deadline has passed, or held longer than their
+/// agent's `max_hold`, oldest deadline first, of the
 /// `partitions` (out of `count`, [`super::partitions`]) the caller sweeps.
 /// Orders another supervisor's sweep has locked are passed by. With
 /// `outbox_locks`, also takes their outbox locks.
@@ -197,10 +214,12 @@ pub async fn expired(
             &format!(
                 "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) \
                  SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders, relaxed \
-                 WHERE locked_by IS NOT NULL AND complete_by < now() \
-                   AND process_state IN ('processing', 'compensating') \
+                 WHERE ((locked_by IS NOT NULL AND complete_by < now() \
+                         AND process_state IN ('processing', 'compensating')) \
+                        OR hold_until < now()) \
                    AND {partition} = ANY($3::int[]) \
-                 ORDER BY complete_by LIMIT $1 FOR UPDATE OF orders SKIP LOCKED",
+                 ORDER BY coalesce(complete_by, hold_until) LIMIT $1 \
+                 FOR UPDATE OF orders SKIP LOCKED",
                 partition = super::partitions::partition_of("order_id", "$4::int"),
             ),
             2,
@@ -250,16 +269,16 @@ pub async fn warnable(
 }
 
 /// Orders whose running step is past the first rung of its deadline
-/// ladder (those that may be stuck), soonest deadline first.
+/// ladder, and held orders (those that may be stuck), soonest deadline first.
 pub async fn late(conn: &mut PgConnection, limit: i64) -> Result<Vec<Loaded>, sqlx::Error> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         loading(
             &format!(
                 "SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders o \
-                 WHERE o.locked_by IS NOT NULL \
+                 WHERE o.held_for IS NOT NULL OR (o.locked_by IS NOT NULL \
                    AND o.process_state IN ('processing', 'compensating') \
                    AND EXISTS (SELECT 1 FROM steps s WHERE s.order_id = o.order_id \
-                     AND s.state IN ('running', 'compensating') AND s.warned > 0) \
+                     AND s.state IN ('running', 'compensating') AND s.warned > 0)) \
                  ORDER BY o.complete_by LIMIT $1"
             ),
             2,

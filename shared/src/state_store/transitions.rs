@@ -78,6 +78,8 @@ pub enum Expired {
         order_id: Uuid,
         not_before: DateTime<Utc>,
     },
+    /// Held: its step's agent's breaker is open; no failure counted.
+    Held { order_id: Uuid },
     /// Given up: compensating, or ended (`error`) when there was nothing to undo.
     GaveUp {
         order_id: Uuid,
@@ -357,12 +359,14 @@ impl Transitions {
                 let (decision, requeued) =
                     rules::supervisor::expire(&unit.get(i).order, settings, ctx);
                 let (order_id, ended) = (decision.order.row.order_id, decision.ended);
+                let held = decision.order.row.held_for.is_some();
                 unit.apply(i, decision, &self.queues)?;
                 recovered.push(match requeued {
                     Some(not_before) => Expired::Requeued {
                         order_id,
                         not_before,
                     },
+                    None if held => Expired::Held { order_id },
                     None => Expired::GaveUp { order_id, ended },
                 });
                 if requeued.is_some() {
@@ -523,11 +527,12 @@ pub fn any_undone(steps: &[StepRow]) -> bool {
 }
 
 /// The context of the rules for `actor` in `unit`'s transition.
-fn context<'a>(unit: &Unit, actor: &'a str) -> Context<'a> {
+fn context<'a>(unit: &'a Unit, actor: &'a str) -> Context<'a> {
     Context {
         now: unit.now,
         actor,
         new_id: Uuid::now_v7,
+        gates: &unit.gates,
     }
 }
 

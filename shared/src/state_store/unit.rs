@@ -31,6 +31,7 @@ use super::orders::{Loaded, NewOrder, OrderRow};
 use super::steps::StepRow;
 use super::{StoreError, WAKE_CHANNEL};
 use crate::messages::StatusEvent;
+use crate::rules::breaker::Gate;
 use crate::rules::{Decision, Effect, Logged, Order};
 use crate::state::ProcessState;
 use crate::topology::QueueNames;
@@ -117,6 +118,9 @@ struct OrderUpdate<'a> {
     compensation_failures: i32,
     last_seq: i32,
     last_error: Option<&'a str>,
+    held_for: Option<&'a str>,
+    held_since: Option<DateTime<Utc>>,
+    hold_until: Option<DateTime<Utc>>,
     version: i64,
 }
 
@@ -151,6 +155,8 @@ pub(super) struct Unit {
     /// The orders whose claim locks this connection holds, let go by the write-back.
     claimed: Vec<Uuid>,
     wake: bool,
+    /// The agents' breakers that are not closed, read with the orders.
+    pub gates: Vec<Gate>,
 }
 
 impl Unit {
@@ -159,6 +165,9 @@ impl Unit {
     pub fn load(loaded: Vec<Loaded>, claimed: bool) -> Self {
         let now = loaded.first().map_or_else(Utc::now, |l| l.tx_now);
         let mut unit = Self::empty(now);
+        if let Some(first) = loaded.first() {
+            unit.gates = first.gates.0.clone();
+        }
         for l in loaded {
             if claimed {
                 unit.claimed.push(l.order.order_id);
@@ -187,6 +196,7 @@ impl Unit {
             messages: Vec::new(),
             claimed: Vec::new(),
             wake: false,
+            gates: Vec::new(),
         }
     }
 
@@ -210,6 +220,9 @@ impl Unit {
             created_at: self.now,
             updated_at: self.now,
             trace_id: order.trace_id.clone(),
+            held_for: None,
+            held_since: None,
+            hold_until: None,
         };
         let steps = steps
             .iter()
@@ -462,6 +475,9 @@ fn order_update(t: &Tracked) -> OrderUpdate<'_> {
         compensation_failures: o.compensation_failures,
         last_seq: o.last_seq,
         last_error: o.last_error.as_deref(),
+        held_for: o.held_for.as_deref(),
+        held_since: o.held_since,
+        hold_until: o.hold_until,
         version: t.version,
     }
 }
@@ -603,10 +619,12 @@ o AS ( \
   UPDATE orders o SET process_state = u.process_state, locked_by = u.locked_by, \
     complete_by = u.complete_by, not_before = u.not_before, failure_count = u.failure_count, \
     compensation_failures = u.compensation_failures, last_seq = u.last_seq, \
-    last_error = u.last_error, updated_at = now() \
+    last_error = u.last_error, held_for = u.held_for, held_since = u.held_since, \
+    hold_until = u.hold_until, updated_at = now() \
   FROM jsonb_to_recordset($3) AS u(order_id uuid, process_state text, locked_by text, \
     complete_by timestamptz, not_before timestamptz, failure_count int, \
-    compensation_failures int, last_seq int, last_error text, version bigint) \
+    compensation_failures int, last_seq int, last_error text, held_for text, \
+    held_since timestamptz, hold_until timestamptz, version bigint) \
   WHERE o.order_id = u.order_id AND o.xmin::text::bigint = u.version \
   RETURNING 1), \
 s AS ( \

@@ -651,7 +651,8 @@ async fn the_api_answers_404_for_an_unknown_order_and_409_for_an_action_its_stat
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_records_its_breaker_state_in_postgres_and_the_dashboard_shows_it() {
+async fn an_agent_records_its_breakers_in_postgres_and_the_dashboard_shows_them_with_the_held_order()
+ {
     let app = TestApp::new().await;
     for name in ["submission", "scheduler", "supervisor"] {
         app.start(name, name, &[]).await;
@@ -670,18 +671,41 @@ async fn an_agent_records_its_breaker_state_in_postgres_and_the_dashboard_shows_
     let base = start_dashboard(&app).await;
     sas::tls::install_crypto_provider();
     let http = reqwest::Client::new();
-    let breaker_a = || async {
-        let (_, body) = answer(http.get(format!("{base}/api/overview"))).await;
-        body["breakers"]
-            .as_array()
-            .and_then(|rows| rows.iter().find(|b| b["agent"] == "a").cloned())
+    let of_a = |list: &'static str| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let (_, body) = answer(http.get(format!("{base}/api/overview"))).await;
+            body[list]
+                .as_array()
+                .and_then(|rows| rows.iter().find(|b| b["agent"] == "a").cloned())
+        }
     };
     app.eventually(
-        "breaker a reported closed",
+        "both breakers of a reported closed",
         Duration::from_secs(15),
-        || async { breaker_a().await.is_some_and(|b| b["state"] == "closed") },
+        || async {
+            of_a("breakers")
+                .await
+                .is_some_and(|b| b["state"] == "closed")
+                && of_a("shared_breakers")
+                    .await
+                    .is_some_and(|b| b["state"] == "closed")
+        },
     )
     .await;
+    let instance = of_a("breakers").await.expect("instance breaker of a");
+    assert!(
+        instance["endpoint"]
+            .as_str()
+            .is_some_and(|e| e.ends_with("/svc/a")),
+        "{instance}"
+    );
+    assert!(
+        instance["instance"]
+            .as_str()
+            .is_some_and(|i| i.contains(':')),
+        "{instance}"
+    );
 
     app.knobs(
         "a",
@@ -690,38 +714,38 @@ async fn an_agent_records_its_breaker_state_in_postgres_and_the_dashboard_shows_
             ..Knobs::default()
         },
     );
-    app.submit("one", None).await;
+    let id = app.submit("one", None).await;
+    // The remote is down for every instance: the shared breaker opens and
+    // holds the order.
     app.eventually(
-        "breaker a reported open",
+        "the shared breaker of a open, holding the order",
         Duration::from_secs(15),
         || async {
-            breaker_a().await.is_some_and(|b| {
+            of_a("shared_breakers").await.is_some_and(|b| {
                 b["state"] == "open"
-                    && b["consecutive_failures"].as_i64().is_some_and(|n| n >= 2)
-                    && b["stale"] == false
+                    && b["failures"].as_i64().is_some_and(|n| n >= 2)
+                    && b["held"] == 1
+                    && b["opened_at"].is_string()
             })
         },
     )
     .await;
-    let b = breaker_a().await.expect("breaker a");
-    assert!(
-        b["endpoint"]
-            .as_str()
-            .is_some_and(|e| e.ends_with("/svc/a")),
-        "{b}"
-    );
-    assert!(
-        b["instance"].as_str().is_some_and(|i| i.contains(':')),
-        "{b}"
-    );
+    let (_, overview) = answer(http.get(format!("{base}/api/overview"))).await;
+    let waiting = &overview["waiting"][0];
+    assert_eq!(waiting["order_id"], id.to_string(), "{overview}");
+    assert_eq!(waiting["kind"], "held", "{overview}");
+    let (_, order) = answer(http.get(format!("{base}/api/orders/{id}"))).await;
+    assert_eq!(order["stuck"]["reason"], "breaker_open", "{order}");
+    assert_eq!(order["stuck"]["detail"]["agent"], "a", "{order}");
 
-    // A clean stop takes the instance's rows with it.
+    // A clean stop takes the instance's rows with it; the shared breaker stays.
     assert!(app.terminate("agent").await.success());
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_breakers")
         .fetch_one(&app.db)
         .await
         .expect("count breakers");
     assert_eq!(rows, 0);
+    assert!(of_a("shared_breakers").await.is_some());
 }
 
 #[test]

@@ -200,3 +200,374 @@ async fn an_order_whose_request_waits_behind_others_says_backlog() {
     )
     .await;
 }
+
+/// The shared breaker's changes for agent `a`, oldest first: (to_state, at, actor).
+async fn breaker_story(app: &TestApp) -> Vec<(String, chrono::DateTime<chrono::Utc>, String)> {
+    sqlx::query_as("SELECT to_state, at, actor FROM breaker_events WHERE agent = 'a' ORDER BY id")
+        .fetch_all(&app.db)
+        .await
+        .expect("breaker events")
+}
+
+/// Orders held now.
+async fn held(app: &TestApp) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM orders WHERE held_for IS NOT NULL")
+        .fetch_one(&app.db)
+        .await
+        .expect("count held orders")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_outage_holds_orders_without_counting_failures_and_each_ends_processed_once_it_is_over()
+ {
+    // Two failures (max_failures) would take about 2 s: an 800 ms budget
+    // and a 100 ms wait each. The remote is down for ten times that.
+    let app = TestApp::builder()
+        .step_timeout("800ms")
+        .max_failures(2)
+        .retry_schedule(r#"["100ms"]"#)
+        .breaker(3, "1s")
+        .build()
+        .await;
+    app.knobs(
+        "a",
+        Knobs {
+            status: Some(503),
+            ..Knobs::default()
+        },
+    );
+    app.start_all().await;
+    let down = std::time::Instant::now();
+    let status = app.status_queue("outage").await;
+    let mut ids = app.submit_many("one", 10, Some(&status)).await;
+    app.eventually(
+        "the first ten orders are held",
+        Duration::from_secs(20),
+        || async { held(&app).await == 10 },
+    )
+    .await;
+    ids.extend(app.submit_many("one", 10, Some(&status)).await);
+    app.eventually(
+        "twenty orders held and the outage ten times as long as two failures",
+        Duration::from_secs(40),
+        || async { down.elapsed() >= Duration::from_secs(20) && held(&app).await == 20 },
+    )
+    .await;
+    app.knobs("a", Knobs::default());
+    let stories = app
+        .assert_invariants(&status, &ids, &[], Duration::from_secs(60))
+        .await;
+    let stats = app.stats();
+    for id in &ids {
+        let states: Vec<&str> = stories[id]
+            .iter()
+            .filter_map(|e| e["state"].as_str())
+            .collect();
+        assert_eq!(states.last(), Some(&"processed"), "{id}: {states:?}");
+        assert!(!states.contains(&"compensating"), "{id}: {states:?}");
+        let first_held = states.iter().position(|s| *s == "held");
+        let resumed = states.iter().rposition(|s| *s == "resumed");
+        assert!(
+            matches!((first_held, resumed), (Some(h), Some(r)) if h < r),
+            "{id}: held, then resumed: {states:?}"
+        );
+        let (_, failures) = app.order(*id).await.expect("stored");
+        assert!(failures <= 1, "{id}: {failures} failures: {states:?}");
+        assert_eq!(stats.keys[&format!("{id}:a")].applied, 1);
+    }
+    let held_event = stories[&ids[0]]
+        .iter()
+        .find(|e| e["state"] == "held")
+        .expect("held");
+    assert_eq!(held_event["detail"]["agent"], "a");
+    assert_eq!(held_event["detail"]["reason"], "breaker_open");
+    assert!(held_event["detail"]["since"].is_string(), "{held_event}");
+    let changes = breaker_story(&app).await;
+    assert_eq!(
+        changes.last().map(|c| c.0.as_str()),
+        Some("closed"),
+        "{changes:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_agent_instances_share_one_breaker_and_send_one_probe_per_cooldown() {
+    let app = TestApp::builder()
+        .step_timeout("5s")
+        .breaker(3, "1s")
+        .build()
+        .await;
+    app.knobs(
+        "a",
+        Knobs {
+            status: Some(503),
+            ..Knobs::default()
+        },
+    );
+    for name in ["submission", "scheduler", "supervisor"] {
+        app.start(name, name, &[]).await;
+    }
+    app.start("agent-1", "agent", &["--agent", "a"]).await;
+    app.start("agent-2", "agent", &["--agent", "a"]).await;
+    let ids = app.submit_many("one", 10, None).await;
+    app.eventually("all ten held", Duration::from_secs(20), || async {
+        held(&app).await == 10
+    })
+    .await;
+    // Counted when the breaker is open: a probe's call has then been made
+    // and has failed.
+    let open_sample = async || loop {
+        let changes = breaker_story(&app).await;
+        let calls = app.stats().endpoints.get("/svc/a").map_or(0, |e| e.calls);
+        if changes.last().is_some_and(|c| c.0 == "open")
+            && breaker_story(&app).await.len() == changes.len()
+        {
+            return (changes, calls);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (before, calls_before) = open_sample().await;
+    app.eventually("five more probes", Duration::from_secs(30), || async {
+        let probes = |c: &[(String, _, String)]| c.iter().filter(|c| c.0 == "half_open").count();
+        probes(&breaker_story(&app).await) >= probes(&before) + 5
+    })
+    .await;
+    let (after, calls_after) = tokio::time::timeout(Duration::from_secs(10), open_sample())
+        .await
+        .expect("the breaker opens again after a probe");
+    let probes: Vec<_> = after[before.len()..]
+        .iter()
+        .filter(|c| c.0 == "half_open")
+        .collect();
+    assert!(probes.len() >= 5, "{after:?}");
+    assert_eq!(
+        calls_after - calls_before,
+        probes.len() as u64,
+        "one call per probe, never two: {after:?}"
+    );
+    // Each probe came a cool-down after the failure before it.
+    for pair in after.windows(2) {
+        if pair[1].0 == "half_open" {
+            assert_eq!(pair[0].0, "open", "{after:?}");
+            assert!(
+                pair[1].1 - pair[0].1 >= chrono::Duration::milliseconds(990),
+                "a probe within the cool-down: {after:?}"
+            );
+        }
+    }
+    // Back up: the next probe closes it and every order is done, once.
+    app.knobs("a", Knobs::default());
+    app.wait_for_state("processed", 10, Duration::from_secs(30))
+        .await;
+    let stats = app.stats();
+    for id in &ids {
+        assert_eq!(stats.keys[&format!("{id}:a")].applied, 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_forces_a_breaker_open_its_orders_are_held_and_say_why_and_resume_once_released()
+ {
+    let app = TestApp::builder()
+        .breaker(3, "1s")
+        .supervisor_interval("100ms")
+        .build()
+        .await;
+    app.start_all().await;
+    let breaker_of_a = async || -> serde_json::Value {
+        let list = run(&app, &["agents", "list", "--json"])
+            .await
+            .expect_code(0);
+        list.json()
+            .as_array()
+            .and_then(|all| all.iter().find(|b| b["agent"] == "a").cloned())
+            .unwrap_or_default()
+    };
+    app.eventually(
+        "the agent declared its breakers",
+        Duration::from_secs(15),
+        || async { breaker_of_a().await["state"] == "closed" },
+    )
+    .await;
+    run(&app, &["agents", "force-open", "nobody"])
+        .await
+        .expect_code(2);
+    run(&app, &["agents", "force-open", "a"])
+        .await
+        .expect_code(0);
+    let status = app.status_queue("forced").await;
+    let id = app.submit("one", Some(&status)).await;
+    let stuck = async || -> serde_json::Value {
+        let shown = run(&app, &["orders", "show", &id.to_string(), "--json"])
+            .await
+            .expect_code(0);
+        shown.json()["stuck"].clone()
+    };
+    app.eventually(
+        "the order says breaker_open",
+        Duration::from_secs(10),
+        || async { stuck().await["reason"] == "breaker_open" },
+    )
+    .await;
+    let why = stuck().await;
+    assert_eq!(why["detail"]["agent"], "a");
+    assert!(why["since"].is_string(), "{why}");
+    let forced = breaker_of_a().await;
+    assert_eq!(forced["state"], "open");
+    assert_eq!(forced["forced"], "open");
+    assert_eq!(forced["held"], 1);
+    assert!(
+        forced["forced_by"]
+            .as_str()
+            .is_some_and(|by| by.starts_with("operator:")),
+        "{forced}"
+    );
+    app.eventually(
+        "the gauge counts the held order",
+        Duration::from_secs(10),
+        || async {
+            app.metrics("supervisor")
+                .await
+                .contains(r#"sas_orders_stuck{reason="breaker_open"} 1"#)
+        },
+    )
+    .await;
+    // Released, the breaker probes with the held order after its cool-down;
+    // the remote answers and the breaker closes.
+    run(&app, &["agents", "release", "a"]).await.expect_code(0);
+    let events = app
+        .collect(&status, Duration::from_secs(30), |got| {
+            got.iter().any(sas_tests::is_terminal)
+        })
+        .await;
+    assert_eq!(
+        story(&events),
+        [
+            "received",
+            "processing",
+            "held",
+            "resumed",
+            "step_succeeded",
+            "processed"
+        ]
+    );
+    assert_eq!(app.order(id).await, Some(("processed".into(), 0)));
+    let history = run(&app, &["agents", "history", "a", "--json"])
+        .await
+        .expect_code(0)
+        .json_lines();
+    let changes: Vec<(String, String)> = history
+        .iter()
+        .rev()
+        .map(|e| {
+            let by = e["actor"].as_str().unwrap_or_default();
+            let who = if by.starts_with("operator:") {
+                "operator"
+            } else {
+                "agent"
+            };
+            (
+                e["to"].as_str().unwrap_or_default().to_owned(),
+                who.to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            ("open".to_owned(), "operator".to_owned()),
+            ("open".to_owned(), "operator".to_owned()),
+            ("half_open".to_owned(), "agent".to_owned()),
+            ("closed".to_owned(), "agent".to_owned()),
+        ],
+        "forced open, released, probed, closed: {history:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zombie_agents_late_call_is_refused_by_its_fencing_token_and_the_order_ends_processed_once()
+ {
+    let app = TestApp::builder()
+        .step_timeout("1s")
+        .max_failures(5)
+        .retry_schedule(r#"["100ms"]"#)
+        .build()
+        .await;
+    app.knobs(
+        "a",
+        Knobs {
+            fencing: true,
+            ..Knobs::default()
+        },
+    );
+    for name in ["submission", "scheduler", "supervisor"] {
+        app.start(name, name, &[]).await;
+    }
+    // It freezes just before its first call, its complete-by checked; with
+    // one request at a time, RabbitMQ sends it no other while it is frozen.
+    app.start_with_env(
+        "zombie",
+        "agent",
+        &["--agent", "a"],
+        &[
+            ("SAS_PAUSE_AT", "agent.before_call"),
+            ("SAS__AGENT__CONCURRENCY", "1"),
+        ],
+    )
+    .await;
+    let status = app.status_queue("zombie").await;
+    let id = app.submit("one", Some(&status)).await;
+    app.eventually(
+        "the agent froze before its call",
+        Duration::from_secs(15),
+        || async { app.is_stopped("zombie") },
+    )
+    .await;
+    // Its complete-by passes; the re-attempt goes to a healthy agent.
+    app.start("agent", "agent", &["--agent", "a"]).await;
+    wait_state(&app, id, "processed", Duration::from_secs(30)).await;
+    let key = format!("{id}:a");
+    assert_eq!(app.stats().keys[&key].tokens, [2]);
+    // Thawed, the zombie sends its call with the first dispatch's token.
+    std::process::Command::new("kill")
+        .args(["-CONT", &app.pid("zombie").to_string()])
+        .status()
+        .expect("kill -CONT");
+    app.eventually(
+        "the zombie's call reached the remote",
+        Duration::from_secs(15),
+        || async { app.stats().keys[&key].tokens.len() == 2 },
+    )
+    .await;
+    let stats = app.stats();
+    assert_eq!(stats.keys[&key].tokens, [2, 1], "the older token came last");
+    assert_eq!(stats.keys[&key].applied, 1, "refused: applied once");
+    // Its answer (a 409, a permanent failure) reaches a scheduler as stale.
+    app.eventually(
+        "the scheduler found the zombie's answer stale",
+        Duration::from_secs(15),
+        || async {
+            app.metrics("scheduler")
+                .await
+                .contains(r#"sas_replies_total{outcome="stale"} 1"#)
+        },
+    )
+    .await;
+    assert_eq!(app.order(id).await.map(|o| o.0), Some("processed".into()));
+    let stories = app.stories(&status, &[id], Duration::from_secs(10)).await;
+    let states: Vec<&str> = stories[&id]
+        .iter()
+        .filter_map(|e| e["state"].as_str())
+        .collect();
+    assert_eq!(
+        states,
+        [
+            "received",
+            "processing",
+            "retry_scheduled",
+            "processing",
+            "step_succeeded",
+            "processed"
+        ]
+    );
+}
