@@ -241,8 +241,10 @@ fn workflow(name: &str, steps: usize) -> anyhow::Result<Workflow> {
                 agent: (*s).into(),
                 timeout: Duration::from_secs(5),
                 compensate: (steps > 1 && i + 1 < steps).then(|| format!("{s}-undo")),
+                retry: None,
             })
             .collect(),
+        ..WorkflowSpec::default()
     };
     Ok(Workflow::compile(name, &spec)?)
 }

@@ -392,10 +392,35 @@ impl Default for ShutdownSettings {
 }
 
 /// `[workflows.<name>]` as written in the configuration.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkflowSpec {
     pub steps: Vec<StepSpec>,
+    /// Overrides `supervisor.max_failures` for this workflow's orders.
+    #[serde(default)]
+    pub max_failures: Option<u32>,
+    /// Overrides `supervisor.retry_schedule` for this workflow's orders.
+    #[serde(default, deserialize_with = "some_durations")]
+    pub retry_schedule: Option<Vec<Duration>>,
+}
+
+/// `retry` of a step (contract §4b): the agent's attempts within one
+/// dispatch; unset keys are the agent's (`agent.backoff_initial`,
+/// `agent.backoff_max`, attempts until complete-by).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySpec {
+    /// Calls per dispatch at most (the first included); after the last
+    /// transient failure the agent stops, silent, and the supervisor
+    /// re-attempts at complete-by.
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
+    /// First wait between calls; doubles per retry, with full jitter.
+    #[serde(with = "humantime_serde", default)]
+    pub backoff: Option<Duration>,
+    /// Longest wait between calls.
+    #[serde(with = "humantime_serde", default)]
+    pub backoff_max: Option<Duration>,
 }
 
 /// One step of a workflow as written in the configuration.
@@ -411,6 +436,9 @@ pub struct StepSpec {
     /// The agent that undoes the step, if it can be undone.
     #[serde(default)]
     pub compensate: Option<String>,
+    /// The agent's attempts within one dispatch of this step.
+    #[serde(default)]
+    pub retry: Option<RetrySpec>,
 }
 
 /// The value of query parameter `name` in a URL, if present (the last one
@@ -423,6 +451,13 @@ pub fn query_param(url: &str, name: &str) -> Option<String> {
         .filter_map(|pair| pair.split_once('='))
         .rfind(|(k, _)| *k == name)
         .map(|(_, v)| v.to_owned())
+}
+
+/// An optional list of human durations ([`durations`]).
+fn some_durations<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Vec<Duration>>, D::Error> {
+    durations(d).map(Some)
 }
 
 /// A list of human durations, from TOML or from a comma-separated variable.
@@ -588,8 +623,24 @@ impl Settings {
                 ));
             }
         }
-        for name in self.workflows.keys() {
+        for (name, spec) in &self.workflows {
             self.workflow(name)?;
+            if spec.max_failures == Some(0) {
+                return invalid(format!("workflows.{name}.max_failures must be at least 1"));
+            }
+            if spec.retry_schedule.as_ref().is_some_and(Vec::is_empty) {
+                return invalid(format!(
+                    "workflows.{name}.retry_schedule needs at least one wait"
+                ));
+            }
+            for step in &spec.steps {
+                if step.retry.is_some_and(|r| r.max_attempts == Some(0)) {
+                    return invalid(format!(
+                        "workflows.{name} step {:?}: retry.max_attempts must be at least 1",
+                        step.name
+                    ));
+                }
+            }
         }
         self.dashboard.validate()?;
         Ok(())
@@ -645,6 +696,32 @@ impl Settings {
             .into_iter()
             .chain(self.agents.values().map(|a| a.url.as_str()));
         crate::tls::redact(text, urls)
+    }
+
+    /// The supervisor's settings for orders of `workflow`: its own
+    /// `max_failures` and `retry_schedule` where it sets them (contract §4b).
+    pub fn failure_policy(&self, workflow: &str) -> std::borrow::Cow<'_, SupervisorSettings> {
+        match self.workflows.get(workflow) {
+            Some(spec) if spec.max_failures.is_some() || spec.retry_schedule.is_some() => {
+                let mut own = self.supervisor.clone();
+                own.max_failures = spec.max_failures.unwrap_or(own.max_failures);
+                if let Some(schedule) = &spec.retry_schedule {
+                    own.retry_schedule = schedule.clone();
+                }
+                std::borrow::Cow::Owned(own)
+            }
+            _ => std::borrow::Cow::Borrowed(&self.supervisor),
+        }
+    }
+
+    /// `retry` of step `step` of `workflow`, if it sets one.
+    pub fn step_retry(&self, workflow: &str, step: &str) -> Option<RetrySpec> {
+        self.workflows
+            .get(workflow)?
+            .steps
+            .iter()
+            .find(|s| s.name == step)?
+            .retry
     }
 
     /// The compiled workflow of that name, if configured.

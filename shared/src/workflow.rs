@@ -147,8 +147,10 @@ mod tests {
                     agent: format!("{n}-agent"),
                     timeout: Duration::from_secs(1),
                     compensate: None,
+                    retry: None,
                 })
                 .collect(),
+            ..WorkflowSpec::default()
         }
     }
 

@@ -10,7 +10,7 @@ use anyhow::{Context as _, bail};
 use chrono::Utc;
 use sas::broker::{self, BrokerError, Outgoing, PublishError, Publisher, Received, SessionEnd};
 use sas::config::AgentSpec;
-use sas::messages::{StepOutcome, StepReply, StepRequest};
+use sas::messages::{Direction, StepOutcome, StepReply, StepRequest};
 use sas::metrics::labels;
 use sas::service::Context;
 use sas::trace::TraceContext;
@@ -352,12 +352,20 @@ impl Agent {
         let endpoint = remote::Endpoint {
             client: &self.client,
             spec: &self.spec,
-            settings: &self.ctx.settings.agent,
             stop: &self.hard_stop,
             breaker: &self.breaker,
             shared: &self.shared,
         };
-        remote::call(&endpoint, request, trace, |outcome| {
+        // The step's own retry (§4b); its undo retries as the agent does.
+        let own = match request.direction {
+            Direction::Forward => self
+                .ctx
+                .settings
+                .step_retry(&request.workflow, &request.step),
+            Direction::Compensate => None,
+        };
+        let retry = remote::Retry::of(own, &self.ctx.settings.agent);
+        remote::call(&endpoint, request, retry, trace, |outcome| {
             self.ctx
                 .metrics
                 .agent_calls

@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
-use sas::config::{AgentSettings, AgentSpec};
+use sas::config::{AgentSettings, AgentSpec, RetrySpec};
 use sas::messages::{FENCING_TOKEN_HEADER, StepOutcome, StepRequest, rfc3339};
 use sas::trace::TraceContext;
 use tokio_util::sync::CancellationToken;
@@ -39,11 +39,34 @@ enum Attempt {
     },
 }
 
+/// How a call is retried within one dispatch: the step's `retry` over the
+/// agent's defaults (contract §4b).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retry {
+    /// Calls at most (the first included); `None`: until complete-by.
+    pub max_attempts: Option<u32>,
+    /// First wait; doubles per retry, with full jitter.
+    pub initial: Duration,
+    /// Longest wait.
+    pub max: Duration,
+}
+
+impl Retry {
+    /// The step's `retry` (if any) over the agent's settings.
+    pub fn of(step: Option<RetrySpec>, agent: &AgentSettings) -> Self {
+        let step = step.unwrap_or_default();
+        Self {
+            max_attempts: step.max_attempts,
+            initial: step.backoff.unwrap_or(agent.backoff_initial),
+            max: step.backoff_max.unwrap_or(agent.backoff_max),
+        }
+    }
+}
+
 /// One remote endpoint as an agent calls it.
 pub struct Endpoint<'a> {
     pub client: &'a reqwest::Client,
     pub spec: &'a AgentSpec,
-    pub settings: &'a AgentSettings,
     /// Cancelled when in-flight calls must stop (the end of the shutdown grace).
     pub stop: &'a CancellationToken,
     /// This instance's breaker.
@@ -59,13 +82,13 @@ pub struct Endpoint<'a> {
 pub async fn call(
     endpoint: &Endpoint<'_>,
     request: &StepRequest,
+    retry: Retry,
     trace: Option<&TraceContext>,
     on_attempt: impl Fn(&'static str),
 ) -> CallEnd {
     let Endpoint {
         client,
         spec,
-        settings,
         stop,
         breaker,
         shared,
@@ -73,7 +96,7 @@ pub async fn call(
     let body = request.remote_body();
     let key = request.idempotency_key();
     let complete_by = rfc3339::format(&request.complete_by);
-    for retry in 0u32.. {
+    for tried in 0u32.. {
         let Some(left) = remaining(request.complete_by) else {
             return CallEnd::Expired;
         };
@@ -118,7 +141,11 @@ pub async fn call(
                 (error, retry_after)
             }
         };
-        let wait = retry_after.unwrap_or_else(|| backoff(settings, retry));
+        if retry.max_attempts.is_some_and(|n| tried + 1 >= n) {
+            tracing::info!(%error, attempts = tried + 1, "transient failure and no attempt left; staying silent");
+            return CallEnd::Expired;
+        }
+        let wait = retry_after.unwrap_or_else(|| backoff(retry, tried));
         let Some(left) = remaining(request.complete_by) else {
             return CallEnd::Expired;
         };
@@ -127,7 +154,7 @@ pub async fn call(
             tracing::info!(%error, ?wait, "transient failure and no time left to retry");
             return CallEnd::Expired;
         }
-        tracing::info!(%error, ?wait, retry = retry + 1, "transient failure; retrying");
+        tracing::info!(%error, ?wait, retry = tried + 1, "transient failure; retrying");
         tokio::select! {
             () = stop.cancelled() => return CallEnd::Interrupted,
             () = tokio::time::sleep(wait) => {}
@@ -145,11 +172,11 @@ fn remaining(complete_by: DateTime<Utc>) -> Option<Duration> {
 }
 
 /// Exponential backoff with full jitter: uniform in [0, min(max, initial·2^retry)].
-fn backoff(settings: &AgentSettings, retry: u32) -> Duration {
-    let ceiling = settings
-        .backoff_initial
+fn backoff(policy: Retry, retry: u32) -> Duration {
+    let ceiling = policy
+        .initial
         .saturating_mul(2u32.saturating_pow(retry.min(20)))
-        .min(settings.backoff_max);
+        .min(policy.max);
     ceiling.mul_f64(fastrand::f64())
 }
 
@@ -311,10 +338,29 @@ mod tests {
 
     #[test]
     fn backoff_grows_and_stays_under_the_cap() {
-        let settings = AgentSettings::default();
+        let policy = Retry::of(None, &AgentSettings::default());
         for retry in 0..30 {
-            assert!(backoff(&settings, retry) <= settings.backoff_max);
+            assert!(backoff(policy, retry) <= policy.max);
         }
+    }
+
+    #[test]
+    fn a_steps_retry_overrides_the_agents_defaults_key_by_key() {
+        let agent = AgentSettings::default();
+        let own = RetrySpec {
+            max_attempts: Some(2),
+            backoff: Some(Duration::from_millis(5)),
+            backoff_max: None,
+        };
+        assert_eq!(
+            Retry::of(Some(own), &agent),
+            Retry {
+                max_attempts: Some(2),
+                initial: Duration::from_millis(5),
+                max: agent.backoff_max,
+            }
+        );
+        assert_eq!(Retry::of(None, &agent).max_attempts, None);
     }
 
     #[test]

@@ -52,7 +52,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                 let mine = share(&ctx, &me, &store, &mut partitions).await;
                 let started = Instant::now();
                 let swept = transitions
-                    .recover_expired(&me, &ctx.settings.supervisor, &mine, relay.ready())
+                    .recover_expired(&me, &ctx.settings, &mine, relay.ready())
                     .await;
                 match swept.map(|done| {
                     relay.hand_over(done.committed);

@@ -24,7 +24,7 @@ use super::outbox::{self, Committed, Held};
 use super::steps::StepRow;
 use super::unit::{Flushed, Unit};
 use super::{StateStore, StoreError};
-use crate::config::SupervisorSettings;
+use crate::config::{Settings, SupervisorSettings};
 use crate::messages::StepReply;
 use crate::rules::scheduler::Replied;
 use crate::rules::{self, Context, Decision, Order};
@@ -327,13 +327,14 @@ impl Transitions {
     }
 
     /// Recovers the orders of `partitions` whose complete-by has passed
-    /// ([`rules::supervisor::expire`]): counts the failure and either
+    /// ([`rules::supervisor::expire`], with each order's workflow's failure
+    /// policy, [`Settings::failure_policy`]): counts the failure and either
     /// re-queues the order after the retry schedule's wait or gives it up.
     /// Knows nothing of the steps' business: only deadlines and counts.
     pub async fn recover_expired(
         &self,
         me: &Actor,
-        settings: &SupervisorSettings,
+        settings: &Settings,
         partitions: &[i32],
         hand_over: bool,
     ) -> Result<Done<Vec<Expired>>, StoreError> {
@@ -343,21 +344,23 @@ impl Transitions {
     async fn recover_once(
         &self,
         me: &Actor,
-        settings: &SupervisorSettings,
+        settings: &Settings,
         partitions: &[i32],
         hand_over: bool,
     ) -> Result<Done<(Vec<Expired>, Vec<Uuid>)>, StoreError> {
         let mut conn = self.store.pool().acquire().await?;
-        let count = i32::try_from(settings.partitions).unwrap_or(i32::MAX);
-        let batch = i64::from(settings.batch);
+        let count = i32::try_from(settings.supervisor.partitions).unwrap_or(i32::MAX);
+        let batch = i64::from(settings.supervisor.batch);
         let loaded = orders::expired(&mut conn, batch, hand_over, partitions, count).await;
         let decided = loaded.map_err(StoreError::from).and_then(|loaded| {
             let mut unit = Unit::load(loaded, false);
             let mut recovered = Vec::with_capacity(unit.len());
             for i in 0..unit.len() {
                 let ctx = context(&unit, &me.name);
-                let (decision, requeued) =
-                    rules::supervisor::expire(&unit.get(i).order, settings, ctx);
+                let order = &unit.get(i).order;
+                // The workflow's own max_failures and retry_schedule (§4b).
+                let policy = settings.failure_policy(&order.row.workflow);
+                let (decision, requeued) = rules::supervisor::expire(order, &policy, ctx);
                 let (order_id, ended) = (decision.order.row.order_id, decision.ended);
                 let held = decision.order.row.held_for.is_some();
                 unit.apply(i, decision, &self.queues)?;

@@ -21,3 +21,4 @@ mod sasctl_more;
 mod services;
 mod tls;
 mod tracing;
+mod workflows;

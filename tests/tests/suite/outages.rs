@@ -571,3 +571,55 @@ async fn a_zombie_agents_late_call_is_refused_by_its_fencing_token_and_the_order
         ]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_held_longer_than_max_hold_counts_a_failure_each_time_and_is_given_up() {
+    let app = TestApp::builder()
+        .max_failures(2)
+        .retry_schedule(r#"["100ms"]"#)
+        .supervisor_interval("100ms")
+        .build()
+        .await;
+    for name in ["submission", "scheduler", "supervisor"] {
+        app.start(name, name, &[]).await;
+    }
+    // The agent declares its policy on the breaker's row: a hold of 1 s.
+    app.start_with_env("agent", "agent", &[], &[("SAS__AGENTS__A__MAX_HOLD", "1s")])
+        .await;
+    app.eventually(
+        "the agent declared a's breaker",
+        Duration::from_secs(15),
+        || async {
+            sqlx::query_scalar::<_, i64>("SELECT max_hold_ms FROM breakers WHERE agent = 'a'")
+                .fetch_optional(&app.db)
+                .await
+                .ok()
+                .flatten()
+                == Some(1000)
+        },
+    )
+    .await;
+    run(&app, &["agents", "force-open", "a"])
+        .await
+        .expect_code(0);
+    let (id, events) = app.run_one("one").await;
+    assert_eq!(
+        story(&events),
+        [
+            "received",
+            "processing",
+            "held",
+            "retry_scheduled",
+            "processing",
+            "held",
+            "failed"
+        ]
+    );
+    let reason = events[3]["detail"]["error"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("held longer than its agent's max_hold"),
+        "{reason}"
+    );
+    assert_eq!(app.order(id).await, Some(("error".into(), 2)));
+    assert_eq!(app.stats().keys.get(&format!("{id}:a")), None, "never sent");
+}

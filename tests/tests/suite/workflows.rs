@@ -1,0 +1,88 @@
+//! Workflows for real work (contract §4b): a workflow's own failure policy
+//! and a step's own retry.
+
+use remote_sim::Knobs;
+use sas_tests::TestApp;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflows_own_max_failures_and_a_steps_own_attempts_override_the_defaults() {
+    // By default two failures give an order up; this workflow allows four,
+    // and its step makes two calls per dispatch, 10 ms apart.
+    let app = TestApp::builder()
+        .max_failures(2)
+        .extra_config(
+            r#"[workflows.patient]
+max_failures = 4
+retry_schedule = ["50ms"]
+steps = [ { name = "a", agent = "a", timeout = "800ms", retry = { max_attempts = 2, backoff = "10ms", backoff_max = "10ms" } } ]
+"#,
+        )
+        .build()
+        .await;
+    // Five failed calls before the remote answers: with the agent's default
+    // (retry until complete-by) the first dispatch would make all six.
+    app.knobs(
+        "a",
+        Knobs {
+            fail_first: 5,
+            ..Knobs::default()
+        },
+    );
+    app.start_all().await;
+    let (id, events) = app.run_one("patient").await;
+    let states: Vec<&str> = events.iter().filter_map(|e| e["state"].as_str()).collect();
+    assert_eq!(
+        states,
+        [
+            "received",
+            "processing",
+            "retry_scheduled",
+            "processing",
+            "retry_scheduled",
+            "processing",
+            "step_succeeded",
+            "processed"
+        ]
+    );
+    assert_eq!(app.order(id).await, Some(("processed".into(), 2)));
+    let key = app.stats().keys[&format!("{id}:a")].clone();
+    assert_eq!((key.calls, key.applied), (6, 1), "two calls per dispatch");
+    assert_eq!(key.tokens, [1, 1, 2, 2, 3, 3]);
+    let wait = &events[2]["detail"]["next_attempt_at"];
+    assert!(wait.is_string(), "{wait}");
+}
+
+#[test]
+fn a_zero_attempt_retry_or_an_empty_schedule_is_refused_at_start_up() {
+    for (extra, says) in [
+        (
+            "[workflows.w]\nsteps = [ { name = \"a\", agent = \"a\", retry = { max_attempts = 0 } } ]\n",
+            "retry.max_attempts must be at least 1",
+        ),
+        (
+            "[workflows.w]\nretry_schedule = []\nsteps = [ { name = \"a\", agent = \"a\" } ]\n",
+            "retry_schedule needs at least one wait",
+        ),
+        (
+            "[workflows.w]\nmax_failures = 0\nsteps = [ { name = \"a\", agent = \"a\" } ]\n",
+            "max_failures must be at least 1",
+        ),
+    ] {
+        let dir = sas_tests::tls::temp_dir("workflow-policy");
+        let file = dir.join("sas.toml");
+        std::fs::write(
+            &file,
+            format!("[agents.a]\nurl = \"http://127.0.0.1:1/a\"\n\n{extra}"),
+        )
+        .expect("write");
+        let out = std::process::Command::new(sas_tests::bin("scheduler"))
+            .env("SAS_CONFIG", &file)
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        std::fs::remove_dir_all(dir).ok();
+    }
+}
