@@ -500,6 +500,10 @@ pub struct AgentSpec {
     /// is handled as a failure (contract §8).
     #[serde(with = "humantime_serde", default = "default_max_hold")]
     pub max_hold: Duration,
+    /// Steps dispatched to this agent and not yet answered, at most, over
+    /// the whole deployment (contract §4b); unset: no bound.
+    #[serde(default)]
+    pub max_in_flight: Option<u32>,
 }
 
 fn default_max_response_bytes() -> usize {
@@ -616,6 +620,9 @@ impl Settings {
         }
         self.validate_tls()?;
         for (name, agent) in &self.agents {
+            if agent.max_in_flight == Some(0) {
+                return invalid(format!("agents.{name}.max_in_flight must be at least 1"));
+            }
             if !(agent.url.starts_with("http://") || agent.url.starts_with("https://")) {
                 return invalid(format!(
                     "agents.{name}.url {:?} must be an http:// or https:// URL",

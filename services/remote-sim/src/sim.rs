@@ -143,6 +143,25 @@ impl RemoteSim {
         token: Option<i64>,
         body: &[u8],
     ) -> Reply {
+        /// Counts the call in progress until it ends, answered or dropped.
+        struct InProgress<'a>(&'a RemoteSim, &'a str);
+        impl Drop for InProgress<'_> {
+            fn drop(&mut self) {
+                self.0.lock_inner().stats.in_progress(self.1, false);
+            }
+        }
+        self.lock_inner().stats.in_progress(endpoint, true);
+        let _counted = InProgress(self, endpoint);
+        self.answer(endpoint, key, token, body).await
+    }
+
+    async fn answer(
+        &self,
+        endpoint: &str,
+        key: Option<&str>,
+        token: Option<i64>,
+        body: &[u8],
+    ) -> Reply {
         let knobs = self.knobs(endpoint);
         let parsed = serde_json::from_slice::<Value>(body);
 

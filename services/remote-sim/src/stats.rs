@@ -49,6 +49,12 @@ pub struct EndpointStats {
     pub hung: u64,
     /// Calls answered by replaying a stored response.
     pub replayed: u64,
+    /// Calls in progress now.
+    #[serde(default)]
+    pub in_progress: u64,
+    /// The most calls ever in progress at once (flow control keeps it down).
+    #[serde(default)]
+    pub max_in_progress: u64,
 }
 
 /// How a call ended, for [`EndpointStats`].
@@ -79,6 +85,17 @@ impl Stats {
     pub(crate) fn count_call(&mut self, endpoint: &str) {
         self.total_calls += 1;
         self.endpoint_mut(endpoint).calls += 1;
+    }
+
+    /// A call on `endpoint` starts (`true`) or ends.
+    pub(crate) fn in_progress(&mut self, endpoint: &str, starts: bool) {
+        let stats = self.endpoint_mut(endpoint);
+        if starts {
+            stats.in_progress += 1;
+            stats.max_in_progress = stats.max_in_progress.max(stats.in_progress);
+        } else {
+            stats.in_progress = stats.in_progress.saturating_sub(1);
+        }
     }
 
     /// Counts a call carrying `key`, returning how many calls the key has seen (1-based).

@@ -544,6 +544,7 @@ mod tests {
             held_for: None,
             held_since: None,
             hold_until: None,
+            held_reason: None,
         };
         let step = |idx: i32, name: &str, state, result: Option<Value>| StepRow {
             order_id: id,

@@ -51,6 +51,13 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         None => Actor::new_instance("scheduler"),
     };
     tracing::info!(instance = %me.name, "scheduler instance");
+    // Flow control (§4b) as this configuration sets it; the schedulers enforce it.
+    for (agent, spec) in &ctx.settings.agents {
+        store
+            .declare_flow(agent, spec.max_in_flight)
+            .await
+            .with_context(|| format!("declaring the flow control of agent {agent}"))?;
+    }
     sas::heartbeat::spawn(
         store.clone(),
         me.name.clone(),

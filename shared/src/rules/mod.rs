@@ -7,6 +7,7 @@
 //! the order, asks the rule, and writes the decision back.
 
 pub mod breaker;
+pub mod flow;
 pub mod operator;
 pub mod order;
 pub mod scheduler;

@@ -50,6 +50,9 @@ pub struct Context<'a> {
     pub new_id: fn() -> Uuid,
     /// The agents' breakers that are not closed, as loaded with the orders.
     pub gates: &'a [Gate],
+    /// The agents under flow control, with their room, as loaded with the
+    /// orders and counted down by the unit's dispatches so far.
+    pub flows: &'a [super::flow::Flow],
 }
 
 /// An event a decision logs, with its number in the order's log; it is
@@ -139,6 +142,15 @@ pub struct Deciding<'c> {
     pub(super) ctx: Context<'c>,
 }
 
+/// Why an order is held.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Hold<'g> {
+    /// Its agent's breaker is open.
+    Breaker(&'g Gate),
+    /// Its agent has no room under its flow control.
+    Flow(&'g str),
+}
+
 /// An event before it is numbered.
 #[derive(Debug)]
 pub(super) struct Event<'a> {
@@ -194,33 +206,43 @@ impl<'c> Deciding<'c> {
         o.held_for = None;
         o.held_since = None;
         o.hold_until = None;
+        o.held_reason = None;
     }
 
-    /// Holds the order for `gate`'s agent (contract §8): nobody drives it,
-    /// no complete-by, no failure counted; pending (or compensating) again,
+    /// Holds the order (contract §8, §4b): nobody drives it, no
+    /// complete-by, no failure counted; pending (or compensating) again,
+    /// its step (`step`) undispatched. Held for an open breaker, it is
     /// claimable once the breaker closes or picks it as its probe, and
-    /// handled as a failure again after the agent's `max_hold`. The step
-    /// (`idx`) stays undispatched.
-    pub(super) fn hold(&mut self, gate: &Gate, step: &str) {
+    /// handled as a failure again after the agent's `max_hold`; held by flow
+    /// control, it is claimable at once and dispatched when there is room.
+    pub(super) fn hold(&mut self, why: Hold<'_>, step: &str) {
         let from = self.row().process_state;
         let to = match from {
             ProcessState::Compensating => ProcessState::Compensating,
             _ => ProcessState::Pending,
         };
         let now = self.ctx.now;
+        let (agent, reason, since, until) = match why {
+            Hold::Breaker(gate) => (
+                gate.agent.as_str(),
+                if gate.forced {
+                    "forced_open"
+                } else {
+                    "breaker_open"
+                },
+                gate.since.unwrap_or(now),
+                Some(breaker::after(now, gate.max_hold_ms)),
+            ),
+            Hold::Flow(agent) => (agent, "rate_limited", now, None),
+        };
         self.set_state(to, None, None);
         let o = &mut self.order.row;
         o.not_before = None;
-        o.held_for = Some(gate.agent.clone());
+        o.held_for = Some(agent.to_owned());
         o.held_since = Some(now);
-        o.hold_until = Some(breaker::after(now, gate.max_hold_ms));
+        o.hold_until = until;
+        o.held_reason = Some(reason.to_owned());
         let attempt = o.attempt();
-        let reason = if gate.forced {
-            "forced_open"
-        } else {
-            "breaker_open"
-        };
-        let since = gate.since.unwrap_or(now);
         self.log(Event {
             kind: EventKind::Held,
             from: Some(from),
@@ -229,7 +251,7 @@ impl<'c> Deciding<'c> {
             attempt,
             reason: Some(reason),
             detail: serde_json::json!({
-                "agent": gate.agent,
+                "agent": agent,
                 "reason": reason,
                 "since": crate::messages::rfc3339::format(&since),
             }),
@@ -328,6 +350,7 @@ pub(crate) mod fixture {
             actor,
             new_id: Uuid::new_v4,
             gates: &[],
+            flows: &[],
         }
     }
 
@@ -355,6 +378,7 @@ pub(crate) mod fixture {
             held_for: None,
             held_since: None,
             hold_until: None,
+            held_reason: None,
         };
         let steps = (0..n)
             .map(|idx| {

@@ -13,6 +13,7 @@ use serde_json::json;
 
 use super::Context;
 use super::breaker::{self, Admit, Gate, State};
+use super::flow::{self, Flow};
 use super::order::fixture::{ctx, now, pending};
 use super::scheduler::{Replied, apply_reply, claim};
 use super::{Decision, Effect, Order, operator, submission, supervisor};
@@ -37,6 +38,8 @@ enum Action {
     /// The breaker of step `n`'s agent (or its undo's) opens, half-opens
     /// with this order as its probe, or closes.
     Breaker(u8, bool, u8),
+    /// Step `n`'s agent has no room under flow control, or room again.
+    Flow(u8, bool),
 }
 
 fn action() -> impl Strategy<Value = Action> {
@@ -48,6 +51,7 @@ fn action() -> impl Strategy<Value = Action> {
         1 => Just(Action::Retry),
         1 => Just(Action::Cancel),
         2 => (0u8..4, any::<bool>(), 0u8..3).prop_map(|(n, undo, to)| Action::Breaker(n, undo, to)),
+        2 => (0u8..4, any::<bool>()).prop_map(|(n, full)| Action::Flow(n, full)),
     ]
 }
 
@@ -66,6 +70,8 @@ struct World {
     gates: Vec<Gate>,
     /// `held` and `resumed` events logged.
     holds: (usize, usize),
+    /// The agents with no room under flow control.
+    full: Vec<Flow>,
 }
 
 impl World {
@@ -105,7 +111,13 @@ impl World {
                 row.locked_by.is_none() && row.complete_by.is_none(),
                 "{row:?}"
             );
-            prop_assert!(row.hold_until.is_some());
+            // A breaker's hold ends at max_hold; a wait for room does not.
+            prop_assert_eq!(
+                row.hold_until.is_some(),
+                row.held_reason.as_deref() != Some("rate_limited"),
+                "{:?}",
+                row
+            );
             prop_assert!(
                 !d.order
                     .steps
@@ -119,6 +131,10 @@ impl World {
         if d.events().any(|e| e.kind == EventKind::Held) {
             prop_assert_eq!(row.failure_count, before.row.failure_count);
             prop_assert_eq!(row.compensation_failures, before.row.compensation_failures);
+        }
+        for (agent, _) in d.requests() {
+            // Nothing goes to an agent with no room under flow control.
+            prop_assert!(flow::room(&self.full, agent), "a request to full {agent}");
         }
         for (agent, r) in d.requests() {
             // Nothing goes to an agent whose breaker is open, but its probe.
@@ -221,12 +237,15 @@ fn run(steps: i32, undo: u8, actions: Vec<Action>, reached: &Reached) -> Result<
         ended: false,
         gates: Vec::new(),
         holds: (0, 0),
+        full: Vec::new(),
     };
     world.take(received, false)?;
     for action in actions {
         let gates = world.gates.clone();
+        let full = world.full.clone();
         let with_gates = |actor| Context {
             gates: &gates,
+            flows: &full,
             ..ctx(actor)
         };
         let row = &world.order.row;
@@ -243,6 +262,20 @@ fn run(steps: i32, undo: u8, actions: Vec<Action>, reached: &Reached) -> Result<
                     let d = claim(&world.order, with_gates(SCHEDULERS[s as usize]))
                         .map_err(|e| TestCaseError::fail(e.to_string()))?;
                     world.take(d, false)?;
+                }
+            }
+            Action::Flow(n, no_room) => {
+                let Some(step) = world.order.steps.get(usize::from(n)) else {
+                    continue;
+                };
+                let agent = step.agent.clone();
+                world.full.retain(|f| f.agent != agent);
+                if no_room {
+                    world.full.push(Flow {
+                        agent,
+                        max_in_flight: 1,
+                        in_flight: 1,
+                    });
                 }
             }
             Action::Breaker(n, undo, to) => {
@@ -392,7 +425,8 @@ fn every_history_keeps_the_invariants() {
     assert!(undone > 20, "{undone} undos");
     let held = REACHED.held.load(std::sync::atomic::Ordering::Relaxed);
     let resumed = REACHED.resumed.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(held > 20 && resumed > 20, "{held} holds, {resumed} resumes");
+    // Resumes need a hold and a later close before a claim: rarer (18 to 40).
+    assert!(held > 20 && resumed > 5, "{held} holds, {resumed} resumes");
 }
 
 static REACHED: std::sync::LazyLock<Reached> = std::sync::LazyLock::new(Reached::default);

@@ -11,7 +11,8 @@
 use serde_json::{Value, json};
 
 use super::breaker::{self, Admit};
-use super::order::{Context, Deciding, Decision, Effect, Event, Order, RuleError};
+use super::flow;
+use super::order::{Context, Deciding, Decision, Effect, Event, Hold, Order, RuleError};
 use crate::messages::{Direction, EventKind, StepOutcome, StepReply, StepRequest};
 use crate::state::{ProcessState, StepState};
 use crate::state_store::{OrderRow, StepRow};
@@ -34,6 +35,18 @@ pub fn claim(order: &Order, ctx: Context<'_>) -> Result<Decision, RuleError> {
             });
         }
     };
+    // Its next step's agent has no room under flow control (§4b): it stays
+    // as it is, pending in Postgres, for a later claim.
+    if let Some(Advance::Dispatch { idx, direction }) = advance(to, &order.views())
+        && let Some(agent) = order
+            .steps
+            .iter()
+            .find(|s| s.idx == idx)
+            .and_then(|s| agent_for(s, direction))
+        && !flow::room(ctx.flows, agent)
+    {
+        return Ok(d.done());
+    }
     let held = d.row().held_for.clone().map(|a| (a, d.row().held_since));
     d.set_state(to, Some(ctx.actor), None);
     d.order.row.not_before = None;
@@ -196,7 +209,12 @@ impl Deciding<'_> {
         let gates = self.ctx.gates;
         if let Admit::Hold(gate) = breaker::admit(gates, &agent, self.row().order_id) {
             let name = step.name.clone();
-            self.hold(gate, &name);
+            self.hold(Hold::Breaker(gate), &name);
+            return Ok(());
+        }
+        if !flow::room(self.ctx.flows, &agent) {
+            let name = step.name.clone();
+            self.hold(Hold::Flow(&agent), &name);
             return Ok(());
         }
         let step = &mut self.order.steps[pos];
@@ -231,6 +249,14 @@ impl Deciding<'_> {
         };
         self.effects.push(Effect::Request { agent, request });
         Ok(())
+    }
+}
+
+/// The agent a step's dispatch in `direction` goes to: its own, or its undo's.
+fn agent_for(step: &StepRow, direction: Direction) -> Option<&str> {
+    match direction {
+        Direction::Forward => Some(step.agent.as_str()),
+        Direction::Compensate => step.compensate.as_deref(),
     }
 }
 
@@ -385,6 +411,7 @@ mod tests {
             held_for: None,
             held_since: None,
             hold_until: None,
+            held_reason: None,
         }
     }
 

@@ -38,8 +38,7 @@ pub enum Reason {
     AgentBusy,
     /// Held: its agent's shared breaker is open.
     BreakerOpen,
-    /// Flow control keeps its step back (kept for flow control, which
-    /// sas does not have yet: never given now).
+    /// Held by flow control: its agent has no room under `max_in_flight`.
     RateLimited,
     /// None of the above could be told.
     Unknown,
@@ -107,13 +106,18 @@ pub fn running_step(order: &Order) -> Option<&StepRow> {
     order.steps.iter().find(|s| s.state == running)
 }
 
-/// Why a held order is stuck: its agent's breaker is open (since it was
-/// held). `None` for an order that is not held.
+/// Why a held order is stuck: its agent's breaker is open, or its agent
+/// has no room under flow control (since it was held). `None` for an order
+/// that is not held.
 pub fn held(order: &Order) -> Option<Stuck> {
     let agent = order.row.held_for.as_deref()?;
     let at = |t: Option<DateTime<Utc>>| t.map(|t| crate::messages::rfc3339::format(&t));
+    let reason = match order.row.held_reason.as_deref() {
+        Some("rate_limited") => Reason::RateLimited,
+        _ => Reason::BreakerOpen,
+    };
     Some(Stuck {
-        reason: Reason::BreakerOpen,
+        reason,
         since: order.row.held_since.unwrap_or(order.row.updated_at),
         detail: json!({ "agent": agent, "hold_until": at(order.row.hold_until) }),
     })

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 
 use super::breaker::Gate;
-use super::order::{Context, Deciding, Decision, Event, Order};
+use super::order::{Context, Deciding, Decision, Event, Hold, Order};
 use crate::config::SupervisorSettings;
 use crate::messages::{EventKind, rfc3339};
 use crate::state::ProcessState;
@@ -34,7 +34,7 @@ pub fn expire(
     // agent cannot reach its remote: the order waits for it, no failure counted.
     if !held && let Some((step, gate)) = running_behind_a_breaker(order, ctx) {
         d.withdraw_running();
-        d.hold(gate, &step);
+        d.hold(Hold::Breaker(gate), &step);
         return (d.done(), None);
     }
     d.withdraw_running();

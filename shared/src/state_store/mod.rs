@@ -11,6 +11,7 @@ mod breaker_reports;
 mod breakers;
 mod dashboard;
 mod events;
+mod flows;
 mod instances;
 mod leases;
 mod orders;

@@ -36,6 +36,8 @@ pub struct OrderRow {
     pub held_since: Option<DateTime<Utc>>,
     /// When a hold that lasts is handled as a failure (the agent's `max_hold`).
     pub hold_until: Option<DateTime<Utc>>,
+    /// Why it is held: `breaker_open`, `forced_open` or `rate_limited`.
+    pub held_reason: Option<String>,
 }
 
 impl OrderRow {
@@ -64,6 +66,8 @@ pub struct Loaded {
     pub steps: sqlx::types::Json<Vec<super::steps::StepRow>>,
     /// The agents' breakers that are not closed (the same on every row).
     pub gates: sqlx::types::Json<Vec<crate::rules::breaker::Gate>>,
+    /// The agents under flow control (the same on every row).
+    pub flows: sqlx::types::Json<Vec<crate::rules::flow::Flow>>,
 }
 
 /// Wraps a query of orders (`picked`, returning [`COLUMNS`]) so that it
@@ -82,13 +86,14 @@ fn loading(picked: &str, flag: u8) -> String {
          SELECT l.*, now() AS tx_now, k.outbox_locked, \
            (SELECT coalesce(json_agg(s ORDER BY s.idx), '[]') FROM ( \
              SELECT {steps} FROM steps WHERE steps.order_id = l.order_id) s) AS steps, \
-           ({gates}) AS gates \
+           ({gates}) AS gates, ({flows}) AS flows \
          FROM l LEFT JOIN LATERAL ( \
            SELECT pg_try_advisory_lock({key}) AS outbox_locked \
            WHERE ${flag}) k ON k.outbox_locked \
          ORDER BY l.order_id",
         steps = super::steps::COLUMNS,
         gates = super::breakers::GATES,
+        flows = super::flows::FLOWS,
         key = super::outbox::lock_key("l.order_id"),
     )
 }
@@ -114,7 +119,7 @@ pub struct NewOrder {
 }
 
 const COLUMNS: &str = "order_id, workflow, payload, reply_to, priority, not_before, process_state, \
-     locked_by, complete_by, failure_count, compensation_failures, last_seq, last_error, created_at, updated_at, trace_id, held_for, held_since, hold_until";
+     locked_by, complete_by, failure_count, compensation_failures, last_seq, last_error, created_at, updated_at, trace_id, held_for, held_since, hold_until, held_reason";
 
 /// The order, without locking it.
 pub async fn get(conn: &mut PgConnection, order_id: Uuid) -> Result<Option<OrderRow>, sqlx::Error> {

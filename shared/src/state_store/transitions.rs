@@ -240,8 +240,12 @@ impl Transitions {
             let mut ids = Vec::with_capacity(unit.len());
             for i in 0..unit.len() {
                 let order = &unit.get(i).order;
-                ids.push(order.row.order_id);
                 let decision = rules::scheduler::claim(order, context(&unit, &me.name))?;
+                // Left as it was: no room under its agent's flow control.
+                if decision.effects.is_empty() && decision.order == *order {
+                    continue;
+                }
+                ids.push(order.row.order_id);
                 unit.apply(i, decision, &self.queues)?;
             }
             Ok((ids, unit))
@@ -536,6 +540,7 @@ fn context<'a>(unit: &'a Unit, actor: &'a str) -> Context<'a> {
         actor,
         new_id: Uuid::now_v7,
         gates: &unit.gates,
+        flows: &unit.flows,
     }
 }
 

@@ -32,8 +32,9 @@ use super::steps::StepRow;
 use super::{StoreError, WAKE_CHANNEL};
 use crate::messages::StatusEvent;
 use crate::rules::breaker::Gate;
+use crate::rules::flow::Flow;
 use crate::rules::{Decision, Effect, Logged, Order};
-use crate::state::ProcessState;
+use crate::state::{ProcessState, StepState};
 use crate::topology::QueueNames;
 use crate::workflow::Step;
 
@@ -121,6 +122,7 @@ struct OrderUpdate<'a> {
     held_for: Option<&'a str>,
     held_since: Option<DateTime<Utc>>,
     hold_until: Option<DateTime<Utc>>,
+    held_reason: Option<&'a str>,
     version: i64,
 }
 
@@ -157,6 +159,17 @@ pub(super) struct Unit {
     wake: bool,
     /// The agents' breakers that are not closed, read with the orders.
     pub gates: Vec<Gate>,
+    /// The agents under flow control, read with the orders; their counts
+    /// grow with the unit's dispatches, so that later decisions see them.
+    pub flows: Vec<Flow>,
+}
+
+/// How many more (or fewer) steps a write-back leaves out with an agent
+/// under flow control.
+#[derive(Debug, Serialize)]
+struct FlowDelta {
+    agent: String,
+    delta: i32,
 }
 
 impl Unit {
@@ -167,6 +180,7 @@ impl Unit {
         let mut unit = Self::empty(now);
         if let Some(first) = loaded.first() {
             unit.gates = first.gates.0.clone();
+            unit.flows = first.flows.0.clone();
         }
         for l in loaded {
             if claimed {
@@ -197,6 +211,7 @@ impl Unit {
             claimed: Vec::new(),
             wake: false,
             gates: Vec::new(),
+            flows: Vec::new(),
         }
     }
 
@@ -223,6 +238,7 @@ impl Unit {
             held_for: None,
             held_since: None,
             hold_until: None,
+            held_reason: None,
         };
         let steps = steps
             .iter()
@@ -272,6 +288,9 @@ impl Unit {
             match effect {
                 Effect::Event(logged) => self.event(i, logged),
                 Effect::Request { agent, request } => {
+                    if let Some(f) = self.flows.iter_mut().find(|f| f.agent == agent) {
+                        f.in_flight += 1;
+                    }
                     let message = self.message(
                         i,
                         "request",
@@ -353,6 +372,41 @@ impl Unit {
         }
     }
 
+    /// The steps out with each agent under flow control that the changed
+    /// orders add or end: a step counts while `running` (with its agent)
+    /// or `compensating` (with its undo's).
+    fn flow_deltas(&self, changed: &[&Tracked]) -> Vec<FlowDelta> {
+        if self.flows.is_empty() {
+            return Vec::new();
+        }
+        let out_with = |s: &StepRow| match s.state {
+            StepState::Running => Some(s.agent.clone()),
+            StepState::Compensating => s.compensate.clone(),
+            _ => None,
+        };
+        let mut deltas: Vec<FlowDelta> = Vec::new();
+        let mut add = |agent: Option<String>, by: i32| {
+            let Some(agent) = agent.filter(|a| self.flows.iter().any(|f| &f.agent == a)) else {
+                return;
+            };
+            match deltas.iter_mut().find(|d| d.agent == agent) {
+                Some(d) => d.delta += by,
+                None => deltas.push(FlowDelta { agent, delta: by }),
+            }
+        };
+        for t in changed {
+            for (now, read) in t.order.steps.iter().zip(&t.read.steps) {
+                let (was, is) = (out_with(read), out_with(now));
+                if was != is {
+                    add(was, -1);
+                    add(is, 1);
+                }
+            }
+        }
+        deltas.retain(|d| d.delta != 0);
+        deltas
+    }
+
     /// Writes everything back in one statement ([`FLUSH`]): the new orders
     /// with their steps, the orders' and steps' updates, the events, the
     /// messages and the wake-up; and lets the claim locks go. Fails on the
@@ -404,6 +458,9 @@ impl Unit {
             .filter(|(now, read)| now != read)
             .map(|(now, read)| step_update(now, read))
             .collect();
+        let flows = self.flow_deltas(&changed);
+        // Room came free under flow control: orders may wait for it.
+        let wake = self.wake || flows.iter().any(|f| f.delta < 0);
         let bodies: Vec<&[u8]> = self.messages.iter().map(|m| m.body.as_slice()).collect();
         let found = sqlx::query_as::<_, FlushRow>(FLUSH)
             .bind(Json(&new_orders))
@@ -417,8 +474,9 @@ impl Unit {
             .bind(direct)
             .bind(&locked)
             .bind(WAKE_CHANNEL)
-            .bind(self.wake)
+            .bind(wake)
             .bind(&self.claimed)
+            .bind(Json(&flows))
             .fetch_one(&mut *conn)
             .await;
         let row = match found {
@@ -478,6 +536,7 @@ fn order_update(t: &Tracked) -> OrderUpdate<'_> {
         held_for: o.held_for.as_deref(),
         held_since: o.held_since,
         hold_until: o.hold_until,
+        held_reason: o.held_reason.as_deref(),
         version: t.version,
     }
 }
@@ -594,10 +653,13 @@ impl FlushRow {
 /// `$8` the unit's time, `$9` whether to take the new orders' outbox locks,
 /// `$10` the orders whose outbox locks this connection holds, `$11` and
 /// `$12` the channel to notify and whether to, `$13` the orders whose claim
-/// locks to let go. Guards: an order is written only if its row is still
-/// the version loaded, a step only if its state and dispatch are; and when
-/// a guard leaves a row unwritten, `sas_fail` fails the statement, so that
-/// nothing of it stays. The claim locks go once the rows are written.
+/// locks to let go, `$14` the flow-control counts to move. Guards: an order
+/// is written only if its row is still the version loaded, a step only if
+/// its state and dispatch are, an agent's count only if it stays within its
+/// `max_in_flight` (the row lock makes concurrent write-backs take turns,
+/// each checking the count the other left); and when a guard leaves a row
+/// unwritten, `sas_fail` fails the statement, so that nothing of it stays.
+/// The claim locks go once the rows are written.
 pub(super) const FLUSH: &str = "\
 WITH new AS (SELECT order_id FROM jsonb_to_recordset($1) AS i(order_id uuid)), \
 n AS ( \
@@ -620,11 +682,11 @@ o AS ( \
     complete_by = u.complete_by, not_before = u.not_before, failure_count = u.failure_count, \
     compensation_failures = u.compensation_failures, last_seq = u.last_seq, \
     last_error = u.last_error, held_for = u.held_for, held_since = u.held_since, \
-    hold_until = u.hold_until, updated_at = now() \
+    hold_until = u.hold_until, held_reason = u.held_reason, updated_at = now() \
   FROM jsonb_to_recordset($3) AS u(order_id uuid, process_state text, locked_by text, \
     complete_by timestamptz, not_before timestamptz, failure_count int, \
     compensation_failures int, last_seq int, last_error text, held_for text, \
-    held_since timestamptz, hold_until timestamptz, version bigint) \
+    held_since timestamptz, hold_until timestamptz, held_reason text, version bigint) \
   WHERE o.order_id = u.order_id AND o.xmin::text::bigint = u.version \
   RETURNING 1), \
 s AS ( \
@@ -653,6 +715,11 @@ m AS ( \
   JOIN unnest($7::bytea[]) WITH ORDINALITY AS b(body, n) ON b.n = u.n \
   WHERE u.order_id NOT IN (SELECT order_id FROM new) OR u.order_id IN (SELECT order_id FROM n) \
   ORDER BY u.n RETURNING id), \
+fl AS ( \
+  UPDATE agent_flow a SET in_flight = greatest(0, a.in_flight + d.delta) \
+  FROM jsonb_to_recordset($14) AS d(agent text, delta int) \
+  WHERE a.agent = d.agent AND (d.delta <= 0 OR a.in_flight + d.delta <= a.max_in_flight) \
+  RETURNING 1), \
 w AS (SELECT pg_notify($11, '') WHERE $12 \
   AND (NOT EXISTS (SELECT 1 FROM new) OR EXISTS (SELECT 1 FROM n))) \
 SELECT ARRAY(SELECT order_id FROM n) AS created, \
@@ -662,6 +729,7 @@ SELECT ARRAY(SELECT order_id FROM n) AS created, \
   (SELECT count(*) FROM w) AS woken, \
   CASE WHEN (SELECT count(*) FROM o) = jsonb_array_length($3) \
         AND (SELECT count(*) FROM s) = jsonb_array_length($4) \
+        AND (SELECT count(*) FROM fl) = jsonb_array_length($14) \
     THEN (SELECT count(*) FROM (SELECT pg_advisory_unlock( \
            hashtextextended('sas.claim:' || id::text, 0)) FROM unnest($13::uuid[]) AS c(id)) x) >= 0 \
     ELSE sas_fail('a row changed since it was loaded') END AS guarded";

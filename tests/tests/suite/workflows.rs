@@ -1,8 +1,11 @@
 //! Workflows for real work (contract §4b): a workflow's own failure policy
 //! and a step's own retry.
 
+use std::time::Duration;
+
 use remote_sim::Knobs;
 use sas_tests::TestApp;
+use sas_tests::cli::run;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_workflows_own_max_failures_and_a_steps_own_attempts_override_the_defaults() {
@@ -85,4 +88,81 @@ fn a_zero_attempt_retry_or_an_empty_schedule_is_refused_at_start_up() {
         assert_eq!(err.trim().lines().count(), 1, "{err}");
         std::fs::remove_dir_all(dir).ok();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_in_flight_bounds_an_agents_calls_across_three_instances_and_orders_wait_rate_limited()
+{
+    let app = TestApp::builder().step_timeout("20s").build().await;
+    // Agent b (the second step of `three`) takes 300 ms a call.
+    app.knobs(
+        "b",
+        Knobs {
+            latency_ms: 300,
+            ..Knobs::default()
+        },
+    );
+    for name in ["submission", "supervisor"] {
+        app.start(name, name, &[]).await;
+    }
+    app.start_with_env(
+        "scheduler",
+        "scheduler",
+        &[],
+        &[("SAS__AGENTS__B__MAX_IN_FLIGHT", "2")],
+    )
+    .await;
+    for name in ["agent-1", "agent-2", "agent-3"] {
+        app.start(name, "agent", &[]).await;
+    }
+    let status = app.status_queue("flow").await;
+    let ids = app.submit_many("three", 12, Some(&status)).await;
+    // While orders wait for room, one says so.
+    app.eventually(
+        "a held order says rate_limited",
+        Duration::from_secs(20),
+        || async {
+            let held: Option<uuid::Uuid> = sqlx::query_scalar(
+                "SELECT order_id FROM orders WHERE held_reason = 'rate_limited' LIMIT 1",
+            )
+            .fetch_optional(&app.db)
+            .await
+            .ok()
+            .flatten();
+            let Some(id) = held else { return false };
+            let shown = run(&app, &["orders", "show", &id.to_string(), "--json"])
+                .await
+                .expect_code(0);
+            let stuck = &shown.json()["stuck"];
+            stuck["reason"] == "rate_limited" && stuck["detail"]["agent"] == "b"
+        },
+    )
+    .await;
+    let stories = app
+        .assert_invariants(&status, &ids, &[], Duration::from_secs(60))
+        .await;
+    let b = app.stats().endpoints["/svc/b"].clone();
+    assert_eq!(b.applied, 12);
+    assert!(
+        (1..=2).contains(&b.max_in_progress),
+        "at most two calls at once: {b:?}"
+    );
+    let waited = stories
+        .values()
+        .filter(|events| {
+            events
+                .iter()
+                .any(|e| e["state"] == "held" && e["detail"]["reason"] == "rate_limited")
+        })
+        .count();
+    assert!(waited > 0, "some orders waited for room");
+    for events in stories.values() {
+        let states: Vec<&str> = events.iter().filter_map(|e| e["state"].as_str()).collect();
+        assert_eq!(states.last(), Some(&"processed"), "{states:?}");
+    }
+    let in_flight: i32 = sqlx::query_scalar("SELECT in_flight FROM agent_flow WHERE agent = 'b'")
+        .fetch_one(&app.db)
+        .await
+        .expect("b is under flow control");
+    assert_eq!(in_flight, 0, "every step out was counted back");
 }
