@@ -504,6 +504,10 @@ pub struct AgentSpec {
     /// the whole deployment (contract §4b); unset: no bound.
     #[serde(default)]
     pub max_in_flight: Option<u32>,
+    /// Dispatches to this agent per unit of time over the whole deployment
+    /// (contract §4b), e.g. `"100/s"`, `"600/m"`, `"1000/h"`; unset: no limit.
+    #[serde(default)]
+    pub rate_limit: Option<String>,
 }
 
 fn default_max_response_bytes() -> usize {
@@ -514,7 +518,33 @@ fn default_max_hold() -> Duration {
     Duration::from_secs(24 * 3600)
 }
 
+/// A rate as `<count>/<s|m|h>` (e.g. `"100/s"`), in dispatches per second.
+pub fn parse_rate(text: &str) -> Result<f64, String> {
+    let (count, per) = text
+        .split_once('/')
+        .ok_or_else(|| format!("{text:?} is not <count>/<s|m|h>, e.g. \"100/s\""))?;
+    let count: f64 = count
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?}: {count:?} is not a number"))?;
+    let seconds = match per.trim() {
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        other => return Err(format!("{text:?}: the unit {other:?} is not s, m or h")),
+    };
+    if !(count.is_finite() && count > 0.0) {
+        return Err(format!("{text:?}: the count must be more than 0"));
+    }
+    Ok(count / seconds)
+}
+
 impl AgentSpec {
+    /// The agent's `rate_limit` in dispatches per second (checked at start-up).
+    pub fn rate_per_sec(&self) -> Option<f64> {
+        self.rate_limit.as_deref().and_then(|r| parse_rate(r).ok())
+    }
+
     /// The breaker's threshold, cool-down and max hold for this agent,
     /// its own or `agent`'s.
     pub fn breaker_policy(&self, agent: &AgentSettings) -> (u32, Duration, Duration) {
@@ -622,6 +652,9 @@ impl Settings {
         for (name, agent) in &self.agents {
             if agent.max_in_flight == Some(0) {
                 return invalid(format!("agents.{name}.max_in_flight must be at least 1"));
+            }
+            if let Some(Err(e)) = agent.rate_limit.as_deref().map(parse_rate) {
+                return invalid(format!("agents.{name}.rate_limit: {e}"));
             }
             if !(agent.url.starts_with("http://") || agent.url.starts_with("https://")) {
                 return invalid(format!(
@@ -758,6 +791,16 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates_read_per_second_minute_or_hour() {
+        assert_eq!(parse_rate("20/s"), Ok(20.0));
+        assert_eq!(parse_rate("600/m"), Ok(10.0));
+        assert_eq!(parse_rate(" 36 / h "), Ok(0.01));
+        for bad in ["20", "x/s", "20/d", "0/s", "-1/s", "inf/s"] {
+            assert!(parse_rate(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn defaults_are_valid() {

@@ -54,7 +54,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     // Flow control (§4b) as this configuration sets it; the schedulers enforce it.
     for (agent, spec) in &ctx.settings.agents {
         store
-            .declare_flow(agent, spec.max_in_flight)
+            .declare_flow(agent, spec.max_in_flight, spec.rate_per_sec())
             .await
             .with_context(|| format!("declaring the flow control of agent {agent}"))?;
     }
@@ -155,7 +155,16 @@ fn apply_in_batches(
 impl Scheduler {
     /// Claims work whenever woken (a notification or the poll) until `stop`.
     async fn claim_loop(self: Arc<Self>, stop: CancellationToken) {
-        let poll = self.ctx.settings.scheduler.poll_interval;
+        // Under a rate limit, look again as often as a dispatch comes due:
+        // nothing notifies a token's coming (§4b).
+        let poll = self
+            .ctx
+            .settings
+            .agents
+            .values()
+            .filter_map(|a| a.rate_per_sec())
+            .map(|rate| Duration::from_secs_f64((1.0 / rate).max(0.01)))
+            .fold(self.ctx.settings.scheduler.poll_interval, Duration::min);
         let mut listener = match self.transitions.store().listen().await {
             Ok(l) => Some(l),
             Err(e) => {

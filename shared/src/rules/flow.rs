@@ -8,20 +8,49 @@
 use serde::{Deserialize, Serialize};
 
 /// One limited agent, as loaded with the orders.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Flow {
     pub agent: String,
-    pub max_in_flight: i32,
+    /// At most this many steps out with the agent (`None`: no bound).
+    pub max_in_flight: Option<i32>,
     /// Steps out with the agent now (this unit's dispatches included).
     pub in_flight: i32,
+    /// Dispatches per second (`None`: no rate limit).
+    pub rate_per_sec: Option<f64>,
+    /// Dispatches the rate allows now (its token bucket, this unit's
+    /// dispatches taken).
+    pub available: Option<f64>,
 }
 
-/// Whether one more step may go to `agent`: it has no limit, or room under it.
+impl Flow {
+    /// Whether one more step may go: under its in-flight limit and with a
+    /// token in its bucket.
+    pub fn has_room(&self) -> bool {
+        self.max_in_flight.is_none_or(|max| self.in_flight < max)
+            && self.available.is_none_or(|tokens| tokens >= 1.0)
+    }
+
+    /// Counts a step dispatched to the agent.
+    pub fn dispatched(&mut self) {
+        self.in_flight += 1;
+        if let Some(tokens) = &mut self.available {
+            *tokens -= 1.0;
+        }
+    }
+}
+
+/// Whether one more step may go to `agent`: it has no limit, or room under them.
 pub fn room(flows: &[Flow], agent: &str) -> bool {
     flows
         .iter()
         .find(|f| f.agent == agent)
-        .is_none_or(|f| f.in_flight < f.max_in_flight)
+        .is_none_or(Flow::has_room)
+}
+
+/// The burst a rate allows: a tenth of a second's worth, at least one
+/// dispatch, so that no second sees much more than the rate.
+pub fn burst(rate_per_sec: f64) -> f64 {
+    (rate_per_sec / 10.0).max(1.0)
 }
 
 #[cfg(test)]
@@ -36,8 +65,10 @@ mod tests {
     fn full(agent: &str) -> [Flow; 1] {
         [Flow {
             agent: agent.into(),
-            max_in_flight: 1,
+            max_in_flight: Some(1),
             in_flight: 1,
+            rate_per_sec: None,
+            available: None,
         }]
     }
 
@@ -93,18 +124,26 @@ mod tests {
     }
 
     #[test]
-    fn only_a_limited_agent_at_its_limit_has_no_room() {
+    fn only_a_limited_agent_at_its_limit_or_out_of_tokens_has_no_room() {
         let flows = [Flow {
             agent: "pay".into(),
-            max_in_flight: 2,
+            max_in_flight: Some(2),
             in_flight: 2,
+            rate_per_sec: None,
+            available: None,
         }];
         assert!(!room(&flows, "pay"));
         assert!(room(&flows, "ship"));
-        let below = [Flow {
-            in_flight: 1,
+        let mut rated = Flow {
+            max_in_flight: None,
+            rate_per_sec: Some(20.0),
+            available: Some(1.5),
             ..flows[0].clone()
-        }];
-        assert!(room(&below, "pay"));
+        };
+        assert!(rated.has_room());
+        rated.dispatched();
+        assert!(!rated.has_room(), "half a token left");
+        assert_eq!(burst(20.0), 2.0);
+        assert_eq!(burst(3.0), 1.0);
     }
 }

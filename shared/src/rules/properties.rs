@@ -273,8 +273,10 @@ fn run(steps: i32, undo: u8, actions: Vec<Action>, reached: &Reached) -> Result<
                 if no_room {
                     world.full.push(Flow {
                         agent,
-                        max_in_flight: 1,
+                        max_in_flight: Some(1),
                         in_flight: 1,
+                        rate_per_sec: None,
+                        available: None,
                     });
                 }
             }

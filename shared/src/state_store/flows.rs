@@ -1,16 +1,20 @@
 //! The `agent_flow` table: flow control per agent across the deployment
-//! (contract §4b). Each agent with `max_in_flight` has a row with its limit
-//! and the steps out with it now; every write-back moves the count by the
-//! steps it dispatches and ends ([`super::unit`]) and refuses to pass the
+//! (contract §4b). Each agent with `max_in_flight` or `rate_limit` has a
+//! row with its limits, the steps out with it now and its token bucket;
+//! every write-back moves the count by the steps it dispatches and ends,
+//! takes a token per dispatch ([`super::unit`]) and refuses to pass either
 //! limit, in the same statement, so schedulers dispatching at once cannot
-//! pass it together.
+//! pass them together.
 
 use super::{StateStore, StoreError};
 
 /// The SQL of the agents under flow control, as the rules' flows (JSON):
 /// read with every load of orders ([`super::orders`]).
 pub(super) const FLOWS: &str = "SELECT coalesce(json_agg(json_build_object( \
-     'agent', agent, 'max_in_flight', max_in_flight, 'in_flight', in_flight)), '[]') \
+     'agent', agent, 'max_in_flight', max_in_flight, 'in_flight', in_flight, \
+     'rate_per_sec', rate_per_sec, \
+     'available', CASE WHEN rate_per_sec IS NOT NULL THEN least(burst, tokens + rate_per_sec \
+       * greatest(0, extract(epoch FROM now() - refilled_at))::float8) END)), '[]') \
    FROM agent_flow";
 
 /// The steps out with an agent now, counted from the steps: where a new
@@ -19,33 +23,38 @@ const OUT_WITH: &str = "(SELECT count(*) FROM steps \
      WHERE (state = 'running' AND agent = $1) OR (state = 'compensating' AND compensate = $1))";
 
 impl StateStore {
-    /// Sets `agent`'s `max_in_flight` (`None`: no flow control, the row
-    /// goes). A new row starts from the steps out with the agent now.
+    /// Sets `agent`'s `max_in_flight` and `rate_limit` (dispatches per
+    /// second); with neither, the agent has no flow control and its row
+    /// goes. A new row starts from the steps out with the agent now and a
+    /// full bucket ([`crate::rules::flow::burst`]).
     pub async fn declare_flow(
         &self,
         agent: &str,
         max_in_flight: Option<u32>,
+        rate_per_sec: Option<f64>,
     ) -> Result<(), StoreError> {
-        match max_in_flight {
-            Some(max) => {
-                sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "INSERT INTO agent_flow AS f (agent, max_in_flight, in_flight) \
-                     VALUES ($1, $2, {OUT_WITH}) \
-                     ON CONFLICT (agent) DO UPDATE SET max_in_flight = $2 \
-                     WHERE f.max_in_flight <> $2"
-                )))
+        if max_in_flight.is_none() && rate_per_sec.is_none() {
+            sqlx::query("DELETE FROM agent_flow WHERE agent = $1")
                 .bind(agent)
-                .bind(i32::try_from(max).unwrap_or(i32::MAX))
                 .execute(self.pool())
                 .await?;
-            }
-            None => {
-                sqlx::query("DELETE FROM agent_flow WHERE agent = $1")
-                    .bind(agent)
-                    .execute(self.pool())
-                    .await?;
-            }
+            return Ok(());
         }
+        let burst = rate_per_sec.map_or(1.0, crate::rules::flow::burst);
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO agent_flow AS f (agent, max_in_flight, in_flight, rate_per_sec, \
+               burst, tokens) \
+             VALUES ($1, $2, {OUT_WITH}, $3, $4, $4) \
+             ON CONFLICT (agent) DO UPDATE SET max_in_flight = $2, rate_per_sec = $3, \
+               burst = $4, tokens = least(f.tokens, $4) \
+             WHERE (f.max_in_flight, f.rate_per_sec, f.burst) IS DISTINCT FROM ($2, $3, $4)"
+        )))
+        .bind(agent)
+        .bind(max_in_flight.map(|m| i32::try_from(m).unwrap_or(i32::MAX)))
+        .bind(rate_per_sec)
+        .bind(burst)
+        .execute(self.pool())
+        .await?;
         Ok(())
     }
 }

@@ -162,14 +162,17 @@ pub(super) struct Unit {
     /// The agents under flow control, read with the orders; their counts
     /// grow with the unit's dispatches, so that later decisions see them.
     pub flows: Vec<Flow>,
+    /// The agent of each request to an agent under flow control.
+    dispatched: Vec<String>,
 }
 
 /// How many more (or fewer) steps a write-back leaves out with an agent
-/// under flow control.
+/// under flow control, and how many it dispatches (each takes a token).
 #[derive(Debug, Serialize)]
 struct FlowDelta {
     agent: String,
     delta: i32,
+    dispatched: i32,
 }
 
 impl Unit {
@@ -212,6 +215,7 @@ impl Unit {
             wake: false,
             gates: Vec::new(),
             flows: Vec::new(),
+            dispatched: Vec::new(),
         }
     }
 
@@ -289,7 +293,8 @@ impl Unit {
                 Effect::Event(logged) => self.event(i, logged),
                 Effect::Request { agent, request } => {
                     if let Some(f) = self.flows.iter_mut().find(|f| f.agent == agent) {
-                        f.in_flight += 1;
+                        f.dispatched();
+                        self.dispatched.push(agent.clone());
                     }
                     let message = self.message(
                         i,
@@ -385,25 +390,35 @@ impl Unit {
             _ => None,
         };
         let mut deltas: Vec<FlowDelta> = Vec::new();
-        let mut add = |agent: Option<String>, by: i32| {
+        let mut add = |agent: Option<String>, by: i32, dispatched: i32| {
             let Some(agent) = agent.filter(|a| self.flows.iter().any(|f| &f.agent == a)) else {
                 return;
             };
             match deltas.iter_mut().find(|d| d.agent == agent) {
-                Some(d) => d.delta += by,
-                None => deltas.push(FlowDelta { agent, delta: by }),
+                Some(d) => {
+                    d.delta += by;
+                    d.dispatched += dispatched;
+                }
+                None => deltas.push(FlowDelta {
+                    agent,
+                    delta: by,
+                    dispatched,
+                }),
             }
         };
         for t in changed {
             for (now, read) in t.order.steps.iter().zip(&t.read.steps) {
                 let (was, is) = (out_with(read), out_with(now));
                 if was != is {
-                    add(was, -1);
-                    add(is, 1);
+                    add(was, -1, 0);
+                    add(is, 1, 0);
                 }
             }
         }
-        deltas.retain(|d| d.delta != 0);
+        for agent in &self.dispatched {
+            add(Some(agent.clone()), 0, 1);
+        }
+        deltas.retain(|d| d.delta != 0 || d.dispatched != 0);
         deltas
     }
 
@@ -716,9 +731,16 @@ m AS ( \
   WHERE u.order_id NOT IN (SELECT order_id FROM new) OR u.order_id IN (SELECT order_id FROM n) \
   ORDER BY u.n RETURNING id), \
 fl AS ( \
-  UPDATE agent_flow a SET in_flight = greatest(0, a.in_flight + d.delta) \
-  FROM jsonb_to_recordset($14) AS d(agent text, delta int) \
-  WHERE a.agent = d.agent AND (d.delta <= 0 OR a.in_flight + d.delta <= a.max_in_flight) \
+  UPDATE agent_flow a SET in_flight = greatest(0, a.in_flight + d.delta), \
+    tokens = CASE WHEN a.rate_per_sec IS NULL THEN a.tokens \
+      ELSE least(a.burst, a.tokens + a.rate_per_sec \
+        * greatest(0, extract(epoch FROM now() - a.refilled_at))::float8) - d.dispatched END, \
+    refilled_at = greatest(a.refilled_at, now()) \
+  FROM jsonb_to_recordset($14) AS d(agent text, delta int, dispatched int) \
+  WHERE a.agent = d.agent \
+    AND (d.delta <= 0 OR a.max_in_flight IS NULL OR a.in_flight + d.delta <= a.max_in_flight) \
+    AND (d.dispatched = 0 OR a.rate_per_sec IS NULL OR least(a.burst, a.tokens + a.rate_per_sec \
+        * greatest(0, extract(epoch FROM now() - a.refilled_at))::float8) >= d.dispatched) \
   RETURNING 1), \
 w AS (SELECT pg_notify($11, '') WHERE $12 \
   AND (NOT EXISTS (SELECT 1 FROM new) OR EXISTS (SELECT 1 FROM n))) \

@@ -166,3 +166,39 @@ async fn max_in_flight_bounds_an_agents_calls_across_three_instances_and_orders_
         .expect("b is under flow control");
     assert_eq!(in_flight, 0, "every step out was counted back");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_spreads_two_hundred_dispatches_over_ten_seconds() {
+    let app = TestApp::builder().step_timeout("60s").build().await;
+    for name in ["submission", "supervisor", "agent"] {
+        app.start(name, name, &[]).await;
+    }
+    app.start_with_env(
+        "scheduler",
+        "scheduler",
+        &[],
+        &[("SAS__AGENTS__A__RATE_LIMIT", "20/s")],
+    )
+    .await;
+    app.submit_many("one", 200, None).await;
+    app.wait_for_state("processed", 200, Duration::from_secs(60))
+        .await;
+    // Each order's one dispatch is its claim (`processing`), on the database's clock.
+    let (span, busiest): (f64, i64) = sqlx::query_as(
+        "WITH d AS (SELECT at FROM order_events WHERE event = 'processing') \
+         SELECT extract(epoch FROM max(at) - min(at))::float8, \
+           (SELECT max(n) FROM (SELECT (SELECT count(*) FROM d d2 \
+              WHERE d2.at >= d1.at AND d2.at < d1.at + interval '1 second') AS n FROM d d1) w) \
+         FROM d",
+    )
+    .fetch_one(&app.db)
+    .await
+    .expect("dispatch times");
+    // 200 at 20/s with a burst of 2: 9.9 s from the first to the last.
+    assert!(span >= 9.5, "200 dispatches within {span:.2} s");
+    assert!(busiest <= 22, "{busiest} dispatches within one second");
+    assert!(
+        busiest >= 15,
+        "the rate is used: {busiest} in the busiest second"
+    );
+}
