@@ -73,19 +73,23 @@ mod tests {
     }
 
     #[test]
-    fn an_order_whose_next_agent_is_full_is_left_pending_and_one_mid_way_is_held() {
+    fn an_order_whose_next_agent_is_full_waits_held_for_it_whether_new_or_mid_way() {
         let order = pending(2, |_| false);
         let a0 = full("a0");
-        let left = claim(
-            &order,
-            Context {
-                flows: &a0,
-                ..ctx("s1")
-            },
-        )
-        .unwrap();
-        assert_eq!(left.order, order, "not claimed");
-        assert!(left.effects.is_empty());
+        let on_a0 = |actor| Context {
+            flows: &a0,
+            ..ctx(actor)
+        };
+        let waits = claim(&order, on_a0("s1")).unwrap();
+        let kinds: Vec<&str> = waits.events().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, ["held"], "not claimed: no processing");
+        assert_eq!(waits.order.row.held_for.as_deref(), Some("a0"));
+        assert_eq!(waits.order.row.locked_by, None);
+        assert_eq!(waits.requests().count(), 0);
+        // Still full at the next claim: nothing changes, nothing is logged again.
+        let again = claim(&waits.order, on_a0("s2")).unwrap();
+        assert_eq!(again.order, waits.order);
+        assert!(again.effects.is_empty());
         // Step 0 done, step 1's agent full: the order waits, held, no failure.
         let claimed = claim(&order, ctx("s1")).unwrap();
         let (_, request) = claimed.requests().next().unwrap();

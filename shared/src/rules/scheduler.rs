@@ -35,16 +35,17 @@ pub fn claim(order: &Order, ctx: Context<'_>) -> Result<Decision, RuleError> {
             });
         }
     };
-    // Its next step's agent has no room under flow control (§4b): it stays
-    // as it is, pending in Postgres, for a later claim.
+    // Its next step's agent has no room under flow control (§4b): it waits,
+    // pending in Postgres and held for that agent, so that claims pass it by
+    // until there is room (and take the orders behind it meanwhile).
     if let Some(Advance::Dispatch { idx, direction }) = advance(to, &order.views())
-        && let Some(agent) = order
-            .steps
-            .iter()
-            .find(|s| s.idx == idx)
-            .and_then(|s| agent_for(s, direction))
+        && let Some(step) = order.steps.iter().find(|s| s.idx == idx)
+        && let Some(agent) = agent_for(step, direction)
         && !flow::room(ctx.flows, agent)
     {
+        if order.row.held_for.as_deref() != Some(agent) {
+            d.hold(Hold::Flow(agent), &step.name);
+        }
         return Ok(d.done());
     }
     let held = d.row().held_for.clone().map(|a| (a, d.row().held_since));

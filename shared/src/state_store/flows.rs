@@ -6,16 +6,31 @@
 //! limit, in the same statement, so schedulers dispatching at once cannot
 //! pass them together.
 
+use std::sync::LazyLock;
+
 use super::{StateStore, StoreError};
 
 /// The SQL of the agents under flow control, as the rules' flows (JSON):
 /// read with every load of orders ([`super::orders`]).
-pub(super) const FLOWS: &str = "SELECT coalesce(json_agg(json_build_object( \
-     'agent', agent, 'max_in_flight', max_in_flight, 'in_flight', in_flight, \
-     'rate_per_sec', rate_per_sec, \
-     'available', CASE WHEN rate_per_sec IS NOT NULL THEN least(burst, tokens + rate_per_sec \
-       * greatest(0, extract(epoch FROM now() - refilled_at))::float8) END)), '[]') \
-   FROM agent_flow";
+pub(super) static FLOWS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT coalesce(json_agg(json_build_object( \
+           'agent', agent, 'max_in_flight', max_in_flight, 'in_flight', in_flight, \
+           'rate_per_sec', rate_per_sec, \
+           'available', CASE WHEN rate_per_sec IS NOT NULL THEN {} END)), '[]') \
+         FROM agent_flow",
+        bucket("agent_flow")
+    )
+});
+
+/// The SQL of the tokens in the bucket of `agent_flow` row `row` now: what
+/// it held, refilled at its rate since, up to its burst.
+pub(super) fn bucket(row: &str) -> String {
+    format!(
+        "least({row}.burst, {row}.tokens + {row}.rate_per_sec \
+           * greatest(0, extract(epoch FROM now() - {row}.refilled_at))::float8)"
+    )
+}
 
 /// The steps out with an agent now, counted from the steps: where a new
 /// row's count starts.

@@ -93,7 +93,7 @@ fn loading(picked: &str, flag: u8) -> String {
          ORDER BY l.order_id",
         steps = super::steps::COLUMNS,
         gates = super::breakers::GATES,
-        flows = super::flows::FLOWS,
+        flows = *super::flows::FLOWS,
         key = super::outbox::lock_key("l.order_id"),
     )
 }
@@ -156,8 +156,9 @@ pub async fn load_many(
 
 /// Up to `limit` claimable orders, highest priority first, for `holder` to
 /// claim: pending orders whose `not_before` has come, and compensating orders
-/// that nobody drives; a held one once its breaker closed, or is the
-/// breaker's probe. Orders another scheduler is claiming (its row lock
+/// that nobody drives; one held for a breaker once the breaker closed or
+/// picked it as its probe, one held for flow control once its agent has
+/// room. Orders another scheduler is claiming (its row lock
 /// or claim lock) are passed by; `holder` takes the claim lock of each order
 /// returned, which the write-back lets go ([`claim_key`]). Fewer when
 /// `holder` already holds nearly `max_held` orders. With `outbox_locks`,
@@ -184,11 +185,16 @@ pub async fn claimable(
                      AND (held_for IS NULL OR NOT EXISTS (SELECT 1 FROM breakers b \
                        WHERE b.agent = orders.held_for AND b.state <> 'closed' \
                          AND b.probe_order IS DISTINCT FROM orders.order_id)) \
+                     AND (held_reason IS DISTINCT FROM 'rate_limited' \
+                       OR NOT EXISTS (SELECT 1 FROM agent_flow f WHERE f.agent = orders.held_for \
+                         AND ((f.max_in_flight IS NOT NULL AND f.in_flight >= f.max_in_flight) \
+                           OR (f.rate_per_sec IS NOT NULL AND {bucket} < 1)))) \
                    ORDER BY priority DESC, created_at \
                    LIMIT LEAST($1, GREATEST(0, $3 - (SELECT count(*) FROM orders WHERE locked_by = $2))) \
                    FOR UPDATE OF orders SKIP LOCKED) \
                  SELECT * FROM c WHERE pg_try_advisory_lock({key})",
                 key = claim_key("c.order_id"),
+                bucket = super::flows::bucket("f"),
             ),
             4,
         )

@@ -20,6 +20,8 @@
 //! ([`StoreError::WriteBackRefused`]), and the transition runs again on
 //! what is there now.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
@@ -477,7 +479,7 @@ impl Unit {
         // Room came free under flow control: orders may wait for it.
         let wake = self.wake || flows.iter().any(|f| f.delta < 0);
         let bodies: Vec<&[u8]> = self.messages.iter().map(|m| m.body.as_slice()).collect();
-        let found = sqlx::query_as::<_, FlushRow>(FLUSH)
+        let found = sqlx::query_as::<_, FlushRow>(sqlx::AssertSqlSafe(FLUSH.as_str()))
             .bind(Json(&new_orders))
             .bind(Json(&new_steps))
             .bind(Json(&orders))
@@ -675,7 +677,9 @@ impl FlushRow {
 /// each checking the count the other left); and when a guard leaves a row
 /// unwritten, `sas_fail` fails the statement, so that nothing of it stays.
 /// The claim locks go once the rows are written.
-pub(super) const FLUSH: &str = "\
+pub(super) static FLUSH: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "\
 WITH new AS (SELECT order_id FROM jsonb_to_recordset($1) AS i(order_id uuid)), \
 n AS ( \
   INSERT INTO orders (order_id, workflow, payload, reply_to, priority, not_before, trace_id, \
@@ -733,14 +737,12 @@ m AS ( \
 fl AS ( \
   UPDATE agent_flow a SET in_flight = greatest(0, a.in_flight + d.delta), \
     tokens = CASE WHEN a.rate_per_sec IS NULL THEN a.tokens \
-      ELSE least(a.burst, a.tokens + a.rate_per_sec \
-        * greatest(0, extract(epoch FROM now() - a.refilled_at))::float8) - d.dispatched END, \
+      ELSE {bucket} - d.dispatched END, \
     refilled_at = greatest(a.refilled_at, now()) \
   FROM jsonb_to_recordset($14) AS d(agent text, delta int, dispatched int) \
   WHERE a.agent = d.agent \
     AND (d.delta <= 0 OR a.max_in_flight IS NULL OR a.in_flight + d.delta <= a.max_in_flight) \
-    AND (d.dispatched = 0 OR a.rate_per_sec IS NULL OR least(a.burst, a.tokens + a.rate_per_sec \
-        * greatest(0, extract(epoch FROM now() - a.refilled_at))::float8) >= d.dispatched) \
+    AND (d.dispatched = 0 OR a.rate_per_sec IS NULL OR {bucket} >= d.dispatched) \
   RETURNING 1), \
 w AS (SELECT pg_notify($11, '') WHERE $12 \
   AND (NOT EXISTS (SELECT 1 FROM new) OR EXISTS (SELECT 1 FROM n))) \
@@ -754,7 +756,10 @@ SELECT ARRAY(SELECT order_id FROM n) AS created, \
         AND (SELECT count(*) FROM fl) = jsonb_array_length($14) \
     THEN (SELECT count(*) FROM (SELECT pg_advisory_unlock( \
            hashtextextended('sas.claim:' || id::text, 0)) FROM unnest($13::uuid[]) AS c(id)) x) >= 0 \
-    ELSE sas_fail('a row changed since it was loaded') END AS guarded";
+    ELSE sas_fail('a row changed since it was loaded') END AS guarded",
+        bucket = super::flows::bucket("a"),
+    )
+});
 
 #[cfg(test)]
 mod tests {

@@ -183,9 +183,9 @@ async fn a_rate_limit_spreads_two_hundred_dispatches_over_ten_seconds() {
     app.submit_many("one", 200, None).await;
     app.wait_for_state("processed", 200, Duration::from_secs(60))
         .await;
-    // Each order's one dispatch is its claim (`processing`), on the database's clock.
+    // Each order's one dispatch, on the database's clock.
     let (span, busiest): (f64, i64) = sqlx::query_as(
-        "WITH d AS (SELECT at FROM order_events WHERE event = 'processing') \
+        "WITH d AS (SELECT started_at AS at FROM steps) \
          SELECT extract(epoch FROM max(at) - min(at))::float8, \
            (SELECT max(n) FROM (SELECT (SELECT count(*) FROM d d2 \
               WHERE d2.at >= d1.at AND d2.at < d1.at + interval '1 second') AS n FROM d d1) w) \
@@ -201,4 +201,70 @@ async fn a_rate_limit_spreads_two_hundred_dispatches_over_ten_seconds() {
         busiest >= 15,
         "the rate is used: {busiest} in the busiest second"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_waiting_for_a_full_agent_do_not_hold_back_the_orders_behind_them() {
+    let app = TestApp::builder().step_timeout("30s").build().await;
+    app.knobs(
+        "b",
+        Knobs {
+            latency_ms: 700,
+            ..Knobs::default()
+        },
+    );
+    for name in ["submission", "supervisor", "agent"] {
+        app.start(name, name, &[]).await;
+    }
+    // Claims of four: the ten orders waiting for b would fill every one.
+    app.start_with_env(
+        "scheduler",
+        "scheduler",
+        &[],
+        &[
+            ("SAS__AGENTS__B__MAX_IN_FLIGHT", "1"),
+            ("SAS__SCHEDULER__CLAIM_BATCH", "4"),
+        ],
+    )
+    .await;
+    let waiting = app.submit_many("three", 10, None).await;
+    app.eventually("orders wait for b", Duration::from_secs(15), || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM orders WHERE held_reason = 'rate_limited'",
+        )
+        .fetch_one(&app.db)
+        .await
+        .unwrap_or(0)
+            >= 4
+    })
+    .await;
+    let behind = app.submit_many("one", 5, None).await;
+    app.eventually(
+        "the orders behind are done",
+        Duration::from_secs(15),
+        || async {
+            let mut done = 0;
+            for id in &behind {
+                if app.order(*id).await.is_some_and(|o| o.0 == "processed") {
+                    done += 1;
+                }
+            }
+            done == behind.len()
+        },
+    )
+    .await;
+    let mut three_done = 0;
+    for id in &waiting {
+        if app.order(*id).await.is_some_and(|o| o.0 == "processed") {
+            three_done += 1;
+        }
+    }
+    // b takes one at a time, 0.7 s each: had the ten filled every claim, the
+    // orders behind would have waited for most of them.
+    assert!(
+        three_done <= 4,
+        "{three_done} of the orders waiting for b were done before those behind them"
+    );
+    app.wait_for_state("processed", 15, Duration::from_secs(30))
+        .await;
 }
