@@ -234,7 +234,10 @@ impl Suite {
         let sim = Sim::start(env, &format!("remote-sim-{name}")).await?;
         let prefix = format!("sasbench{}{name}", env.run_id);
         let db_name = format!("sasbench_{}_{name}", env.run_id);
-        let db_url = env.postgres.create_migrated(&db_name).await?;
+        // Not migrated here: the first service (submission, started alone)
+        // migrates it with the schema of the build under test, which may be
+        // older than the harness's (scripts/bench-compare.sh).
+        let db_url = env.postgres.create(&db_name).await?;
         let dir = env.work_dir.join(name);
         std::fs::create_dir_all(&dir)?;
         let config = dir.join("sas.toml");
