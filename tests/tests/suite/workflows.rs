@@ -94,11 +94,12 @@ fn a_zero_attempt_retry_or_an_empty_schedule_is_refused_at_start_up() {
 async fn max_in_flight_bounds_an_agents_calls_across_three_instances_and_orders_wait_rate_limited()
 {
     let app = TestApp::builder().step_timeout("20s").build().await;
-    // Agent b (the second step of `three`) takes 300 ms a call.
+    // Agent b (the second step of `three`) takes 800 ms a call: orders
+    // wait for it seconds on end.
     app.knobs(
         "b",
         Knobs {
-            latency_ms: 300,
+            latency_ms: 800,
             ..Knobs::default()
         },
     );
@@ -123,7 +124,9 @@ async fn max_in_flight_bounds_an_agents_calls_across_three_instances_and_orders_
         Duration::from_secs(20),
         || async {
             let held: Option<uuid::Uuid> = sqlx::query_scalar(
-                "SELECT order_id FROM orders WHERE held_reason = 'rate_limited' LIMIT 1",
+                // The newest waits longest: the claims take the oldest first.
+                "SELECT order_id FROM orders WHERE held_reason = 'rate_limited' \
+                 ORDER BY created_at DESC LIMIT 1",
             )
             .fetch_optional(&app.db)
             .await
