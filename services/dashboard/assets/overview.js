@@ -215,7 +215,7 @@
       list,
       (b) => b.agent,
       (b) => {
-        const tr = row(7);
+        const tr = row(8);
         tr.dataset.agent = b.agent;
         return tr;
       },
@@ -229,6 +229,11 @@
         fill(tr.cells[4], b.held, "num");
         fill(tr.cells[5], b.oldest_held_since ? relative(b.oldest_held_since, data.now) : "–", "time");
         fill(tr.cells[6], b.forced_by || "–", "mono");
+        const flow = [
+          b.max_in_flight != null ? `${b.in_flight ?? 0}/${b.max_in_flight} in flight` : null,
+          b.rate_per_sec != null ? `${b.rate_per_sec}/s` : null,
+        ].filter(Boolean);
+        fill(tr.cells[7], flow.length ? flow.join(", ") : "–", "nowrap");
       },
     );
     const open = list.filter((b) => b.state !== "closed").length;

@@ -19,7 +19,8 @@ use crate::orders::{operator, table};
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
     /// List each agent's shared breaker: state, failures counted, since
-    /// when, the probe, an operator's override and the orders held.
+    /// when, the probe, an operator's override, the orders held and its
+    /// flow control (steps in flight over `max_in_flight`, `rate_limit`).
     List(ListArgs),
     /// Force an agent's breaker open: its orders are held until it is
     /// released or forced closed. Logged under the operator's name.
@@ -183,7 +184,24 @@ fn to_json(b: &SharedBreaker) -> Value {
         "changed_at": rfc3339::format(&b.changed_at),
         "held": b.held,
         "oldest_held_since": time(b.oldest_held_since),
+        "max_in_flight": b.max_in_flight,
+        "in_flight": b.in_flight,
+        "rate_per_sec": b.rate_per_sec,
     })
+}
+
+/// Its flow control as the table shows it, e.g. `2/3 in flight, 20/s`.
+fn flow_text(b: &SharedBreaker) -> String {
+    let bound = b
+        .max_in_flight
+        .map(|max| format!("{}/{max} in flight", b.in_flight.unwrap_or(0)));
+    let rate = b.rate_per_sec.map(|r| format!("{r}/s"));
+    let parts: Vec<String> = bound.into_iter().chain(rate).collect();
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
 }
 
 fn event_json(e: &BreakerEvent) -> Value {
@@ -214,6 +232,7 @@ fn to_text(breakers: &[SharedBreaker]) -> String {
                     .map_or_else(|| "-".into(), |t| rfc3339::format(&t)),
                 b.held.to_string(),
                 b.forced_by.clone().unwrap_or_else(|| "-".into()),
+                flow_text(b),
             ]
         })
         .collect();
@@ -225,6 +244,7 @@ fn to_text(breakers: &[SharedBreaker]) -> String {
             "OPEN SINCE",
             "HELD",
             "FORCED BY",
+            "FLOW CONTROL",
         ],
         rows,
     )
@@ -247,6 +267,9 @@ mod tests {
             changed_at: Utc::now(),
             held: 12,
             oldest_held_since: None,
+            max_in_flight: Some(3),
+            in_flight: Some(2),
+            rate_per_sec: None,
         }
     }
 
@@ -256,6 +279,7 @@ mod tests {
         assert!(text.contains("open (forced open)"), "{text}");
         assert!(text.contains("operator:ann"), "{text}");
         assert!(text.lines().nth(1).unwrap().contains("12"), "{text}");
+        assert!(text.contains("2/3 in flight"), "{text}");
         let json = to_json(&breaker("half_open", None));
         assert_eq!(json["state"], "half_open");
         assert_eq!(json["held"], 12);

@@ -79,10 +79,15 @@ pub struct SharedBreaker {
     pub forced: Option<String>,
     pub forced_by: Option<String>,
     pub changed_at: DateTime<Utc>,
-    /// Orders held for it now.
+    /// Orders held for it now (for its breaker or for room).
     pub held: i64,
     /// When the longest-held of them was held.
     pub oldest_held_since: Option<DateTime<Utc>>,
+    /// Its flow control (contract §4b), if any: the bound on steps out
+    /// with it, the steps out now, the dispatches per second.
+    pub max_in_flight: Option<i32>,
+    pub in_flight: Option<i32>,
+    pub rate_per_sec: Option<f64>,
 }
 
 /// One change of a breaker's state.
@@ -283,14 +288,16 @@ impl StateStore {
         forced.ok_or_else(|| StoreError::WriteBackRefused(format!("breaker {agent} vanished")))
     }
 
-    /// Every agent's breaker, with the orders held for it.
+    /// Every agent's breaker, with the orders held for it and its flow control.
     pub async fn shared_breakers(&self) -> Result<Vec<SharedBreaker>, StoreError> {
         Ok(sqlx::query_as::<_, SharedBreaker>(
             "SELECT b.agent, b.state, b.failures, b.opened_at, b.open_until, b.probe_order, \
                b.forced, b.forced_by, b.changed_at, count(o.order_id) AS held, \
-               min(o.held_since) AS oldest_held_since \
-             FROM breakers b LEFT JOIN orders o ON o.held_for = b.agent \
-             GROUP BY b.agent ORDER BY b.agent",
+               min(o.held_since) AS oldest_held_since, \
+               f.max_in_flight, f.in_flight, f.rate_per_sec \
+             FROM breakers b LEFT JOIN agent_flow f ON f.agent = b.agent \
+               LEFT JOIN orders o ON o.held_for = b.agent \
+             GROUP BY b.agent, f.agent ORDER BY b.agent",
         )
         .fetch_all(self.pool())
         .await?)

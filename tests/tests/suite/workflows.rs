@@ -163,6 +163,15 @@ async fn max_in_flight_bounds_an_agents_calls_across_three_instances_and_orders_
         let states: Vec<&str> = events.iter().filter_map(|e| e["state"].as_str()).collect();
         assert_eq!(states.last(), Some(&"processed"), "{states:?}");
     }
+    let listed = run(&app, &["agents", "list", "--json"])
+        .await
+        .expect_code(0);
+    let b_row = listed
+        .json()
+        .as_array()
+        .and_then(|all| all.iter().find(|r| r["agent"] == "b").cloned())
+        .unwrap_or_default();
+    assert_eq!(b_row["max_in_flight"], 2, "{b_row}");
     let in_flight: i32 = sqlx::query_scalar("SELECT in_flight FROM agent_flow WHERE agent = 'b'")
         .fetch_one(&app.db)
         .await
