@@ -96,3 +96,18 @@ fn compose_runs_only_programs_the_workspace_builds() {
         );
     }
 }
+
+#[test]
+fn the_shipped_configurations_load_and_pass_every_check() {
+    for file in ["config/local.toml", "config/demo.toml"] {
+        let path = root().join(file);
+        // Only the file's own layers: no SAS__* variable of this process.
+        let settings = sas::config::Settings::load_with(Some(&path), Some(Default::default()))
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        for name in settings.workflows.keys() {
+            settings
+                .workflow(name)
+                .unwrap_or_else(|e| panic!("{file}: {e}"));
+        }
+    }
+}
