@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::header::{ALLOW, RETRY_AFTER};
+use axum::http::header::{ALLOW, LOCATION, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
@@ -50,6 +50,9 @@ impl IntoResponse for Reply {
         }
         if self.replayed {
             headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+        }
+        if let Some(location) = self.location.and_then(|l| HeaderValue::from_str(&l).ok()) {
+            headers.insert(LOCATION, location);
         }
         response
     }
@@ -125,10 +128,20 @@ async fn simulated_endpoint(
     if is_control_path(endpoint) {
         return error(StatusCode::NOT_FOUND, format!("no control path {endpoint}"));
     }
+    // A long-running operation's `Location` (knob `long_ms`) is polled with GET.
+    if method == Method::GET
+        && let Some((_, job)) = endpoint.rsplit_once("/jobs/")
+        && !job.is_empty()
+        && !job.contains('/')
+    {
+        let reply = sim.poll(job).await;
+        tracing::info!(endpoint, status = reply.status.as_u16(), "poll");
+        return reply.into_response();
+    }
     if method != Method::POST {
         let mut response = error(
             StatusCode::METHOD_NOT_ALLOWED,
-            "simulated endpoints accept POST only",
+            "simulated endpoints accept POST (and GET of a job's Location) only",
         );
         response
             .headers_mut()

@@ -19,7 +19,7 @@ pub const CONTROL_PREFIX: &str = "/_sim";
 /// Evaluation order per call (see the crate docs): count the call → `permanent`
 /// → `status` → `hang` / `hang_first` → `fail_first` → `transient_rate` →
 /// replay when already applied (if `idempotent`) → `permanent_rate` →
-/// `latency_ms` → apply.
+/// `long_ms` (202 Accepted) → `latency_ms` → apply.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Knobs {
@@ -55,6 +55,12 @@ pub struct Knobs {
     /// is lower than the highest its key has seen, as a remote that honours
     /// fencing tokens would: a call from a dispatch that was superseded.
     pub fencing: bool,
+    /// Long-running operations (contract §4b): a call that would be applied
+    /// answers `202 Accepted` with a `Location` to poll instead, and the job
+    /// is done (applied once) this many milliseconds after the first call
+    /// of its key; a repeated call while it runs answers 202 with the same
+    /// `Location`. 0: off.
+    pub long_ms: u64,
 }
 
 impl Default for Knobs {
@@ -73,6 +79,7 @@ impl Default for Knobs {
             idempotent: true,
             pad_bytes: 0,
             fencing: false,
+            long_ms: 0,
         }
     }
 }

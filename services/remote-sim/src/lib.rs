@@ -23,8 +23,15 @@
 //! `hang` / `hang_first` (sleep `hang_ms`, then 504) → `fail_first` (503) →
 //! `transient_rate` (503) → if `idempotent` and the key was already applied:
 //! replay the stored response (200, `Idempotent-Replayed: true`) →
-//! `permanent_rate` (422) → `latency_ms` → apply. Only the last step applies
-//! an effect.
+//! `permanent_rate` (422) → `long_ms` (202 Accepted with a `Location`, see
+//! below) → `latency_ms` → apply. Only the last step applies an effect.
+//!
+//! With `long_ms`, a call starts a long-running operation (contract §4b) and
+//! answers `202 Accepted`, `Location: <endpoint>/jobs/<id>` (and
+//! `Retry-After` when `retry_after` is set); a repeated call with the key
+//! answers 202 with the same `Location`. `GET` of the `Location` answers 202
+//! until `long_ms` after the first call, then the result, applied once (a
+//! repeat replays it); an unknown job answers 404. Polls are counted.
 //! `hang_first` and `fail_first` both count calls per key from the first call,
 //! so `hang_first: 1, fail_first: 2` hangs call 1, fails call 2, applies call 3.
 //! Calls on one key are serialised from the replay check on, so concurrent

@@ -32,6 +32,26 @@ struct Inner {
     stats: Stats,
     /// One slot per idempotency key; its async mutex serialises calls on that key.
     slots: HashMap<String, Slot>,
+    /// Long-running operations by job id (the last part of their `Location`).
+    jobs: HashMap<String, Job>,
+    /// The job of each idempotency key that has one.
+    job_of_key: HashMap<String, String>,
+}
+
+/// A long-running operation (knob `long_ms`).
+#[derive(Debug, Clone)]
+struct Job {
+    endpoint: String,
+    key: String,
+    /// The body of the call that started it.
+    body: Value,
+    /// When it is done.
+    done_at: tokio::time::Instant,
+}
+
+/// Where a job started on `endpoint` is polled: a path under the endpoint.
+pub fn job_location(endpoint: &str, job: &str) -> String {
+    format!("{}/jobs/{job}", endpoint.trim_end_matches('/'))
 }
 
 /// What to answer to a call on a simulated endpoint.
@@ -43,6 +63,8 @@ pub(crate) struct Reply {
     pub(crate) retry_after: Option<u64>,
     /// Adds `Idempotent-Replayed: true`.
     pub(crate) replayed: bool,
+    /// A `Location` header (with `202 Accepted`).
+    pub(crate) location: Option<String>,
 }
 
 impl Reply {
@@ -57,6 +79,7 @@ impl Reply {
             }),
             retry_after: None,
             replayed: false,
+            location: None,
         }
     }
 
@@ -258,6 +281,7 @@ impl RemoteSim {
                 body: response.clone(),
                 retry_after: None,
                 replayed: true,
+                location: None,
             };
         }
         // After the replay check, so an applied key keeps answering success.
@@ -265,6 +289,9 @@ impl RemoteSim {
             record(Outcome::Permanent);
             let error = "simulated permanent failure (permanent_rate)";
             return Reply::error(StatusCode::UNPROCESSABLE_ENTITY, endpoint, Some(key), error);
+        }
+        if knobs.long_ms > 0 {
+            return self.accept(endpoint, key, parsed.unwrap_or_default(), &knobs);
         }
         if knobs.latency_ms > 0 && !self.sleep_unless_shutdown(knobs.latency_ms).await {
             record(Outcome::Transient);
@@ -284,6 +311,82 @@ impl RemoteSim {
             body: response,
             retry_after: None,
             replayed: false,
+            location: None,
+        }
+    }
+
+    /// Starts the key's long-running operation, or finds the one it has,
+    /// and answers `202 Accepted` with where to poll it.
+    fn accept(&self, endpoint: &str, key: &str, body: Value, knobs: &Knobs) -> Reply {
+        let mut inner = self.lock_inner();
+        let job = match inner.job_of_key.get(key) {
+            Some(job) => job.clone(),
+            None => {
+                let job = uuid::Uuid::new_v4().simple().to_string();
+                let done_at = tokio::time::Instant::now() + Duration::from_millis(knobs.long_ms);
+                inner.jobs.insert(
+                    job.clone(),
+                    Job {
+                        endpoint: endpoint.to_owned(),
+                        key: key.to_owned(),
+                        body,
+                        done_at,
+                    },
+                );
+                inner.job_of_key.insert(key.to_owned(), job.clone());
+                job
+            }
+        };
+        inner.stats.accepted(endpoint);
+        accepted(endpoint, key, &job, knobs.retry_after)
+    }
+
+    /// A poll of job `job` (`GET` of its `Location`): 202 while it runs,
+    /// then its result, applied once however often it is polled; 404 for
+    /// an unknown job.
+    pub(crate) async fn poll(&self, job: &str) -> Reply {
+        let found = {
+            let mut inner = self.lock_inner();
+            let found = inner.jobs.get(job).cloned();
+            if let Some(j) = &found {
+                inner.stats.polled(&j.endpoint);
+            }
+            found
+        };
+        let Some(j) = found else {
+            return Reply::error(StatusCode::NOT_FOUND, "", None, "no such job");
+        };
+        if tokio::time::Instant::now() < j.done_at {
+            let retry_after = self.knobs(&j.endpoint).retry_after;
+            return accepted(&j.endpoint, &j.key, job, retry_after);
+        }
+        let slot = self
+            .lock_inner()
+            .slots
+            .entry(j.key.clone())
+            .or_default()
+            .clone();
+        let mut stored = slot.lock().await;
+        if let Some(response) = stored.as_ref() {
+            return Reply {
+                status: StatusCode::OK,
+                body: response.clone(),
+                retry_after: None,
+                replayed: true,
+                location: None,
+            };
+        }
+        let response = applied_response(&j.endpoint, &j.key, &j.body);
+        *stored = Some(response.clone());
+        self.lock_inner()
+            .stats
+            .record(&j.endpoint, Some(&j.key), Outcome::Applied);
+        Reply {
+            status: StatusCode::OK,
+            body: response,
+            retry_after: None,
+            replayed: false,
+            location: None,
         }
     }
 
@@ -314,6 +417,24 @@ impl RemoteSim {
     }
 }
 
+/// `202 Accepted` for job `job` of `key` on `endpoint`.
+fn accepted(endpoint: &str, key: &str, job: &str, retry_after: Option<u64>) -> Reply {
+    let location = job_location(endpoint, job);
+    Reply {
+        status: StatusCode::ACCEPTED,
+        body: json!({
+            "ok": true,
+            "status": "running",
+            "endpoint": endpoint,
+            "idempotency_key": key,
+            "location": location,
+        }),
+        retry_after,
+        replayed: false,
+        location: Some(location),
+    }
+}
+
 /// The JSON result of an applied call.
 fn applied_response(endpoint: &str, key: &str, body: &Value) -> Value {
     let mut response = Map::new();
@@ -332,6 +453,48 @@ fn applied_response(endpoint: &str, key: &str, body: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_operation_answers_accepted_until_done_then_applies_once() {
+        let knobs = Knobs {
+            long_ms: 10_000,
+            retry_after: Some(1),
+            ..Knobs::default()
+        };
+        let sim = RemoteSim::new(HashMap::from([("/report".to_owned(), knobs)])).expect("sim");
+        let body = br#"{"order_id": "o", "step": "s"}"#;
+        let started = sim.call("/report", Some("o:s"), Some(1), body).await;
+        assert_eq!(started.status, StatusCode::ACCEPTED);
+        assert_eq!(started.retry_after, Some(1));
+        let location = started.location.clone().expect("a Location");
+        assert!(location.starts_with("/report/jobs/"), "{location}");
+        let job = location
+            .rsplit_once("/jobs/")
+            .map(|(_, j)| j.to_owned())
+            .unwrap();
+        // The remote remembers the key: a repeated call finds the same job.
+        let again = sim.call("/report", Some("o:s"), Some(2), body).await;
+        assert_eq!(again.location, Some(location.clone()));
+        assert_eq!(sim.poll(&job).await.status, StatusCode::ACCEPTED);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let done = sim.poll(&job).await;
+        assert_eq!(done.status, StatusCode::OK);
+        assert_eq!(done.body["order_id"], "o");
+        assert!(
+            sim.poll(&job).await.replayed,
+            "polled again: the same answer"
+        );
+        let after = sim.call("/report", Some("o:s"), Some(3), body).await;
+        assert_eq!((after.status, after.replayed), (StatusCode::OK, true));
+        let stats = sim.stats();
+        let endpoint = &stats.endpoints["/report"];
+        assert_eq!(
+            (endpoint.accepted, endpoint.polls, endpoint.applied),
+            (2, 3, 1)
+        );
+        assert_eq!(stats.keys["o:s"].applied, 1);
+        assert_eq!(sim.poll("nope").await.status, StatusCode::NOT_FOUND);
+    }
 
     #[tokio::test]
     async fn with_fencing_on_a_call_older_than_the_newest_token_of_its_key_is_refused() {

@@ -55,6 +55,12 @@ pub struct EndpointStats {
     /// The most calls ever in progress at once (flow control keeps it down).
     #[serde(default)]
     pub max_in_progress: u64,
+    /// Calls answered `202 Accepted` (long-running operations).
+    #[serde(default)]
+    pub accepted: u64,
+    /// Polls (`GET` of a job's `Location`).
+    #[serde(default)]
+    pub polls: u64,
 }
 
 /// How a call ended, for [`EndpointStats`].
@@ -85,6 +91,16 @@ impl Stats {
     pub(crate) fn count_call(&mut self, endpoint: &str) {
         self.total_calls += 1;
         self.endpoint_mut(endpoint).calls += 1;
+    }
+
+    /// Counts a `202 Accepted` answer on `endpoint`.
+    pub(crate) fn accepted(&mut self, endpoint: &str) {
+        self.endpoint_mut(endpoint).accepted += 1;
+    }
+
+    /// Counts a poll of a job started on `endpoint`.
+    pub(crate) fn polled(&mut self, endpoint: &str) {
+        self.endpoint_mut(endpoint).polls += 1;
     }
 
     /// A call on `endpoint` starts (`true`) or ends.

@@ -541,3 +541,50 @@ async fn control_paths_and_limits() {
     assert_eq!(too_big.status(), 413);
     assert_eq!(sim.stats().await.total_calls, 0);
 }
+
+#[tokio::test]
+async fn a_long_operation_is_accepted_with_a_location_that_answers_once_it_is_done() {
+    let sim = start(knobs(
+        "/report",
+        Knobs {
+            long_ms: 300,
+            retry_after: Some(1),
+            ..Knobs::default()
+        },
+    ))
+    .await;
+    let accepted = sim.call("/report", Some("k-long")).await;
+    assert_eq!(accepted.status(), 202);
+    assert_eq!(accepted.headers()["retry-after"], "1");
+    let location = accepted.headers()["location"].to_str().unwrap().to_owned();
+    let poll = || async {
+        sim.client
+            .get(format!("{}{location}", sim.base))
+            .header("Idempotency-Key", "k-long")
+            .send()
+            .await
+            .unwrap()
+    };
+    assert_eq!(poll().await.status(), 202, "still running");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let done = loop {
+        let answer = poll().await;
+        if answer.status() != 202 || Instant::now() > deadline {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(done.status(), 200);
+    let result: Value = done.json().await.unwrap();
+    assert_eq!(result["idempotency_key"], "k-long");
+    let stats = sim.stats().await;
+    assert_eq!(stats.keys["k-long"].applied, 1);
+    assert!(stats.endpoints["/report"].polls >= 2);
+    let unknown = sim
+        .client
+        .get(format!("{}/report/jobs/nope", sim.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 404);
+}
