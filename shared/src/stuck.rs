@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use crate::broker::Broker;
 use crate::rules::Order;
 use crate::rules::stuck::{self, Facts, Stuck};
-use crate::state_store::StateStore;
+use crate::state_store::{StateStore, StepRow};
 use crate::topology::QueueNames;
 
 /// Why each of `orders` is stuck (`None`: it is not), in order. With no
@@ -24,7 +24,7 @@ pub async fn explain(
     let mut counts = HashMap::new();
     let mut out = Vec::with_capacity(orders.len());
     for order in orders {
-        let Some(agent) = stuck::late_step(order).and_then(stuck::agent_of) else {
+        let Some(agent) = stuck::late_step(order).and_then(StepRow::out_with) else {
             // Held, or not stuck: no facts needed.
             out.push(stuck::held(order));
             continue;

@@ -83,6 +83,17 @@ impl Reply {
         }
     }
 
+    /// `200 OK` with `body`, replayed from the deduplication store or not.
+    fn ok(body: Value, replayed: bool) -> Self {
+        Self {
+            status: StatusCode::OK,
+            body,
+            retry_after: None,
+            replayed,
+            location: None,
+        }
+    }
+
     fn with_retry_after(mut self, retry_after: Option<u64>) -> Self {
         if matches!(
             self.status,
@@ -276,13 +287,7 @@ impl RemoteSim {
             && let Some(response) = stored.as_ref()
         {
             record(Outcome::Replayed);
-            return Reply {
-                status: StatusCode::OK,
-                body: response.clone(),
-                retry_after: None,
-                replayed: true,
-                location: None,
-            };
+            return Reply::ok(response.clone(), true);
         }
         // After the replay check, so an applied key keeps answering success.
         if knobs.permanent_rate > 0.0 && fastrand::f64() < knobs.permanent_rate {
@@ -306,13 +311,7 @@ impl RemoteSim {
         }
         *stored = Some(response.clone());
         record(Outcome::Applied);
-        Reply {
-            status: StatusCode::OK,
-            body: response,
-            retry_after: None,
-            replayed: false,
-            location: None,
-        }
+        Reply::ok(response, false)
     }
 
     /// Starts the key's long-running operation, or finds the one it has,
@@ -368,26 +367,18 @@ impl RemoteSim {
             .clone();
         let mut stored = slot.lock().await;
         if let Some(response) = stored.as_ref() {
-            return Reply {
-                status: StatusCode::OK,
-                body: response.clone(),
-                retry_after: None,
-                replayed: true,
-                location: None,
-            };
+            // Counted as a POST's replay is.
+            self.lock_inner()
+                .stats
+                .record(&j.endpoint, Some(&j.key), Outcome::Replayed);
+            return Reply::ok(response.clone(), true);
         }
         let response = applied_response(&j.endpoint, &j.key, &j.body);
         *stored = Some(response.clone());
         self.lock_inner()
             .stats
             .record(&j.endpoint, Some(&j.key), Outcome::Applied);
-        Reply {
-            status: StatusCode::OK,
-            body: response,
-            retry_after: None,
-            replayed: false,
-            location: None,
-        }
+        Reply::ok(response, false)
     }
 
     fn shutting_down(&self, endpoint: &str, key: &str) -> Reply {

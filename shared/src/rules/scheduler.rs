@@ -198,14 +198,12 @@ impl Deciding<'_> {
         let now = self.ctx.now;
         let pos = self.step_pos(idx)?;
         let step = &self.order.steps[pos];
-        let (agent, state) = match direction {
-            Direction::Forward => (step.agent.clone(), StepState::Running),
-            Direction::Compensate => (
-                step.compensate
-                    .clone()
-                    .ok_or_else(|| RuleError::NoCompensation(step.name.clone()))?,
-                StepState::Compensating,
-            ),
+        let agent = agent_for(step, direction)
+            .ok_or_else(|| RuleError::NoCompensation(step.name.clone()))?
+            .to_owned();
+        let state = match direction {
+            Direction::Forward => StepState::Running,
+            Direction::Compensate => StepState::Compensating,
         };
         let gates = self.ctx.gates;
         if let Admit::Hold(gate) = breaker::admit(gates, &agent, self.row().order_id) {

@@ -123,14 +123,6 @@ pub fn held(order: &Order) -> Option<Stuck> {
     })
 }
 
-/// The agent whose answer `step` waits for: its own, or its undo's.
-pub fn agent_of(step: &StepRow) -> Option<&str> {
-    match step.state {
-        StepState::Compensating => step.compensate.as_deref(),
-        _ => Some(step.agent.as_str()),
-    }
-}
-
 /// Why `order` is stuck, if it is ([`late_step`]). The reasons are tried
 /// in order: the holder gone, no agent, a backlog, else an agent busy
 /// with it.
@@ -143,7 +135,7 @@ pub fn why(order: &Order, facts: &Facts) -> Option<Stuck> {
         .complete_by
         .map(|c| c - chrono::Duration::milliseconds(step.timeout_ms))
         .unwrap_or(facts.now);
-    let agent = agent_of(step);
+    let agent = step.out_with();
     let gone_after =
         chrono::Duration::from_std(facts.heartbeat * 2).unwrap_or(chrono::Duration::MAX);
     let holder = order.row.locked_by.as_deref();

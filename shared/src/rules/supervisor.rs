@@ -97,7 +97,7 @@ pub fn expire(
 /// breaker, when that breaker is not closed (its probe included).
 fn running_behind_a_breaker<'g>(order: &Order, ctx: Context<'g>) -> Option<(String, &'g Gate)> {
     let step = super::stuck::running_step(order)?;
-    let agent = super::stuck::agent_of(step)?;
+    let agent = step.out_with()?;
     let gate = ctx.gates.iter().find(|g| g.agent == agent)?;
     Some((step.name.clone(), gate))
 }

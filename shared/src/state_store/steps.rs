@@ -52,6 +52,16 @@ impl StepRow {
         }
     }
 
+    /// The agent whose answer the step waits for while it is out: its own
+    /// while `running`, its undo's while `compensating`; `None` otherwise.
+    pub fn out_with(&self) -> Option<&str> {
+        match self.state {
+            StepState::Running => Some(self.agent.as_str()),
+            StepState::Compensating => self.compensate.as_deref(),
+            _ => None,
+        }
+    }
+
     /// What the step plan needs of this row.
     pub fn view(&self) -> StepView<'_> {
         StepView {

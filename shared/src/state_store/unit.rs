@@ -36,7 +36,7 @@ use crate::messages::StatusEvent;
 use crate::rules::breaker::Gate;
 use crate::rules::flow::Flow;
 use crate::rules::{Decision, Effect, Logged, Order};
-use crate::state::{ProcessState, StepState};
+use crate::state::ProcessState;
 use crate::topology::QueueNames;
 use crate::workflow::Step;
 
@@ -386,11 +386,6 @@ impl Unit {
         if self.flows.is_empty() {
             return Vec::new();
         }
-        let out_with = |s: &StepRow| match s.state {
-            StepState::Running => Some(s.agent.clone()),
-            StepState::Compensating => s.compensate.clone(),
-            _ => None,
-        };
         let mut deltas: Vec<FlowDelta> = Vec::new();
         let mut add = |agent: Option<String>, by: i32, dispatched: i32| {
             let Some(agent) = agent.filter(|a| self.flows.iter().any(|f| &f.agent == a)) else {
@@ -410,10 +405,10 @@ impl Unit {
         };
         for t in changed {
             for (now, read) in t.order.steps.iter().zip(&t.read.steps) {
-                let (was, is) = (out_with(read), out_with(now));
+                let (was, is) = (read.out_with(), now.out_with());
                 if was != is {
-                    add(was, -1, 0);
-                    add(is, 1, 0);
+                    add(was.map(str::to_owned), -1, 0);
+                    add(is.map(str::to_owned), 1, 0);
                 }
             }
         }
