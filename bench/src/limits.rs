@@ -242,6 +242,7 @@ fn workflow(name: &str, steps: usize) -> anyhow::Result<Workflow> {
                 timeout: Duration::from_secs(5),
                 compensate: (steps > 1 && i + 1 < steps).then(|| format!("{s}-undo")),
                 retry: None,
+                after: None,
             })
             .collect(),
         ..WorkflowSpec::default()

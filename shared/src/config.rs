@@ -439,6 +439,10 @@ pub struct StepSpec {
     /// The agent's attempts within one dispatch of this step.
     #[serde(default)]
     pub retry: Option<RetrySpec>,
+    /// The steps that must have completed before this one starts (§4b);
+    /// unset: the step listed before it (none for the first).
+    #[serde(default)]
+    pub after: Option<Vec<String>>,
 }
 
 /// The value of query parameter `name` in a URL, if present (the last one

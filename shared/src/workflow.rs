@@ -4,6 +4,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 use crate::config::WorkflowSpec;
 use crate::state::StepState;
 
@@ -21,6 +23,21 @@ pub enum WorkflowError {
         workflow: String,
         step: String,
         problem: &'static str,
+    },
+    #[error(
+        "workflow {workflow:?} step {step:?} is after {after:?}, which the workflow does not have"
+    )]
+    UnknownAfter {
+        workflow: String,
+        step: String,
+        after: String,
+    },
+    #[error(
+        "workflow {workflow:?} has a cycle: steps {steps:?} wait for each other and would never start"
+    )]
+    Cycle {
+        workflow: String,
+        steps: Vec<String>,
     },
 }
 
@@ -40,6 +57,8 @@ pub struct Step {
     pub timeout: Duration,
     /// The agent that undoes this step, if any.
     pub compensate: Option<String>,
+    /// The indices of the steps that must have completed before this one starts.
+    pub after: Vec<i32>,
 }
 
 fn valid_name(s: &str) -> bool {
@@ -87,6 +106,38 @@ impl Workflow {
                 agent: s.agent.clone(),
                 timeout: s.timeout,
                 compensate: s.compensate.clone(),
+                after: Vec::new(),
+            });
+        }
+        for (i, s) in spec.steps.iter().enumerate() {
+            steps[i].after = match &s.after {
+                // A plain list is the sequential workflow: each step after the one before.
+                None => i.checked_sub(1).map(idx).into_iter().collect(),
+                Some(names) => {
+                    let mut after = Vec::with_capacity(names.len());
+                    for a in names {
+                        let pos =
+                            spec.steps
+                                .iter()
+                                .position(|p| &p.name == a)
+                                .ok_or_else(|| WorkflowError::UnknownAfter {
+                                    workflow: name.to_owned(),
+                                    step: s.name.clone(),
+                                    after: a.clone(),
+                                })?;
+                        if !after.contains(&idx(pos)) {
+                            after.push(idx(pos));
+                        }
+                    }
+                    after
+                }
+            };
+        }
+        let stuck = never_start(&steps);
+        if !stuck.is_empty() {
+            return Err(WorkflowError::Cycle {
+                workflow: name.to_owned(),
+                steps: stuck.into_iter().map(|i| steps[i].name.clone()).collect(),
             });
         }
         Ok(Self {
@@ -96,41 +147,162 @@ impl Workflow {
     }
 }
 
+/// A step's index as stored (workflows have far fewer than 2^31 steps).
+fn idx(pos: usize) -> i32 {
+    i32::try_from(pos).unwrap_or(i32::MAX)
+}
+
+/// The positions of the steps that could never start, because they wait
+/// (directly or through others) on themselves: what is left once every
+/// step whose `after` steps can all run has been taken, repeatedly (Kahn).
+fn never_start(steps: &[Step]) -> Vec<usize> {
+    let mut started = vec![false; steps.len()];
+    loop {
+        let ready: Vec<usize> = (0..steps.len())
+            .filter(|&i| {
+                !started[i]
+                    && steps[i].after.iter().all(|&a| {
+                        usize::try_from(a).is_ok_and(|a| started.get(a).copied().unwrap_or(false))
+                    })
+            })
+            .collect();
+        if ready.is_empty() {
+            break;
+        }
+        for i in ready {
+            started[i] = true;
+        }
+    }
+    (0..steps.len()).filter(|&i| !started[i]).collect()
+}
+
 /// What the step plan needs to know of a stored step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StepView<'a> {
     pub idx: i32,
     pub state: StepState,
     pub compensate: Option<&'a str>,
+    /// The steps it starts after; `None` (steps stored before `after`
+    /// existed): the step before it.
+    pub after: Option<&'a [i32]>,
+    /// When it last finished: for a completed step, when it completed.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+impl StepView<'_> {
+    /// Whether the step waits on step `idx`.
+    fn waits_on(&self, idx: i32) -> bool {
+        match self.after {
+            Some(after) => after.contains(&idx),
+            None => self.idx.checked_sub(1) == Some(idx),
+        }
+    }
+
+    /// Whether the step is out with an agent (forward or undo).
+    pub fn is_out(&self) -> bool {
+        matches!(self.state, StepState::Running | StepState::Compensating)
+    }
 }
 
 /// What an order does next, decided from its steps alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Next {
-    /// Dispatch the step at this index (forward), resuming where the order stopped.
-    Run(i32),
-    /// Every step completed.
+    /// Dispatch the steps at these indices, in index order (forward: every
+    /// step not completed whose `after` steps all completed; undo: the
+    /// newest completed step with a compensation).
+    Run(Vec<i32>),
+    /// Steps are out with their agents and nothing else can start yet.
+    Wait,
+    /// Nothing is left to run.
     Finished,
 }
 
-/// The next forward step: the first one not completed. Completed steps are never redone.
+/// The next forward steps: every step not completed and not running whose
+/// `after` steps have all completed. Completed steps are never redone.
 pub fn next_forward(steps: &[StepView<'_>]) -> Next {
-    steps
+    if steps.iter().all(|s| s.state == StepState::Completed) {
+        return Next::Finished;
+    }
+    let done = |idx: i32| {
+        steps
+            .iter()
+            .any(|s| s.idx == idx && s.state == StepState::Completed)
+    };
+    let ready: Vec<i32> = steps
         .iter()
-        .find(|s| s.state != StepState::Completed)
-        .map_or(Next::Finished, |s| Next::Run(s.idx))
+        .filter(|s| !matches!(s.state, StepState::Completed | StepState::Running))
+        .filter(|s| {
+            steps
+                .iter()
+                .filter(|p| s.waits_on(p.idx))
+                .all(|p| done(p.idx))
+        })
+        .map(|s| s.idx)
+        .collect();
+    if ready.is_empty() {
+        Next::Wait
+    } else {
+        Next::Run(ready)
+    }
 }
 
-/// The next step to undo: the newest completed (or half-undone) step that has a compensation.
+/// The next step to undo: none while any step is still out (siblings of a
+/// failed step are let finish or time out first); then the newest completed
+/// step that has a compensation, newest by completion (then by index).
 pub fn next_compensation(steps: &[StepView<'_>]) -> Next {
+    if steps.iter().any(StepView::is_out) {
+        return Next::Wait;
+    }
     steps
         .iter()
-        .rev()
-        .find(|s| {
-            s.compensate.is_some()
-                && matches!(s.state, StepState::Completed | StepState::Compensating)
-        })
-        .map_or(Next::Finished, |s| Next::Run(s.idx))
+        .filter(|s| s.compensate.is_some() && s.state == StepState::Completed)
+        .max_by_key(|s| (s.finished_at, s.idx))
+        .map_or(Next::Finished, |s| Next::Run(vec![s.idx]))
+}
+
+/// The steps by stage, for showing an order's branches: a step's stage is
+/// one more than the latest stage of the steps it starts after, so the
+/// steps of one stage may run at the same time. Each stage lists its step
+/// indices in order; a stage line reads `reserve → charge ∥ notify → ship`.
+pub fn stages(steps: &[StepView<'_>]) -> Vec<Vec<i32>> {
+    let mut stage: Vec<Option<usize>> = vec![None; steps.len()];
+    // At most one pass per step: a workflow is acyclic (checked at compile).
+    for _ in 0..steps.len() {
+        for (i, s) in steps.iter().enumerate() {
+            let before: Option<Vec<usize>> = steps
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| s.waits_on(p.idx))
+                .map(|(j, _)| stage[j])
+                .collect();
+            if let Some(before) = before {
+                stage[i] = Some(before.into_iter().max().map_or(0, |m| m + 1));
+            }
+        }
+    }
+    let mut out: Vec<Vec<i32>> = Vec::new();
+    for (s, st) in steps.iter().zip(stage) {
+        // A step on a cycle (never stored) shows last rather than not at all.
+        let st = st.unwrap_or(steps.len());
+        if out.len() <= st {
+            out.resize(st + 1, Vec::new());
+        }
+        out[st].push(s.idx);
+    }
+    out.retain(|stage| !stage.is_empty());
+    out
+}
+
+/// Whether anything completed is left to undo, now or once the steps still
+/// out have answered.
+pub fn anything_to_undo(steps: &[StepView<'_>]) -> bool {
+    steps.iter().any(|s| {
+        s.compensate.is_some()
+            && matches!(
+                s.state,
+                StepState::Completed | StepState::Compensating | StepState::Running
+            )
+    })
 }
 
 #[cfg(test)]
@@ -148,6 +320,7 @@ mod tests {
                     timeout: Duration::from_secs(1),
                     compensate: None,
                     retry: None,
+                    after: None,
                 })
                 .collect(),
             ..WorkflowSpec::default()
@@ -174,11 +347,120 @@ mod tests {
         );
     }
 
+    fn with_after(mut spec: WorkflowSpec, after: &[(&str, &[&str])]) -> WorkflowSpec {
+        for (step, names) in after {
+            if let Some(s) = spec.steps.iter_mut().find(|s| s.name == *step) {
+                s.after = Some(names.iter().map(|n| (*n).to_owned()).collect());
+            }
+        }
+        spec
+    }
+
+    #[test]
+    fn after_names_the_steps_a_step_waits_for_and_a_plain_list_is_sequential() {
+        let plain = Workflow::compile("w", &spec(&["a", "b", "c"])).unwrap();
+        let after: Vec<_> = plain.steps.iter().map(|s| s.after.clone()).collect();
+        assert_eq!(after, [vec![], vec![0], vec![1]]);
+        let diamond = with_after(
+            spec(&["reserve", "charge", "notify", "ship"]),
+            &[("notify", &["reserve"]), ("ship", &["charge", "notify"])],
+        );
+        let diamond = Workflow::compile("w", &diamond).unwrap();
+        let after: Vec<_> = diamond.steps.iter().map(|s| s.after.clone()).collect();
+        assert_eq!(after, [vec![], vec![0], vec![0], vec![1, 2]]);
+    }
+
+    #[test]
+    fn unknown_names_and_cycles_are_refused_with_one_line() {
+        let unknown = with_after(spec(&["a", "b"]), &[("b", &["nope"])]);
+        let err = Workflow::compile("w", &unknown).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "workflow \"w\" step \"b\" is after \"nope\", which the workflow does not have"
+        );
+        let cycle = with_after(spec(&["a", "b", "c"]), &[("a", &["c"])]);
+        let err = Workflow::compile("w", &cycle).unwrap_err();
+        assert_eq!(
+            err,
+            WorkflowError::Cycle {
+                workflow: "w".into(),
+                steps: vec!["a".into(), "b".into(), "c".into()],
+            }
+        );
+        assert!(!err.to_string().contains('\n'));
+        let own = with_after(spec(&["a", "b"]), &[("b", &["b"])]);
+        assert!(matches!(
+            Workflow::compile("w", &own),
+            Err(WorkflowError::Cycle { steps, .. }) if steps == ["b"]
+        ));
+        // Unreachable behind a cycle: c waits on the cycle a ⇄ b.
+        let behind = with_after(spec(&["a", "b", "c"]), &[("a", &["b"])]);
+        assert!(matches!(
+            Workflow::compile("w", &behind),
+            Err(WorkflowError::Cycle { steps, .. }) if steps == ["a", "b", "c"]
+        ));
+    }
+
+    #[test]
+    fn ready_steps_start_together_and_a_join_waits_for_all() {
+        use StepState::*;
+        let after: [&[i32]; 4] = [&[], &[0], &[0], &[1, 2]];
+        let steps = |states: [StepState; 4]| -> Vec<StepView<'static>> {
+            states
+                .iter()
+                .zip(after)
+                .enumerate()
+                .map(|(i, (state, after))| StepView {
+                    idx: i as i32,
+                    state: *state,
+                    compensate: Some("undo"),
+                    after: Some(after),
+                    finished_at: None,
+                })
+                .collect()
+        };
+        assert_eq!(next_forward(&steps([NotStarted; 4])), Next::Run(vec![0]));
+        let split = steps([Completed, NotStarted, NotStarted, NotStarted]);
+        assert_eq!(next_forward(&split), Next::Run(vec![1, 2]));
+        let half = steps([Completed, Completed, Running, NotStarted]);
+        assert_eq!(next_forward(&half), Next::Wait);
+        let joined = steps([Completed, Completed, Completed, NotStarted]);
+        assert_eq!(next_forward(&joined), Next::Run(vec![3]));
+        // While a sibling runs, nothing is undone yet.
+        let giving_up = steps([Completed, Failed, Running, NotStarted]);
+        assert_eq!(next_compensation(&giving_up), Next::Wait);
+        assert!(anything_to_undo(&giving_up));
+    }
+
+    #[test]
+    fn stages_group_the_steps_that_may_run_together() {
+        let after: [&[i32]; 4] = [&[], &[0], &[0], &[1, 2]];
+        let steps: Vec<StepView<'static>> = after
+            .iter()
+            .enumerate()
+            .map(|(i, after)| StepView {
+                idx: i as i32,
+                state: StepState::NotStarted,
+                compensate: None,
+                after: Some(after),
+                finished_at: None,
+            })
+            .collect();
+        assert_eq!(stages(&steps), [vec![0], vec![1, 2], vec![3]]);
+        let plain = [
+            view(0, StepState::Completed, false),
+            view(1, StepState::NotStarted, false),
+        ];
+        assert_eq!(stages(&plain), [vec![0], vec![1]]);
+    }
+
     fn view(idx: i32, state: StepState, comp: bool) -> StepView<'static> {
         StepView {
             idx,
             state,
             compensate: comp.then_some("undo"),
+            after: None,
+            finished_at: None,
         }
     }
 
@@ -190,7 +472,13 @@ mod tests {
             view(1, Running, true),
             view(2, NotStarted, false),
         ];
-        assert_eq!(next_forward(&steps), Next::Run(1));
+        assert_eq!(next_forward(&steps), Next::Wait, "step 1 is out");
+        let steps = [
+            view(0, Completed, true),
+            view(1, Failed, true),
+            view(2, NotStarted, false),
+        ];
+        assert_eq!(next_forward(&steps), Next::Run(vec![1]));
         let done = [view(0, Completed, true), view(1, Completed, false)];
         assert_eq!(next_forward(&done), Next::Finished);
     }
@@ -203,9 +491,11 @@ mod tests {
             view(1, Completed, false),
             view(2, Failed, true),
         ];
-        assert_eq!(next_compensation(&steps), Next::Run(0));
+        assert_eq!(next_compensation(&steps), Next::Run(vec![0]));
         let steps = [view(0, Completed, true), view(1, Compensated, true)];
-        assert_eq!(next_compensation(&steps), Next::Run(0));
+        assert_eq!(next_compensation(&steps), Next::Run(vec![0]));
+        let steps = [view(0, Completed, true), view(1, Compensating, true)];
+        assert_eq!(next_compensation(&steps), Next::Wait, "one undo at a time");
         let steps = [view(0, Compensated, true), view(1, NotStarted, true)];
         assert_eq!(next_compensation(&steps), Next::Finished);
     }

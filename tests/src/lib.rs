@@ -34,9 +34,10 @@ pub const PG_ADMIN: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 pub const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
 /// The agents of the test workflows
-/// ([`sas_testkit::config::WORKFLOW_AGENTS`]) and `c-undo`,
-/// which no workflow calls (the agent serves and reports it all the same).
-pub const AGENTS: [&str; 6] = ["a", "b", "c", "a-undo", "b-undo", "c-undo"];
+/// ([`sas_testkit::config::WORKFLOW_AGENTS`]), `c-undo`, which no
+/// configured workflow calls (the agent serves and reports it all the
+/// same), and `d`, for the workflows a test adds (a diamond's fourth step).
+pub const AGENTS: [&str; 7] = ["a", "b", "c", "a-undo", "b-undo", "c-undo", "d"];
 
 /// How a test wants its deployment configured: what the [`Builder`] sets.
 #[derive(Debug, Clone)]

@@ -107,7 +107,7 @@
       (s) => s.idx,
       () => {
         const tr = el("tr");
-        for (let i = 0; i < 10; i++) tr.append(el("td"));
+        for (let i = 0; i < 11; i++) tr.append(el("td"));
         return tr;
       },
       (tr, s) => {
@@ -116,17 +116,18 @@
         const c = tr.cells;
         setText(c[0], s.idx);
         setText(c[1], s.name);
-        setText(c[2], s.agent);
-        setText(c[3], s.compensate || "–");
-        if (!c[4].firstChild || c[4].firstChild.textContent !== s.state) c[4].replaceChildren(badge(s.state, s.state === "completed" ? "processed" : s.state === "failed" ? "error" : s.state));
-        setText(c[5], s.dispatches);
-        c[5].className = "num";
-        setText(c[6], time(s.started_at));
-        setText(c[7], time(s.finished_at));
-        setText(c[8], s.duration_ms === null ? (s.started_at ? "running" : "–") : duration(s.duration_ms));
-        c[8].className = "num";
-        setText(c[9], s.error || "");
-        c[9].className = "wrap";
+        setText(c[2], (s.after || []).join(", ") || "–");
+        setText(c[3], s.agent);
+        setText(c[4], s.compensate || "–");
+        if (!c[5].firstChild || c[5].firstChild.textContent !== s.state) c[5].replaceChildren(badge(s.state, s.state === "completed" ? "processed" : s.state === "failed" ? "error" : s.state));
+        setText(c[6], s.dispatches);
+        c[6].className = "num";
+        setText(c[7], time(s.started_at));
+        setText(c[8], time(s.finished_at));
+        setText(c[9], s.duration_ms === null ? (s.started_at ? "running" : "–") : duration(s.duration_ms));
+        c[9].className = "num";
+        setText(c[10], s.error || "");
+        c[10].className = "wrap";
       },
     );
   }
@@ -194,6 +195,8 @@
       throw e;
     }
     head(data);
+    // The branches: steps side by side run at the same time.
+    setText(byId("steps-flow"), (data.stages || []).map((st) => st.join(" ∥ ")).join(" → "));
     stepsChart(data);
     stepsTable(data);
     timeline(data);

@@ -270,9 +270,11 @@ fn order_json(
             "updated_at": order.updated_at,
         },
         "actions": { "retry": retryable, "cancel": cancellable },
+        "stages": sas::state_store::stage_names(steps),
         "steps": steps.iter().map(|s| json!({
             "idx": s.idx,
             "name": s.name,
+            "after": s.after_names(steps),
             "agent": s.agent,
             "compensate": s.compensate,
             "state": s.state.as_str(),

@@ -18,6 +18,13 @@ pub struct Stats {
     pub keys: BTreeMap<String, KeyStats>,
     /// Per endpoint path.
     pub endpoints: BTreeMap<String, EndpointStats>,
+    /// Calls in progress now, on every endpoint.
+    #[serde(default)]
+    pub in_progress: u64,
+    /// The most calls ever in progress at once on all endpoints together
+    /// (steps in parallel overlap).
+    #[serde(default)]
+    pub max_in_progress: u64,
 }
 
 /// Counters for one idempotency key.
@@ -105,13 +112,17 @@ impl Stats {
 
     /// A call on `endpoint` starts (`true`) or ends.
     pub(crate) fn in_progress(&mut self, endpoint: &str, starts: bool) {
-        let stats = self.endpoint_mut(endpoint);
-        if starts {
-            stats.in_progress += 1;
-            stats.max_in_progress = stats.max_in_progress.max(stats.in_progress);
-        } else {
-            stats.in_progress = stats.in_progress.saturating_sub(1);
+        fn count(now: &mut u64, max: &mut u64, starts: bool) {
+            if starts {
+                *now += 1;
+                *max = (*max).max(*now);
+            } else {
+                *now = now.saturating_sub(1);
+            }
         }
+        let stats = self.endpoint_mut(endpoint);
+        count(&mut stats.in_progress, &mut stats.max_in_progress, starts);
+        count(&mut self.in_progress, &mut self.max_in_progress, starts);
     }
 
     /// Counts a call carrying `key`, returning how many calls the key has seen (1-based).

@@ -341,9 +341,11 @@ fn to_json(order: &OrderRow, steps: &[StepRow], events: &[EventRow]) -> Value {
             "created_at": rfc3339::format(&order.created_at),
             "updated_at": rfc3339::format(&order.updated_at),
         },
+        "stages": sas::state_store::stage_names(steps),
         "steps": steps.iter().map(|s| json!({
             "idx": s.idx,
             "name": s.name,
+            "after": s.after_names(steps),
             "agent": s.agent,
             "compensate": s.compensate,
             "timeout_ms": s.timeout_ms,
@@ -402,16 +404,30 @@ fn to_text(order: &OrderRow, steps: &[StepRow], events: &[EventRow]) -> String {
         let _ = writeln!(out, "{key:<width$}  {}", cell(&value));
     }
 
-    let _ = writeln!(out, "\nsteps");
+    // The branches: the steps of one stage may run at the same time.
+    let flow = sas::state_store::stage_names(steps)
+        .iter()
+        .map(|stage| stage.join(" ∥ "))
+        .collect::<Vec<_>>()
+        .join(" → ");
+    let _ = writeln!(out, "\nsteps  {flow}");
     let rows = steps
         .iter()
         .map(|s| {
+            let after = s.after_names(steps);
             vec![
                 s.idx.to_string(),
                 s.name.clone(),
+                if after.is_empty() {
+                    "-".into()
+                } else {
+                    after.join(",")
+                },
                 s.agent.clone(),
                 s.state.to_string(),
                 s.dispatches.to_string(),
+                opt_time(s.started_at),
+                opt_time(s.finished_at),
                 opt_time(s.complete_by),
                 opt(s.error.as_deref()),
                 s.result
@@ -424,9 +440,12 @@ fn to_text(order: &OrderRow, steps: &[StepRow], events: &[EventRow]) -> String {
         &[
             "IDX",
             "NAME",
+            "AFTER",
             "AGENT",
             "STATE",
             "DISPATCHES",
+            "STARTED",
+            "FINISHED",
             "COMPLETE_BY",
             "ERROR",
             "RESULT",
@@ -562,6 +581,7 @@ mod tests {
             started_at: Some(at),
             finished_at: None,
             warned: 0,
+            after_steps: None,
         };
         let steps = vec![
             step(
@@ -598,6 +618,8 @@ mod tests {
         assert_eq!(v["order"]["attempt"], 2);
         assert_eq!(v["steps"][0]["result"]["ok"], true);
         assert_eq!(v["steps"][1]["state"], "running");
+        assert_eq!(v["steps"][1]["after"], json!(["reserve"]));
+        assert_eq!(v["stages"], json!([["reserve"], ["charge"]]));
         assert_eq!(v["events"][0]["event"], "received");
         assert_eq!(v["events"][0]["from_state"], Value::Null);
     }
@@ -612,16 +634,21 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("IDX  NAME     AGENT          STATE"),
+            text.contains("IDX  NAME     AFTER    AGENT          STATE"),
             "{text}"
         );
         assert!(
-            text.contains("0    reserve  reserve-agent  completed"),
+            text.contains("0    reserve  -        reserve-agent  completed"),
             "{text}"
         );
+        assert!(
+            text.contains("1    charge   reserve  charge-agent   running"),
+            "{text}"
+        );
+        assert!(text.contains("steps  reserve → charge\n"), "{text}");
         assert!(text.contains("- → pending"), "{text}");
         let (order, _, _) = sample();
-        assert!(to_text(&order, &[], &[]).contains("steps\n(none)\n"));
+        assert!(to_text(&order, &[], &[]).contains("steps  \n(none)\n"));
     }
 
     #[test]

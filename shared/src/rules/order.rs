@@ -140,6 +140,9 @@ pub struct Deciding<'c> {
     pub(super) wake: bool,
     pub(super) ended: Option<ProcessState>,
     pub(super) ctx: Context<'c>,
+    /// The flow-control room as loaded, counted down by this decision's
+    /// own dispatches (steps in parallel may go to one agent).
+    flows: Vec<super::flow::Flow>,
 }
 
 /// Why an order is held.
@@ -172,6 +175,7 @@ impl<'c> Deciding<'c> {
             wake: false,
             ended: None,
             ctx,
+            flows: ctx.flows.to_vec(),
         }
     }
 
@@ -305,6 +309,42 @@ impl<'c> Deciding<'c> {
         self.ended = Some(state);
     }
 
+    /// Whether any step is out with an agent (forward or undo).
+    pub(super) fn any_out(&self) -> bool {
+        self.order.steps.iter().any(|s| s.out_with().is_some())
+    }
+
+    /// The earliest deadline of the steps out: the order's complete-by.
+    pub(super) fn out_deadline(&self) -> Option<DateTime<Utc>> {
+        self.order
+            .steps
+            .iter()
+            .filter(|s| s.out_with().is_some())
+            .filter_map(|s| s.complete_by)
+            .min()
+    }
+
+    /// Who holds the order from here: while steps are out, the claim they
+    /// were sent under (so that their replies still count); else the actor.
+    pub(super) fn holder(&self) -> String {
+        match &self.order.row.locked_by {
+            Some(holder) if self.any_out() => holder.clone(),
+            _ => self.ctx.actor.to_owned(),
+        }
+    }
+
+    /// Whether one more step may go to `agent` under flow control.
+    pub(super) fn has_room(&self, agent: &str) -> bool {
+        super::flow::room(&self.flows, agent)
+    }
+
+    /// Counts a step dispatched to `agent` against its room.
+    pub(super) fn took_room(&mut self, agent: &str) {
+        if let Some(f) = self.flows.iter_mut().find(|f| f.agent == agent) {
+            f.dispatched();
+        }
+    }
+
     /// Withdraws the order's running dispatch (its deadline passed, or an
     /// operator cancelled): a forward step goes back to `not_started`, an
     /// undo back to `completed`, and a late reply to the old dispatch is
@@ -387,6 +427,7 @@ pub(crate) mod fixture {
                     agent: format!("a{idx}"),
                     timeout: std::time::Duration::from_secs(1),
                     compensate: undo(idx).then(|| format!("u{idx}")),
+                    after: idx.checked_sub(1).into_iter().collect(),
                 };
                 StepRow::planned(order_id, idx, &step)
             })

@@ -19,7 +19,7 @@ use crate::state_store::{OrderRow, StepRow};
 use crate::workflow::{self, StepView};
 
 /// `ctx.actor` claims `order` (a `pending` one, which starts `processing`, or
-/// a `compensating` one that nobody drives) and dispatches its next step,
+/// a `compensating` one that nobody drives) and dispatches its next steps,
 /// or finishes it when nothing is left to run.
 pub fn claim(order: &Order, ctx: Context<'_>) -> Result<Decision, RuleError> {
     let mut d = Deciding::new(order, ctx);
@@ -35,18 +35,29 @@ pub fn claim(order: &Order, ctx: Context<'_>) -> Result<Decision, RuleError> {
             });
         }
     };
-    // Its next step's agent has no room under flow control (§4b): it waits,
-    // pending in Postgres and held for that agent, so that claims pass it by
-    // until there is room (and take the orders behind it meanwhile).
-    if let Some(Advance::Dispatch { idx, direction }) = advance(to, &order.views())
-        && let Some(step) = order.steps.iter().find(|s| s.idx == idx)
-        && let Some(agent) = agent_for(step, direction)
-        && !flow::room(ctx.flows, agent)
-    {
-        if order.row.held_for.as_deref() != Some(agent) {
-            d.hold(Hold::Flow(agent), &step.name);
+    // None of its next steps' agents has room under flow control (§4b): it
+    // waits, pending in Postgres and held for the first of them, so that
+    // claims pass it by until there is room (and take the orders behind
+    // it meanwhile).
+    if let Some(Advance::Dispatch { steps, direction }) = advance(to, &order.views()) {
+        let agents: Vec<&str> = steps
+            .iter()
+            .filter_map(|idx| order.steps.iter().find(|s| s.idx == *idx))
+            .filter_map(|step| agent_for(step, direction))
+            .collect();
+        if let Some(&agent) = agents.first()
+            && !agents.iter().any(|a| flow::room(ctx.flows, a))
+        {
+            if order.row.held_for.as_deref() != Some(agent) {
+                let step = order
+                    .steps
+                    .iter()
+                    .find(|s| s.idx == steps[0])
+                    .map_or("", |s| s.name.as_str());
+                d.hold(Hold::Flow(agent), step);
+            }
+            return Ok(d.done());
         }
-        return Ok(d.done());
     }
     let held = d.row().held_for.clone().map(|a| (a, d.row().held_since));
     d.set_state(to, Some(ctx.actor), None);
@@ -92,9 +103,11 @@ pub enum Replied {
 }
 
 /// Applies an agent's `reply` to `order`: the step completes, fails, or is
-/// undone, and `ctx.actor` takes over the order's claim and drives it on.
-/// A forward step that failed for good gives the order up (its completed
-/// steps are undone, newest first); an undo that failed for good fails it.
+/// undone, and the order is driven on: the steps it lets start are
+/// dispatched, or, once no step is out any more, `ctx.actor` takes over
+/// the order's claim. A forward step that failed for good gives the order
+/// up (its steps still running are let finish, then every completed step
+/// is undone, newest completion first); an undo that failed for good fails it.
 pub fn apply_reply(
     order: &Order,
     reply: &StepReply,
@@ -105,32 +118,30 @@ pub fn apply_reply(
         Err(why) => return Ok(Replied::Stale(why)),
     };
     let mut d = Deciding::new(order, ctx);
-    if reply.outcome == StepOutcome::Held {
-        // The agent found its breaker open and sent nothing: the step goes
-        // back and is dispatched again, which holds the order while the
-        // breaker is open (as this load saw it).
-        d.withdraw_running();
-        d.set_state(change.order_state, Some(ctx.actor), None);
-        d.drive()?;
-        return Ok(Replied::Applied(Box::new(d.done())));
-    }
     let step = &mut d.order.steps[change.pos];
     step.state = change.to;
-    if let Some(r) = change.result {
-        step.result = Some(r.clone());
-    }
-    step.error = change.error.map(str::to_owned);
-    step.finished_at = Some(ctx.now);
     step.complete_by = None;
-    // Take over the claim: whoever applies the reply drives the order on.
-    d.set_state(change.order_state, Some(ctx.actor), None);
+    if reply.outcome == StepOutcome::Held {
+        // The agent found its breaker open and sent nothing: the step is as
+        // before its dispatch, and is dispatched again, which holds the
+        // order while the breaker is open (as this load saw it).
+        step.dispatch_id = None;
+    } else {
+        if let Some(r) = change.result {
+            step.result = Some(r.clone());
+        }
+        step.error = change.error.map(str::to_owned);
+        step.finished_at = Some(ctx.now);
+    }
+    let holder = d.holder();
+    d.set_state(change.order_state, Some(&holder), None);
     match (&reply.outcome, reply.direction) {
         (StepOutcome::Succeeded { result }, Direction::Forward) => {
             let attempt = d.row().attempt();
             d.log(Event {
                 kind: EventKind::StepSucceeded,
-                from: Some(ProcessState::Processing),
-                to: ProcessState::Processing,
+                from: Some(change.order_state),
+                to: change.order_state,
                 step: Some(&reply.step),
                 attempt,
                 reason: None,
@@ -139,6 +150,12 @@ pub fn apply_reply(
             d.drive()?;
         }
         (StepOutcome::Succeeded { .. }, Direction::Compensate) | (StepOutcome::Held, _) => {
+            d.drive()?;
+        }
+        // A sibling of a step that failed, let finish: the undoing goes on.
+        (StepOutcome::Failed { .. }, Direction::Forward)
+            if change.order_state == ProcessState::Compensating =>
+        {
             d.drive()?;
         }
         (StepOutcome::Failed { error }, Direction::Forward) => {
@@ -156,9 +173,9 @@ pub fn apply_reply(
     Ok(Replied::Applied(Box::new(d.done())))
 }
 
-impl Deciding<'_> {
-    /// Dispatches the order's next step (forward or undo), or finishes it.
-    /// The order is held by the actor.
+impl<'c> Deciding<'c> {
+    /// Dispatches the order's next steps (forward, or the next undo), waits
+    /// for the steps out, or finishes it. The order is held by the actor.
     pub(super) fn drive(&mut self) -> Result<(), RuleError> {
         let from = self.row().process_state;
         let Some(next) = advance(from, &self.order.views()) else {
@@ -169,7 +186,39 @@ impl Deciding<'_> {
             });
         };
         match next {
-            Advance::Dispatch { idx, direction } => self.dispatch(idx, direction),
+            Advance::Dispatch { steps, direction } => {
+                let mut gated = None;
+                for idx in steps {
+                    if let Some(hold) = self.dispatch(idx, direction)? {
+                        gated.get_or_insert(hold);
+                    }
+                }
+                // A step that may not go now waits in the order: for the
+                // next reply while siblings are out, else held.
+                if let Some((why, step)) = gated
+                    && !self.any_out()
+                {
+                    match why {
+                        Gated::Breaker(gate) => self.hold(Hold::Breaker(gate), &step),
+                        Gated::Flow(agent) => self.hold(Hold::Flow(&agent), &step),
+                    }
+                    return Ok(());
+                }
+                self.order.row.complete_by = self.out_deadline();
+            }
+            Advance::Wait => self.order.row.complete_by = self.out_deadline(),
+            Advance::Finish {
+                state: ProcessState::Error,
+                ..
+            } => {
+                // Given up while steps ran, and nothing they did needs undoing.
+                let reason = self
+                    .row()
+                    .last_error
+                    .clone()
+                    .unwrap_or_else(|| "given up with nothing to undo".into());
+                self.fail(&reason);
+            }
             Advance::Finish { state, event } => {
                 let attempt = self.row().attempt();
                 let detail = json!({ "results": self.order.results() });
@@ -184,17 +233,23 @@ impl Deciding<'_> {
                     detail,
                 });
                 self.end(state);
-                Ok(())
             }
         }
+        Ok(())
     }
 
     /// Sends step `idx` to its agent (or its compensating agent) with a
-    /// fresh dispatch id and a complete-by of now plus the step's timeout.
+    /// fresh dispatch id and a complete-by of now plus the step's timeout,
+    /// under the order's current claim.
     ///
-    /// While the agent's breaker is open the step is not sent: the order
-    /// is held ([`Deciding::hold`]), unless it is the breaker's probe.
-    fn dispatch(&mut self, idx: i32, direction: Direction) -> Result<(), RuleError> {
+    /// While the agent's breaker is open, or the agent has no room under
+    /// flow control, the step is not sent: why comes back (with the step's
+    /// name), unless the order is the breaker's probe.
+    fn dispatch(
+        &mut self,
+        idx: i32,
+        direction: Direction,
+    ) -> Result<Option<(Gated<'c>, String)>, RuleError> {
         let now = self.ctx.now;
         let pos = self.step_pos(idx)?;
         let step = &self.order.steps[pos];
@@ -207,14 +262,10 @@ impl Deciding<'_> {
         };
         let gates = self.ctx.gates;
         if let Admit::Hold(gate) = breaker::admit(gates, &agent, self.row().order_id) {
-            let name = step.name.clone();
-            self.hold(Hold::Breaker(gate), &name);
-            return Ok(());
+            return Ok(Some((Gated::Breaker(gate), step.name.clone())));
         }
-        if !flow::room(self.ctx.flows, &agent) {
-            let name = step.name.clone();
-            self.hold(Hold::Flow(&agent), &name);
-            return Ok(());
+        if !self.has_room(&agent) {
+            return Ok(Some((Gated::Flow(agent), step.name.clone())));
         }
         let step = &mut self.order.steps[pos];
         let dispatch_id = (self.ctx.new_id)();
@@ -229,8 +280,7 @@ impl Deciding<'_> {
         step.warned = 0;
         step.started_at.get_or_insert(now);
         let name = step.name.clone();
-        let holding = self.row().process_state;
-        self.set_state(holding, Some(self.ctx.actor), Some(complete_by));
+        self.took_room(&agent);
         let o = self.row();
         let request = StepRequest {
             order_id: o.order_id,
@@ -240,15 +290,26 @@ impl Deciding<'_> {
             direction,
             attempt: o.attempt(),
             dispatch_id,
-            locked_by: self.ctx.actor.to_owned(),
+            locked_by: o
+                .locked_by
+                .clone()
+                .unwrap_or_else(|| self.ctx.actor.to_owned()),
             complete_by,
             payload: o.payload.clone(),
             results: self.order.results(),
             fencing_token: i64::from(self.order.steps[pos].dispatches),
         };
         self.effects.push(Effect::Request { agent, request });
-        Ok(())
+        Ok(None)
     }
+}
+
+/// Why a step ready to go was not dispatched.
+enum Gated<'g> {
+    /// Its agent's breaker is open.
+    Breaker(&'g breaker::Gate),
+    /// Its agent has no room under flow control.
+    Flow(String),
 }
 
 /// The agent a step's dispatch in `direction` goes to: its own, or its undo's.
@@ -260,10 +321,15 @@ fn agent_for(step: &StepRow, direction: Direction) -> Option<&str> {
 }
 
 /// What the scheduler does next with an order it holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Advance {
-    /// Send step `idx` to its agent, forward or to undo it.
-    Dispatch { idx: i32, direction: Direction },
+    /// Send these steps (by index) to their agents, forward or to undo them.
+    Dispatch {
+        steps: Vec<i32>,
+        direction: Direction,
+    },
+    /// Steps are out with their agents; nothing else can go until they answer.
+    Wait,
     /// Nothing left to run: the order ends in `state`, told by `event`.
     Finish {
         state: ProcessState,
@@ -271,31 +337,34 @@ pub enum Advance {
     },
 }
 
-/// The next move for an order in `state` with these steps: the first step
-/// not completed (completed steps are never redone), or, while
-/// compensating, the newest completed step that has an undo; `None` for an
-/// order in a state the scheduler does not drive.
+/// The next move for an order in `state` with these steps: every step not
+/// completed whose `after` steps have all completed (completed steps are
+/// never redone), or, while compensating and once no step is out, the
+/// newest completed step that has an undo; `None` for an order in a state
+/// the scheduler does not drive. An order given up with nothing undone
+/// once its running steps answered ends `error`.
 pub fn advance(state: ProcessState, steps: &[StepView<'_>]) -> Option<Advance> {
-    let (next, direction, finished, event) = match state {
-        ProcessState::Processing => (
-            workflow::next_forward(steps),
-            Direction::Forward,
-            ProcessState::Processed,
-            EventKind::Processed,
-        ),
-        ProcessState::Compensating => (
-            workflow::next_compensation(steps),
-            Direction::Compensate,
-            ProcessState::Compensated,
-            EventKind::Compensated,
-        ),
+    let (next, direction) = match state {
+        ProcessState::Processing => (workflow::next_forward(steps), Direction::Forward),
+        ProcessState::Compensating => (workflow::next_compensation(steps), Direction::Compensate),
         _ => return None,
     };
     Some(match next {
-        workflow::Next::Run(idx) => Advance::Dispatch { idx, direction },
+        workflow::Next::Run(steps) => Advance::Dispatch { steps, direction },
+        workflow::Next::Wait => Advance::Wait,
+        workflow::Next::Finished if state == ProcessState::Processing => Advance::Finish {
+            state: ProcessState::Processed,
+            event: EventKind::Processed,
+        },
+        workflow::Next::Finished if steps.iter().any(|s| s.state == StepState::Compensated) => {
+            Advance::Finish {
+                state: ProcessState::Compensated,
+                event: EventKind::Compensated,
+            }
+        }
         workflow::Next::Finished => Advance::Finish {
-            state: finished,
-            event,
+            state: ProcessState::Error,
+            event: EventKind::Failed,
         },
     })
 }
@@ -322,20 +391,26 @@ pub fn judge_reply<'r>(
     steps: &[StepRow],
     reply: &'r StepReply,
 ) -> Result<StepChange<'r>, String> {
-    let (order_state, running, done) = match reply.direction {
+    let order_state = order.process_state;
+    // A forward step also answers while the order is being undone: a
+    // sibling of the step that failed, let finish.
+    let (state_fits, running, done) = match reply.direction {
         Direction::Forward => (
-            ProcessState::Processing,
+            matches!(
+                order_state,
+                ProcessState::Processing | ProcessState::Compensating
+            ),
             StepState::Running,
             StepState::Completed,
         ),
         Direction::Compensate => (
-            ProcessState::Compensating,
+            order_state == ProcessState::Compensating,
             StepState::Compensating,
             StepState::Compensated,
         ),
     };
-    if order.process_state != order_state {
-        return Err(format!("order is {}", order.process_state));
+    if !state_fits {
+        return Err(format!("order is {order_state}"));
     }
     if order.locked_by.as_deref() != Some(reply.locked_by.as_str()) {
         return Err("order is held by another claim".into());
@@ -431,6 +506,7 @@ mod tests {
             started_at: None,
             finished_at: None,
             warned: 0,
+            after_steps: None,
         }
     }
 
@@ -459,6 +535,8 @@ mod tests {
             idx,
             state,
             compensate: undo,
+            after: None,
+            finished_at: None,
         };
         let steps = [
             view(0, StepState::Completed, Some("u0")),
@@ -468,14 +546,14 @@ mod tests {
         assert_eq!(
             advance(ProcessState::Processing, &steps),
             Some(Advance::Dispatch {
-                idx: 2,
+                steps: vec![2],
                 direction: Direction::Forward
             })
         );
         assert_eq!(
             advance(ProcessState::Compensating, &steps),
             Some(Advance::Dispatch {
-                idx: 0,
+                steps: vec![0],
                 direction: Direction::Compensate
             }),
             "step 1 has no undo, step 2 never ran"
@@ -609,12 +687,15 @@ mod tests {
                     if other_step {
                         r.step_index += 10;
                     }
-                    let (order_state, running) = if compensate {
-                        (ProcessState::Compensating, StepState::Compensating)
+                    let (state_fits, running) = if compensate {
+                        (state == ProcessState::Compensating, StepState::Compensating)
                     } else {
-                        (ProcessState::Processing, StepState::Running)
+                        (
+                            matches!(state, ProcessState::Processing | ProcessState::Compensating),
+                            StepState::Running,
+                        )
                     };
-                    let counts = state == order_state
+                    let counts = state_fits
                         && !other_claim
                         && (compensate || !old_attempt)
                         && !other_dispatch
@@ -624,7 +705,7 @@ mod tests {
                     prop_assert_eq!(judged.is_ok(), counts, "{:?}", judged);
                     if let Ok(change) = judged {
                         prop_assert_eq!(change.pos, pos);
-                        prop_assert_eq!(change.order_state, order_state);
+                        prop_assert_eq!(change.order_state, state);
                     }
                     Ok(())
                 },
@@ -819,5 +900,204 @@ mod decisions {
             apply_reply(&d.order, &reply, ctx("s1")),
             Ok(Replied::Stale(_))
         ));
+    }
+}
+
+#[cfg(test)]
+mod parallel {
+    //! Steps in parallel (§4b): a diamond `s0 → s1 ∥ s2 → s3`.
+
+    use chrono::Duration;
+    use serde_json::json;
+
+    use super::*;
+    use crate::rules::order::fixture::{ctx, now, pending};
+    use crate::rules::supervisor;
+
+    /// A pending diamond; every step has an undo.
+    fn diamond() -> Order {
+        let mut order = pending(4, |_| true);
+        for (s, after) in order
+            .steps
+            .iter_mut()
+            .zip([vec![], vec![0], vec![0], vec![1, 2]])
+        {
+            s.after_steps = Some(after);
+        }
+        order
+    }
+
+    fn at(actor: &str, secs: i64) -> Context<'_> {
+        Context {
+            now: now() + Duration::seconds(secs),
+            ..ctx(actor)
+        }
+    }
+
+    fn request(d: &Decision, idx: i32) -> &StepRequest {
+        d.requests()
+            .map(|(_, r)| r)
+            .find(|r| r.step_index == idx)
+            .unwrap_or_else(|| panic!("no request for step {idx}"))
+    }
+
+    fn ok(idx: i32) -> StepOutcome {
+        StepOutcome::Succeeded {
+            result: json!({ "step": idx }),
+        }
+    }
+
+    fn applied(order: &Order, reply: &StepReply, ctx: Context<'_>) -> Decision {
+        match apply_reply(order, reply, ctx).expect("reply") {
+            Replied::Applied(d) => *d,
+            Replied::Stale(why) => panic!("stale: {why}"),
+        }
+    }
+
+    /// The diamond claimed and its first step answered: `s1` and `s2` out.
+    fn branches_out() -> (Decision, StepRequest, StepRequest) {
+        let d = claim(&diamond(), ctx("s1")).expect("claim");
+        let first = request(&d, 0).clone();
+        let d = applied(&d.order, &StepReply::to(&first, ok(0)), at("s1", 1));
+        let (r1, r2) = (request(&d, 1).clone(), request(&d, 2).clone());
+        (d, r1, r2)
+    }
+
+    #[test]
+    fn independent_steps_go_together_and_the_join_waits_for_both() {
+        let (d, r1, r2) = branches_out();
+        assert_eq!(d.requests().count(), 2);
+        assert_eq!(r1.results.get("s0"), Some(&json!({ "step": 0 })));
+        assert_eq!(
+            d.order.row.complete_by,
+            Some(r1.complete_by.min(r2.complete_by))
+        );
+        // Another scheduler applies s1's reply: s2 is still out under the
+        // first claim, which the order keeps, so s2's reply still counts.
+        let d = applied(&d.order, &StepReply::to(&r1, ok(1)), at("s2", 2));
+        assert_eq!(d.requests().count(), 0, "s3 waits for s2");
+        assert_eq!(d.order.row.locked_by.as_deref(), Some("s1"));
+        assert_eq!(d.order.row.complete_by, Some(r2.complete_by));
+        let d = applied(&d.order, &StepReply::to(&r2, ok(2)), at("s2", 3));
+        let join = request(&d, 3);
+        assert_eq!(join.results.len(), 3, "results hold every completed step");
+        assert_eq!(
+            d.order.row.locked_by.as_deref(),
+            Some("s2"),
+            "nothing was out: s2 took over"
+        );
+        let done = applied(&d.order, &StepReply::to(join, ok(3)), at("s2", 4));
+        assert_eq!(done.ended, Some(ProcessState::Processed));
+    }
+
+    #[test]
+    fn a_failed_branch_lets_its_sibling_finish_then_undoes_newest_completion_first() {
+        let (d, r1, r2) = branches_out();
+        let failed = StepOutcome::Failed {
+            error: "HTTP 422".into(),
+        };
+        let d = applied(&d.order, &StepReply::to(&r1, failed), at("s1", 2));
+        assert_eq!(d.order.row.process_state, ProcessState::Compensating);
+        assert_eq!(d.requests().count(), 0, "s2 is let finish first");
+        assert_eq!(d.order.row.complete_by, Some(r2.complete_by));
+        let d = applied(&d.order, &StepReply::to(&r2, ok(2)), at("s1", 3));
+        assert_eq!(d.order.steps[2].result, Some(json!({ "step": 2 })));
+        let undo = request(&d, 2).clone();
+        assert_eq!(undo.direction, Direction::Compensate);
+        let d = applied(&d.order, &StepReply::to(&undo, ok(2)), at("s1", 4));
+        let undo = request(&d, 0).clone();
+        let d = applied(&d.order, &StepReply::to(&undo, ok(0)), at("s1", 5));
+        assert_eq!(d.ended, Some(ProcessState::Compensated));
+        assert_eq!(
+            d.order.steps[1].state,
+            StepState::Failed,
+            "never completed, never undone"
+        );
+    }
+
+    #[test]
+    fn undo_follows_completion_time_not_the_order_of_the_list() {
+        let (d, r1, r2) = branches_out();
+        // s2 completes first, then s1, then the join fails.
+        let d = applied(&d.order, &StepReply::to(&r2, ok(2)), at("s1", 2));
+        let d = applied(&d.order, &StepReply::to(&r1, ok(1)), at("s1", 3));
+        let join = request(&d, 3).clone();
+        let failed = StepOutcome::Failed { error: "no".into() };
+        let mut d = applied(&d.order, &StepReply::to(&join, failed), at("s1", 4));
+        let mut undone = Vec::new();
+        for t in 5..10 {
+            let Some((_, undo)) = d.requests().next() else {
+                break;
+            };
+            let undo = undo.clone();
+            undone.push(undo.step_index);
+            d = applied(&d.order, &StepReply::to(&undo, ok(0)), at("s1", t));
+        }
+        assert_eq!(undone, [1, 2, 0]);
+        assert_eq!(d.ended, Some(ProcessState::Compensated));
+    }
+
+    #[test]
+    fn a_sibling_that_runs_out_of_time_while_undoing_is_withdrawn_not_counted() {
+        let (d, r1, _) = branches_out();
+        let failed = StepOutcome::Failed { error: "no".into() };
+        let d = applied(&d.order, &StepReply::to(&r1, failed), at("s1", 2));
+        let late = at("sup", 60);
+        let settings = crate::config::SupervisorSettings::default();
+        let (d, retry_at) = supervisor::expire(&d.order, &settings, late);
+        assert_eq!(retry_at, None);
+        assert_eq!(d.order.row.process_state, ProcessState::Compensating);
+        assert_eq!(d.order.row.compensation_failures, 0);
+        assert_eq!((d.order.row.locked_by.as_ref(), d.wake), (None, true));
+        // The next claim undoes what completed: s0 only.
+        let d = claim(&d.order, at("s2", 61)).expect("claim");
+        let (_, undo) = d.requests().next().expect("undo");
+        assert_eq!(
+            (undo.step_index, undo.direction),
+            (0, Direction::Compensate)
+        );
+    }
+
+    #[test]
+    fn a_reattempt_dispatches_only_what_is_not_completed_and_ready() {
+        let (d, _, _) = branches_out();
+        let late = at("sup", 60);
+        let settings = crate::config::SupervisorSettings {
+            retry_schedule: vec![std::time::Duration::ZERO],
+            ..Default::default()
+        };
+        // Both branches time out; s1 had completed meanwhile in another run.
+        let mut order = d.order.clone();
+        order.steps[1].state = StepState::Completed;
+        order.steps[1].dispatch_id = None;
+        let (d, _) = supervisor::expire(&order, &settings, late);
+        assert_eq!(d.order.row.process_state, ProcessState::Pending);
+        let d = claim(&d.order, at("s2", 61)).expect("claim");
+        let sent: Vec<i32> = d.requests().map(|(_, r)| r.step_index).collect();
+        assert_eq!(sent, [2]);
+    }
+
+    #[test]
+    fn given_up_with_nothing_completed_to_undo_once_siblings_answer_it_fails() {
+        let mut order = diamond();
+        for s in &mut order.steps {
+            s.compensate = None;
+        }
+        order.steps[2].compensate = Some("u2".into());
+        order.steps[0].after_steps = Some(vec![]);
+        let d = claim(&order, ctx("s1")).expect("claim");
+        let first = request(&d, 0).clone();
+        let d = applied(&d.order, &StepReply::to(&first, ok(0)), at("s1", 1));
+        let (r1, r2) = (request(&d, 1).clone(), request(&d, 2).clone());
+        let failed = StepOutcome::Failed { error: "no".into() };
+        let d = applied(&d.order, &StepReply::to(&r1, failed.clone()), at("s1", 2));
+        assert_eq!(
+            d.order.row.process_state,
+            ProcessState::Compensating,
+            "s2 may need undoing"
+        );
+        let d = applied(&d.order, &StepReply::to(&r2, failed), at("s1", 3));
+        assert_eq!(d.ended, Some(ProcessState::Error));
+        assert!(d.events().any(|e| e.kind == EventKind::Failed));
     }
 }

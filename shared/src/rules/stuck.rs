@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use super::Order;
-use crate::state::{ProcessState, StepState};
+use crate::state::ProcessState;
 use crate::state_store::StepRow;
 
 /// What the caller found out about the order's surroundings.
@@ -97,13 +97,19 @@ pub fn late_step(order: &Order) -> Option<&StepRow> {
 }
 
 /// The step `order` has out with an agent (forward or its undo), if any.
+/// With steps in parallel, the one whose deadline comes first.
 pub fn running_step(order: &Order) -> Option<&StepRow> {
-    let running = match order.row.process_state {
-        ProcessState::Processing => StepState::Running,
-        ProcessState::Compensating => StepState::Compensating,
-        _ => return None,
-    };
-    order.steps.iter().find(|s| s.state == running)
+    if !matches!(
+        order.row.process_state,
+        ProcessState::Processing | ProcessState::Compensating
+    ) {
+        return None;
+    }
+    order
+        .steps
+        .iter()
+        .filter(|s| s.out_with().is_some())
+        .min_by_key(|s| (s.complete_by, s.idx))
 }
 
 /// Why a held order is stuck: its agent's breaker is open, or its agent

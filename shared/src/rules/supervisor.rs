@@ -15,7 +15,7 @@ use super::breaker::Gate;
 use super::order::{Context, Deciding, Decision, Event, Hold, Order};
 use crate::config::SupervisorSettings;
 use crate::messages::{EventKind, rfc3339};
-use crate::state::ProcessState;
+use crate::state::{ProcessState, StepState};
 use crate::workflow;
 
 /// The supervisor's decision for `order`, whose complete-by had passed at
@@ -35,6 +35,15 @@ pub fn expire(
     if !held && let Some((step, gate)) = running_behind_a_breaker(order, ctx) {
         d.withdraw_running();
         d.hold(Hold::Breaker(gate), &step);
+        return (d.done(), None);
+    }
+    if siblings_out_of_time(order) {
+        // Giving up, the order let its steps still running finish, and one
+        // ran out of time: that is no failure of an undo. It is withdrawn
+        // (never undone, as a step that timed out) and the undoing goes on.
+        d.withdraw_running();
+        d.set_state(ProcessState::Compensating, None, None);
+        d.wake = true;
         return (d.done(), None);
     }
     d.withdraw_running();
@@ -95,6 +104,17 @@ pub fn expire(
 
 /// The running step of `order` (its name) and the gate of its agent's
 /// breaker, when that breaker is not closed (its probe included).
+/// Whether `order` is being undone and waits only for forward steps (the
+/// running siblings of the step that failed), none of its undos.
+fn siblings_out_of_time(order: &Order) -> bool {
+    order.row.process_state == ProcessState::Compensating
+        && order.steps.iter().any(|s| s.state == StepState::Running)
+        && !order
+            .steps
+            .iter()
+            .any(|s| s.state == StepState::Compensating)
+}
+
 fn running_behind_a_breaker<'g>(order: &Order, ctx: Context<'g>) -> Option<(String, &'g Gate)> {
     let step = super::stuck::running_step(order)?;
     let agent = step.out_with()?;
@@ -114,7 +134,13 @@ pub fn warn(order: &Order, settings: &SupervisorSettings, ctx: Context<'_>) -> O
         ProcessState::Compensating => crate::state::StepState::Compensating,
         _ => return None,
     };
-    let pos = order.steps.iter().position(|s| s.state == running)?;
+    let pos = order
+        .steps
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.state == running)
+        .min_by_key(|(_, s)| s.complete_by)
+        .map(|(pos, _)| pos)?;
     let step = &order.steps[pos];
     let complete_by = step.complete_by?;
     if step.timeout_ms <= 0 {
@@ -165,7 +191,7 @@ impl Deciding<'_> {
     /// `drive`, the actor holds the order and dispatches the first
     /// compensation at once; without, any scheduler may claim it.
     pub(super) fn give_up(&mut self, reason: &str, drive: bool) -> Result<(), super::RuleError> {
-        if workflow::next_compensation(&self.order.views()) == workflow::Next::Finished {
+        if !workflow::anything_to_undo(&self.order.views()) {
             self.fail(reason);
             return Ok(());
         }
@@ -173,8 +199,15 @@ impl Deciding<'_> {
         let from = self.row().process_state;
         let attempt = self.row().attempt();
         self.order.row.last_error = Some(reason.into());
-        let holder = drive.then_some(self.ctx.actor);
-        self.set_state(ProcessState::Compensating, holder, None);
+        // Steps still out keep the claim they were sent under, so that
+        // their replies count (and are let finish before anything is undone).
+        let holder = if drive {
+            self.row().locked_by.clone()
+        } else {
+            None
+        };
+        let deadline = self.out_deadline();
+        self.set_state(ProcessState::Compensating, holder.as_deref(), deadline);
         self.log(Event {
             kind: EventKind::Compensating,
             from: Some(from),
@@ -577,9 +610,9 @@ mod decisions {
 
     #[test]
     fn a_late_undo_goes_back_to_completed_and_out_of_tries_fails() {
-        let mut order = running(2, 1);
+        let mut order = pending(2, |_| true);
+        order.steps[0].state = StepState::Completed;
         order.row.process_state = ProcessState::Compensating;
-        order.row.locked_by = None;
         let undoing = claim(&order, ctx("s1")).expect("claim").order;
         assert_eq!(undoing.steps[0].state, StepState::Compensating);
         let (d, requeued) = expire(&undoing, &settings(2), ctx("sup"));

@@ -39,7 +39,7 @@ pub use orders::{NewOrder, OrderRow};
 pub use outbox::{Committed, Held, OutboxRow};
 pub use partitions::Partitions;
 pub use stats::Stats;
-pub use steps::StepRow;
+pub use steps::{StepRow, stage_names};
 pub use transitions::{
     Actor, Done, Expired, Operated, ReplyOutcome, Submitted, Transitions, any_undone,
 };

@@ -28,6 +28,10 @@ pub struct StepRow {
     pub finished_at: Option<DateTime<Utc>>,
     /// Rungs of the deadline ladder its current dispatch was warned of.
     pub warned: i16,
+    /// The indices of the steps it starts after (§4b); `None` for steps
+    /// stored before workflows had `after`: the step before it.
+    #[serde(default)]
+    pub after_steps: Option<Vec<i32>>,
 }
 
 impl StepRow {
@@ -49,6 +53,7 @@ impl StepRow {
             started_at: None,
             finished_at: None,
             warned: 0,
+            after_steps: Some(step.after.clone()),
         }
     }
 
@@ -62,19 +67,54 @@ impl StepRow {
         }
     }
 
+    /// The indices of the steps it starts after.
+    pub fn after(&self) -> Vec<i32> {
+        match &self.after_steps {
+            Some(after) => after.clone(),
+            None => self.idx.checked_sub(1).into_iter().collect(),
+        }
+    }
+
+    /// The names of the steps it starts after, among `steps` (its order's).
+    pub fn after_names(&self, steps: &[StepRow]) -> Vec<String> {
+        self.after()
+            .iter()
+            .filter_map(|i| steps.iter().find(|s| s.idx == *i))
+            .map(|s| s.name.clone())
+            .collect()
+    }
+
     /// What the step plan needs of this row.
     pub fn view(&self) -> StepView<'_> {
         StepView {
             idx: self.idx,
             state: self.state,
             compensate: self.compensate.as_deref(),
+            after: self.after_steps.as_deref(),
+            finished_at: self.finished_at,
         }
     }
 }
 
+/// An order's step names by stage ([`crate::workflow::stages`]): the
+/// branches, as `sasctl` and the dashboard show them.
+pub fn stage_names(steps: &[StepRow]) -> Vec<Vec<String>> {
+    let views: Vec<_> = steps.iter().map(StepRow::view).collect();
+    crate::workflow::stages(&views)
+        .into_iter()
+        .map(|stage| {
+            stage
+                .iter()
+                .filter_map(|i| steps.iter().find(|s| s.idx == *i))
+                .map(|s| s.name.clone())
+                .collect()
+        })
+        .collect()
+}
+
 /// The columns of a [`StepRow`].
 pub(super) const COLUMNS: &str = "order_id, idx, name, agent, compensate, timeout_ms, state, \
-     dispatches, dispatch_id, complete_by, result, error, started_at, finished_at, warned";
+     dispatches, dispatch_id, complete_by, result, error, started_at, finished_at, warned, after_steps";
 
 /// The steps of these orders, ordered by order and index.
 pub async fn for_orders(

@@ -13,6 +13,7 @@ mod hostile;
 mod metrics;
 mod outages;
 mod packaging;
+mod parallel;
 mod permissions;
 mod resilience;
 mod restarts;
