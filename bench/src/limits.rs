@@ -243,6 +243,7 @@ fn workflow(name: &str, steps: usize) -> anyhow::Result<Workflow> {
                 compensate: (steps > 1 && i + 1 < steps).then(|| format!("{s}-undo")),
                 retry: None,
                 after: None,
+                max_duration: Duration::from_secs(3600),
             })
             .collect(),
         ..WorkflowSpec::default()

@@ -443,6 +443,14 @@ pub struct StepSpec {
     /// unset: the step listed before it (none for the first).
     #[serde(default)]
     pub after: Option<Vec<String>>,
+    /// How long a long-running remote operation may keep the step going
+    /// from its first dispatch, however often it answers `202` (§4b).
+    #[serde(with = "humantime_serde", default = "default_max_duration")]
+    pub max_duration: Duration,
+}
+
+fn default_max_duration() -> Duration {
+    Duration::from_secs(3600)
 }
 
 /// The value of query parameter `name` in a URL, if present (the last one

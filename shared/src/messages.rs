@@ -369,6 +369,9 @@ pub enum EventKind {
     Held,
     /// A held order's step is dispatched again.
     Resumed,
+    /// A long-running remote operation answered `202 Accepted` again: the
+    /// step's complete-by moved forward (contract §4b).
+    Heartbeat,
 }
 
 impl EventKind {
@@ -387,6 +390,7 @@ impl EventKind {
             Self::DeadlineWarning => "deadline_warning",
             Self::Held => "held",
             Self::Resumed => "resumed",
+            Self::Heartbeat => "heartbeat",
         }
     }
 
@@ -475,6 +479,15 @@ pub struct StepRequest {
     /// none (from an older scheduler).
     #[serde(default)]
     pub fencing_token: i64,
+    /// The step's timeout (contract §4b): each `202 Accepted` of a
+    /// long-running operation moves complete-by to now plus this. Absent
+    /// (an older scheduler): a `202` moves nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<i64>,
+    /// How far a `202` may move complete-by: the step's first dispatch plus
+    /// its `max_duration`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_complete_by: Option<DateTime<Utc>>,
 }
 
 /// The header that carries [`StepRequest::fencing_token`] to the remote.
@@ -512,6 +525,14 @@ pub enum StepOutcome {
     /// Not sent: the agent's breaker is open (contract §8). The order is
     /// held, and no failure counts.
     Held,
+    /// Not an end: the remote answered `202 Accepted` with `location` to
+    /// poll, and the agent polls on until `complete_by`, the step's new
+    /// deadline (contract §4b), which this heartbeat asks to store.
+    Accepted {
+        #[serde(with = "rfc3339")]
+        complete_by: DateTime<Utc>,
+        location: String,
+    },
 }
 
 impl StepOutcome {
@@ -524,6 +545,7 @@ impl StepOutcome {
             Self::Succeeded { result } => replace_nul(result),
             Self::Failed { error } => replace_nul_in(error),
             Self::Held => false,
+            Self::Accepted { location, .. } => replace_nul_in(location),
         }
     }
 }
@@ -905,11 +927,25 @@ mod tests {
             payload: Value::Null,
             results: Map::new(),
             fencing_token: 1,
+            timeout_ms: Some(2000),
+            max_complete_by: None,
         };
         assert!(req.idempotency_key().ends_with(":charge:compensate"));
         let reply = StepReply::to(&req, StepOutcome::Failed { error: "no".into() });
         let json = serde_json::to_value(&reply).unwrap();
         assert_eq!(json["outcome"], "failed");
         assert_eq!(serde_json::from_value::<StepReply>(json).unwrap(), reply);
+        let at = Utc::now();
+        let heartbeat = StepReply::to(
+            &req,
+            StepOutcome::Accepted {
+                complete_by: at,
+                location: "/jobs/1".into(),
+            },
+        );
+        let json = serde_json::to_value(&heartbeat).unwrap();
+        assert_eq!(json["outcome"], "accepted");
+        assert_eq!(json["location"], "/jobs/1");
+        assert_eq!(json["complete_by"], rfc3339::format(&at));
     }
 }

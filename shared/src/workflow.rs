@@ -59,6 +59,8 @@ pub struct Step {
     pub compensate: Option<String>,
     /// The indices of the steps that must have completed before this one starts.
     pub after: Vec<i32>,
+    /// How far `202 Accepted` heartbeats may move its complete-by, from its first dispatch.
+    pub max_duration: Duration,
 }
 
 fn valid_name(s: &str) -> bool {
@@ -101,12 +103,16 @@ impl Workflow {
             if s.timeout < Duration::from_millis(10) {
                 return Err(bad("the timeout must be at least 10ms"));
             }
+            if s.max_duration < s.timeout {
+                return Err(bad("max_duration must be at least the timeout"));
+            }
             steps.push(Step {
                 name: s.name.clone(),
                 agent: s.agent.clone(),
                 timeout: s.timeout,
                 compensate: s.compensate.clone(),
                 after: Vec::new(),
+                max_duration: s.max_duration,
             });
         }
         for (i, s) in spec.steps.iter().enumerate() {
@@ -321,6 +327,7 @@ mod tests {
                     compensate: None,
                     retry: None,
                     after: None,
+                    max_duration: Duration::from_secs(3600),
                 })
                 .collect(),
             ..WorkflowSpec::default()

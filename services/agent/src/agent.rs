@@ -281,8 +281,26 @@ impl Agent {
             broker::ack(delivery).await?;
             return Ok("expired");
         }
+        // Each heartbeat of a long-running operation goes to the schedulers,
+        // which store the step's new complete-by, while the call goes on.
+        let (beats, mut beating) = tokio::sync::mpsc::unbounded_channel();
+        let tell = async {
+            while let Some((complete_by, location)) = beating.recv().await {
+                let Some(reply_to) = delivery.reply_to() else {
+                    continue;
+                };
+                let outcome = StepOutcome::Accepted {
+                    complete_by,
+                    location,
+                };
+                if let Err(e) = answer(publisher, reply_to, request, trace, outcome).await {
+                    tracing::warn!(error = %e, "heartbeat not delivered");
+                }
+            }
+        };
         let end = if self.shared.lets_through(request.order_id).await {
-            self.call(request, trace).await
+            // The channel closes when the call ends, and so does `tell`.
+            tokio::join!(self.call(request, trace, beats), tell).0
         } else {
             CallEnd::Held
         };
@@ -309,29 +327,13 @@ impl Agent {
             return Ok("no_reply_to");
         };
         sas::crash::point("agent.after_call");
-        let reply = StepReply::to(request, outcome);
-        let label = match reply.outcome {
+        let label = match outcome {
             StepOutcome::Succeeded { .. } => "succeeded",
             StepOutcome::Failed { .. } => "failed",
             StepOutcome::Held => "held",
+            StepOutcome::Accepted { .. } => "accepted",
         };
-        let body = serde_json::to_vec(&reply).unwrap_or_default();
-        let correlation = request.dispatch_id.to_string();
-        let next_hop = trace
-            .and_then(|t| TraceContext::child_of(&t.trace_id))
-            .map(|t| t.to_string());
-        let headers = next_hop.as_deref().map(|t| [(sas::trace::HEADER, t)]);
-        let answered = publisher
-            .publish(&Outgoing {
-                routing_key: reply_to,
-                body: &body,
-                correlation_id: Some(&correlation),
-                headers: headers.as_ref().map_or(&[], |h| h.as_slice()),
-                mandatory: true,
-                ..Outgoing::default()
-            })
-            .await;
-        match answered {
+        match answer(publisher, reply_to, request, trace, outcome).await {
             Ok(()) => {}
             // No such reply queue (or no name it could have): nobody to
             // answer; the supervisor re-dispatches once complete-by passes.
@@ -347,8 +349,14 @@ impl Agent {
         Ok(label)
     }
 
-    /// Calls the remote for `request`, counting each attempt on both breakers.
-    async fn call(&self, request: &StepRequest, trace: Option<&TraceContext>) -> CallEnd {
+    /// Calls the remote for `request`, counting each attempt on both
+    /// breakers; `heartbeat` tells of each `202` of a long-running operation.
+    async fn call(
+        &self,
+        request: &StepRequest,
+        trace: Option<&TraceContext>,
+        heartbeats: remote::Heartbeats,
+    ) -> CallEnd {
         let endpoint = remote::Endpoint {
             client: &self.client,
             spec: &self.spec,
@@ -381,7 +389,7 @@ impl Agent {
                 tracing::warn!(agent = %self.name, state = state.as_str(), "circuit breaker changed");
                 self.show_breaker(state);
             }
-        })
+        }, heartbeats)
         .await
     }
 
@@ -392,6 +400,34 @@ impl Agent {
             .get_or_create(&labels(&[("agent", &self.name), ("outcome", outcome)]))
             .inc();
     }
+}
+
+/// Sends the scheduler `outcome` for `request` on `reply_to`, continuing
+/// the request's trace.
+async fn answer(
+    publisher: &Publisher,
+    reply_to: &str,
+    request: &StepRequest,
+    trace: Option<&TraceContext>,
+    outcome: StepOutcome,
+) -> Result<(), PublishError> {
+    let reply = StepReply::to(request, outcome);
+    let body = serde_json::to_vec(&reply).unwrap_or_default();
+    let correlation = request.dispatch_id.to_string();
+    let next_hop = trace
+        .and_then(|t| TraceContext::child_of(&t.trace_id))
+        .map(|t| t.to_string());
+    let headers = next_hop.as_deref().map(|t| [(sas::trace::HEADER, t)]);
+    publisher
+        .publish(&Outgoing {
+            routing_key: reply_to,
+            body: &body,
+            correlation_id: Some(&correlation),
+            headers: headers.as_ref().map_or(&[], |h| h.as_slice()),
+            mandatory: true,
+            ..Outgoing::default()
+        })
+        .await
 }
 
 /// The agents' HTTP client: `https://` remotes verified against the system's

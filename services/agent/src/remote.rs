@@ -2,6 +2,9 @@
 //! step body, `Idempotency-Key` and `X-Complete-By`; transient failures
 //! (408, 429, 5xx, connection errors, timeouts) retried with exponential
 //! backoff and full jitter, honouring `Retry-After`, until complete-by.
+//! A long-running operation (§4b) answers `202 Accepted` with a `Location`:
+//! it is polled with `GET` and the same key, each `202` a heartbeat that
+//! moves complete-by forward, until it answers for good.
 
 use std::time::Duration;
 
@@ -37,7 +40,19 @@ enum Attempt {
         error: String,
         retry_after: Option<Duration>,
     },
+    /// `202 Accepted`: the operation goes on; poll `location`.
+    Accepted {
+        location: Option<String>,
+        retry_after: Option<Duration>,
+    },
 }
+
+/// Where a call tells of each heartbeat: the step's new complete-by and the
+/// URL it polls.
+pub type Heartbeats = tokio::sync::mpsc::UnboundedSender<(DateTime<Utc>, String)>;
+
+/// How long to wait between polls when the remote's `202` names no `Retry-After`.
+const DEFAULT_POLL_WAIT: Duration = Duration::from_secs(1);
 
 /// How a call is retried within one dispatch: the step's `retry` over the
 /// agent's defaults (contract §4b).
@@ -78,13 +93,15 @@ pub struct Endpoint<'a> {
 /// Calls the remote service for `request` until it answers for good,
 /// complete-by passes, the endpoint's `stop` is cancelled or a breaker
 /// opens. `on_attempt` sees each attempt's outcome label (`succeeded`,
-/// `permanent`, `transient`).
+/// `permanent`, `transient`, `accepted`); `heartbeats` each heartbeat of a
+/// long-running operation: the step's new complete-by and where it is polled.
 pub async fn call(
     endpoint: &Endpoint<'_>,
     request: &StepRequest,
     retry: Retry,
     trace: Option<&TraceContext>,
     on_attempt: impl Fn(&'static str),
+    heartbeats: Heartbeats,
 ) -> CallEnd {
     let Endpoint {
         client,
@@ -95,9 +112,14 @@ pub async fn call(
     } = *endpoint;
     let body = request.remote_body();
     let key = request.idempotency_key();
-    let complete_by = rfc3339::format(&request.complete_by);
-    for tried in 0u32.. {
-        let Some(left) = remaining(request.complete_by) else {
+    // Moved forward by each heartbeat of a long-running operation.
+    let mut deadline = request.complete_by;
+    // Where a long-running operation is polled, once it answered 202.
+    let mut poll: Option<reqwest::Url> = None;
+    // Transient failures in a row (a 202 starts the count again).
+    let mut tried = 0u32;
+    'calls: loop {
+        let Some(left) = remaining(deadline) else {
             return CallEnd::Expired;
         };
         // Another instance may still reach the endpoint: let it have the request.
@@ -107,17 +129,19 @@ pub async fn call(
         // The fault suite freezes an agent here to make a zombie of it.
         sas::crash::pause("agent.before_call");
         let timeout = spec.timeout.map_or(left, |t| t.min(left));
-        let mut post = client.post(&spec.url);
+        let mut http = match &poll {
+            Some(url) => client.get(url.clone()),
+            None => client.post(&spec.url).json(&body),
+        };
         // The remote call is a span of its own in the order's trace.
         if let Some(hop) = trace.and_then(|t| TraceContext::child_of(&t.trace_id)) {
-            post = post.header(sas::trace::HEADER, hop.to_string());
+            http = http.header(sas::trace::HEADER, hop.to_string());
         }
-        let send = post
+        let send = http
             .header("Idempotency-Key", &key)
-            .header("X-Complete-By", &complete_by)
+            .header("X-Complete-By", rfc3339::format(&deadline))
             .header(FENCING_TOKEN_HEADER, request.fencing_token)
             .timeout(timeout)
-            .json(&body)
             .send();
         let attempt = tokio::select! {
             () = stop.cancelled() => return CallEnd::Interrupted,
@@ -131,6 +155,35 @@ pub async fn call(
                     _ => "succeeded",
                 });
                 return CallEnd::Answer(outcome);
+            }
+            Attempt::Accepted {
+                location,
+                retry_after,
+            } => 'accepted: {
+                let Some(url) = location.as_deref().and_then(|l| resolve(&spec.url, l)) else {
+                    on_attempt("transient");
+                    let error = "202 Accepted without a Location to poll".to_owned();
+                    break 'accepted (error, retry_after);
+                };
+                shared.succeeded().await;
+                on_attempt("accepted");
+                tried = 0;
+                if let Some(moved) = heartbeat(request, deadline) {
+                    deadline = moved;
+                    // The receiver goes only with the call: nothing to do if it went.
+                    let _ = heartbeats.send((deadline, url.to_string()));
+                }
+                tracing::debug!(location = %url, %deadline, "accepted; polling");
+                poll = Some(url);
+                let Some(left) = remaining(deadline) else {
+                    return CallEnd::Expired;
+                };
+                let wait = retry_after.unwrap_or(DEFAULT_POLL_WAIT).min(left);
+                tokio::select! {
+                    () = stop.cancelled() => return CallEnd::Interrupted,
+                    () = tokio::time::sleep(wait) => {}
+                }
+                continue 'calls;
             }
             Attempt::Transient { error, retry_after } => {
                 on_attempt("transient");
@@ -146,7 +199,7 @@ pub async fn call(
             return CallEnd::Expired;
         }
         let wait = retry_after.unwrap_or_else(|| backoff(retry, tried));
-        let Some(left) = remaining(request.complete_by) else {
+        let Some(left) = remaining(deadline) else {
             return CallEnd::Expired;
         };
         // A wait that ends past complete-by would only lead to silence.
@@ -159,8 +212,24 @@ pub async fn call(
             () = stop.cancelled() => return CallEnd::Interrupted,
             () = tokio::time::sleep(wait) => {}
         }
+        tried += 1;
     }
-    CallEnd::Expired
+}
+
+/// The complete-by a `202` gives the step now: now plus its timeout, never
+/// past its first dispatch plus its `max_duration`; `None` when that is no
+/// later than `deadline` (or the request, from an older scheduler, says
+/// neither).
+fn heartbeat(request: &StepRequest, deadline: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    let timeout = chrono::Duration::milliseconds(request.timeout_ms?);
+    let max = request.max_complete_by?;
+    let moved = Utc::now().checked_add_signed(timeout)?.min(max);
+    (moved > deadline).then_some(moved)
+}
+
+/// A `Location` (absolute, or relative to the step's URL) as a URL to poll.
+fn resolve(base: &str, location: &str) -> Option<reqwest::Url> {
+    reqwest::Url::parse(base).ok()?.join(location).ok()
 }
 
 /// Time left until complete-by, if any.
@@ -192,6 +261,17 @@ async fn judge(sent: Result<reqwest::Response, reqwest::Error>, max_bytes: usize
     };
     let status = response.status();
     let retry_after = retry_after(response.headers());
+    if status == StatusCode::ACCEPTED {
+        let location = response
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|l| l.to_str().ok())
+            .map(str::to_owned);
+        return Attempt::Accepted {
+            location,
+            retry_after,
+        };
+    }
     if !status.is_success() {
         // An error's text is only quoted: read no more than that.
         let text = match read_up_to(response, ERROR_QUOTE_BYTES).await {

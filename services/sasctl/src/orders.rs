@@ -582,6 +582,7 @@ mod tests {
             finished_at: None,
             warned: 0,
             after_steps: None,
+            max_duration_ms: None,
         };
         let steps = vec![
             step(

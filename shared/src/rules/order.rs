@@ -428,6 +428,7 @@ pub(crate) mod fixture {
                     timeout: std::time::Duration::from_secs(1),
                     compensate: undo(idx).then(|| format!("u{idx}")),
                     after: idx.checked_sub(1).into_iter().collect(),
+                    max_duration: std::time::Duration::from_secs(3600),
                 };
                 StepRow::planned(order_id, idx, &step)
             })

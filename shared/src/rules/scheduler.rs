@@ -8,6 +8,7 @@
 //! nothing. Pure: the state store loads the order and its steps, asks
 //! these rules and writes the decision back.
 
+use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use super::breaker::{self, Admit};
@@ -118,6 +119,14 @@ pub fn apply_reply(
         Err(why) => return Ok(Replied::Stale(why)),
     };
     let mut d = Deciding::new(order, ctx);
+    if let StepOutcome::Accepted {
+        complete_by,
+        location,
+    } = &reply.outcome
+    {
+        d.heartbeat(change.pos, *complete_by, location);
+        return Ok(Replied::Applied(Box::new(d.done())));
+    }
     let step = &mut d.order.steps[change.pos];
     step.state = change.to;
     step.complete_by = None;
@@ -149,7 +158,8 @@ pub fn apply_reply(
             });
             d.drive()?;
         }
-        (StepOutcome::Succeeded { .. }, Direction::Compensate) | (StepOutcome::Held, _) => {
+        (StepOutcome::Succeeded { .. }, Direction::Compensate)
+        | (StepOutcome::Held | StepOutcome::Accepted { .. }, _) => {
             d.drive()?;
         }
         // A sibling of a step that failed, let finish: the undoing goes on.
@@ -238,6 +248,46 @@ impl<'c> Deciding<'c> {
         Ok(())
     }
 
+    /// A long-running remote operation of the step at `pos` answered `202`
+    /// again (§4b): its complete-by moves to what the agent asks (`asked`:
+    /// the agent's now plus the step's timeout), never past now plus the
+    /// timeout nor past its first dispatch plus its `max_duration`, and
+    /// never back. The order's complete-by follows; the claim stays.
+    fn heartbeat(&mut self, pos: usize, asked: DateTime<Utc>, location: &str) {
+        let now = self.ctx.now;
+        let step = &mut self.order.steps[pos];
+        let mut moved = asked;
+        if let Some(by_timeout) =
+            now.checked_add_signed(chrono::Duration::milliseconds(step.timeout_ms))
+        {
+            moved = moved.min(by_timeout);
+        }
+        if let Some(max) = step.max_complete_by() {
+            moved = moved.min(max);
+        }
+        let Some(was) = step.complete_by else { return };
+        if moved <= was {
+            return;
+        }
+        step.complete_by = Some(moved);
+        let name = step.name.clone();
+        self.order.row.complete_by = self.out_deadline();
+        let (state, attempt) = (self.row().process_state, self.row().attempt());
+        self.log(Event {
+            kind: EventKind::Heartbeat,
+            from: Some(state),
+            to: state,
+            step: Some(&name),
+            attempt,
+            reason: None,
+            detail: json!({
+                "step": name,
+                "complete_by": crate::messages::rfc3339::format(&moved),
+                "location": location,
+            }),
+        });
+    }
+
     /// Sends step `idx` to its agent (or its compensating agent) with a
     /// fresh dispatch id and a complete-by of now plus the step's timeout,
     /// under the order's current claim.
@@ -298,6 +348,8 @@ impl<'c> Deciding<'c> {
             payload: o.payload.clone(),
             results: self.order.results(),
             fencing_token: i64::from(self.order.steps[pos].dispatches),
+            timeout_ms: Some(self.order.steps[pos].timeout_ms),
+            max_complete_by: self.order.steps[pos].max_complete_by(),
         };
         self.effects.push(Effect::Request { agent, request });
         Ok(None)
@@ -445,6 +497,8 @@ pub fn judge_reply<'r>(
         // Not sent: the step is as it was before its dispatch.
         (StepOutcome::Held, Direction::Forward) => (StepState::NotStarted, None, None),
         (StepOutcome::Held, Direction::Compensate) => (StepState::Completed, None, None),
+        // A heartbeat: still out.
+        (StepOutcome::Accepted { .. }, _) => (running, None, None),
     };
     Ok(StepChange {
         pos,
@@ -507,6 +561,7 @@ mod tests {
             finished_at: None,
             warned: 0,
             after_steps: None,
+            max_duration_ms: None,
         }
     }
 
@@ -1099,5 +1154,68 @@ mod parallel {
         let d = applied(&d.order, &StepReply::to(&r2, failed), at("s1", 3));
         assert_eq!(d.ended, Some(ProcessState::Error));
         assert!(d.events().any(|e| e.kind == EventKind::Failed));
+    }
+
+    #[test]
+    fn a_heartbeat_moves_complete_by_forward_within_max_duration_and_keeps_the_claim() {
+        let mut order = diamond();
+        order.steps[0].max_duration_ms = Some(5_000);
+        let d = claim(&order, ctx("s1")).expect("claim");
+        let first = request(&d, 0).clone();
+        assert_eq!(first.timeout_ms, Some(1000));
+        assert_eq!(first.max_complete_by, Some(now() + Duration::seconds(5)));
+        let beat = |complete_by| StepOutcome::Accepted {
+            complete_by,
+            location: "/jobs/1".into(),
+        };
+        // At 0.5 s the agent asks for now + 1 s.
+        let asked = now() + Duration::milliseconds(1500);
+        let late = Context {
+            now: now() + Duration::milliseconds(500),
+            ..ctx("s2")
+        };
+        let d = applied(&d.order, &StepReply::to(&first, beat(asked)), late);
+        assert_eq!(d.order.steps[0].complete_by, Some(asked));
+        assert_eq!(d.order.row.complete_by, Some(asked));
+        assert_eq!(
+            d.order.row.locked_by.as_deref(),
+            Some("s1"),
+            "the claim stays"
+        );
+        let e = d.events().next().expect("logged");
+        assert_eq!(
+            (e.kind, e.step.as_deref()),
+            (EventKind::Heartbeat, Some("s0"))
+        );
+        assert_eq!(d.requests().count(), 0);
+        // Asking past now + timeout or past max_duration gets the bound.
+        let d = applied(
+            &d.order,
+            &StepReply::to(&first, beat(now() + Duration::hours(1))),
+            at("s1", 3),
+        );
+        assert_eq!(
+            d.order.steps[0].complete_by,
+            Some(now() + Duration::seconds(4))
+        );
+        let d = applied(
+            &d.order,
+            &StepReply::to(&first, beat(now() + Duration::hours(1))),
+            at("s1", 4),
+        );
+        assert_eq!(
+            d.order.steps[0].complete_by,
+            Some(now() + Duration::seconds(5))
+        );
+        // Never back, and then no event.
+        let d = applied(&d.order, &StepReply::to(&first, beat(now())), at("s1", 4));
+        assert_eq!(
+            d.order.steps[0].complete_by,
+            Some(now() + Duration::seconds(5))
+        );
+        assert_eq!(d.events().count(), 0);
+        // The end of the operation is an ordinary answer.
+        let d = applied(&d.order, &StepReply::to(&first, ok(0)), at("s1", 4));
+        assert_eq!(d.order.steps[0].state, StepState::Completed);
     }
 }

@@ -32,7 +32,14 @@ pub struct StepRow {
     /// stored before workflows had `after`: the step before it.
     #[serde(default)]
     pub after_steps: Option<Vec<i32>>,
+    /// How far `202` heartbeats may move its complete-by from its first
+    /// dispatch (§4b); `None` for steps stored before: [`DEFAULT_MAX_DURATION_MS`].
+    #[serde(default)]
+    pub max_duration_ms: Option<i64>,
 }
+
+/// A step's `max_duration` when its row has none: an hour.
+pub const DEFAULT_MAX_DURATION_MS: i64 = 3_600_000;
 
 impl StepRow {
     /// Step `idx` of a new order, as its workflow plans it: not started.
@@ -54,6 +61,7 @@ impl StepRow {
             finished_at: None,
             warned: 0,
             after_steps: Some(step.after.clone()),
+            max_duration_ms: Some(i64::try_from(step.max_duration.as_millis()).unwrap_or(i64::MAX)),
         }
     }
 
@@ -73,6 +81,14 @@ impl StepRow {
             Some(after) => after.clone(),
             None => self.idx.checked_sub(1).into_iter().collect(),
         }
+    }
+
+    /// The latest complete-by a `202` heartbeat may give it: its first
+    /// dispatch plus its `max_duration` (none before its first dispatch).
+    pub fn max_complete_by(&self) -> Option<DateTime<Utc>> {
+        let max = self.max_duration_ms.unwrap_or(DEFAULT_MAX_DURATION_MS);
+        self.started_at?
+            .checked_add_signed(chrono::Duration::milliseconds(max))
     }
 
     /// The names of the steps it starts after, among `steps` (its order's).
@@ -114,7 +130,7 @@ pub fn stage_names(steps: &[StepRow]) -> Vec<Vec<String>> {
 
 /// The columns of a [`StepRow`].
 pub(super) const COLUMNS: &str = "order_id, idx, name, agent, compensate, timeout_ms, state, \
-     dispatches, dispatch_id, complete_by, result, error, started_at, finished_at, warned, after_steps";
+     dispatches, dispatch_id, complete_by, result, error, started_at, finished_at, warned, after_steps, max_duration_ms";
 
 /// The steps of these orders, ordered by order and index.
 pub async fn for_orders(

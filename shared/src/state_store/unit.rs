@@ -108,6 +108,7 @@ struct StepInsert<'a> {
     compensate: Option<&'a str>,
     timeout_ms: i64,
     after_steps: Option<&'a [i32]>,
+    max_duration_ms: Option<i64>,
 }
 
 /// An `orders` row's new values, guarded by the version that was read.
@@ -532,6 +533,7 @@ fn step_insert(s: &StepRow) -> StepInsert<'_> {
         compensate: s.compensate.as_deref(),
         timeout_ms: s.timeout_ms,
         after_steps: s.after_steps.as_deref(),
+        max_duration_ms: s.max_duration_ms,
     }
 }
 
@@ -688,10 +690,11 @@ n AS ( \
   RETURNING order_id, CASE WHEN $9 \
     THEN pg_try_advisory_lock(hashtextextended('sas.outbox:' || order_id::text, 0)) ELSE false END AS locked), \
 ns AS ( \
-  INSERT INTO steps (order_id, idx, name, agent, compensate, timeout_ms, after_steps) \
-  SELECT order_id, idx, name, agent, compensate, timeout_ms, after_steps \
+  INSERT INTO steps (order_id, idx, name, agent, compensate, timeout_ms, after_steps, \
+    max_duration_ms) \
+  SELECT order_id, idx, name, agent, compensate, timeout_ms, after_steps, max_duration_ms \
   FROM jsonb_to_recordset($2) AS u(order_id uuid, idx int, name text, agent text, compensate text, \
-    timeout_ms bigint, after_steps int[]) \
+    timeout_ms bigint, after_steps int[], max_duration_ms bigint) \
   WHERE u.order_id IN (SELECT order_id FROM n)), \
 o AS ( \
   UPDATE orders o SET process_state = u.process_state, locked_by = u.locked_by, \

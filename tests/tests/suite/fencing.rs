@@ -26,6 +26,8 @@ fn request(complete_in_ms: i64) -> StepRequest {
         payload: json!({}),
         results: Map::new(),
         fencing_token: 1,
+        timeout_ms: None,
+        max_complete_by: None,
     }
 }
 

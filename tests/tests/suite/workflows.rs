@@ -280,3 +280,148 @@ async fn orders_waiting_for_a_full_agent_do_not_hold_back_the_orders_behind_them
     app.wait_for_state("processed", 15, Duration::from_secs(30))
         .await;
 }
+
+/// Workflows whose one step is a long-running operation at the remote.
+const LONG: &str = r#"[workflows.long]
+steps = [ { name = "a", agent = "a", timeout = "2s" } ]
+
+[workflows.bounded]
+steps = [ { name = "b", agent = "b", timeout = "2s", max_duration = "5s" } ]
+"#;
+
+/// A remote that answers `202 Accepted` and finishes after `ms`, polled every second.
+fn long_running(ms: u64) -> Knobs {
+    Knobs {
+        long_ms: ms,
+        retry_after: Some(1),
+        ..Knobs::default()
+    }
+}
+
+/// The `complete_by` of each `heartbeat` event of `events`.
+fn heartbeats(events: &[serde_json::Value]) -> Vec<chrono::DateTime<chrono::Utc>> {
+    events
+        .iter()
+        .filter(|e| e["state"] == "heartbeat")
+        .map(|e| {
+            let at = e["detail"]["complete_by"].as_str().unwrap_or_default();
+            chrono::DateTime::parse_from_rfc3339(at)
+                .map(|t| t.to_utc())
+                .unwrap_or_else(|e| panic!("{at}: {e}"))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_running_operation_is_polled_past_its_timeout_and_each_202_moves_complete_by() {
+    let app = TestApp::builder()
+        .max_failures(1)
+        .extra_config(LONG)
+        .build()
+        .await;
+    app.knobs("a", long_running(10_000));
+    app.start_all().await;
+    let (id, events) = app.run_one("long").await;
+    let states: Vec<&str> = events.iter().filter_map(|e| e["state"].as_str()).collect();
+    assert_eq!(states.last(), Some(&"processed"), "{states:?}");
+    assert!(!states.contains(&"retry_scheduled"), "{states:?}");
+    assert_eq!(app.order(id).await, Some(("processed".into(), 0)));
+    // A poll a second for ten seconds with a two-second timeout: the
+    // deadline moved forward at every one.
+    let moved = heartbeats(&events);
+    assert!(moved.len() >= 5, "{} heartbeats: {states:?}", moved.len());
+    assert!(moved.windows(2).all(|w| w[0] < w[1]), "{moved:?}");
+    let stats = app.stats();
+    assert_eq!(stats.keys[&format!("{id}:a")].applied, 1);
+    let a = &stats.endpoints["/svc/a"];
+    assert_eq!(a.accepted, 1, "one POST: {a:?}");
+    assert!(a.polls >= 5, "{a:?}");
+    let result = &events.last().expect("events")["detail"]["results"]["a"];
+    assert!(
+        result.is_object(),
+        "the job's answer is the result: {result}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_running_operation_past_max_duration_times_out_as_a_failure() {
+    let app = TestApp::builder()
+        .max_failures(1)
+        .extra_config(LONG)
+        .build()
+        .await;
+    app.knobs("b", long_running(10_000));
+    app.start_all().await;
+    let (id, events) = app.run_one("bounded").await;
+    let states: Vec<&str> = events.iter().filter_map(|e| e["state"].as_str()).collect();
+    assert_eq!(states.last(), Some(&"failed"), "{states:?}");
+    let (started, last_error): (chrono::DateTime<chrono::Utc>, Option<String>) = sqlx::query_as(
+        "SELECT s.started_at, o.last_error FROM steps s JOIN orders o USING (order_id) \
+         WHERE order_id = $1",
+    )
+    .bind(id)
+    .fetch_one(&app.db)
+    .await
+    .expect("order");
+    assert!(
+        last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("complete-by passed")),
+        "{last_error:?}"
+    );
+    let moved = heartbeats(&events);
+    assert!(!moved.is_empty(), "{states:?}");
+    let bound = started + chrono::Duration::seconds(5);
+    assert!(moved.iter().all(|t| *t <= bound), "{moved:?} past {bound}");
+    assert_eq!(app.stats().keys[&format!("{id}:b")].applied, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_dies_mid_poll_is_replaced_and_the_new_dispatch_polls_the_same_job() {
+    let app = TestApp::builder()
+        .max_failures(3)
+        .retry_schedule(r#"["100ms"]"#)
+        .supervisor_interval("200ms")
+        .extra_config(LONG)
+        .build()
+        .await;
+    app.knobs("a", long_running(6_000));
+    app.start_all().await;
+    let status = app.status_queue("long-crash").await;
+    let id = app.submit("long", Some(&status)).await;
+    app.eventually("the first heartbeat", Duration::from_secs(10), || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM order_events WHERE order_id = $1 AND event = 'heartbeat'",
+        )
+        .bind(id)
+        .fetch_one(&app.db)
+        .await
+        .unwrap_or(0)
+            >= 1
+    })
+    .await;
+    app.kill("agent");
+    app.eventually("the re-attempt", Duration::from_secs(10), || async {
+        app.order(id)
+            .await
+            .is_some_and(|(_, failures)| failures >= 1)
+    })
+    .await;
+    app.start("agent", "agent", &[]).await;
+    let stories = app
+        .assert_invariants(&status, &[id], &[], Duration::from_secs(30))
+        .await;
+    let states: Vec<&str> = stories[&id]
+        .iter()
+        .filter_map(|e| e["state"].as_str())
+        .collect();
+    assert_eq!(states.last(), Some(&"processed"), "{states:?}");
+    let stats = app.stats();
+    assert_eq!(
+        stats.keys[&format!("{id}:a")].applied,
+        1,
+        "the job ran once"
+    );
+    // The new dispatch's POST found the job the first one started.
+    assert_eq!(stats.endpoints["/svc/a"].accepted, 2);
+}
