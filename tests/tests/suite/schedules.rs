@@ -230,7 +230,7 @@ async fn ticks_missed_while_no_supervisor_ran_get_none_one_or_every_order_by_cat
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sasctl_and_the_dashboard_show_each_schedules_next_tick_and_last_order() {
+async fn sasctl_and_the_dashboard_show_each_schedules_zone_next_tick_and_last_order() {
     let app = TestApp::builder()
         .extra_config(
             "[schedules.paris]\nworkflow = \"one\"\ncron = \"* * * * * *\"\n\
@@ -300,6 +300,37 @@ async fn sasctl_and_the_dashboard_show_each_schedules_next_tick_and_last_order()
         last_order.to_string()
     );
     assert!(shown["now"].is_string(), "{shown}");
+
+    // The overview page's panel shows the same.
+    let browser = sas_tests::browser::Browser::start()
+        .await
+        .expect("headless Chromium through chromedriver (Debian's chromium and chromium-driver)");
+    let base = format!("http://127.0.0.1:{}", app.port("dashboard"));
+    browser.goto(&format!("{base}/")).await.expect("open /");
+    let row = "#schedules tr[data-schedule='paris']";
+    let short_id = &last_order.to_string()[..8];
+    let shows = |text: &str| {
+        text.contains("Europe/Paris") && text.contains(short_id) && text.contains("pending")
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let text = loop {
+        let text = browser
+            .text_of(row)
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        if shows(&text) || std::time::Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let shot = browser.screenshot().await.expect("screenshot");
+    browser.quit().await;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/ci-artifacts");
+    std::fs::create_dir_all(&dir).expect("artifact directory");
+    std::fs::write(dir.join("dashboard-schedules.png"), shot).expect("screenshot");
+    assert!(shows(&text), "the schedules panel shows {text:?}");
 }
 
 #[test]
