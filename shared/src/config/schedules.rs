@@ -124,7 +124,11 @@ mod tests {
         )
         .expect_err("bad catch_up")
         .to_string();
-        assert!(err.contains("some") && err.contains("catch_up"), "{err}");
+        assert!(
+            err.contains("\"some\" is not none, last or all")
+                && err.contains("schedules.nightly.catch_up"),
+            "{err}"
+        );
         assert_eq!(err.lines().count(), 1, "{err}");
     }
 }

@@ -41,7 +41,7 @@ pub const MAX_CATCH_UP: usize = 100;
 pub const NAMESPACE: Uuid = uuid::uuid!("d4df6b62-5b46-57bb-a3a4-36403979677d");
 
 /// What the ticks missed while no supervisor ran get.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CatchUp {
     /// No order: only on-time ticks are ordered.
@@ -62,6 +62,20 @@ impl CatchUp {
             Self::Last => "last",
             Self::All => "all",
         }
+    }
+}
+
+/// By name, refusing an unknown one with the names it could be (the
+/// configuration's error then names the key).
+impl<'de> Deserialize<'de> for CatchUp {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        [Self::None, Self::Last, Self::All]
+            .into_iter()
+            .find(|c| c.as_str() == name)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!("catch_up {name:?} is not none, last or all"))
+            })
     }
 }
 

@@ -355,7 +355,7 @@ fn a_bad_schedule_is_refused_at_start_up_with_one_line() {
         ),
         (
             "[schedules.s]\nworkflow = \"w\"\ncron = \"0 2 * * *\"\ncatch_up = \"some\"\n",
-            "catch_up",
+            "catch_up \"some\" is not none, last or all for key `schedules.s.catch_up`",
         ),
     ] {
         let dir = sas_tests::tls::temp_dir("schedules");
