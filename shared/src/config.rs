@@ -14,11 +14,13 @@ use serde::Deserialize;
 use crate::workflow::{Workflow, WorkflowError};
 
 mod dashboard;
+mod schedules;
 
 pub use dashboard::{
     Cidr, CidrError, DashboardAuth, DashboardSettings, DashboardToken, DashboardUser, Role, Secret,
     valid_name,
 };
+pub use schedules::ScheduleSpec;
 
 /// Why the configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +34,9 @@ pub enum ConfigError {
     /// A workflow is malformed.
     #[error("bad configuration: {0}")]
     Workflow(#[from] WorkflowError),
+    /// A schedule is malformed.
+    #[error("bad configuration: {0}")]
+    Schedule(#[from] crate::rules::schedule::ScheduleError),
 }
 
 /// All of sas's settings; each service reads the sections it needs.
@@ -53,6 +58,8 @@ pub struct Settings {
     pub workflows: BTreeMap<String, WorkflowSpec>,
     /// Agents by name: the remote endpoint each one wraps.
     pub agents: BTreeMap<String, AgentSpec>,
+    /// Recurring orders by name (contract §4b).
+    pub schedules: BTreeMap<String, ScheduleSpec>,
 }
 
 /// `[database]`: the state store.
@@ -694,6 +701,7 @@ impl Settings {
                 }
             }
         }
+        self.compiled_schedules(chrono::Utc::now())?;
         self.dashboard.validate()?;
         Ok(())
     }

@@ -1,5 +1,5 @@
-// The overview page: polls /api/overview and draws counters, two charts and
-// three tables. Rows are updated in place, so buttons survive refreshes.
+// The overview page: polls /api/overview and /api/schedules and draws
+// counters, two charts and the tables. Rows are updated in place, so buttons survive refreshes.
 "use strict";
 
 (() => {
@@ -242,14 +242,43 @@
     byId("shared-breakers-empty").hidden = list.length > 0;
   }
 
+  /** Each recurring order's schedule: its next tick and its last order. */
+  function schedulesTable(data) {
+    const list = data.schedules;
+    sas.reconcile(
+      byId("schedules").tBodies[0],
+      list,
+      (s) => s.name,
+      (s) => {
+        const tr = row(8);
+        tr.dataset.schedule = s.name;
+        return tr;
+      },
+      (tr, s) => {
+        tr.dataset.lastOrder = s.last_order_id || "";
+        fill(tr.cells[0], s.name, "nowrap");
+        fill(tr.cells[1], s.workflow, "nowrap");
+        fill(tr.cells[2], s.cron, "mono nowrap");
+        fill(tr.cells[3], s.timezone, "nowrap");
+        fill(tr.cells[4], s.next_tick ? `${relative(s.next_tick, data.now)} · ${time(s.next_tick)}` : "never", "time");
+        fill(tr.cells[5], s.last_tick ? relative(s.last_tick, data.now) : "–", "time");
+        fill(tr.cells[6], s.last_order_id ? orderLink(s.last_order_id) : "–");
+        fill(tr.cells[7], s.last_order_state ? badge(s.last_order_state) : "–");
+      },
+    );
+    setText(byId("schedules-count"), `(${list.length})`);
+    byId("schedules-empty").hidden = list.length > 0;
+  }
+
   async function load() {
-    const data = await sas.getJson("/api/overview");
+    const [data, schedules] = await Promise.all([sas.getJson("/api/overview"), sas.getJson("/api/schedules")]);
     counters(data);
     throughputChart(data.buckets);
     latencyChart(data.buckets);
     failedTable(data);
     waitingTable(data);
     sharedBreakersTable(data);
+    schedulesTable(schedules);
     breakersTable(data);
     document.body.dataset.loaded = "true";
   }

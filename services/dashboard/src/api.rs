@@ -7,6 +7,9 @@
 //!   shows a viewer no action buttons.
 //! - `GET  /api/overview`: [`Overview`]: counts, chart buckets, waiting and
 //!   failed orders, breakers.
+//! - `GET  /api/schedules`: `{"now", "schedules"}`: each recurring order's
+//!   schedule ([`ScheduleView`]): cron, time zone, next tick, last tick and
+//!   last order with its state.
 //! - `GET  /api/orders/{id}`: one order, its steps and its event log with durations.
 //! - `POST /api/orders/{id}/retry`, `POST /api/orders/{id}/cancel`: the
 //!   operator's actions, through the same [`Transitions`] as `sasctl orders
@@ -29,8 +32,8 @@ use sas::rules::Order;
 use sas::service::Context;
 use sas::state::ProcessState;
 use sas::state_store::{
-    EventRow, Operated, OrderRow, Overview, StepRow, Transitions, any_undone, cancel_refusal,
-    retry_refusal,
+    EventRow, Operated, OrderRow, Overview, ScheduleView, StepRow, Transitions, any_undone,
+    cancel_refusal, retry_refusal,
 };
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -55,6 +58,7 @@ pub fn routes(ctx: Arc<Context>) -> Router {
     crate::assets::pages()
         .route("/api/me", get(me))
         .route("/api/overview", get(overview))
+        .route("/api/schedules", get(schedules))
         .route("/api/orders/{id}", get(order))
         .route("/api/orders/{id}/retry", post(retry))
         .route("/api/orders/{id}/cancel", post(cancel))
@@ -126,6 +130,19 @@ async fn me(
 
 async fn overview(State(ctx): State<Arc<Context>>) -> Result<axum::Json<Overview>, ApiError> {
     Ok(axum::Json(ctx.store()?.overview(LIST_LIMIT).await?))
+}
+
+/// The schedules' answer: the views with the database clock they were read at.
+#[derive(Debug, serde::Serialize)]
+struct Schedules {
+    now: DateTime<Utc>,
+    schedules: Vec<ScheduleView>,
+}
+
+async fn schedules(State(ctx): State<Arc<Context>>) -> Result<axum::Json<Schedules>, ApiError> {
+    let compiled = ctx.settings.compiled_schedules(Utc::now())?;
+    let (schedules, now) = ctx.store()?.schedule_views(&compiled).await?;
+    Ok(axum::Json(Schedules { now, schedules }))
 }
 
 async fn order(

@@ -2,7 +2,8 @@
 //! as an application would (also from a JSON-lines file), watches queues and
 //! the alert queue, lists orders, shows one with its steps and event log,
 //! retries, cancels and prunes orders, lists and overrides the agents'
-//! shared breakers, lists, replays and purges the orders'
+//! shared breakers, lists the recurring orders' schedules, lists, replays
+//! and purges the orders'
 //! dead letters, shows statistics, applies the state store's migrations, and
 //! runs soak tests (`chaos`). The data commands take `--json` for scripts.
 //!
@@ -16,6 +17,7 @@ mod chaos;
 mod dead_letters;
 mod migrate;
 mod orders;
+mod schedules;
 mod stats;
 mod stuck;
 mod submit;
@@ -69,6 +71,10 @@ enum Command {
     /// open or closed, release it, show their history (Postgres only).
     #[command(subcommand)]
     Agents(agents::Command),
+    /// List the recurring orders' schedules with their next tick and last
+    /// order (configuration and Postgres).
+    #[command(subcommand)]
+    Schedules(schedules::Command),
     /// List, replay or purge the messages of `<prefix>.orders.dead`, the orders
     /// the submission service could not accept (RabbitMQ only).
     #[command(subcommand)]
@@ -140,6 +146,7 @@ async fn main() -> ExitCode {
         Command::Alerts(args) => alerts::run(args, &settings).await,
         Command::Orders(command) => orders::run(command, &settings).await,
         Command::Agents(command) => agents::run(command, &settings).await,
+        Command::Schedules(command) => schedules::run(command, &settings).await,
         Command::DeadLetters(command) => dead_letters::run(command, &settings).await,
         Command::Stats(args) => stats::run(args, &settings).await,
         Command::Migrate(args) => migrate::run(args, &settings).await,
@@ -333,6 +340,8 @@ mod tests {
             &["dead-letters", "purge", "--yes", "--json"],
             &["stats"],
             &["stats", "--window", "1h", "--json"],
+            &["schedules", "list"],
+            &["schedules", "list", "--json"],
             &["migrate", "--json"],
             &[
                 "submit",

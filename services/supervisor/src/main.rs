@@ -1,6 +1,8 @@
 //! `supervisor`: sweeps the state store for expired complete-by times and
-//! asks for a re-attempt or gives the order up.
+//! asks for a re-attempt or gives the order up; the leader also submits
+//! the orders of the recurring schedules.
 
+mod schedules;
 mod stuck;
 mod supervisor;
 

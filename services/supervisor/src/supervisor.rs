@@ -4,6 +4,9 @@
 //! `supervisor.max_failures`, gives it up (alert, then compensate or fail).
 //! It knows nothing of the steps' business: only deadlines and counts.
 //!
+//! The leader also submits the orders of the recurring schedules
+//! ([`crate::schedules`]).
+//!
 //! Several supervisors may run: one leads (a Postgres lease) and sweeps, the
 //! others stand by and take over within an interval when the leader dies.
 //! Even two sweeps at once would be safe: each expired order is locked by one
@@ -33,6 +36,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     let mut lease = Lease::new("sas.supervisor");
     let mut leading = false;
     let mut partitions = Partitions::new(ctx.settings.supervisor.partitions);
+    let schedules = crate::schedules::Schedules::compile(&ctx.settings)?;
     broker::run_sessions(
         &ctx.settings.broker,
         &agents,
@@ -89,6 +93,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                     Ok(n) => tracing::info!(orders = n, "warned of approaching deadlines"),
                     Err(e) => tracing::warn!(error = %e, "deadline warnings failed; will retry"),
                 }
+                schedules.pass(&transitions, &relay).await;
                 crate::stuck::count(&ctx, &store, broker).await;
             }
             relay_task.stop(Ok(SessionEnd::Shutdown)).await

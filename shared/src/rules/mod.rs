@@ -2,7 +2,8 @@
 //! supervisor decides at a deadline ([`supervisor`]), whether an agent's
 //! reply still counts and what it does to its step ([`scheduler`]), and
 //! what an operator may do ([`operator`]), and when the breaker shared by
-//! an agent's instances opens, probes and closes ([`breaker`]). No I/O, no clock
+//! an agent's instances opens, probes and closes ([`breaker`]), and which
+//! ticks of a recurring order's schedule get an order ([`schedule`]). No I/O, no clock
 //! reads (`now` is an argument, from the database): the state store loads
 //! the order, asks the rule, and writes the decision back.
 
@@ -10,6 +11,7 @@ pub mod breaker;
 pub mod flow;
 pub mod operator;
 pub mod order;
+pub mod schedule;
 pub mod scheduler;
 pub mod stuck;
 pub mod submission;

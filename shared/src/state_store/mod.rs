@@ -17,6 +17,7 @@ mod leases;
 mod orders;
 mod outbox;
 mod partitions;
+mod schedules;
 mod stats;
 mod steps;
 mod transitions;
@@ -38,6 +39,7 @@ pub use leases::Lease;
 pub use orders::{NewOrder, OrderRow};
 pub use outbox::{Committed, Held, OutboxRow};
 pub use partitions::Partitions;
+pub use schedules::{ScheduleRow, ScheduleView};
 pub use stats::Stats;
 pub use steps::{StepRow, stage_names};
 pub use transitions::{

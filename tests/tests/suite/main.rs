@@ -19,6 +19,7 @@ mod resilience;
 mod restarts;
 mod sasctl;
 mod sasctl_more;
+mod schedules;
 mod services;
 mod tls;
 mod tracing;

@@ -109,5 +109,10 @@ fn the_shipped_configurations_load_and_pass_every_check() {
                 .workflow(name)
                 .unwrap_or_else(|e| panic!("{file}: {e}"));
         }
+        for name in settings.schedules.keys() {
+            settings
+                .schedule(name, chrono::Utc::now())
+                .unwrap_or_else(|e| panic!("{file}: {e}"));
+        }
     }
 }
