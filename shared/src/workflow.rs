@@ -153,6 +153,12 @@ impl Workflow {
     }
 }
 
+/// The step before step `idx` in the list, which a step without `after`
+/// follows (none for the first).
+pub fn previous(idx: i32) -> Option<i32> {
+    (idx > 0).then(|| idx - 1)
+}
+
 /// A step's index as stored (workflows have far fewer than 2^31 steps).
 fn idx(pos: usize) -> i32 {
     i32::try_from(pos).unwrap_or(i32::MAX)
@@ -200,7 +206,7 @@ impl StepView<'_> {
     fn waits_on(&self, idx: i32) -> bool {
         match self.after {
             Some(after) => after.contains(&idx),
-            None => self.idx.checked_sub(1) == Some(idx),
+            None => previous(self.idx) == Some(idx),
         }
     }
 

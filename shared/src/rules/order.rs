@@ -427,7 +427,7 @@ pub(crate) mod fixture {
                     agent: format!("a{idx}"),
                     timeout: std::time::Duration::from_secs(1),
                     compensate: undo(idx).then(|| format!("u{idx}")),
-                    after: idx.checked_sub(1).into_iter().collect(),
+                    after: crate::workflow::previous(idx).into_iter().collect(),
                     max_duration: std::time::Duration::from_secs(3600),
                 };
                 StepRow::planned(order_id, idx, &step)

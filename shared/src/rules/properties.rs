@@ -1,5 +1,6 @@
-//! The pattern's invariants, checked over random histories of one order:
-//! claims by two schedulers, replies (current, duplicate and stale,
+//! The pattern's invariants, checked over random histories of one order
+//! (its steps in sequence, or in parallel branches of any shape): claims
+//! by two schedulers, replies (current, duplicate and stale,
 //! successes, failures and `held` answers), expiries, agents' breakers
 //! opening, probing and closing, and operator retries and cancels, each
 //! decided by the rules alone.
@@ -127,6 +128,17 @@ impl World {
                 d.order.steps
             );
         }
+        // While steps are out, the order's deadline is the earliest of theirs.
+        let out = d
+            .order
+            .steps
+            .iter()
+            .filter(|s| s.out_with().is_some())
+            .filter_map(|s| s.complete_by)
+            .min();
+        if out.is_some() {
+            prop_assert_eq!(row.complete_by, out, "{:?}", d.order.steps);
+        }
         // Holding never counts a failure.
         if d.events().any(|e| e.kind == EventKind::Held) {
             prop_assert_eq!(row.failure_count, before.row.failure_count);
@@ -148,7 +160,8 @@ impl World {
             );
             let step = &before.steps[r.step_index as usize];
             match r.direction {
-                // A completed step is never dispatched again.
+                // A completed step is never dispatched again, and a step
+                // only once every step it starts after has completed.
                 Direction::Forward => {
                     prop_assert!(
                         !self.completed.contains(&r.step_index),
@@ -156,13 +169,26 @@ impl World {
                         r.step_index
                     );
                     prop_assert_eq!(agent, step.agent.as_str());
+                    prop_assert!(
+                        step.after()
+                            .iter()
+                            .all(|a| d.order.steps[*a as usize].state == StepState::Completed),
+                        "step {} before its after steps: {:?}",
+                        r.step_index,
+                        d.order.steps
+                    );
                 }
                 // Undo only completed steps (or one whose undo was out and
                 // is sent again, after a `held` answer), newest first.
                 Direction::Compensate => {
                     let now = &d.order.steps;
+                    // (A branch let finish may complete in this very decision.)
+                    let completes_now = d.events().any(|e| {
+                        e.kind == EventKind::StepSucceeded && e.step.as_deref() == Some(&step.name)
+                    });
                     prop_assert!(
-                        matches!(step.state, StepState::Completed | StepState::Compensating),
+                        matches!(step.state, StepState::Completed | StepState::Compensating)
+                            || completes_now,
                         "undo of a step that did not complete: {:?}",
                         step.state
                     );
@@ -177,6 +203,12 @@ impl World {
                         now
                     );
                     prop_assert_eq!(Some(agent), step.compensate.as_deref());
+                    // Nothing is undone while a forward step still runs.
+                    prop_assert!(
+                        !now.iter().any(|s| s.state == StepState::Running),
+                        "an undo beside a running step: {:?}",
+                        now
+                    );
                 }
             }
             // The request is fenced by the step's current dispatch.
@@ -220,13 +252,27 @@ impl World {
     }
 }
 
-fn run(steps: i32, undo: u8, actions: Vec<Action>, reached: &Reached) -> Result<(), TestCaseError> {
+/// Runs `actions` on an order of `steps` steps, step `i` undoable when bit
+/// `i` of `undo` is set and started after the steps of the bits of
+/// `after[i]` below `i` (acyclic by construction; all zero: every step at once).
+fn run(
+    steps: i32,
+    undo: u8,
+    after: Option<Vec<u8>>,
+    actions: Vec<Action>,
+    reached: &Reached,
+) -> Result<(), TestCaseError> {
     let settings = SupervisorSettings {
         max_failures: 3,
         retry_schedule: vec![Duration::ZERO],
         ..SupervisorSettings::default()
     };
     let mut order = pending(steps, |i| undo & (1 << i) != 0);
+    if let Some(after) = after {
+        for (i, (step, bits)) in order.steps.iter_mut().zip(after).enumerate() {
+            step.after_steps = Some((0..i as i32).filter(|b| bits & (1 << b) != 0).collect());
+        }
+    }
     order.row.last_seq = 0;
     let received = submission::receive(&order, ctx("submission"));
     let mut world = World {
@@ -409,11 +455,12 @@ fn every_history_keeps_the_invariants() {
     let case = (
         1i32..5,
         any::<u8>(),
+        proptest::option::of(proptest::collection::vec(any::<u8>(), 4)),
         proptest::collection::vec(action(), 1..80),
     );
     runner
-        .run(&case, |(steps, undo, actions)| {
-            run(steps, undo, actions, &REACHED)
+        .run(&case, |(steps, undo, after, actions)| {
+            run(steps, undo, after, actions, &REACHED)
         })
         .unwrap();
     let ended = REACHED.ended.lock().map(|e| e.clone()).unwrap_or_default();

@@ -224,7 +224,11 @@ impl Deciding<'_> {
     }
 
     /// Ends the order in `error`, with an alert and a `failed` event.
+    /// Steps still out (branches with nothing to undo) are withdrawn: their
+    /// late answers are stale, and they no longer count against their
+    /// agents' flow control.
     pub(super) fn fail(&mut self, reason: &str) {
+        self.withdraw_running();
         self.alert(ProcessState::Error, reason);
         let o = self.row();
         let (from, attempt, failure_count) = (o.process_state, o.attempt(), o.failure_count);

@@ -79,7 +79,7 @@ impl StepRow {
     pub fn after(&self) -> Vec<i32> {
         match &self.after_steps {
             Some(after) => after.clone(),
-            None => self.idx.checked_sub(1).into_iter().collect(),
+            None => crate::workflow::previous(self.idx).into_iter().collect(),
         }
     }
 
