@@ -618,6 +618,9 @@ async fn the_api_answers_404_for_an_unknown_order_and_409_for_an_action_its_stat
     assert_eq!(events.last().expect("events")["to_state"], "processed");
     assert_eq!(body["steps"][0]["state"], "completed");
     assert!(body["steps"][0]["duration_ms"].is_i64(), "{body}");
+    // The branches (one step here: one stage) and what each step waits for.
+    assert_eq!(body["stages"], serde_json::json!([["a"]]), "{body}");
+    assert_eq!(body["steps"][0]["after"], serde_json::json!([]), "{body}");
 
     // The pages and their files are served.
     for path in [
