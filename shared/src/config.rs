@@ -47,6 +47,8 @@ pub struct Settings {
     pub broker: BrokerSettings,
     pub http: HttpSettings,
     pub log: LogSettings,
+    /// `[telemetry]`: OpenTelemetry export of the traces.
+    pub telemetry: TelemetrySettings,
     pub submission: SubmissionSettings,
     pub scheduler: SchedulerSettings,
     pub agent: AgentSettings,
@@ -201,6 +203,21 @@ pub struct LogSettings {
     pub format: LogFormat,
     /// A `tracing` filter such as `info` or `sas=debug,info`; `RUST_LOG` wins.
     pub level: String,
+}
+
+/// `[telemetry]`: where spans go over OTLP (HTTP, protobuf). The standard
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` (or `…_TRACES_ENDPOINT`) and
+/// `OTEL_SERVICE_NAME` variables win over these keys; with no endpoint at
+/// all, nothing is exported.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetrySettings {
+    /// The collector's OTLP/HTTP base URL, e.g. `http://jaeger:4318`
+    /// (`/v1/traces` is appended).
+    pub endpoint: Option<String>,
+    /// The `service.name` of this process's spans (default: the service's
+    /// own name, e.g. `scheduler`).
+    pub service_name: Option<String>,
 }
 
 impl Default for LogSettings {

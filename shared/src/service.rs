@@ -110,7 +110,7 @@ where
         eprintln!("{}: {}", spec.name, settings.redact(&e.to_string()));
         return ExitCode::from(2);
     }
-    telemetry::init(&settings.log);
+    let exporter = telemetry::init_with_export(&settings.log, &settings.telemetry, spec.name);
     // What is printed of a failure must not show a password the
     // configuration holds, whichever library quoted it.
     let redactor = settings.clone();
@@ -126,12 +126,14 @@ where
     {
         Ok(()) => {
             tracing::info!("{} stopped", spec.name);
+            exporter.shutdown();
             ExitCode::SUCCESS
         }
         Err(e) => {
             let error = redactor.redact(&format!("{e:#}"));
             tracing::error!(%error, "{} failed", spec.name);
             eprintln!("{}: {error}", spec.name);
+            exporter.shutdown();
             ExitCode::FAILURE
         }
     }

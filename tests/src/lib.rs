@@ -10,6 +10,7 @@
 
 pub mod browser;
 pub mod cli;
+pub mod otlp;
 pub mod tls;
 
 use std::collections::BTreeMap;

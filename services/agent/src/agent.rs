@@ -254,6 +254,9 @@ impl Agent {
             agent = %self.name,
             trace_id = %trace.as_ref().map_or("", |t| t.trace_id.as_str()),
         );
+        if let Some(parent) = &trace {
+            sas::telemetry::continue_trace(&span, parent);
+        }
         let started = std::time::Instant::now();
         let outcome = self
             .work(publisher, &delivery, &request, trace.as_ref())
@@ -414,9 +417,9 @@ async fn answer(
     let reply = StepReply::to(request, outcome);
     let body = serde_json::to_vec(&reply).unwrap_or_default();
     let correlation = request.dispatch_id.to_string();
+    // Sent from within the step's span: the reply continues it.
     let next_hop = trace
-        .and_then(|t| TraceContext::child_of(&t.trace_id))
-        .map(|t| t.to_string());
+        .map(|t| sas::telemetry::hop(&tracing::Span::current(), Some(&t.trace_id)).to_string());
     let headers = next_hop.as_deref().map(|t| [(sas::trace::HEADER, t)]);
     publisher
         .publish(&Outgoing {

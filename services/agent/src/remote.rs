@@ -15,6 +15,7 @@ use sas::config::{AgentSettings, AgentSpec, RetrySpec};
 use sas::messages::{FENCING_TOKEN_HEADER, StepOutcome, StepRequest, rfc3339};
 use sas::trace::TraceContext;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::breaker::Breaker;
 use crate::shared::Shared;
@@ -134,7 +135,13 @@ pub async fn call(
             None => client.post(&spec.url).json(&body),
         };
         // The remote call is a span of its own in the order's trace.
-        if let Some(hop) = trace.and_then(|t| TraceContext::child_of(&t.trace_id)) {
+        let call_span = if sas::telemetry::exporting() {
+            tracing::info_span!("remote_call", tried, polling = poll.is_some())
+        } else {
+            tracing::Span::none()
+        };
+        if let Some(t) = trace {
+            let hop = sas::telemetry::hop(&call_span, Some(&t.trace_id));
             http = http.header(sas::trace::HEADER, hop.to_string());
         }
         let send = http
@@ -145,7 +152,7 @@ pub async fn call(
             .send();
         let attempt = tokio::select! {
             () = stop.cancelled() => return CallEnd::Interrupted,
-            sent = send => judge(sent, endpoint.spec.max_response_bytes).await,
+            sent = send.instrument(call_span) => judge(sent, endpoint.spec.max_response_bytes).await,
         };
         let (error, retry_after) = match attempt {
             Attempt::Done(outcome) => {

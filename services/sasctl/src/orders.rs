@@ -564,6 +564,7 @@ mod tests {
             held_since: None,
             hold_until: None,
             held_reason: None,
+            trace_span: None,
         };
         let step = |idx: i32, name: &str, state, result: Option<Value>| StepRow {
             order_id: id,

@@ -241,18 +241,19 @@ impl Scheduler {
                 return broker::dead_letter_with(&delivery, &reason).await;
             }
         };
-        let trace = delivery
+        let sent = delivery
             .header(sas::trace::HEADER)
-            .and_then(|t| sas::trace::TraceContext::parse(&t))
-            .map(|t| t.trace_id)
-            .unwrap_or_default();
+            .and_then(|t| sas::trace::TraceContext::parse(&t));
         let span = tracing::info_span!(
             "reply",
             order_id = %reply.order_id,
             step = %reply.step,
             attempt = reply.attempt,
-            trace_id = %trace,
+            trace_id = %sent.as_ref().map_or("", |t| t.trace_id.as_str()),
         );
+        if let Some(sent) = &sent {
+            sas::telemetry::continue_trace(&span, sent);
+        }
         async {
             if reply.outcome.replace_nul() {
                 tracing::warn!("the remote's answer held NUL characters; stored as U+FFFD");

@@ -143,17 +143,22 @@ impl Submitter {
             .order_id
             .or_else(|| delivery.message_id().and_then(|m| Uuid::parse_str(m).ok()))
             .unwrap_or_else(Uuid::new_v4);
-        // Continue the application's trace when it sent one.
-        let trace = delivery
+        // Continue the application's trace when it sent one; this span is
+        // the order's root in sas (its transitions' spans nest under it).
+        let sent = delivery
             .header(sas::trace::HEADER)
-            .and_then(|t| sas::trace::TraceContext::parse(&t))
-            .unwrap_or_else(sas::trace::TraceContext::new_root);
+            .and_then(|t| sas::trace::TraceContext::parse(&t));
         let span = tracing::info_span!(
             "submit",
             %order_id,
             workflow = %workflow.name,
-            trace_id = %trace.trace_id,
+            trace_id = tracing::field::Empty,
         );
+        if let Some(sent) = &sent {
+            sas::telemetry::continue_trace(&span, sent);
+        }
+        let trace = sas::telemetry::hop(&span, sent.as_ref().map(|t| t.trace_id.as_str()));
+        span.record("trace_id", trace.trace_id.as_str());
         let new_reply_to = order.reply_to.clone();
         async {
             let new = NewOrder {
@@ -164,6 +169,7 @@ impl Submitter {
                 priority: i16::from(order.priority.get()),
                 not_before: order.not_before,
                 trace_id: Some(trace.trace_id.clone()),
+                trace_span: Some(trace.span_id.clone()),
             };
             let stored = self
                 .batcher

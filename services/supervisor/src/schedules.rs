@@ -68,8 +68,10 @@ impl Schedules {
         let due = schedule::due(schedule, mark, now, self.late_after)?;
         let mut last_order = None;
         for &tick in &due.ticks {
-            let order = NewOrder::scheduled(schedule, tick);
-            let span = tracing::info_span!("tick", order_id = %order.order_id, %tick);
+            let order_id = schedule::order_id(&schedule.name, tick);
+            let span = tracing::info_span!("tick", %order_id, %tick);
+            // The tick's span is the order's root, as a submission's is.
+            let order = NewOrder::scheduled(schedule, tick, &sas::telemetry::hop(&span, None));
             let done = transitions
                 .submit(&order, workflow, relay.ready())
                 .instrument(span.clone())

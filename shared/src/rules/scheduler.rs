@@ -540,6 +540,7 @@ mod tests {
             held_since: None,
             hold_until: None,
             held_reason: None,
+            trace_span: None,
         }
     }
 

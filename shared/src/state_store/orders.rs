@@ -30,6 +30,9 @@ pub struct OrderRow {
     pub updated_at: DateTime<Utc>,
     /// The W3C trace id every hop of this order reports.
     pub trace_id: Option<String>,
+    /// The span id of the order's root span (its submission), which the
+    /// spans of its transitions are children of when spans are exported.
+    pub trace_span: Option<String>,
     /// The agent whose breaker the order waits for (contract §8), if held.
     pub held_for: Option<String>,
     /// When it was held.
@@ -116,10 +119,12 @@ pub struct NewOrder {
     pub priority: i16,
     pub not_before: Option<DateTime<Utc>>,
     pub trace_id: Option<String>,
+    /// The span id of its submission's span (see [`OrderRow::trace_span`]).
+    pub trace_span: Option<String>,
 }
 
 const COLUMNS: &str = "order_id, workflow, payload, reply_to, priority, not_before, process_state, \
-     locked_by, complete_by, failure_count, compensation_failures, last_seq, last_error, created_at, updated_at, trace_id, held_for, held_since, hold_until, held_reason";
+     locked_by, complete_by, failure_count, compensation_failures, last_seq, last_error, created_at, updated_at, trace_id, trace_span, held_for, held_since, hold_until, held_reason";
 
 /// The order, without locking it.
 pub async fn get(conn: &mut PgConnection, order_id: Uuid) -> Result<Option<OrderRow>, sqlx::Error> {

@@ -32,8 +32,12 @@ pub struct ScheduleRow {
 
 impl NewOrder {
     /// The order of `schedule`'s tick at `tick`: its id is
-    /// [`schedule::order_id`], its trace a new one.
-    pub fn scheduled(schedule: &Schedule, tick: DateTime<Utc>) -> Self {
+    /// [`schedule::order_id`], its trace `trace` (the tick's span).
+    pub fn scheduled(
+        schedule: &Schedule,
+        tick: DateTime<Utc>,
+        trace: &crate::trace::TraceContext,
+    ) -> Self {
         Self {
             order_id: schedule::order_id(&schedule.name, tick),
             workflow: schedule.workflow.clone(),
@@ -41,7 +45,8 @@ impl NewOrder {
             reply_to: schedule.reply_to.clone(),
             priority: 0,
             not_before: None,
-            trace_id: Some(crate::trace::TraceContext::new_root().trace_id),
+            trace_id: Some(trace.trace_id.clone()),
+            trace_span: Some(trace.span_id.clone()),
         }
     }
 }

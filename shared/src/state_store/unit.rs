@@ -52,6 +52,10 @@ pub(super) struct Tracked {
     inserted: bool,
     /// This connection holds the order's outbox lock.
     outbox_locked: bool,
+    /// The `traceparent` of the messages of its latest decision: that
+    /// decision's exported span (see [`crate::telemetry`]); `None` when
+    /// nothing is exported (each message gets a new span id of its trace).
+    hop: Option<String>,
 }
 
 /// An `order_events` row to insert.
@@ -95,6 +99,7 @@ struct OrderInsert<'a> {
     priority: i16,
     not_before: Option<DateTime<Utc>>,
     trace_id: Option<&'a str>,
+    trace_span: Option<&'a str>,
     last_seq: i32,
 }
 
@@ -203,6 +208,7 @@ impl Unit {
                 version: l.version,
                 inserted: false,
                 outbox_locked: l.outbox_locked.unwrap_or(false),
+                hop: None,
             });
         }
         unit
@@ -247,6 +253,7 @@ impl Unit {
             held_since: None,
             hold_until: None,
             held_reason: None,
+            trace_span: order.trace_span.clone(),
         };
         let steps = steps
             .iter()
@@ -260,6 +267,7 @@ impl Unit {
             version: 0,
             inserted: true,
             outbox_locked: false,
+            hop: None,
         });
         self.orders.len() - 1
     }
@@ -291,6 +299,7 @@ impl Unit {
         queues: &QueueNames,
     ) -> Result<(), StoreError> {
         self.orders[i].order = decision.order;
+        self.orders[i].hop = self.transition_hop(i);
         self.wake |= decision.wake;
         for effect in decision.effects {
             match effect {
@@ -363,7 +372,31 @@ impl Unit {
         });
     }
 
-    /// A message of order `i`, with a new span of the order's trace.
+    /// The `traceparent` of order `i`'s decision when spans are exported:
+    /// a `transition` span, a child of the order's root span (its
+    /// submission), that the messages it sends continue.
+    fn transition_hop(&self, i: usize) -> Option<String> {
+        if !crate::telemetry::exporting() {
+            return None;
+        }
+        let o = &self.orders[i].order.row;
+        let span = tracing::info_span!(
+            "transition",
+            order_id = %o.order_id,
+            state = o.process_state.as_str(),
+        );
+        if let (Some(trace_id), Some(span_id)) = (&o.trace_id, &o.trace_span) {
+            let root = crate::trace::TraceContext {
+                trace_id: trace_id.clone(),
+                span_id: span_id.clone(),
+            };
+            crate::telemetry::continue_trace(&span, &root);
+        }
+        Some(crate::telemetry::hop(&span, o.trace_id.as_deref()).to_string())
+    }
+
+    /// A message of order `i`, in its decision's span, or with a new span
+    /// of the order's trace.
     fn message(&self, i: usize, kind: &str, routing_key: String, body: Vec<u8>) -> NewMessage {
         let o = &self.orders[i].order.row;
         NewMessage {
@@ -372,11 +405,12 @@ impl Unit {
             routing_key,
             correlation_id: None,
             reply_to: None,
-            traceparent: o
-                .trace_id
-                .as_deref()
-                .and_then(crate::trace::TraceContext::child_of)
-                .map(|t| t.to_string()),
+            traceparent: self.orders[i].hop.clone().or_else(|| {
+                o.trace_id
+                    .as_deref()
+                    .and_then(crate::trace::TraceContext::child_of)
+                    .map(|t| t.to_string())
+            }),
             body,
         }
     }
@@ -520,6 +554,7 @@ fn order_insert(o: &OrderRow) -> OrderInsert<'_> {
         priority: o.priority,
         not_before: o.not_before,
         trace_id: o.trace_id.as_deref(),
+        trace_span: o.trace_span.as_deref(),
         last_seq: o.last_seq,
     }
 }
@@ -682,10 +717,11 @@ pub(super) static FLUSH: LazyLock<String> = LazyLock::new(|| {
 WITH new AS (SELECT order_id FROM jsonb_to_recordset($1) AS i(order_id uuid)), \
 n AS ( \
   INSERT INTO orders (order_id, workflow, payload, reply_to, priority, not_before, trace_id, \
-    last_seq, created_at, updated_at) \
-  SELECT order_id, workflow, payload::jsonb, reply_to, priority, not_before, trace_id, last_seq, $8, $8 \
+    trace_span, last_seq, created_at, updated_at) \
+  SELECT order_id, workflow, payload::jsonb, reply_to, priority, not_before, trace_id, trace_span, \
+    last_seq, $8, $8 \
   FROM jsonb_to_recordset($1) AS u(order_id uuid, workflow text, payload text, reply_to text, \
-    priority smallint, not_before timestamptz, trace_id text, last_seq int) \
+    priority smallint, not_before timestamptz, trace_id text, trace_span text, last_seq int) \
   ON CONFLICT (order_id) DO NOTHING \
   RETURNING order_id, CASE WHEN $9 \
     THEN pg_try_advisory_lock(hashtextextended('sas.outbox:' || order_id::text, 0)) ELSE false END AS locked), \

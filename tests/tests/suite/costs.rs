@@ -255,6 +255,7 @@ fn one_step_order(reply_to: String) -> NewOrder {
         priority: 0,
         not_before: None,
         trace_id: None,
+        trace_span: None,
     }
 }
 

@@ -135,3 +135,85 @@ async fn one_orders_trace_id_matches_across_every_service_and_reaches_the_remote
             .any(|tp| tp.contains(fresh_ids.first().unwrap()))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_orders_spans_are_exported_over_otlp_as_one_nested_trace() {
+    let otlp = sas_tests::otlp::Otlp::start().await;
+    let app = TestApp::builder().build().await;
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint.as_str()),
+        // Export within a tenth of a second rather than five.
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    for name in ["submission", "scheduler", "agent", "supervisor"] {
+        app.start_with_env(name, name, &[], &env).await;
+    }
+    let (id, events) = app.run_one("three").await;
+    assert_eq!(
+        events.last().map(|e| e["state"].clone()),
+        Some("processed".into())
+    );
+    let trace_id: String = sqlx::query_scalar("SELECT trace_id FROM orders WHERE order_id = $1")
+        .bind(id)
+        .fetch_one(&app.db)
+        .await
+        .expect("the order's trace");
+    let of_order = || {
+        otlp.spans()
+            .into_iter()
+            .filter(|s| s.trace_id == trace_id)
+            .collect::<Vec<_>>()
+    };
+    // Three steps: three remote calls and three replies, and the
+    // transition that ends the order.
+    app.eventually(
+        "the order's spans are exported",
+        Duration::from_secs(15),
+        || async {
+            let spans = of_order();
+            let count = |name: &str| spans.iter().filter(|s| s.name == name).count();
+            count("submit") == 1
+                && count("remote_call") >= 3
+                && count("step") >= 3
+                && count("reply") >= 3
+                && count("transition") >= 5
+        },
+    )
+    .await;
+    let spans = of_order();
+    let services: BTreeSet<&str> = spans.iter().map(|s| s.service.as_str()).collect();
+    for service in ["submission", "scheduler", "agent"] {
+        assert!(services.contains(service), "{services:?}");
+    }
+    let by_id = |id: &str| spans.iter().find(|s| s.span_id == id);
+    let parent_of = |s: &sas_tests::otlp::Span| by_id(&s.parent).map(|p| p.name.as_str());
+    // One root, the submission's; every other span nests under a span of the trace.
+    let roots: Vec<&str> = spans
+        .iter()
+        .filter(|s| by_id(&s.parent).is_none())
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(roots, ["submit"], "{spans:#?}");
+    for s in &spans {
+        let expected: &[&str] = match s.name.as_str() {
+            "remote_call" => &["step"],
+            "step" => &["transition"],
+            "reply" => &["step"],
+            "transition" => &["submit"],
+            _ => continue,
+        };
+        let parent = parent_of(s);
+        assert!(
+            parent.is_some_and(|p| expected.contains(&p)),
+            "{} under {parent:?}: {spans:#?}",
+            s.name
+        );
+    }
+    assert!(
+        spans
+            .iter()
+            .filter(|s| s.name == "step")
+            .all(|s| s.attribute("order_id") == Some(id.to_string().as_str())),
+        "{spans:#?}"
+    );
+}
