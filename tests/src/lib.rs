@@ -650,6 +650,20 @@ breaker_cooldown = "{cooldown}"
         .await;
     }
 
+    /// Kills the agent (named `agent`) and keeps it down until the
+    /// supervisor has re-attempted order `id` (its complete-by passed),
+    /// then starts a new one.
+    pub async fn crash_agent_until_reattempt(&self, id: Uuid, timeout: Duration) {
+        self.kill("agent");
+        self.eventually("the re-attempt", timeout, || async {
+            self.order(id)
+                .await
+                .is_some_and(|(_, failures)| failures >= 1)
+        })
+        .await;
+        self.start("agent", "agent", &[]).await;
+    }
+
     /// Sets the remote-sim knobs of `/svc/<agent>`.
     pub fn knobs(&self, agent: &str, knobs: Knobs) {
         self.sim
@@ -935,6 +949,23 @@ pub fn is_terminal(e: &Value) -> bool {
         e["state"].as_str(),
         Some("processed" | "compensated" | "failed" | "rejected")
     )
+}
+
+/// Starts `binary` with the configuration `toml` and checks that it
+/// refuses to start: exit code 2 and one line on stderr that says `says`.
+pub fn assert_refused_at_start_up(binary: &str, toml: &str, says: &str) {
+    let dir = tls::temp_dir("refused");
+    let file = dir.join("sas.toml");
+    std::fs::write(&file, toml).expect("write the configuration");
+    let out = Command::new(bin(binary))
+        .env("SAS_CONFIG", &file)
+        .output()
+        .expect("run");
+    std::fs::remove_dir_all(&dir).ok();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(says), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
 
 /// The path of a workspace binary next to the test binary.

@@ -194,14 +194,8 @@ async fn a_reattempt_after_an_agent_crash_mid_branch_redoes_no_completed_step() 
     .await;
     // The agent dies mid-call and stays down past charge's complete-by:
     // the supervisor re-attempts the order; a new agent takes it over.
-    app.kill("agent");
-    app.eventually("the re-attempt", Duration::from_secs(15), || async {
-        app.order(id)
-            .await
-            .is_some_and(|(_, failures)| failures >= 1)
-    })
-    .await;
-    app.start("agent", "agent", &[]).await;
+    app.crash_agent_until_reattempt(id, Duration::from_secs(15))
+        .await;
     let stories = app
         .assert_invariants(&status, &[id], &[], Duration::from_secs(30))
         .await;
@@ -250,23 +244,12 @@ fn a_workflow_with_a_cycle_or_an_unknown_step_is_refused_at_start_up_in_one_line
             "is after \"z\", which the workflow does not have",
         ),
     ] {
-        let dir = sas_tests::tls::temp_dir("workflow-after");
-        let file = dir.join("sas.toml");
-        std::fs::write(
-            &file,
-            format!(
+        sas_tests::assert_refused_at_start_up(
+            "scheduler",
+            &format!(
                 "[agents.a]\nurl = \"http://127.0.0.1:1/a\"\n\n[workflows.w]\nsteps = [ {steps} ]\n"
             ),
-        )
-        .expect("write");
-        let out = std::process::Command::new(sas_tests::bin("scheduler"))
-            .env("SAS_CONFIG", &file)
-            .output()
-            .expect("run");
-        assert_eq!(out.status.code(), Some(2));
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(says), "{err}");
-        assert_eq!(err.trim().lines().count(), 1, "{err}");
-        std::fs::remove_dir_all(dir).ok();
+            says,
+        );
     }
 }

@@ -358,24 +358,13 @@ fn a_bad_schedule_is_refused_at_start_up_with_one_line() {
             "catch_up \"some\" is not none, last or all for key `schedules.s.catch_up`",
         ),
     ] {
-        let dir = sas_tests::tls::temp_dir("schedules");
-        let file = dir.join("sas.toml");
-        std::fs::write(
-            &file,
-            format!(
+        sas_tests::assert_refused_at_start_up(
+            "supervisor",
+            &format!(
                 "[agents.a]\nurl = \"http://127.0.0.1:1/a\"\n\n\
                  [workflows.w]\nsteps = [ {{ name = \"a\", agent = \"a\" }} ]\n\n{extra}"
             ),
-        )
-        .expect("write");
-        let out = std::process::Command::new(sas_tests::bin("supervisor"))
-            .env("SAS_CONFIG", &file)
-            .output()
-            .expect("run");
-        assert_eq!(out.status.code(), Some(2));
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(says), "{err}");
-        assert_eq!(err.trim().lines().count(), 1, "{err}");
-        std::fs::remove_dir_all(dir).ok();
+            says,
+        );
     }
 }

@@ -71,22 +71,11 @@ fn a_zero_attempt_retry_or_an_empty_schedule_is_refused_at_start_up() {
             "max_failures must be at least 1",
         ),
     ] {
-        let dir = sas_tests::tls::temp_dir("workflow-policy");
-        let file = dir.join("sas.toml");
-        std::fs::write(
-            &file,
-            format!("[agents.a]\nurl = \"http://127.0.0.1:1/a\"\n\n{extra}"),
-        )
-        .expect("write");
-        let out = std::process::Command::new(sas_tests::bin("scheduler"))
-            .env("SAS_CONFIG", &file)
-            .output()
-            .expect("run");
-        assert_eq!(out.status.code(), Some(2));
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(says), "{err}");
-        assert_eq!(err.trim().lines().count(), 1, "{err}");
-        std::fs::remove_dir_all(dir).ok();
+        sas_tests::assert_refused_at_start_up(
+            "scheduler",
+            &format!("[agents.a]\nurl = \"http://127.0.0.1:1/a\"\n\n{extra}"),
+            says,
+        );
     }
 }
 
@@ -400,14 +389,8 @@ async fn an_agent_that_dies_mid_poll_is_replaced_and_the_new_dispatch_polls_the_
             >= 1
     })
     .await;
-    app.kill("agent");
-    app.eventually("the re-attempt", Duration::from_secs(10), || async {
-        app.order(id)
-            .await
-            .is_some_and(|(_, failures)| failures >= 1)
-    })
-    .await;
-    app.start("agent", "agent", &[]).await;
+    app.crash_agent_until_reattempt(id, Duration::from_secs(10))
+        .await;
     let stories = app
         .assert_invariants(&status, &[id], &[], Duration::from_secs(30))
         .await;
