@@ -488,6 +488,13 @@ pub struct StepRequest {
     /// its `max_duration`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_complete_by: Option<DateTime<Utc>>,
+    /// The time left at dispatch, in milliseconds (§6a): the agent counts it
+    /// on its own monotonic clock from the request's arrival, since its
+    /// wall clock may disagree with the state store's, whose time
+    /// `complete_by` is. Absent (an older scheduler): the agent compares
+    /// `complete_by` with its wall clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_left_ms: Option<i64>,
 }
 
 /// The header that carries [`StepRequest::fencing_token`] to the remote.
@@ -929,6 +936,7 @@ mod tests {
             fencing_token: 1,
             timeout_ms: Some(2000),
             max_complete_by: None,
+            time_left_ms: None,
         };
         assert!(req.idempotency_key().ends_with(":charge:compensate"));
         let reply = StepReply::to(&req, StepOutcome::Failed { error: "no".into() });

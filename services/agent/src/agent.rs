@@ -7,13 +7,14 @@
 use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context as _, bail};
-use chrono::Utc;
 use sas::broker::{self, BrokerError, Outgoing, PublishError, Publisher, Received, SessionEnd};
 use sas::config::AgentSpec;
 use sas::messages::{Direction, StepOutcome, StepReply, StepRequest};
 use sas::metrics::labels;
 use sas::service::Context;
 use sas::trace::TraceContext;
+
+use crate::deadline::Deadline;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -230,6 +231,8 @@ impl Agent {
 
     /// Works on one request; an error means the broker is gone.
     async fn handle(&self, publisher: &Publisher, delivery: Received) -> Result<(), BrokerError> {
+        // The step's time left counts from here (§6a).
+        let arrived = tokio::time::Instant::now();
         sas::crash::panic_if_marked(delivery.body());
         let request: StepRequest = match serde_json::from_slice(delivery.body()) {
             Ok(r) => r,
@@ -259,7 +262,7 @@ impl Agent {
         }
         let started = std::time::Instant::now();
         let outcome = self
-            .work(publisher, &delivery, &request, trace.as_ref())
+            .work(publisher, &delivery, &request, arrived, trace.as_ref())
             .instrument(span)
             .await?;
         self.count(outcome);
@@ -276,10 +279,12 @@ impl Agent {
         publisher: &Publisher,
         delivery: &Received,
         request: &StepRequest,
+        arrived: tokio::time::Instant,
         trace: Option<&TraceContext>,
     ) -> Result<&'static str, BrokerError> {
         tracing::debug!(complete_by = %request.complete_by, "request taken");
-        if request.complete_by <= Utc::now() {
+        let deadline = Deadline::of(request, arrived, delivery.redelivered());
+        if deadline.remaining().is_none() {
             tracing::info!("complete-by already passed; request dropped");
             broker::ack(delivery).await?;
             return Ok("expired");
@@ -303,7 +308,7 @@ impl Agent {
         };
         let end = if self.shared.lets_through(request.order_id).await {
             // The channel closes when the call ends, and so does `tell`.
-            tokio::join!(self.call(request, trace, beats), tell).0
+            tokio::join!(self.call(request, deadline, trace, beats), tell).0
         } else {
             CallEnd::Held
         };
@@ -357,6 +362,7 @@ impl Agent {
     async fn call(
         &self,
         request: &StepRequest,
+        deadline: Deadline,
         trace: Option<&TraceContext>,
         heartbeats: remote::Heartbeats,
     ) -> CallEnd {
@@ -376,7 +382,7 @@ impl Agent {
             Direction::Compensate => None,
         };
         let retry = remote::Retry::of(own, &self.ctx.settings.agent);
-        remote::call(&endpoint, request, retry, trace, |outcome| {
+        remote::call(&endpoint, request, deadline, retry, trace, |outcome| {
             self.ctx
                 .metrics
                 .agent_calls

@@ -3,6 +3,7 @@
 
 mod agent;
 mod breaker;
+mod deadline;
 mod remote;
 mod report;
 mod shared;

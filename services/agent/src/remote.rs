@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::breaker::Breaker;
+use crate::deadline::Deadline;
 use crate::shared::Shared;
 
 /// How a call ended.
@@ -99,6 +100,7 @@ pub struct Endpoint<'a> {
 pub async fn call(
     endpoint: &Endpoint<'_>,
     request: &StepRequest,
+    deadline: Deadline,
     retry: Retry,
     trace: Option<&TraceContext>,
     on_attempt: impl Fn(&'static str),
@@ -114,13 +116,13 @@ pub async fn call(
     let body = request.remote_body();
     let key = request.idempotency_key();
     // Moved forward by each heartbeat of a long-running operation.
-    let mut deadline = request.complete_by;
+    let mut deadline = deadline;
     // Where a long-running operation is polled, once it answered 202.
     let mut poll: Option<reqwest::Url> = None;
     // Transient failures in a row (a 202 starts the count again).
     let mut tried = 0u32;
     'calls: loop {
-        let Some(left) = remaining(deadline) else {
+        let Some(left) = deadline.remaining() else {
             return CallEnd::Expired;
         };
         // Another instance may still reach the endpoint: let it have the request.
@@ -146,7 +148,7 @@ pub async fn call(
         }
         let send = http
             .header("Idempotency-Key", &key)
-            .header("X-Complete-By", rfc3339::format(&deadline))
+            .header("X-Complete-By", rfc3339::format(&deadline.wall()))
             .header(FENCING_TOKEN_HEADER, request.fencing_token)
             .timeout(timeout)
             .send();
@@ -178,11 +180,11 @@ pub async fn call(
                 if let Some(moved) = heartbeat(request, deadline) {
                     deadline = moved;
                     // The receiver goes only with the call: nothing to do if it went.
-                    let _ = heartbeats.send((deadline, url.to_string()));
+                    let _ = heartbeats.send((deadline.wall(), url.to_string()));
                 }
-                tracing::debug!(location = %url, %deadline, "accepted; polling");
+                tracing::debug!(location = %url, complete_by = %deadline.wall(), "accepted; polling");
                 poll = Some(url);
-                let Some(left) = remaining(deadline) else {
+                let Some(left) = deadline.remaining() else {
                     return CallEnd::Expired;
                 };
                 let wait = retry_after.unwrap_or(DEFAULT_POLL_WAIT).min(left);
@@ -206,7 +208,7 @@ pub async fn call(
             return CallEnd::Expired;
         }
         let wait = retry_after.unwrap_or_else(|| backoff(retry, tried));
-        let Some(left) = remaining(deadline) else {
+        let Some(left) = deadline.remaining() else {
             return CallEnd::Expired;
         };
         // A wait that ends past complete-by would only lead to silence.
@@ -223,28 +225,18 @@ pub async fn call(
     }
 }
 
-/// The complete-by a `202` gives the step now: now plus its timeout, never
+/// The deadline a `202` gives the step now: its timeout from now, never
 /// past its first dispatch plus its `max_duration`; `None` when that is no
 /// later than `deadline` (or the request, from an older scheduler, says
 /// neither).
-fn heartbeat(request: &StepRequest, deadline: DateTime<Utc>) -> Option<DateTime<Utc>> {
-    let timeout = chrono::Duration::milliseconds(request.timeout_ms?);
-    let max = request.max_complete_by?;
-    let moved = Utc::now().checked_add_signed(timeout)?.min(max);
-    (moved > deadline).then_some(moved)
+fn heartbeat(request: &StepRequest, deadline: Deadline) -> Option<Deadline> {
+    let timeout = Duration::from_millis(u64::try_from(request.timeout_ms?).ok()?);
+    deadline.extended(timeout, request.max_complete_by?)
 }
 
 /// A `Location` (absolute, or relative to the step's URL) as a URL to poll.
 fn resolve(base: &str, location: &str) -> Option<reqwest::Url> {
     reqwest::Url::parse(base).ok()?.join(location).ok()
-}
-
-/// Time left until complete-by, if any.
-fn remaining(complete_by: DateTime<Utc>) -> Option<Duration> {
-    (complete_by - Utc::now())
-        .to_std()
-        .ok()
-        .filter(|d| !d.is_zero())
 }
 
 /// Exponential backoff with full jitter: uniform in [0, min(max, initial·2^retry)].

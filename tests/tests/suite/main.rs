@@ -4,6 +4,7 @@
 //! `restarts` and run alone, after the rest (`scripts/test.sh`).
 
 mod chaos;
+mod clocks;
 mod core;
 mod costs;
 mod dashboard;

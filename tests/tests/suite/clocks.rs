@@ -1,0 +1,86 @@
+//! Hosts whose clocks disagree (contract §6a): deadlines are the state
+//! store's. An agent whose wall clock runs minutes ahead of the database's
+//! still calls the remote; one whose clock runs behind still goes silent
+//! once the step's time is up. The agent runs under `faketime` (Debian's
+//! package of that name).
+
+use std::time::Duration;
+
+use remote_sim::Knobs;
+use sas_tests::TestApp;
+
+/// Starts everything, the agent with its clock moved by `offset` (e.g. `+5m`).
+async fn with_agent_clock(offset: &str, app: &TestApp) {
+    assert!(
+        std::process::Command::new("faketime")
+            .arg("-h")
+            .output()
+            .is_ok(),
+        "faketime not found: apt-get install faketime"
+    );
+    for name in ["submission", "scheduler", "supervisor"] {
+        app.start(name, name, &[]).await;
+    }
+    app.start_under("agent", "agent", &[], &[], &["faketime", "-f", offset])
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_whose_clock_runs_five_minutes_ahead_still_calls_the_remote() {
+    let app = TestApp::builder().step_timeout("5s").build().await;
+    with_agent_clock("+5m", &app).await;
+    let (id, events) = app.run_one("three").await;
+    let states: Vec<&str> = events.iter().filter_map(|e| e["state"].as_str()).collect();
+    assert_eq!(states.last(), Some(&"processed"), "{states:?}");
+    assert!(!states.contains(&"retry_scheduled"), "{states:?}");
+    assert_eq!(app.stats().keys[&format!("{id}:a")].applied, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_whose_clock_runs_five_minutes_behind_goes_silent_when_the_time_is_up() {
+    let app = TestApp::builder()
+        .step_timeout("2s")
+        .max_failures(3)
+        .retry_schedule(r#"["100ms"]"#)
+        .supervisor_interval("200ms")
+        .build()
+        .await;
+    // The remote is down: the agent retries until the step's time is up,
+    // then stays silent, and the supervisor re-attempts.
+    app.knobs(
+        "a",
+        Knobs {
+            status: Some(503),
+            ..Knobs::default()
+        },
+    );
+    with_agent_clock("-5m", &app).await;
+    let status = app.status_queue("clock-behind").await;
+    let id = app.submit("one", Some(&status)).await;
+    app.eventually("three dispatches", Duration::from_secs(20), || async {
+        app.stats()
+            .keys
+            .get(&format!("{id}:a"))
+            .is_some_and(|k| k.tokens.contains(&3))
+    })
+    .await;
+    // Once the next dispatch calls, the one before never calls again: each
+    // dispatch went silent at its complete-by, not five minutes later.
+    let tokens = app.stats().keys[&format!("{id}:a")].tokens.clone();
+    assert!(
+        tokens.is_sorted(),
+        "calls of dispatches interleaved: {tokens:?}"
+    );
+    app.knobs("a", Knobs::default());
+    let stories = app
+        .assert_invariants(&status, &[id], &[], Duration::from_secs(30))
+        .await;
+    let states: Vec<&str> = stories[&id]
+        .iter()
+        .filter_map(|e| e["state"].as_str())
+        .collect();
+    assert!(
+        matches!(states.last(), Some(&("processed" | "failed"))),
+        "{states:?}"
+    );
+}
