@@ -419,6 +419,7 @@ pub(crate) mod fixture {
             held_since: None,
             hold_until: None,
             held_reason: None,
+            redrives: 0,
         };
         let steps = (0..n)
             .map(|idx| {

@@ -350,6 +350,7 @@ impl<'c> Deciding<'c> {
             fencing_token: i64::from(self.order.steps[pos].dispatches),
             timeout_ms: Some(self.order.steps[pos].timeout_ms),
             max_complete_by: self.order.steps[pos].max_complete_by(),
+            redrive: o.redrives,
         };
         self.effects.push(Effect::Request { agent, request });
         Ok(None)
@@ -540,6 +541,7 @@ mod tests {
             held_since: None,
             hold_until: None,
             held_reason: None,
+            redrives: 0,
         }
     }
 

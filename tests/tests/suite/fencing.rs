@@ -28,6 +28,7 @@ fn request(complete_in_ms: i64) -> StepRequest {
         fencing_token: 1,
         timeout_ms: None,
         max_complete_by: None,
+        redrive: 0,
     }
 }
 
