@@ -6,10 +6,11 @@
 //! the order's next `seq`.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use remote_sim::{Knobs, Stats};
 use sas_tests::TestApp;
+use sas_tests::browser::Browser;
 use sas_tests::cli::{output, run, sasctl, wait_state};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -419,4 +420,158 @@ tokens = [
     let (status, body) = answer(http.post(&url).bearer_auth(OPERATOR_TOKEN).json(&fix)).await;
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["state"], "processed");
+}
+
+/// Logs in on the login page with `token`.
+async fn log_in(browser: &Browser, token: &str) {
+    let field = browser
+        .find("#login-token")
+        .await
+        .expect("find")
+        .expect("the login page has a token field");
+    browser
+        .type_text(&field, token)
+        .await
+        .expect("type the token");
+    let submit = browser
+        .find("#login-submit")
+        .await
+        .expect("find")
+        .expect("the login page has a submit button");
+    browser.click(&submit).await.expect("submit");
+}
+
+/// Waits until `check` finds what it wants in the page; panics with what
+/// it saw last after `timeout`.
+async fn wait_page<F, Fut>(what: &str, timeout: Duration, check: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        let seen = match check().await {
+            Ok(()) => return,
+            Err(seen) => seen,
+        };
+        assert!(
+            Instant::now() < deadline,
+            "not within {timeout:?}: {what}; last seen: {seen}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_chromium_an_operator_redrives_from_the_order_page_and_its_timeline_shows_the_payload_change()
+ {
+    let app = TestApp::builder()
+        .extra_config(format!(
+            r#"
+[dashboard]
+auth = "token"
+tokens = [
+  {{ name = "vera", token = "{VIEWER_TOKEN}", role = "viewer" }},
+  {{ name = "alice", token = "{OPERATOR_TOKEN}", role = "operator" }},
+]
+"#
+        ))
+        .spawn()
+        .await;
+    app.knobs("a", permanent());
+    let id = app.submit("one", None).await;
+    wait_state(&app, id, "error", Duration::from_secs(30)).await;
+    app.knobs("a", Knobs::default());
+    app.start("dashboard", "dashboard", &[]).await;
+    let base = format!("http://127.0.0.1:{}", app.port("dashboard"));
+    let page = format!("{base}/orders/{id}");
+    let browser = Browser::start()
+        .await
+        .expect("headless Chromium through chromedriver (Debian's chromium and chromium-driver)");
+    let loaded = || async {
+        let state = browser
+            .text_of("#order-state")
+            .await
+            .map_err(|e| e.to_string())?;
+        match state.as_deref() {
+            Some("error") => Ok(()),
+            other => Err(format!("state {other:?}")),
+        }
+    };
+
+    // A viewer's page has no Redrive button.
+    browser.goto(&page).await.expect("open the order");
+    log_in(&browser, VIEWER_TOKEN).await;
+    browser.goto(&page).await.expect("open the order");
+    wait_page("the viewer sees the order", Duration::from_secs(20), loaded).await;
+    let buttons = browser.find_all("button.redrive").await.expect("find");
+    assert!(buttons.is_empty(), "a viewer is shown no redrive button");
+
+    // The operator opens the form, types a patch and redrives.
+    browser
+        .goto(&format!("{base}/logout"))
+        .await
+        .expect("log out");
+    log_in(&browser, OPERATOR_TOKEN).await;
+    browser.goto(&page).await.expect("open the order");
+    wait_page(
+        "the operator sees the order",
+        Duration::from_secs(20),
+        loaded,
+    )
+    .await;
+    let open = browser
+        .find("button.redrive[data-action=redrive]")
+        .await
+        .expect("find")
+        .expect("an operator has a Redrive button");
+    browser.click(&open).await.expect("open the redrive form");
+    let patch = browser
+        .find("#redrive-patch")
+        .await
+        .expect("find")
+        .expect("the form has a patch box");
+    browser
+        .type_text(&patch, r#"{"n": 5, "why": "fixed"}"#)
+        .await
+        .expect("type the patch");
+    let go = browser
+        .find("#redrive-go")
+        .await
+        .expect("find")
+        .expect("the form has a Redrive button");
+    browser.click(&go).await.expect("redrive");
+    wait_state(&app, id, "processed", Duration::from_secs(30)).await;
+
+    // The timeline's redriven row names alice and lists what changed.
+    wait_page(
+        "the timeline shows the redrive's payload change",
+        Duration::from_secs(20),
+        || async {
+            let row = browser
+                .text_of("#timeline tr[data-event=redriven]")
+                .await
+                .map_err(|e| e.to_string())?
+                .unwrap_or_default();
+            let wanted = [
+                "operator:alice",
+                "redrive 1",
+                "n: 1 → 5",
+                "why: (absent) → \"fixed\"",
+            ];
+            if wanted.iter().all(|w| row.contains(w)) {
+                Ok(())
+            } else {
+                Err(row)
+            }
+        },
+    )
+    .await;
+    let after: Value = browser
+        .execute("return document.querySelector('#timeline pre[data-payload=after]').textContent;")
+        .await
+        .expect("read the payload after");
+    let after: Value = serde_json::from_str(after.as_str().unwrap_or_default()).expect("JSON");
+    assert_eq!(after, json!({ "n": 5, "why": "fixed" }));
+    browser.quit().await;
 }
