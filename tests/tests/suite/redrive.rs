@@ -249,7 +249,8 @@ async fn a_second_redrive_runs_under_r2_and_every_undo_and_dispatch_has_a_key_an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redrive_of_an_order_that_did_not_end_in_failure_or_with_a_bad_patch_is_refused_with_a_clear_error()
  {
-    let app = TestApp::spawn().await;
+    // Long enough that a hanging step keeps its order processing.
+    let app = TestApp::builder().step_timeout("30s").spawn().await;
     let unknown = Uuid::new_v4().to_string();
     let out = run(&app, &["orders", "redrive", &unknown])
         .await
@@ -268,6 +269,28 @@ async fn a_redrive_of_an_order_that_did_not_end_in_failure_or_with_a_bad_patch_i
         )
     );
     assert_eq!(out.stdout, "");
+
+    // An order still running is not redriven either.
+    app.knobs(
+        "b",
+        Knobs {
+            hang: true,
+            ..Knobs::default()
+        },
+    );
+    let running = app.submit("three", None).await;
+    wait_state(&app, running, "processing", Duration::from_secs(30)).await;
+    let out = run(&app, &["orders", "redrive", &running.to_string()])
+        .await
+        .expect_code(4);
+    assert_eq!(
+        out.stderr,
+        format!(
+            "sasctl: cannot redrive order {running}: it is processing (only ended orders that \
+             did not complete (error or compensated) can be redriven)\n"
+        )
+    );
+    assert!(redriven(&events(&app, running).await).is_empty());
 
     // A patch that cannot be read, is not JSON, or gives a payload no
     // order may carry: exit 2, and the order is as it was.
