@@ -576,6 +576,24 @@ fn to_text(order: &OrderRow, steps: &[StepRow], events: &[EventRow]) -> String {
         ],
         rows,
     ));
+
+    // What each redrive changed (contract §9): the payload before and after.
+    let redrives: Vec<&EventRow> = events.iter().filter(|e| e.event == "redriven").collect();
+    if !redrives.is_empty() {
+        let _ = writeln!(out, "\nredrives");
+        for e in redrives {
+            let d = &e.detail;
+            let _ = writeln!(
+                out,
+                "{}  {}  {}  payload {} → {}",
+                d["redrive"],
+                time(e.at),
+                e.actor,
+                cell(&d["before"].to_string()),
+                cell(&d["after"].to_string()),
+            );
+        }
+    }
     out
 }
 
@@ -759,6 +777,25 @@ mod tests {
     }
 
     #[test]
+    fn a_redrive_shows_the_payload_before_and_after() {
+        let (order, steps, mut events) = sample();
+        let mut redriven = events[0].clone();
+        redriven.seq = 2;
+        redriven.event = "redriven".into();
+        redriven.actor = "operator:alice".into();
+        redriven.detail = json!({"redrive": 1, "before": {"n": 1}, "after": {"n": 2}});
+        events.push(redriven);
+        let text = to_text(&order, &steps, &events);
+        assert!(
+            text.contains(
+                "\nredrives\n1  2030-01-02 03:04:05.678Z  operator:alice  payload {\"n\":1} → {\"n\":2}\n"
+            ),
+            "{text}"
+        );
+        assert!(!to_text(&order, &steps, &events[..1]).contains("redrives\n"));
+    }
+
+    #[test]
     fn the_list_has_one_row_per_order() {
         let (order, _, _) = sample();
         let text = list_text(std::slice::from_ref(&order));
@@ -796,6 +833,29 @@ mod tests {
         assert_eq!(Action::Retry.verb(), "retry");
         assert_eq!(Action::Cancel.done(), "cancelled");
         assert!(operator().name.starts_with("operator:"));
+    }
+
+    #[test]
+    fn a_patch_file_is_read_as_json_up_to_the_limit_and_its_faults_are_usage_errors() {
+        let dir = std::env::temp_dir().join(format!("sasctl-patch-{}", Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+        let ok = file("ok.json", r#"{"a": {"b": null}}"#);
+        assert_eq!(read_patch(&ok, 64).unwrap(), json!({"a": {"b": null}}));
+        let usage = |path: &Path, limit: usize| {
+            let e = read_patch(path, limit).unwrap_err();
+            let exit = e.downcast_ref::<Exit>().expect("an exit code");
+            assert_eq!(exit.code, Exit::USAGE, "{}", exit.message);
+            exit.message.clone()
+        };
+        assert!(usage(&ok, 8).contains("larger than submission.max_body_bytes (8 bytes)"));
+        assert!(usage(&file("bad.json", "{nope"), 64).contains("is not JSON"));
+        assert!(usage(&dir.join("missing.json"), 64).contains("cannot open the patch"));
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]
