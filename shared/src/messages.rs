@@ -255,16 +255,9 @@ impl Submission {
         };
         let payload = match obj.remove("payload") {
             None | Some(Value::Null) => return fail(RejectReason::MissingField("payload")),
-            Some(Value::Object(mut m)) => {
-                // Postgres stores no NUL character in text or jsonb.
-                if replace_nul_map(&mut m) {
-                    return fail(wrong(
-                        "payload",
-                        "free of NUL characters (\\u0000), which cannot be stored",
-                    ));
-                }
-                if let Some(limit) = m.values().find_map(|v| limit_broken_at(v, 1)) {
-                    return fail(wrong("payload", limit));
+            Some(Value::Object(m)) => {
+                if let Some(expected) = payload_broken(&m) {
+                    return fail(wrong("payload", expected));
                 }
                 m
             }
@@ -304,6 +297,45 @@ impl Submission {
             priority,
             not_before,
         })
+    }
+}
+
+/// What a payload breaks of what sas can store and carry, if anything: the
+/// checks of a submission's `payload` beyond its being an object.
+fn payload_broken(payload: &Map<String, Value>) -> Option<&'static str> {
+    // Postgres stores no NUL character in text or jsonb.
+    if payload.iter().any(|(k, v)| k.contains('\0') || has_nul(v)) {
+        return Some("free of NUL characters (\\u0000), which cannot be stored");
+    }
+    payload.values().find_map(|v| limit_broken_at(v, 1))
+}
+
+/// Why `payload` cannot be an order's payload, if it cannot: the same
+/// checks and limits as a submitted order's `payload` (contract §1, §1a),
+/// for a payload that did not come in a submission (an operator's redrive
+/// with a patch, contract §9). `max_bytes` bounds its JSON text, as
+/// `submission.max_body_bytes` bounds a submission's whole body.
+pub fn payload_refusal(payload: &Value, max_bytes: usize) -> Option<RejectReason> {
+    let Value::Object(m) = payload else {
+        return Some(wrong("payload", "an object"));
+    };
+    if let Some(expected) = payload_broken(m) {
+        return Some(wrong("payload", expected));
+    }
+    let size = payload.to_string().len();
+    (size > max_bytes).then_some(RejectReason::TooLarge {
+        size,
+        limit: max_bytes,
+    })
+}
+
+/// Whether a key or string anywhere in `v` holds a NUL character.
+fn has_nul(v: &Value) -> bool {
+    match v {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(has_nul),
+        Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+        Value::Null | Value::Bool(_) | Value::Number(_) => false,
     }
 }
 
@@ -372,6 +404,9 @@ pub enum EventKind {
     /// A long-running remote operation answered `202 Accepted` again: the
     /// step's complete-by moved forward (contract §4b).
     Heartbeat,
+    /// An operator started an ended order again, maybe with a patched
+    /// payload (contract §9).
+    Redriven,
 }
 
 impl EventKind {
@@ -391,6 +426,7 @@ impl EventKind {
             Self::Held => "held",
             Self::Resumed => "resumed",
             Self::Heartbeat => "heartbeat",
+            Self::Redriven => "redriven",
         }
     }
 
@@ -495,17 +531,32 @@ pub struct StepRequest {
     /// `complete_by` with its wall clock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_left_ms: Option<i64>,
+    /// The order's redrive (contract §9): N after an operator's N-th
+    /// redrive, which the idempotency key carries; 0 (and absent, from an
+    /// older scheduler) before any.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub redrive: i32,
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
 }
 
 /// The header that carries [`StepRequest::fencing_token`] to the remote.
 pub const FENCING_TOKEN_HEADER: &str = "X-Sas-Fencing-Token";
 
 impl StepRequest {
-    /// The `Idempotency-Key` of this call: the same on every retry and re-attempt.
+    /// The `Idempotency-Key` of this call: the same on every retry and
+    /// re-attempt; after an operator's N-th redrive (contract §9) it ends
+    /// in `:r<N>`, so a remote that remembers answers by key does the step
+    /// (or its undo) again instead of replaying an old failure.
     pub fn idempotency_key(&self) -> String {
-        match self.direction {
-            Direction::Forward => format!("{}:{}", self.order_id, self.step),
-            Direction::Compensate => format!("{}:{}:compensate", self.order_id, self.step),
+        let (id, step, n) = (self.order_id, &self.step, self.redrive);
+        match (self.direction, n) {
+            (Direction::Forward, 0) => format!("{id}:{step}"),
+            (Direction::Forward, _) => format!("{id}:{step}:r{n}"),
+            (Direction::Compensate, 0) => format!("{id}:{step}:compensate"),
+            (Direction::Compensate, _) => format!("{id}:{step}:compensate:r{n}"),
         }
     }
 
@@ -906,6 +957,46 @@ mod tests {
     }
 
     #[test]
+    fn a_redriven_request_carries_its_redrive_in_its_keys_and_older_requests_still_parse() {
+        let id = Uuid::new_v4();
+        // As a scheduler of an earlier version wrote it: no `redrive`.
+        let mut req: StepRequest = serde_json::from_value(serde_json::json!({
+            "order_id": id, "workflow": "w", "step": "charge", "step_index": 1,
+            "direction": "forward", "attempt": 1, "dispatch_id": Uuid::new_v4(),
+            "locked_by": "s1", "complete_by": "2030-01-01T00:00:00Z", "payload": {},
+            "results": {}, "fencing_token": 3,
+        }))
+        .expect("an older request parses");
+        assert_eq!(req.redrive, 0);
+        assert_eq!(req.idempotency_key(), format!("{id}:charge"));
+        assert!(serde_json::to_value(&req).unwrap().get("redrive").is_none());
+        req.redrive = 2;
+        assert_eq!(req.idempotency_key(), format!("{id}:charge:r2"));
+        assert_eq!(serde_json::to_value(&req).unwrap()["redrive"], 2);
+        req.direction = Direction::Compensate;
+        assert_eq!(req.idempotency_key(), format!("{id}:charge:compensate:r2"));
+        req.redrive = 0;
+        assert_eq!(req.idempotency_key(), format!("{id}:charge:compensate"));
+    }
+
+    #[test]
+    fn a_payload_that_did_not_come_in_a_submission_gets_a_submissions_checks() {
+        use serde_json::json;
+        assert_eq!(
+            payload_refusal(&json!({ "a": [1, { "b": null }] }), 1024),
+            None
+        );
+        let label = |v: Value, max: usize| payload_refusal(&v, max).map(|r| r.to_string());
+        assert!(label(json!("text"), 1024).is_some_and(|r| r.contains("an object")));
+        assert!(label(json!({ "a\u{0}": 1 }), 1024).is_some_and(|r| r.contains("NUL")));
+        assert!(label(json!({ "a": ["\u{0}"] }), 1024).is_some_and(|r| r.contains("NUL")));
+        assert!(label(json!({ "m": 1.7e308 }), 1024).is_some_and(|r| r.contains("1e300")));
+        assert!(
+            label(json!({ "s": "x".repeat(20) }), 16).is_some_and(|r| r.contains("limit of 16"))
+        );
+    }
+
+    #[test]
     fn a_rejected_body_still_yields_its_reply_queue() {
         let (_, hints) = Submission::decode(
             br#"{"order_id":"nope","workflow":"w","payload":{},"reply_to":"mine"}"#,
@@ -937,6 +1028,7 @@ mod tests {
             timeout_ms: Some(2000),
             max_complete_by: None,
             time_left_ms: None,
+            redrive: 0,
         };
         assert!(req.idempotency_key().ends_with(":charge:compensate"));
         let reply = StepReply::to(&req, StepOutcome::Failed { error: "no".into() });

@@ -93,6 +93,7 @@ mod tests {
             timeout_ms: Some(2000),
             max_complete_by: None,
             time_left_ms,
+            redrive: 0,
         }
     }
 

@@ -8,7 +8,66 @@
   const id = decodeURIComponent(location.pathname.split("/").filter(Boolean).pop() || "");
 
   let buttons = null;
+  let redrive = null;
   let refresh = () => {};
+
+  /**
+   * Redrives the order (contract §9) with the JSON merge patch typed in
+   * (none when empty); the answer is shown in the page.
+   */
+  async function sendRedrive(patchText) {
+    let body = {};
+    if (patchText.trim()) {
+      try {
+        body = { patch: JSON.parse(patchText) };
+      } catch (e) {
+        sas.showMessage("error", `The patch is not JSON: ${e.message}`);
+        return false;
+      }
+    }
+    try {
+      const response = await fetch(`/api/orders/${encodeURIComponent(id)}/redrive`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json", Accept: "application/json" },
+        body: JSON.stringify(body),
+      });
+      const answer = await response.json().catch(() => ({}));
+      if (response.ok) sas.showMessage("ok", `Order ${id} redriven: now ${answer.state}.`);
+      else sas.showMessage("error", `${response.status}: ${answer.error || response.statusText}`);
+      return response.ok;
+    } catch (e) {
+      sas.showMessage("error", `The redrive did not reach the dashboard: ${e.message}`);
+      return false;
+    }
+  }
+
+  /** The Redrive button and the form it opens: an optional merge patch and a confirming button. */
+  function redriveControls() {
+    const button = el("button", { type: "button", class: "redrive", "data-action": "redrive", "data-order-id": id }, "Redrive…");
+    const patch = el("textarea", { id: "redrive-patch", rows: 5, spellcheck: "false", placeholder: '{"field": "corrected value", "wrong_field": null}' });
+    const go = el("button", { type: "button", id: "redrive-go", class: "redrive" }, "Redrive");
+    const form = el(
+      "div",
+      { id: "redrive-form", class: "redrive-form", hidden: true },
+      el("label", { for: "redrive-patch" }, "JSON merge patch (RFC 7386) for the payload, or empty to run it as it is; null removes a field. Completed steps that were not undone are kept; the others run again under new idempotency keys."),
+      patch,
+      go,
+    );
+    button.addEventListener("click", () => {
+      form.hidden = !form.hidden;
+      if (!form.hidden) patch.focus();
+    });
+    go.addEventListener("click", async () => {
+      go.disabled = true;
+      if (await sendRedrive(patch.value)) {
+        form.hidden = true;
+        patch.value = "";
+      }
+      go.disabled = false;
+      refresh();
+    });
+    return { button, form };
+  }
 
   function fields(data) {
     const o = data.order;
@@ -19,6 +78,7 @@
       ["complete-by", o.complete_by ? `${time(o.complete_by)} (${relative(o.complete_by, data.now)})` : "–"],
       ["not before", o.not_before ? `${time(o.not_before)} (${relative(o.not_before, data.now)})` : "–"],
       ["priority", o.priority],
+      ["redrives", o.redrives || 0],
       ["created", time(o.created_at)],
       ["updated", `${time(o.updated_at)} (${relative(o.updated_at, data.now)})`],
       ["stuck", stuck(data)],
@@ -56,12 +116,19 @@
     if (!buttons && sas.canAct()) {
       buttons = sas.actionButtons(o.order_id, () => refresh());
       byId("order-actions").append(buttons.retry, buttons.cancel);
+      redrive = redriveControls();
+      byId("order-actions").append(redrive.button);
+      byId("order-fields").after(redrive.form);
     }
     if (buttons) {
       sas.allow(buttons.retry, data.actions.retry, o.state === "error"
         ? "some steps were undone: cancel it to finish the undo"
         : `a ${o.state} order cannot be retried`);
       sas.allow(buttons.cancel, data.actions.cancel, `a ${o.state} order cannot be cancelled`);
+    }
+    if (redrive) {
+      sas.allow(redrive.button, data.actions.redrive, `a ${o.state} order cannot be redriven: only error and compensated ones`);
+      if (!data.actions.redrive) redrive.form.hidden = true;
     }
     fields(data);
     setText(byId("payload"), JSON.stringify(o.payload, null, 2));
@@ -144,7 +211,34 @@
     if (d.error && d.error !== e.reason) parts.push(d.error);
     if (d.next_attempt_at) parts.push(`next attempt ${time(d.next_attempt_at)}`);
     if (d.result !== undefined) parts.push(`result ${clip(JSON.stringify(d.result), 160)}`);
+    if (d.redrive) parts.push(`redrive ${d.redrive}`);
     return parts.join(" · ");
+  }
+
+  /** The payload paths that differ, as `path: before → after`. */
+  function changes(before, after, path = "") {
+    const object = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
+    if (object(before) && object(after)) {
+      const keys = [...new Set([...Object.keys(before), ...Object.keys(after)])].sort();
+      return keys.flatMap((k) => changes(before[k], after[k], path ? `${path}.${k}` : k));
+    }
+    if (JSON.stringify(before) === JSON.stringify(after)) return [];
+    const show = (v) => (v === undefined ? "(absent)" : clip(JSON.stringify(v), 80));
+    return [`${path || "payload"}: ${show(before)} → ${show(after)}`];
+  }
+
+  /** A redrive's payload change: the paths changed, and both payloads whole. */
+  function redriveDetail(e) {
+    const d = e.detail || {};
+    const changed = changes(d.before, d.after);
+    const whole = (which, value) =>
+      el("div", {}, el("h4", {}, which), el("pre", { "data-payload": which }, JSON.stringify(value, null, 2)));
+    return el(
+      "div",
+      { class: "redrive-detail" },
+      el("ul", { class: "changes" }, ...(changed.length ? changed : ["payload unchanged"]).map((t) => el("li", {}, t))),
+      el("details", {}, el("summary", {}, "payload before and after"), el("div", { class: "before-after" }, whole("before", d.before), whole("after", d.after))),
+    );
   }
 
   function timeline(data) {
@@ -173,7 +267,9 @@
         c[6].className = "num";
         setText(c[7], e.actor);
         c[7].className = "mono";
-        setText(c[8], why(e));
+        // A logged event never changes: a redrive's detail is built once.
+        if (e.event !== "redriven") setText(c[8], why(e));
+        else if (!c[8].querySelector(".redrive-detail")) c[8].replaceChildren(el("span", {}, why(e)), redriveDetail(e));
         c[8].className = "wrap";
       },
     );

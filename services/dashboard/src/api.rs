@@ -19,6 +19,11 @@
 //!   allowed in the order's state, with `state`), 400 (not an order id) or
 //!   415 (not a JSON request: a plain HTML form from another site cannot send
 //!   one, so a page elsewhere cannot make a visitor's browser act here).
+//! - `POST /api/orders/{id}/redrive`, body `{}` or `{"patch": <JSON merge
+//!   patch>}`: the operator's redrive of an `error` or `compensated` order
+//!   (contract §9), as `sasctl orders redrive`, answered like retry and
+//!   cancel; a body that is not such an object is a 400, a patch that gives
+//!   a payload no order may carry a 422.
 
 use std::sync::Arc;
 
@@ -33,7 +38,7 @@ use sas::service::Context;
 use sas::state::ProcessState;
 use sas::state_store::{
     EventRow, Operated, OrderRow, Overview, ScheduleView, StepRow, Transitions, any_undone,
-    cancel_refusal, retry_refusal,
+    cancel_refusal, redrive_refusal, retry_refusal,
 };
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -62,6 +67,7 @@ pub fn routes(ctx: Arc<Context>) -> Router {
         .route("/api/orders/{id}", get(order))
         .route("/api/orders/{id}/retry", post(retry))
         .route("/api/orders/{id}/cancel", post(cancel))
+        .route("/api/orders/{id}/redrive", post(redrive))
         .with_state(ctx)
         .route_layer(middleware::from_fn_with_state(auth.clone(), auth::require))
         .merge(crate::assets::files())
@@ -79,6 +85,8 @@ enum ApiError {
         state: ProcessState,
     },
     UnsupportedMediaType,
+    /// A redrive's patch gives a payload no order may carry.
+    Unprocessable(String),
     Internal(anyhow::Error),
 }
 
@@ -90,6 +98,10 @@ impl IntoResponse for ApiError {
             Self::NotAllowed { message, state } => (
                 StatusCode::CONFLICT,
                 json!({ "error": message, "state": state.as_str() }),
+            ),
+            Self::Unprocessable(message) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                json!({ "error": message }),
             ),
             Self::UnsupportedMediaType => (
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -167,10 +179,12 @@ async fn order(
 }
 
 /// An operator's action.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Action {
     Retry,
     Cancel,
+    /// With the body as sent, read once the request is known to be JSON.
+    Redrive(axum::body::Bytes),
 }
 
 async fn retry(
@@ -189,6 +203,26 @@ async fn cancel(
     headers: HeaderMap,
 ) -> Result<axum::Json<Value>, ApiError> {
     operate(&ctx, &who, Action::Cancel, &id, &headers).await
+}
+
+async fn redrive(
+    State(ctx): State<Arc<Context>>,
+    Operator(who): Operator,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<axum::Json<Value>, ApiError> {
+    operate(&ctx, &who, Action::Redrive(body), &id, &headers).await
+}
+
+/// The patch of a redrive's body: `{}` (none) or `{"patch": …}` (a JSON
+/// `null` patch is none too: as a merge patch it would leave no payload).
+fn redrive_patch(body: &[u8]) -> Result<Option<Value>, ApiError> {
+    let refused = || ApiError::BadRequest("send {} or {\"patch\": <JSON merge patch>}".into());
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(mut fields)) => Ok(fields.remove("patch").filter(|p| !p.is_null())),
+        _ => Err(refused()),
+    }
 }
 
 async fn operate(
@@ -211,6 +245,12 @@ async fn operate(
     let (outcome, verb) = match action {
         Action::Retry => (transitions.retry(&me, id).await?, "retry"),
         Action::Cancel => (transitions.cancel(&me, id).await?, "cancel"),
+        Action::Redrive(body) => {
+            let patch = redrive_patch(&body)?;
+            let limit = ctx.settings.submission.max_body_bytes;
+            let redriven = transitions.redrive(&me, id, patch.as_ref(), limit);
+            (redriven.await?, "redrive")
+        }
     };
     match outcome {
         Operated::Done(state) => {
@@ -224,6 +264,9 @@ async fn operate(
             message: format!("cannot {verb} order {id}: it is {state} ({why})"),
             state,
         }),
+        Operated::PayloadRefused(why) => Err(ApiError::Unprocessable(format!(
+            "cannot {verb} order {id}: the patched payload is refused: {why}"
+        ))),
     }
 }
 
@@ -244,6 +287,7 @@ fn order_json(
     // The rules `Transitions::retry` and `Transitions::cancel` enforce.
     let retryable = retry_refusal(order.process_state, any_undone(steps)).is_none();
     let cancellable = cancel_refusal(order.process_state).is_none();
+    let redrivable = redrive_refusal(order.process_state).is_none();
     let mut previous = Some(order.created_at);
     let events: Vec<Value> = events
         .iter()
@@ -282,11 +326,12 @@ fn order_json(
             "compensation_failures": order.compensation_failures,
             "attempt": order.attempt(),
             "last_error": order.last_error,
+            "redrives": order.redrives,
             "trace_id": order.trace_id,
             "created_at": order.created_at,
             "updated_at": order.updated_at,
         },
-        "actions": { "retry": retryable, "cancel": cancellable },
+        "actions": { "retry": retryable, "cancel": cancellable, "redrive": redrivable },
         "stages": sas::state_store::stage_names(steps),
         "steps": steps.iter().map(|s| json!({
             "idx": s.idx,

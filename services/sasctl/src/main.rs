@@ -1,7 +1,7 @@
 //! `sasctl`: the operator's command line for a sas deployment. Submits orders
 //! as an application would (also from a JSON-lines file), watches queues and
 //! the alert queue, lists orders, shows one with its steps and event log,
-//! retries, cancels and prunes orders, lists and overrides the agents'
+//! retries, cancels, redrives and prunes orders, lists and overrides the agents'
 //! shared breakers, lists the recurring orders' schedules, lists, replays
 //! and purges the orders'
 //! dead letters, shows statistics, applies the state store's migrations, and
@@ -36,7 +36,8 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0  ok
   1  failure (e.g. RabbitMQ or Postgres unreachable within its connect_timeout)
-  2  bad usage or configuration (also: a --file that cannot be opened, a purge without --yes)
+  2  bad usage or configuration (also: a --file that cannot be opened, a purge without --yes,
+     a redrive's --patch that cannot be read or gives a payload no order may carry)
   3  unknown order
   4  action not allowed in the order's state (e.g. retrying an order that is not in error)";
 
@@ -64,7 +65,7 @@ enum Command {
     Watch(watch::Args),
     /// Print the operator alerts of `<prefix>.alerts` as JSON lines, acknowledging each.
     Alerts(alerts::Args),
-    /// List, show, retry, cancel and prune orders in the state store (Postgres only).
+    /// List, show, retry, cancel, redrive and prune orders in the state store (Postgres only).
     #[command(subcommand)]
     Orders(orders::Command),
     /// List the agents' shared breakers with their held orders, force one
@@ -323,6 +324,9 @@ mod tests {
             ],
             &["orders", "retry", id],
             &["orders", "cancel", id, "--json"],
+            &["orders", "redrive", id],
+            &["orders", "redrive", id, "--patch", "fix.json", "--json"],
+            &["orders", "redrive", id, "--patch", "-"],
             &["orders", "prune", "--older-than", "30days", "--json"],
             &["alerts"],
             &[
@@ -378,6 +382,7 @@ mod tests {
             (&["orders", "list", "--limit", "0"], "--limit"),
             (&["orders", "retry", "not-a-uuid"], "ID"),
             (&["orders", "cancel"], "ID"),
+            (&["orders", "redrive", "--patch", "f.json"], "ID"),
             (&["orders", "prune"], "--older-than"),
             (
                 &["orders", "prune", "--older-than", "a while"],

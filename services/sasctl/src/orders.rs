@@ -1,12 +1,14 @@
-//! `sasctl orders`: list orders, show one with its steps and event log, retry
-//! or cancel one, and prune ended ones, all in the state store.
+//! `sasctl orders`: list orders, show one with its steps and event log, retry,
+//! cancel or redrive one, and prune ended ones, all in the state store.
 //!
-//! Retry and cancel are transitions like the services' own: one transaction
+//! Retry, cancel and redrive are transitions like the services' own: one transaction
 //! that also queues the order's status event in the outbox, which the running
 //! services' relays publish (within `outbox.sweep_age`). They need Postgres
 //! only, not RabbitMQ.
 
 use std::fmt::Write as _;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -45,6 +47,11 @@ pub enum Command {
     /// Cancel a `pending`, `processing` or `error` order: the running step is
     /// withdrawn and the completed steps are undone, newest first.
     Cancel(ActionArgs),
+    /// Redrive an `error` or `compensated` order (contract §9): run it again,
+    /// its payload first merged with the JSON merge patch (RFC 7386) of
+    /// --patch. Steps completed and not undone are kept; every other step
+    /// runs again with the idempotency key `<order_id>:<step>:r<N>`.
+    Redrive(RedriveArgs),
     /// Delete ended orders (`processed`, `compensated`, `error`), with their
     /// steps and event logs, last changed longer ago than --older-than.
     Prune(PruneArgs),
@@ -90,6 +97,19 @@ pub struct ActionArgs {
     json: bool,
 }
 
+/// Options of `sasctl orders redrive`.
+#[derive(Debug, clap::Args)]
+pub struct RedriveArgs {
+    #[command(flatten)]
+    action: ActionArgs,
+    /// A JSON merge patch (RFC 7386) for the order's payload, e.g.
+    /// `{"address": {"zip": "12345"}, "coupon": null}` (null removes a
+    /// field); `-` reads it from stdin. The patched payload must pass the
+    /// checks and limits of a submitted order's payload.
+    #[arg(long, value_name = "FILE")]
+    patch: Option<PathBuf>,
+}
+
 /// Options of `sasctl orders prune`.
 #[derive(Debug, clap::Args)]
 pub struct PruneArgs {
@@ -114,6 +134,7 @@ fn parse_state(text: &str) -> Result<ProcessState, String> {
 enum Action {
     Retry,
     Cancel,
+    Redrive,
 }
 
 impl Action {
@@ -121,6 +142,7 @@ impl Action {
         match self {
             Self::Retry => "retry",
             Self::Cancel => "cancel",
+            Self::Redrive => "redrive",
         }
     }
 
@@ -128,6 +150,7 @@ impl Action {
         match self {
             Self::Retry => "retried",
             Self::Cancel => "cancelled",
+            Self::Redrive => "redriven",
         }
     }
 
@@ -135,6 +158,7 @@ impl Action {
         match self {
             Self::Retry => "retrying",
             Self::Cancel => "cancelling",
+            Self::Redrive => "redriving",
         }
     }
 }
@@ -144,8 +168,15 @@ pub async fn run(command: Command, settings: &Settings) -> anyhow::Result<()> {
     match command {
         Command::List(args) => list(args, settings).await,
         Command::Show(args) => show(args, settings).await,
-        Command::Retry(args) => operate(Action::Retry, args, settings).await,
-        Command::Cancel(args) => operate(Action::Cancel, args, settings).await,
+        Command::Retry(args) => operate(Action::Retry, args, None, settings).await,
+        Command::Cancel(args) => operate(Action::Cancel, args, None, settings).await,
+        Command::Redrive(args) => {
+            let patch = match &args.patch {
+                Some(path) => Some(read_patch(path, settings.submission.max_body_bytes)?),
+                None => None,
+            };
+            operate(Action::Redrive, args.action, patch, settings).await
+        }
         Command::Prune(args) => prune(args, settings).await,
     }
 }
@@ -234,13 +265,62 @@ pub(crate) fn operator() -> Actor {
     }
 }
 
-async fn operate(action: Action, args: ActionArgs, settings: &Settings) -> anyhow::Result<()> {
+/// A bad `--patch`: exit code 2, like a `--file` that cannot be opened.
+fn bad_patch(message: String) -> anyhow::Error {
+    Exit {
+        code: Exit::USAGE,
+        message,
+    }
+    .into()
+}
+
+/// The JSON merge patch of `--patch FILE` (`-`: stdin), read up to
+/// `max_bytes` (a patch larger than a whole order could not give a payload
+/// that passes).
+fn read_patch(path: &Path, max_bytes: usize) -> anyhow::Result<Value> {
+    let name = path.display();
+    let mut source: Box<dyn std::io::Read> = if path == Path::new("-") {
+        Box::new(std::io::stdin())
+    } else {
+        let file = std::fs::File::open(path)
+            .map_err(|e| bad_patch(format!("cannot open the patch {name}: {e}")))?;
+        Box::new(file)
+    };
+    let mut text = Vec::new();
+    let limit = u64::try_from(max_bytes)
+        .unwrap_or(u64::MAX)
+        .saturating_add(1);
+    source
+        .by_ref()
+        .take(limit)
+        .read_to_end(&mut text)
+        .map_err(|e| bad_patch(format!("cannot read the patch {name}: {e}")))?;
+    if text.len() > max_bytes {
+        return Err(bad_patch(format!(
+            "the patch {name} is larger than submission.max_body_bytes ({max_bytes} bytes)"
+        )));
+    }
+    serde_json::from_slice(&text)
+        .map_err(|e| bad_patch(format!("the patch {name} is not JSON: {e}")))
+}
+
+async fn operate(
+    action: Action,
+    args: ActionArgs,
+    patch: Option<Value>,
+    settings: &Settings,
+) -> anyhow::Result<()> {
     let store = connect(settings).await?;
     let transitions = Transitions::new(store.clone(), QueueNames::new(&settings.broker.prefix));
     let me = operator();
     let outcome = match action {
         Action::Retry => transitions.retry(&me, args.id).await,
         Action::Cancel => transitions.cancel(&me, args.id).await,
+        Action::Redrive => {
+            let limit = settings.submission.max_body_bytes;
+            let redriven = transitions.redrive(&me, args.id, patch.as_ref(), limit);
+            redriven.await
+        }
     };
     store.close().await;
     let outcome = outcome.with_context(|| format!("{} order {}", action.doing(), args.id))?;
@@ -257,6 +337,13 @@ async fn operate(action: Action, args: ActionArgs, settings: &Settings) -> anyho
                 ),
             }
             .into());
+        }
+        Operated::PayloadRefused(why) => {
+            return Err(bad_patch(format!(
+                "cannot {} order {}: the patched payload is refused: {why}",
+                action.verb(),
+                args.id
+            )));
         }
     };
     if args.json {
@@ -338,6 +425,7 @@ fn to_json(order: &OrderRow, steps: &[StepRow], events: &[EventRow]) -> Value {
             "attempt": order.attempt(),
             "last_seq": order.last_seq,
             "last_error": order.last_error,
+            "redrives": order.redrives,
             "created_at": rfc3339::format(&order.created_at),
             "updated_at": rfc3339::format(&order.updated_at),
         },
@@ -392,6 +480,7 @@ fn to_text(order: &OrderRow, steps: &[StepRow], events: &[EventRow]) -> String {
             ),
         ),
         ("priority", order.priority.to_string()),
+        ("redrives", order.redrives.to_string()),
         ("not_before", opt_time(order.not_before)),
         ("reply_to", opt(order.reply_to.as_deref())),
         ("last_error", opt(order.last_error.as_deref())),
@@ -487,6 +576,24 @@ fn to_text(order: &OrderRow, steps: &[StepRow], events: &[EventRow]) -> String {
         ],
         rows,
     ));
+
+    // What each redrive changed (contract §9): the payload before and after.
+    let redrives: Vec<&EventRow> = events.iter().filter(|e| e.event == "redriven").collect();
+    if !redrives.is_empty() {
+        let _ = writeln!(out, "\nredrives");
+        for e in redrives {
+            let d = &e.detail;
+            let _ = writeln!(
+                out,
+                "{}  {}  {}  payload {} → {}",
+                d["redrive"],
+                time(e.at),
+                e.actor,
+                cell(&d["before"].to_string()),
+                cell(&d["after"].to_string()),
+            );
+        }
+    }
     out
 }
 
@@ -565,6 +672,7 @@ mod tests {
             hold_until: None,
             held_reason: None,
             trace_span: None,
+            redrives: 0,
         };
         let step = |idx: i32, name: &str, state, result: Option<Value>| StepRow {
             order_id: id,
@@ -670,6 +778,25 @@ mod tests {
     }
 
     #[test]
+    fn a_redrive_shows_the_payload_before_and_after() {
+        let (order, steps, mut events) = sample();
+        let mut redriven = events[0].clone();
+        redriven.seq = 2;
+        redriven.event = "redriven".into();
+        redriven.actor = "operator:alice".into();
+        redriven.detail = json!({"redrive": 1, "before": {"n": 1}, "after": {"n": 2}});
+        events.push(redriven);
+        let text = to_text(&order, &steps, &events);
+        assert!(
+            text.contains(
+                "\nredrives\n1  2030-01-02 03:04:05.678Z  operator:alice  payload {\"n\":1} → {\"n\":2}\n"
+            ),
+            "{text}"
+        );
+        assert!(!to_text(&order, &steps, &events[..1]).contains("redrives\n"));
+    }
+
+    #[test]
     fn the_list_has_one_row_per_order() {
         let (order, _, _) = sample();
         let text = list_text(std::slice::from_ref(&order));
@@ -707,6 +834,29 @@ mod tests {
         assert_eq!(Action::Retry.verb(), "retry");
         assert_eq!(Action::Cancel.done(), "cancelled");
         assert!(operator().name.starts_with("operator:"));
+    }
+
+    #[test]
+    fn a_patch_file_is_read_as_json_up_to_the_limit_and_its_faults_are_usage_errors() {
+        let dir = std::env::temp_dir().join(format!("sasctl-patch-{}", Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+        let ok = file("ok.json", r#"{"a": {"b": null}}"#);
+        assert_eq!(read_patch(&ok, 64).unwrap(), json!({"a": {"b": null}}));
+        let usage = |path: &Path, limit: usize| {
+            let e = read_patch(path, limit).unwrap_err();
+            let exit = e.downcast_ref::<Exit>().expect("an exit code");
+            assert_eq!(exit.code, Exit::USAGE, "{}", exit.message);
+            exit.message.clone()
+        };
+        assert!(usage(&ok, 8).contains("larger than submission.max_body_bytes (8 bytes)"));
+        assert!(usage(&file("bad.json", "{nope"), 64).contains("is not JSON"));
+        assert!(usage(&dir.join("missing.json"), 64).contains("cannot open the patch"));
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! What an operator may do to an order: [`retry`] one that failed,
-//! [`cancel`] one that has not ended (or failed), and the refusals of both,
-//! which the dashboard and `sasctl` show ahead of time. Pure.
+//! [`cancel`] one that has not ended (or failed), [`redrive`] one that
+//! ended without completing, maybe with a patched payload, and the
+//! refusals of each, which the dashboard and `sasctl` show ahead of time.
+//! Pure.
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::order::{Context, Deciding, Decision, Event, Order};
-use crate::messages::{EventKind, rfc3339};
+use crate::messages::{EventKind, RejectReason, payload_refusal, rfc3339};
 use crate::state::{ProcessState, StepState};
 use crate::workflow;
 
@@ -91,6 +93,133 @@ pub fn cancel(order: &Order, ctx: Context<'_>) -> Result<Decision, &'static str>
         d.end(to);
     }
     Ok(d.done())
+}
+
+/// Why a redrive was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RedriveError {
+    /// The order's state does not allow it ([`redrive_refusal`]).
+    #[error("{0}")]
+    NotAllowed(&'static str),
+    /// The payload the patch gives is not one an order may carry: the
+    /// submission's checks and limits ([`payload_refusal`]).
+    #[error("the patched payload is refused: {0}")]
+    Payload(RejectReason),
+    /// The order was redriven as many times as its counter holds.
+    #[error("the order was redriven {0} times, the most it can be")]
+    TooMany(i32),
+}
+
+/// An operator's redrive of an ended order that did not complete
+/// (`error`, or `compensated`) (contract §9): back to `pending` as redrive
+/// N (the order's previous count plus one), its payload merged with `patch`
+/// (RFC 7386) first when there is one. The steps completed and not undone
+/// are kept; every other step (failed, undone, never run) is planned
+/// afresh and runs again, with the idempotency key `<order_id>:<step>:rN`
+/// ([`crate::messages::StepRequest::idempotency_key`]), so a remote that
+/// remembers answers by key does it again instead of replaying an old
+/// failure. Each step keeps its dispatch count, so the fencing token of
+/// its next dispatch is greater than every one before (contract §8). The
+/// `redriven` event records the payload before and after.
+///
+/// Refused (why) in another state, or when the patched payload is not one
+/// a submission may carry (`max_payload_bytes`: its JSON text's limit).
+pub fn redrive(
+    order: &Order,
+    patch: Option<&Value>,
+    max_payload_bytes: usize,
+    ctx: Context<'_>,
+) -> Result<Decision, RedriveError> {
+    let from = order.row.process_state;
+    if let Some(why) = redrive_refusal(from) {
+        return Err(RedriveError::NotAllowed(why));
+    }
+    let before = &order.row.payload;
+    let mut after = before.clone();
+    if let Some(patch) = patch {
+        merge_patch(&mut after, patch);
+    }
+    if let Some(why) = payload_refusal(&after, max_payload_bytes) {
+        return Err(RedriveError::Payload(why));
+    }
+    let n = order.row.redrives;
+    let n = n.checked_add(1).ok_or(RedriveError::TooMany(n))?;
+    let mut d = Deciding::new(order, ctx);
+    for s in &mut d.order.steps {
+        // Done and not undone: its effect stands, and its result is what
+        // the later steps are given.
+        if s.state == StepState::Completed {
+            continue;
+        }
+        s.state = StepState::NotStarted;
+        s.dispatch_id = None;
+        s.complete_by = None;
+        s.result = None;
+        s.error = None;
+        // Its `max_duration` counts from its first dispatch of this redrive.
+        s.started_at = None;
+        s.finished_at = None;
+        s.warned = 0;
+        // `dispatches` stays: it is the fencing token, which only climbs.
+    }
+    let o = &mut d.order.row;
+    o.payload = after.clone();
+    o.redrives = n;
+    o.not_before = None;
+    o.failure_count = 0;
+    o.compensation_failures = 0;
+    o.last_error = None;
+    d.set_state(ProcessState::Pending, None, None);
+    d.log(Event {
+        kind: EventKind::Redriven,
+        from: Some(from),
+        to: ProcessState::Pending,
+        step: None,
+        attempt: 1,
+        reason: Some("redriven by an operator"),
+        detail: json!({
+            "operator": true,
+            "redrive": n,
+            "before": before,
+            "after": after,
+        }),
+    });
+    d.wake = true;
+    Ok(d.done())
+}
+
+/// Why an operator may not redrive an order in `state`, or `None` when a
+/// redrive is allowed: only an order that ended without completing
+/// (`error`, whose terminal event is `failed`, or `compensated`).
+pub fn redrive_refusal(state: ProcessState) -> Option<&'static str> {
+    match state {
+        ProcessState::Error | ProcessState::Compensated => None,
+        _ => Some("only ended orders that did not complete (error or compensated) can be redriven"),
+    }
+}
+
+/// Applies the JSON merge patch `patch` to `target` (RFC 7386, as amended
+/// by RFC 7396): an object patch sets its members in `target` (merged
+/// recursively; a `null` member removes it), and any other patch replaces
+/// `target` whole. Recursion follows the patch, whose depth its parser
+/// bounded (serde_json stops at 128 levels).
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(members) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = Value::Object(serde_json::Map::new());
+    }
+    if let Value::Object(fields) = target {
+        for (key, value) in members {
+            if value.is_null() {
+                fields.remove(key);
+            } else {
+                merge_patch(fields.entry(key.clone()).or_insert(Value::Null), value);
+            }
+        }
+    }
 }
 
 /// Why an operator may not retry an order in `state` (`undone`: some of its
@@ -240,5 +369,236 @@ mod decisions {
         let mut done = pending(1, |_| true);
         done.row.process_state = ProcessState::Processed;
         assert!(cancel(&done, ctx("op")).is_err());
+    }
+}
+
+#[cfg(test)]
+mod redrives {
+    //! An operator's redrive (contract §9), with no database.
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::messages::Direction;
+    use crate::rules::order::fixture::{ctx, pending};
+    use crate::rules::scheduler::claim;
+
+    /// Ended `state` after a run of three steps: the first completed, the
+    /// second completed and undone, the third failed.
+    fn ended(state: ProcessState) -> Order {
+        let mut order = pending(3, |_| true);
+        let s = &mut order.steps;
+        s[0].state = StepState::Completed;
+        s[0].dispatches = 1;
+        s[0].result = Some(json!({ "kept": true }));
+        s[1].state = StepState::Compensated;
+        s[1].dispatches = 2;
+        s[1].result = Some(json!({ "undone": true }));
+        s[2].state = StepState::Failed;
+        s[2].dispatches = 3;
+        s[2].error = Some("HTTP 422".into());
+        for step in s.iter_mut() {
+            step.started_at = Some(crate::rules::order::fixture::now());
+            step.finished_at = step.started_at;
+        }
+        order.row.process_state = state;
+        order.row.failure_count = 1;
+        order.row.compensation_failures = 1;
+        order.row.last_error = Some("HTTP 422".into());
+        order.row.payload = json!({ "sku": "A-1", "qty": 0, "note": "typo" });
+        order.row.last_seq = 7;
+        order
+    }
+
+    const LIMIT: usize = 1 << 20;
+
+    #[test]
+    fn a_redrive_keeps_the_steps_done_and_not_undone_and_plans_the_others_afresh() {
+        let order = ended(ProcessState::Compensated);
+        let patch = json!({ "qty": 2, "note": null });
+        let d = redrive(&order, Some(&patch), LIMIT, ctx("operator:alice")).expect("allowed");
+        let row = &d.order.row;
+        assert_eq!(row.process_state, ProcessState::Pending);
+        assert_eq!(row.redrives, 1);
+        assert_eq!(row.payload, json!({ "sku": "A-1", "qty": 2 }));
+        assert_eq!((row.failure_count, row.compensation_failures), (0, 0));
+        assert_eq!(
+            (row.last_error.as_ref(), row.locked_by.as_ref()),
+            (None, None)
+        );
+        let states: Vec<_> = d.order.steps.iter().map(|s| s.state).collect();
+        assert_eq!(
+            states,
+            [
+                StepState::Completed,
+                StepState::NotStarted,
+                StepState::NotStarted
+            ]
+        );
+        let [kept, undone, failed] = &d.order.steps[..] else {
+            panic!("three steps");
+        };
+        assert_eq!(kept, &order.steps[0], "the step kept is untouched");
+        assert_eq!(
+            (undone.result.as_ref(), failed.error.as_ref()),
+            (None, None)
+        );
+        assert_eq!((undone.started_at, failed.finished_at), (None, None));
+        let dispatches: Vec<_> = d.order.steps.iter().map(|s| s.dispatches).collect();
+        assert_eq!(dispatches, [1, 2, 3], "the fencing tokens only climb");
+        assert!(d.wake);
+        assert_eq!(d.ended, None);
+
+        // One event, numbered next, with who, the payload before and after
+        // and the redrive's number.
+        let events: Vec<_> = d.events().collect();
+        assert_eq!(events.len(), 1);
+        let e = events[0];
+        assert_eq!((e.seq, e.kind), (8, EventKind::Redriven));
+        assert_eq!(
+            (e.from, e.to),
+            (Some(ProcessState::Compensated), ProcessState::Pending)
+        );
+        assert_eq!(e.actor, "operator:alice");
+        assert_eq!(e.detail["redrive"], 1);
+        assert_eq!(e.detail["before"], order.row.payload);
+        assert_eq!(e.detail["after"], json!({ "sku": "A-1", "qty": 2 }));
+        assert_eq!(d.order.row.last_seq, 8);
+    }
+
+    #[test]
+    fn the_steps_run_again_under_the_redrives_key_with_a_greater_fencing_token() {
+        let d = redrive(&ended(ProcessState::Error), None, LIMIT, ctx("op")).expect("allowed");
+        assert_eq!(d.order.row.payload, ended(ProcessState::Error).row.payload);
+        let next = claim(&d.order, ctx("s1")).expect("claim");
+        let requests: Vec<_> = next.requests().map(|(_, r)| r.clone()).collect();
+        assert_eq!(requests.len(), 1);
+        let r = &requests[0];
+        assert_eq!(
+            (r.step_index, r.direction, r.redrive),
+            (1, Direction::Forward, 1)
+        );
+        assert_eq!(r.idempotency_key(), format!("{}:s1:r1", r.order_id));
+        assert_eq!(r.fencing_token, 3, "above its two dispatches before");
+        assert_eq!(r.results.get("s0"), Some(&json!({ "kept": true })));
+        assert!(
+            !r.results.contains_key("s1"),
+            "an undone step's result is gone"
+        );
+        assert_eq!(r.attempt, 1);
+    }
+
+    #[test]
+    fn a_second_redrive_is_number_two_and_its_undo_keys_are_its_own() {
+        let first = redrive(&ended(ProcessState::Error), None, LIMIT, ctx("op")).expect("first");
+        let mut again = first.order;
+        again.row.process_state = ProcessState::Compensated;
+        let second = redrive(&again, None, LIMIT, ctx("op")).expect("second");
+        assert_eq!(second.order.row.redrives, 2);
+        let e = second.events().next().expect("event");
+        assert_eq!((e.seq, e.detail["redrive"].as_i64()), (9, Some(2)));
+
+        // A step kept since before any redrive is undone under the
+        // redrive's undo key: its old undo key may hold an old failure.
+        let mut undoing = second.order;
+        undoing.row.process_state = ProcessState::Compensating;
+        let undo = claim(&undoing, ctx("s1")).expect("claim");
+        let (_, r) = undo.requests().next().expect("an undo");
+        assert_eq!((r.step_index, r.direction), (0, Direction::Compensate));
+        assert_eq!(
+            r.idempotency_key(),
+            format!("{}:s0:compensate:r2", r.order_id)
+        );
+        assert_eq!(r.fencing_token, 2);
+    }
+
+    #[test]
+    fn only_orders_that_ended_without_completing_can_be_redriven() {
+        for state in [ProcessState::Error, ProcessState::Compensated] {
+            assert_eq!(redrive_refusal(state), None, "{state}");
+            assert!(
+                redrive(&ended(state), None, LIMIT, ctx("op")).is_ok(),
+                "{state}"
+            );
+        }
+        for state in [
+            ProcessState::Pending,
+            ProcessState::Processing,
+            ProcessState::Processed,
+            ProcessState::Compensating,
+        ] {
+            assert!(redrive_refusal(state).is_some(), "{state}");
+            let refused = redrive(&ended(state), None, LIMIT, ctx("op"));
+            assert!(
+                matches!(refused, Err(RedriveError::NotAllowed(why)) if why.contains("error or compensated")),
+                "{state}: {refused:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_patched_payload_meets_the_limits_of_a_submitted_one() {
+        let order = ended(ProcessState::Error);
+        let refused =
+            |patch: Value, limit: usize| match redrive(&order, Some(&patch), limit, ctx("op")) {
+                Err(RedriveError::Payload(why)) => why.to_string(),
+                other => panic!("{patch}: {other:?}"),
+            };
+        assert!(refused(json!([1]), LIMIT).contains("must be an object"));
+        assert!(refused(json!({ "note": "a\u{0}b" }), LIMIT).contains("NUL"));
+        assert!(refused(json!({ "m": 1.7e308 }), LIMIT).contains("1e300"));
+        let mut deep = json!(1);
+        for _ in 0..64 {
+            deep = json!([deep]);
+        }
+        assert!(refused(json!({ "d": deep }), LIMIT).contains("64 levels"));
+        assert!(refused(json!({ "big": "x".repeat(100) }), 64).contains("larger than the limit"));
+        assert!(
+            redrive(
+                &order,
+                Some(&json!({ "big": "x".repeat(100) })),
+                200,
+                ctx("op")
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn merge_patches_follow_rfc_7386() {
+        // The examples of RFC 7396, appendix A.
+        for (target, patch, result) in [
+            (json!({"a":"b"}), json!({"a":"c"}), json!({"a":"c"})),
+            (json!({"a":"b"}), json!({"b":"c"}), json!({"a":"b","b":"c"})),
+            (json!({"a":"b"}), json!({"a":null}), json!({})),
+            (
+                json!({"a":"b","b":"c"}),
+                json!({"a":null}),
+                json!({"b":"c"}),
+            ),
+            (json!({"a":["b"]}), json!({"a":"c"}), json!({"a":"c"})),
+            (json!({"a":"c"}), json!({"a":["b"]}), json!({"a":["b"]})),
+            (
+                json!({"a":{"b":"c"}}),
+                json!({"a":{"b":"d","c":null}}),
+                json!({"a":{"b":"d"}}),
+            ),
+            (json!({"a":[{"b":"c"}]}), json!({"a":[1]}), json!({"a":[1]})),
+            (json!(["a", "b"]), json!(["c", "d"]), json!(["c", "d"])),
+            (json!({"a":"b"}), json!(["c"]), json!(["c"])),
+            (json!({"a":"foo"}), json!(null), json!(null)),
+            (json!({"a":"foo"}), json!("bar"), json!("bar")),
+            (json!({"e":null}), json!({"a":1}), json!({"e":null,"a":1})),
+            (json!([1, 2]), json!({"a":"b","c":null}), json!({"a":"b"})),
+            (
+                json!({}),
+                json!({"a":{"bb":{"ccc":null}}}),
+                json!({"a":{"bb":{}}}),
+            ),
+        ] {
+            let mut merged = target.clone();
+            merge_patch(&mut merged, &patch);
+            assert_eq!(merged, result, "{target} + {patch}");
+        }
     }
 }

@@ -420,6 +420,7 @@ pub(crate) mod fixture {
             hold_until: None,
             held_reason: None,
             trace_span: None,
+            redrives: 0,
         };
         let steps = (0..n)
             .map(|idx| {

@@ -351,6 +351,7 @@ impl<'c> Deciding<'c> {
             timeout_ms: Some(self.order.steps[pos].timeout_ms),
             max_complete_by: self.order.steps[pos].max_complete_by(),
             time_left_ms: Some(self.order.steps[pos].timeout_ms),
+            redrive: o.redrives,
         };
         self.effects.push(Effect::Request { agent, request });
         Ok(None)
@@ -542,6 +543,7 @@ mod tests {
             hold_until: None,
             held_reason: None,
             trace_span: None,
+            redrives: 0,
         }
     }
 

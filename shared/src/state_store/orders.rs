@@ -41,6 +41,9 @@ pub struct OrderRow {
     pub hold_until: Option<DateTime<Utc>>,
     /// Why it is held: `breaker_open`, `forced_open` or `rate_limited`.
     pub held_reason: Option<String>,
+    /// How many times an operator redrove the order (contract §9): its
+    /// steps' idempotency keys carry `:r<N>` from the first.
+    pub redrives: i32,
 }
 
 impl OrderRow {
@@ -124,7 +127,7 @@ pub struct NewOrder {
 }
 
 const COLUMNS: &str = "order_id, workflow, payload, reply_to, priority, not_before, process_state, \
-     locked_by, complete_by, failure_count, compensation_failures, last_seq, last_error, created_at, updated_at, trace_id, trace_span, held_for, held_since, hold_until, held_reason";
+     locked_by, complete_by, failure_count, compensation_failures, last_seq, last_error, created_at, updated_at, trace_id, trace_span, held_for, held_since, hold_until, held_reason, redrives";
 
 /// The order, without locking it.
 pub async fn get(conn: &mut PgConnection, order_id: Uuid) -> Result<Option<OrderRow>, sqlx::Error> {

@@ -1,5 +1,5 @@
 //! The transitions of an order: submit, claim, apply a step's reply, recover
-//! an expired order, and an operator's retry and cancel. Each one loads its
+//! an expired order, and an operator's retry, cancel and redrive. Each one loads its
 //! orders with their steps (one statement), asks the pattern's rules
 //! ([`crate::rules`]) what to do, and writes the decisions back on a
 //! [`Unit`] (one statement, atomic on its own): the rows, the event log, and
@@ -96,6 +96,8 @@ pub enum Operated {
     NotFound,
     /// The action is not allowed: the order's state, and why.
     NotAllowed(ProcessState, &'static str),
+    /// A redrive's patch gives a payload no order may carry: why.
+    PayloadRefused(crate::messages::RejectReason),
 }
 
 /// What a transition did, and the messages it committed for its caller to
@@ -431,8 +433,11 @@ impl Transitions {
     /// back to `pending` with its failure counts reset. Its messages are
     /// left to the relays of the services.
     pub async fn retry(&self, operator: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
-        self.operate(operator, order_id, rules::operator::retry)
-            .await
+        self.operate(operator, order_id, |order, ctx| {
+            rules::operator::retry(order, ctx)
+                .map_err(|why| Operated::NotAllowed(order.row.process_state, why))
+        })
+        .await
     }
 
     /// An operator's cancel of a `pending`, `processing` or `error` order
@@ -440,27 +445,68 @@ impl Transitions {
     /// first, by the schedulers. Its messages are left to the relays of the
     /// services.
     pub async fn cancel(&self, operator: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
-        self.operate(operator, order_id, rules::operator::cancel)
-            .await
+        self.operate(operator, order_id, |order, ctx| {
+            rules::operator::cancel(order, ctx)
+                .map_err(|why| Operated::NotAllowed(order.row.process_state, why))
+        })
+        .await
     }
 
-    /// Loads the order, asks `rule` and writes its decision back.
-    async fn operate(
+    /// An operator's redrive of an `error` or `compensated` order
+    /// ([`rules::operator::redrive`], contract §9): its payload merged
+    /// with `patch` (RFC 7386) when there is one, which must then pass a
+    /// submission's checks with `max_payload_bytes` as its limit
+    /// (`submission.max_body_bytes`); back to `pending` as the order's next
+    /// redrive, to run every step not completed (or undone) again under
+    /// new idempotency keys. Its messages are left to the relays of the
+    /// services.
+    pub async fn redrive(
         &self,
         operator: &Actor,
         order_id: Uuid,
-        rule: fn(&Order, Context<'_>) -> Result<Decision, &'static str>,
+        patch: Option<&serde_json::Value>,
+        max_payload_bytes: usize,
     ) -> Result<Operated, StoreError> {
-        let done = again(|| self.operate_once(operator, order_id, rule)).await?;
+        use rules::operator::RedriveError;
+        self.operate(operator, order_id, |order, ctx| {
+            let state = order.row.process_state;
+            rules::operator::redrive(order, patch, max_payload_bytes, ctx).map_err(|e| match e {
+                RedriveError::NotAllowed(why) => Operated::NotAllowed(state, why),
+                RedriveError::Payload(why) => Operated::PayloadRefused(why),
+                RedriveError::TooMany(_) => Operated::NotAllowed(state, "redriven too many times"),
+            })
+        })
+        .await
+    }
+
+    /// Loads the order, asks `rule` and writes its decision back; a rule's
+    /// refusal is the outcome as it is.
+    async fn operate<R>(
+        &self,
+        operator: &Actor,
+        order_id: Uuid,
+        rule: R,
+    ) -> Result<Operated, StoreError>
+    where
+        R: Fn(&Order, Context<'_>) -> Result<Decision, Operated>,
+    {
+        use tracing::Instrument as _;
+        let span = tracing::info_span!("operate", %order_id, operator = %operator.name);
+        let done = again(|| self.operate_once(operator, order_id, &rule))
+            .instrument(span)
+            .await?;
         Ok(done.value)
     }
 
-    async fn operate_once(
+    async fn operate_once<R>(
         &self,
         operator: &Actor,
         order_id: Uuid,
-        rule: fn(&Order, Context<'_>) -> Result<Decision, &'static str>,
-    ) -> Result<Done<(Operated, Vec<Uuid>)>, StoreError> {
+        rule: &R,
+    ) -> Result<Done<(Operated, Vec<Uuid>)>, StoreError>
+    where
+        R: Fn(&Order, Context<'_>) -> Result<Decision, Operated>,
+    {
         let mut conn = self.store.pool().acquire().await?;
         let loaded = orders::load_many(&mut conn, &[order_id], false).await;
         let decided = loaded.map_err(StoreError::from).and_then(|loaded| {
@@ -471,10 +517,7 @@ impl Transitions {
             let order = &unit.get(0).order;
             let decision = match rule(order, context(&unit, &operator.name)) {
                 Ok(decision) => decision,
-                Err(why) => {
-                    let state = order.row.process_state;
-                    return Ok((Operated::NotAllowed(state, why), unit));
-                }
+                Err(refused) => return Ok((refused, unit)),
             };
             let to = decision.order.row.process_state;
             unit.apply(0, decision, &self.queues)?;

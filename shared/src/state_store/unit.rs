@@ -132,6 +132,11 @@ struct OrderUpdate<'a> {
     held_since: Option<DateTime<Utc>>,
     hold_until: Option<DateTime<Utc>>,
     held_reason: Option<&'a str>,
+    /// JSON text, as [`NewEvent::detail`], only when the payload changed
+    /// (an operator's redrive with a patch): left out, the stored one stays.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<String>,
+    redrives: i32,
     version: i64,
 }
 
@@ -254,6 +259,7 @@ impl Unit {
             hold_until: None,
             held_reason: None,
             trace_span: order.trace_span.clone(),
+            redrives: 0,
         };
         let steps = steps
             .iter()
@@ -588,6 +594,8 @@ fn order_update(t: &Tracked) -> OrderUpdate<'_> {
         held_since: o.held_since,
         hold_until: o.hold_until,
         held_reason: o.held_reason.as_deref(),
+        payload: (o.payload != t.read.row.payload).then(|| json_text(&o.payload)),
+        redrives: o.redrives,
         version: t.version,
     }
 }
@@ -737,11 +745,13 @@ o AS ( \
     complete_by = u.complete_by, not_before = u.not_before, failure_count = u.failure_count, \
     compensation_failures = u.compensation_failures, last_seq = u.last_seq, \
     last_error = u.last_error, held_for = u.held_for, held_since = u.held_since, \
-    hold_until = u.hold_until, held_reason = u.held_reason, updated_at = now() \
+    hold_until = u.hold_until, held_reason = u.held_reason, \
+    payload = coalesce(u.payload::jsonb, o.payload), redrives = u.redrives, updated_at = now() \
   FROM jsonb_to_recordset($3) AS u(order_id uuid, process_state text, locked_by text, \
     complete_by timestamptz, not_before timestamptz, failure_count int, \
     compensation_failures int, last_seq int, last_error text, held_for text, \
-    held_since timestamptz, hold_until timestamptz, held_reason text, version bigint) \
+    held_since timestamptz, hold_until timestamptz, held_reason text, payload text, \
+    redrives int, version bigint) \
   WHERE o.order_id = u.order_id AND o.xmin::text::bigint = u.version \
   RETURNING 1), \
 s AS ( \

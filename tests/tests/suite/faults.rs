@@ -197,6 +197,7 @@ fn request(order_id: Uuid, complete_in_ms: i64) -> StepRequest {
         timeout_ms: None,
         max_complete_by: None,
         time_left_ms: None,
+        redrive: 0,
     }
 }
 

@@ -16,6 +16,7 @@ mod outages;
 mod packaging;
 mod parallel;
 mod permissions;
+mod redrive;
 mod resilience;
 mod restarts;
 mod sasctl;
