@@ -4,6 +4,7 @@
 //! `restarts` and run alone, after the rest (`scripts/test.sh`).
 
 mod chaos;
+mod client;
 mod core;
 mod costs;
 mod dashboard;
@@ -15,6 +16,7 @@ mod outages;
 mod packaging;
 mod parallel;
 mod permissions;
+mod replay;
 mod resilience;
 mod restarts;
 mod sasctl;
