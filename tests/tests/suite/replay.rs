@@ -130,21 +130,23 @@ async fn replay_by_reply_to_and_since_republishes_every_order_of_the_queue() {
     }
     assert_eq!(replayed.len(), 12, "each event once");
 
-    // Since a time after everything: nothing. A replay by order after it
-    // shows that the empty one was served (requests are served in order).
+    // Since a time after everything: nothing (served: counted as replayed).
     let later = ReplayRequest::Queue {
         reply_to: lost.clone(),
         since: Utc::now() + chrono::Duration::hours(1),
     };
     app.client().replay(&later, None).await.unwrap();
-    let (first, _) = sent.iter().next().unwrap();
-    let marker = ReplayRequest::Order {
-        order_id: Uuid::parse_str(first).unwrap(),
-        from_seq: 4,
-    };
-    app.client().replay(&marker, None).await.unwrap();
-    let only = take(&app, &lost, 1).await;
-    assert_eq!(only, vec![sent[first][3].1.clone()]);
+    app.eventually(
+        "the second replay served",
+        Duration::from_secs(30),
+        || async {
+            app.metrics("submission")
+                .await
+                .contains(r#"sas_replays_total{outcome="replayed"} 2"#)
+        },
+    )
+    .await;
+    assert_eq!(app.ready(&lost).await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -277,4 +279,49 @@ async fn sasctl_events_replay_publishes_an_orders_events_again() {
     run(&app, &["events", "replay", "--reply-to", &status])
         .await
         .expect_code(2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_is_cut_at_max_replay_events_and_the_rest_is_asked_for_from_where_it_stopped() {
+    let app = TestApp::builder()
+        .extra_config("[submission]\nmax_replay_events = 4\n")
+        .spawn()
+        .await;
+    let status = app.status_queue("bounded").await;
+    let sent = run_orders(&app, "three", 1, &status, 6).await;
+    let (id, original) = sent.into_iter().next().unwrap();
+    let order_id = Uuid::parse_str(&id).unwrap();
+
+    let all = ReplayRequest::Order {
+        order_id,
+        from_seq: 1,
+    };
+    app.client().replay(&all, None).await.unwrap();
+    let mut replayed = take(&app, &status, 4).await;
+    // The rest, from one past the last event received.
+    let rest = ReplayRequest::Order {
+        order_id,
+        from_seq: 5,
+    };
+    app.client().replay(&rest, None).await.unwrap();
+    replayed.extend(take(&app, &status, 2).await);
+    let seqs: Vec<i64> = replayed
+        .iter()
+        .map(|b| {
+            serde_json::from_slice::<Value>(b).unwrap()["seq"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(seqs, [1, 2, 3, 4, 5, 6], "the first four, then the rest");
+    assert_eq!(
+        replayed,
+        original.into_iter().map(|(_, b)| b).collect::<Vec<_>>()
+    );
+    let metrics = app.metrics("submission").await;
+    assert!(
+        metrics.contains(r#"sas_replays_total{outcome="truncated"} 1"#),
+        "{metrics}"
+    );
+    assert!(metrics.contains(r#"sas_replays_total{outcome="replayed"} 1"#));
 }
