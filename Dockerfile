@@ -20,6 +20,7 @@ WORKDIR /build
 # sources, and migrations/ (embedded at compile time by sqlx::migrate!).
 COPY Cargo.toml Cargo.lock ./
 COPY shared ./shared
+COPY client ./client
 COPY services ./services
 COPY testkit ./testkit
 COPY tests ./tests

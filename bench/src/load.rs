@@ -177,6 +177,10 @@ pub async fn run(suite: &mut Suite, spec: &LoadSpec) -> anyhow::Result<LoadResul
         .then(|| crate::pgsample::start(suite.db.clone(), Duration::from_millis(20)));
 
     // The collector: its own connection and consumer on the status queue.
+    // Not `sas_client::Client::status`: the bench counts the duplicates that
+    // the client's stream drops, and acks 200 events in one frame where the
+    // client acks each after it is yielded; both would change what is
+    // measured (duplicate_events, and the broker's work per order).
     let consumer_broker = sas::broker::Broker::connect(
         &suite.env.broker_settings(&suite.prefix),
         "sas-bench-collector",
@@ -252,7 +256,10 @@ pub async fn run(suite: &mut Suite, spec: &LoadSpec) -> anyhow::Result<LoadResul
         })
     };
 
-    // The confirm waiter: a window of outstanding publishes.
+    // The confirm waiter: a window of outstanding publishes. The orders are
+    // published here rather than through `sas_client::Client::send`, which
+    // would build each body as a JSON value and decode it again to validate
+    // it: CPU in the bench's own process, which the report counts.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<PendingConfirm>(256);
     let confirms = tokio::spawn(async move {
         let mut failed = 0usize;

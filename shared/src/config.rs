@@ -243,12 +243,17 @@ pub enum LogFormat {
 pub struct SubmissionSettings {
     /// Bodies larger than this are dead-lettered unread.
     pub max_body_bytes: usize,
+    /// Most status events one replay request (contract §9) publishes: a
+    /// replay is one query and one burst of publishes, so a request for a
+    /// busy queue's whole history must not hold the submission for long.
+    pub max_replay_events: u32,
 }
 
 impl Default for SubmissionSettings {
     fn default() -> Self {
         Self {
             max_body_bytes: 1024 * 1024,
+            max_replay_events: 10_000,
         }
     }
 }

@@ -45,6 +45,16 @@ pub enum RejectReason {
     /// panic, or a store refusal of this one message).
     #[error("internal error: {0}")]
     Internal(Quoted),
+    /// A replay request (contract §9) names an order the state store does not hold.
+    #[error("unknown order {0}")]
+    UnknownOrder(Uuid),
+    /// A replay request has no `reply_to` property and its order no status
+    /// queue: there is nowhere to send the events.
+    #[error("no queue to send the events to: no reply_to property, and the order has none")]
+    NoReplyQueue,
+    /// The queue a replay's events were to go to does not exist.
+    #[error("no queue {0}: the events could not be delivered")]
+    NoSuchQueue(Quoted),
 }
 
 impl RejectReason {
@@ -59,6 +69,9 @@ impl RejectReason {
             Self::WrongType { .. } => "wrong_type",
             Self::UnknownWorkflow(_) => "unknown_workflow",
             Self::Internal(_) => "internal_error",
+            Self::UnknownOrder(_) => "unknown_order",
+            Self::NoReplyQueue => "no_reply_queue",
+            Self::NoSuchQueue(_) => "no_such_queue",
         }
     }
 }
@@ -188,6 +201,41 @@ pub struct RejectedHints {
 }
 
 impl Submission {
+    /// An order of `workflow` with `payload`; every optional field unset
+    /// (the id is then resolved by the submission, or by a client).
+    pub fn new(workflow: impl Into<String>, payload: Map<String, Value>) -> Self {
+        Self {
+            order_id: None,
+            workflow: workflow.into(),
+            payload,
+            reply_to: None,
+            priority: Priority::default(),
+            not_before: None,
+        }
+    }
+
+    /// The body an application publishes (contract §1): what
+    /// [`Submission::decode`] reads back as this order. Fields at their
+    /// default are left out.
+    pub fn to_json(&self) -> Value {
+        let mut body = Map::new();
+        if let Some(id) = self.order_id {
+            body.insert("order_id".into(), id.to_string().into());
+        }
+        body.insert("workflow".into(), self.workflow.clone().into());
+        body.insert("payload".into(), Value::Object(self.payload.clone()));
+        if let Some(q) = &self.reply_to {
+            body.insert("reply_to".into(), q.clone().into());
+        }
+        if self.priority != Priority::default() {
+            body.insert("priority".into(), self.priority.get().into());
+        }
+        if let Some(t) = &self.not_before {
+            body.insert("not_before".into(), rfc3339::format(t).into());
+        }
+        Value::Object(body)
+    }
+
     /// Decodes and validates a body. `reply_to_property` is the AMQP `reply_to`.
     ///
     /// On rejection also returns what could be read of the order id and the
@@ -475,6 +523,117 @@ impl StatusEvent {
             attempt: None,
             at,
             detail: serde_json::json!({ "error": reason.to_string() }),
+        }
+    }
+}
+
+impl StatusEvent {
+    /// The status event of a logged transition of `order_id` (contract §2):
+    /// what the outbox publishes when the transition commits, and what a
+    /// replay (§9) publishes again from the event log, field for field.
+    pub fn logged(
+        order_id: Uuid,
+        seq: i32,
+        state: EventKind,
+        step: Option<String>,
+        attempt: i32,
+        at: DateTime<Utc>,
+        detail: Value,
+    ) -> Self {
+        Self {
+            order_id: Value::String(order_id.to_string()),
+            seq: i64::from(seq),
+            state,
+            step,
+            attempt: Some(attempt),
+            at,
+            detail,
+        }
+    }
+}
+
+/// A request on `<prefix>.replay` to publish stored status events again
+/// (contract §9), to the queue its AMQP `reply_to` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplayRequest {
+    /// `{"order_id", "from_seq"}`: one order's events from `from_seq` on;
+    /// by default to the order's own status queue.
+    Order { order_id: Uuid, from_seq: i32 },
+    /// `{"reply_to", "since"}`: the events at or after `since` of every
+    /// order whose status queue is `reply_to`; by default to that queue.
+    Queue {
+        reply_to: String,
+        since: DateTime<Utc>,
+    },
+}
+
+/// What `from_seq` must be.
+const FROM_SEQ: &str = "an integer from 0 to 2147483647";
+
+impl ReplayRequest {
+    /// Decodes and validates a replay request's body.
+    pub fn decode(body: &[u8], max_bytes: usize) -> Result<Self, RejectReason> {
+        if body.len() > max_bytes {
+            return Err(RejectReason::TooLarge {
+                size: body.len(),
+                limit: max_bytes,
+            });
+        }
+        let text = std::str::from_utf8(body).map_err(|_| RejectReason::NotUtf8)?;
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| RejectReason::MalformedJson(Quoted::new(&e.to_string())))?;
+        let Value::Object(obj) = value else {
+            return Err(RejectReason::NotAnObject);
+        };
+        let present = |k: &str| obj.get(k).is_some_and(|v| !v.is_null());
+        if present("order_id") {
+            if present("reply_to") || present("since") {
+                return Err(wrong(
+                    "reply_to",
+                    "absent beside order_id (the AMQP reply_to property names where events go)",
+                ));
+            }
+            let order_id = match obj.get("order_id") {
+                Some(Value::String(s)) => {
+                    Uuid::parse_str(s).map_err(|_| wrong("order_id", "a UUID string"))?
+                }
+                _ => return Err(wrong("order_id", "a UUID string")),
+            };
+            let from_seq = match obj.get("from_seq") {
+                None | Some(Value::Null) => 1,
+                Some(Value::Number(n)) => n
+                    .as_i64()
+                    .and_then(|n| i32::try_from(n).ok())
+                    .filter(|n| *n >= 0)
+                    .ok_or_else(|| wrong("from_seq", FROM_SEQ))?,
+                Some(_) => return Err(wrong("from_seq", FROM_SEQ)),
+            };
+            return Ok(Self::Order { order_id, from_seq });
+        }
+        let reply_to = match obj.get("reply_to") {
+            None | Some(Value::Null) => {
+                return Err(RejectReason::MissingField("order_id` or `reply_to"));
+            }
+            Some(Value::String(q)) if is_queue_name(q) => q.clone(),
+            Some(_) => return Err(wrong("reply_to", "a queue name of 1 to 255 bytes")),
+        };
+        let since = match obj.get("since") {
+            None | Some(Value::Null) => return Err(RejectReason::MissingField("since")),
+            Some(Value::String(s)) => parse_time(s).ok_or_else(|| wrong("since", NOT_BEFORE))?,
+            Some(_) => return Err(wrong("since", NOT_BEFORE)),
+        };
+        Ok(Self::Queue { reply_to, since })
+    }
+
+    /// The body to publish: what [`ReplayRequest::decode`] reads back.
+    pub fn to_json(&self) -> Value {
+        match self {
+            Self::Order { order_id, from_seq } => {
+                serde_json::json!({ "order_id": order_id.to_string(), "from_seq": from_seq })
+            }
+            Self::Queue { reply_to, since } => {
+                serde_json::json!({ "reply_to": reply_to, "since": rfc3339::format(since) })
+            }
         }
     }
 }
@@ -993,6 +1152,124 @@ mod tests {
         assert!(label(json!({ "m": 1.7e308 }), 1024).is_some_and(|r| r.contains("1e300")));
         assert!(
             label(json!({ "s": "x".repeat(20) }), 16).is_some_and(|r| r.contains("limit of 16"))
+        );
+    }
+
+    #[test]
+    fn an_order_encodes_to_what_the_submission_decodes() {
+        let mut order = Submission::new("w", Map::new());
+        assert_eq!(
+            order.to_json(),
+            serde_json::json!({"workflow": "w", "payload": {}})
+        );
+        order.order_id = Some(Uuid::new_v4());
+        order.payload.insert("sku".into(), "A-1".into());
+        order.reply_to = Some("app.status".into());
+        order.priority = Priority::new(7).unwrap();
+        order.not_before = parse_time("2030-01-01T00:00:00Z");
+        let body = order.to_json().to_string();
+        assert_eq!(
+            Submission::decode(body.as_bytes(), None, 1024).unwrap(),
+            order
+        );
+    }
+
+    #[test]
+    fn replay_requests_decode_in_either_form_and_round_trip() {
+        let id = Uuid::new_v4();
+        let one = ReplayRequest::decode(
+            format!(r#"{{"order_id":"{id}","from_seq":3}}"#).as_bytes(),
+            1024,
+        )
+        .unwrap();
+        assert_eq!(
+            one,
+            ReplayRequest::Order {
+                order_id: id,
+                from_seq: 3
+            }
+        );
+        assert_eq!(
+            ReplayRequest::decode(format!(r#"{{"order_id":"{id}"}}"#).as_bytes(), 1024).unwrap(),
+            ReplayRequest::Order {
+                order_id: id,
+                from_seq: 1
+            },
+            "from_seq defaults to the first event"
+        );
+        let queue = ReplayRequest::decode(
+            br#"{"reply_to":"app","since":"2030-01-01T01:00:00+01:00"}"#,
+            1024,
+        )
+        .unwrap();
+        assert_eq!(
+            queue,
+            ReplayRequest::Queue {
+                reply_to: "app".into(),
+                since: parse_time("2030-01-01T00:00:00Z").unwrap()
+            }
+        );
+        for request in [one, queue] {
+            let body = request.to_json().to_string();
+            assert_eq!(
+                ReplayRequest::decode(body.as_bytes(), 1024).unwrap(),
+                request
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_replay_requests_get_precise_reasons() {
+        let label = |body: &str| {
+            ReplayRequest::decode(body.as_bytes(), 256)
+                .unwrap_err()
+                .label()
+        };
+        assert_eq!(label("{nope"), "malformed_json");
+        assert_eq!(label("[1]"), "not_an_object");
+        assert_eq!(label("{}"), "missing_field");
+        assert_eq!(label(r#"{"reply_to":"q"}"#), "missing_field");
+        assert_eq!(label(r#"{"order_id":"x"}"#), "wrong_type");
+        assert_eq!(label(r#"{"order_id":7}"#), "wrong_type");
+        let id = Uuid::new_v4();
+        for bad in [
+            format!(r#"{{"order_id":"{id}","from_seq":-1}}"#),
+            format!(r#"{{"order_id":"{id}","from_seq":2147483648}}"#),
+            format!(r#"{{"order_id":"{id}","from_seq":"1"}}"#),
+            format!(r#"{{"order_id":"{id}","reply_to":"q"}}"#),
+            r#"{"reply_to":"q","since":"yesterday"}"#.to_owned(),
+            r#"{"reply_to":"","since":"2030-01-01T00:00:00Z"}"#.to_owned(),
+            r#"{"reply_to":"a\nb","since":"2030-01-01T00:00:00Z"}"#.to_owned(),
+        ] {
+            assert_eq!(label(&bad), "wrong_type", "{bad}");
+        }
+        assert_eq!(label(&" ".repeat(257)), "too_large");
+        assert!(
+            ReplayRequest::decode(b"{}", 10)
+                .unwrap_err()
+                .to_string()
+                .contains("`order_id` or `reply_to`")
+        );
+    }
+
+    #[test]
+    fn a_logged_event_is_the_status_event_the_outbox_sends() {
+        let id = Uuid::new_v4();
+        let at = parse_time("2026-11-21T10:00:00.123456Z").unwrap();
+        let e = StatusEvent::logged(
+            id,
+            3,
+            EventKind::StepSucceeded,
+            Some("charge".into()),
+            1,
+            at,
+            serde_json::json!({"result": {"b": 1, "a": 2}}),
+        );
+        assert_eq!(
+            serde_json::to_string(&e).unwrap(),
+            format!(
+                r#"{{"order_id":"{id}","seq":3,"state":"step_succeeded","step":"charge","attempt":1,"at":"2026-11-21T10:00:00.123456Z","detail":{{"result":{{"a":2,"b":1}}}}}}"#
+            )
         );
     }
 

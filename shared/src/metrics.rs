@@ -38,6 +38,10 @@ pub struct Metrics {
     pub orders_duplicate: Counter,
     /// Submissions dead-lettered, by `reason`.
     pub orders_rejected: Family<Labels, Counter>,
+    /// Replay requests (contract §9), by `outcome`: `replayed`, `truncated`
+    /// (cut at `submission.max_replay_events`) or the reason it was
+    /// dead-lettered.
+    pub replays: Family<Labels, Counter>,
     /// Orders claimed by a scheduler.
     pub orders_claimed: Counter,
     /// Agent replies, by `outcome` (`applied`, `stale`, `malformed`, `failed`:
@@ -83,6 +87,7 @@ impl Default for Metrics {
             orders_received: Counter::default(),
             orders_duplicate: Counter::default(),
             orders_rejected: Family::default(),
+            replays: Family::default(),
             orders_claimed: Counter::default(),
             replies: Family::default(),
             agent_calls: Family::default(),
@@ -112,6 +117,11 @@ impl Default for Metrics {
             "orders_rejected",
             "Submissions dead-lettered, by reason",
             m.orders_rejected.clone(),
+        );
+        registry.register(
+            "replays",
+            "Replay requests served or dead-lettered, by outcome",
+            m.replays.clone(),
         );
         registry.register(
             "handler_panics",

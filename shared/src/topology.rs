@@ -1,5 +1,5 @@
 //! The names of every queue of a deployment, derived from `broker.prefix`
-//! (contract §1, §4, §5). Pure: the broker declares them, the state store
+//! (contract §1, §4, §5, §9). Pure: the broker declares them, the state store
 //! routes to them, tests and `sasctl` clean them up.
 
 /// Queue names under one prefix.
@@ -12,6 +12,8 @@ pub struct QueueNames {
     alerts: String,
     replies: String,
     replies_dead: String,
+    replay: String,
+    replay_dead: String,
 }
 
 impl QueueNames {
@@ -25,6 +27,8 @@ impl QueueNames {
             alerts: format!("{prefix}.alerts"),
             replies: format!("{prefix}.scheduler.replies"),
             replies_dead: format!("{prefix}.scheduler.replies.dead"),
+            replay: format!("{prefix}.replay"),
+            replay_dead: format!("{prefix}.replay.dead"),
         }
     }
 
@@ -66,6 +70,17 @@ impl QueueNames {
         &self.replies_dead
     }
 
+    /// Where applications ask for stored status events again (contract
+    /// §9); the submission service serves it.
+    pub fn replay(&self) -> &str {
+        &self.replay
+    }
+
+    /// Replay requests that could not be served, with `x-sas-reason`.
+    pub fn replay_dead(&self) -> &str {
+        &self.replay_dead
+    }
+
     /// The request queue of an agent.
     pub fn agent_requests(&self, agent: &str) -> String {
         format!("{}.agent.{agent}.requests", self.prefix)
@@ -91,6 +106,8 @@ impl QueueNames {
             queue(&self.alerts, None, false),
             queue(&self.replies_dead, None, false),
             queue(&self.replies, Some(&self.replies_dead), true),
+            queue(&self.replay_dead, None, false),
+            queue(&self.replay, Some(&self.replay_dead), false),
         ];
         for agent in agents {
             let dead = self.agent_requests_dead(agent);
@@ -122,6 +139,8 @@ mod tests {
         assert_eq!(q.orders_dead(), "t1.orders.dead");
         assert_eq!(q.alerts(), "t1.alerts");
         assert_eq!(q.agent_requests("payments"), "t1.agent.payments.requests");
-        assert_eq!(q.all(["a"]).len(), 7);
+        assert_eq!(q.replay(), "t1.replay");
+        assert_eq!(q.replay_dead(), "t1.replay.dead");
+        assert_eq!(q.all(["a"]).len(), 9);
     }
 }

@@ -23,6 +23,7 @@ use remote_sim::{Knobs, RemoteSim, Stats};
 use sas::broker::{Broker, Consumer, Delivery, Outgoing, Publisher, Subscription};
 use sas::config::BrokerSettings;
 use sas::topology::QueueNames;
+use sas_client::{Client, Order};
 use sas_testkit::config::ConfigFile;
 use sas_testkit::database::Postgres;
 use serde_json::{Value, json};
@@ -170,9 +171,26 @@ pub struct TestApp {
     sim_stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
+/// The test's connection: the application's client (orders go through it,
+/// as an application's would), and on the same connection a raw publisher
+/// for what an application never sends (step replies, malformed bodies).
 struct Conn {
-    broker: Broker,
+    client: Client,
     publisher: Publisher,
+}
+
+impl Conn {
+    async fn open(prefix: &str) -> Self {
+        let client = Client::connect_with(&broker_settings(prefix), "test")
+            .await
+            .expect("RabbitMQ is up");
+        let publisher = client.broker().publisher().await.expect("publisher");
+        Self { client, publisher }
+    }
+
+    fn broker(&self) -> &Broker {
+        self.client.broker()
+    }
 }
 
 struct Proc {
@@ -249,11 +267,8 @@ breaker_cooldown = "{cooldown}"
             .expect("write config");
 
         let settings = broker_settings(&prefix);
-        let broker = Broker::connect(&settings, "test")
-            .await
-            .expect("RabbitMQ is up");
-        let publisher = broker.publisher().await.expect("publisher");
-        let queues = sas_testkit::broker::declare(&broker, &settings, &AGENTS)
+        let conn = Conn::open(&prefix).await;
+        let queues = sas_testkit::broker::declare(conn.broker(), &settings, &AGENTS)
             .await
             .expect("topology");
         Self {
@@ -266,7 +281,7 @@ breaker_cooldown = "{cooldown}"
             sim,
             sim_addr,
             db,
-            conn: std::sync::RwLock::new(Arc::new(Conn { broker, publisher })),
+            conn: std::sync::RwLock::new(Arc::new(conn)),
             processes: Mutex::new(BTreeMap::new()),
             extra_queues: Mutex::new(Vec::new()),
             sim_stop: Some(tx),
@@ -453,7 +468,7 @@ breaker_cooldown = "{cooldown}"
     pub async fn status_queue(&self, name: &str) -> String {
         let queue = format!("{}.app.{name}", self.prefix);
         self.conn()
-            .broker
+            .broker()
             .declare_status_queue(&queue)
             .await
             .expect("declare status queue");
@@ -465,7 +480,7 @@ breaker_cooldown = "{cooldown}"
     /// dead-lettering to `dead` when given, as sas declares its work queues.
     pub async fn declare_queue(&self, queue: &str, dead: Option<&str>) {
         self.conn()
-            .broker
+            .broker()
             .declare_queue(queue, sas::config::QueueType::Quorum, dead, 20)
             .await
             .expect("declare queue");
@@ -488,37 +503,41 @@ breaker_cooldown = "{cooldown}"
             .expect("publish order");
     }
 
-    /// Submits an order of `workflow`; returns its id.
+    /// Submits an order of `workflow` through the client; returns its id.
     pub async fn submit(&self, workflow: &str, reply_to: Option<&str>) -> Uuid {
-        let id = Uuid::new_v4();
-        let body = json!({ "order_id": id, "workflow": workflow, "payload": { "n": 1 } });
-        self.publish_raw(body.to_string().as_bytes(), reply_to, None)
-            .await;
-        id
+        let mut payload = serde_json::Map::new();
+        payload.insert("n".into(), 1.into());
+        let mut order = Order::new(workflow, payload);
+        order.reply_to = reply_to.map(str::to_owned);
+        self.client().submit(order).await.expect("submit order")
     }
 
-    /// Submits many orders, pipelining the confirms.
+    /// Submits many orders through the client, pipelining the confirms.
     pub async fn submit_many(&self, workflow: &str, n: usize, reply_to: Option<&str>) -> Vec<Uuid> {
-        let ids: Vec<Uuid> = (0..n).map(|_| Uuid::new_v4()).collect();
-        for chunk in ids.chunks(100) {
+        let conn = self.conn();
+        let mut ids = Vec::with_capacity(n);
+        let mut left = n;
+        while left > 0 {
             let mut pending = Vec::new();
-            for id in chunk {
-                let body =
-                    json!({ "order_id": id, "workflow": workflow, "payload": {} }).to_string();
-                let msg = Outgoing {
-                    routing_key: self.queues.orders(),
-                    body: body.as_bytes(),
-                    reply_to,
-                    mandatory: true,
-                    ..Outgoing::default()
-                };
-                pending.push(self.conn().publisher.send(&msg).await.expect("publish"));
+            for _ in 0..left.min(100) {
+                let mut order = Order::new(workflow, serde_json::Map::new());
+                order.reply_to = reply_to.map(str::to_owned);
+                let (id, confirm) = conn.client.send(order).await.expect("publish");
+                ids.push(id);
+                pending.push(confirm);
             }
+            left -= pending.len();
             for p in pending {
-                p.wait().await.expect("confirm");
+                p.confirmed().await.expect("confirm");
             }
         }
         ids
+    }
+
+    /// The test's client, as an application holds one (on the test's
+    /// connection: replaced by [`TestApp::reconnect`]).
+    pub fn client(&self) -> ClientRef {
+        ClientRef(self.conn())
     }
 
     /// Reads messages from `queue` (acking them) until `done` says so; panics after `timeout`.
@@ -553,7 +572,7 @@ breaker_cooldown = "{cooldown}"
 
     /// Takes one message from `queue`, if any: `(body, x-sas-reason)`.
     pub async fn get(&self, queue: &str) -> Option<(Vec<u8>, Option<String>)> {
-        let taken = self.conn().broker.take(queue).await.expect("basic.get")?;
+        let taken = self.conn().broker().take(queue).await.expect("basic.get")?;
         let got = (taken.delivery.body().to_vec(), reason_of(&taken.delivery));
         taken.ack().await.expect("ack");
         Some(got)
@@ -562,7 +581,7 @@ breaker_cooldown = "{cooldown}"
     /// A consumer of `queue` (up to 500 unacknowledged) on a channel of its own.
     async fn consumer(&self, queue: &str) -> Consumer {
         self.conn()
-            .broker
+            .broker()
             .consume(queue, 500, "")
             .await
             .expect("consume")
@@ -710,17 +729,14 @@ breaker_cooldown = "{cooldown}"
 
     /// Opens a new connection for the test itself (after a broker restart).
     pub async fn reconnect(&self) {
-        let broker = Broker::connect(&broker_settings(&self.prefix), "test")
-            .await
-            .expect("RabbitMQ is back");
-        let publisher = broker.publisher().await.expect("publisher");
-        *self.conn.write().unwrap() = Arc::new(Conn { broker, publisher });
+        let conn = Conn::open(&self.prefix).await;
+        *self.conn.write().unwrap() = Arc::new(conn);
     }
 
     /// A consumer of `queue` on a channel of its own, as the services subscribe.
     pub async fn subscribe(&self, queue: &str, prefetch: u16) -> Subscription {
         self.conn()
-            .broker
+            .broker()
             .subscribe(queue, prefetch, "test")
             .await
             .expect("subscribe")
@@ -729,7 +745,7 @@ breaker_cooldown = "{cooldown}"
     /// Messages ready in a queue (a passive declare).
     pub async fn ready(&self, queue: &str) -> u32 {
         self.conn()
-            .broker
+            .broker()
             .message_count(queue)
             .await
             .expect("queue exists")
@@ -958,6 +974,16 @@ fn config_file<'a>(
         retry_schedule: o.retry_schedule,
         warn_at: o.warn_at,
         extra,
+    }
+}
+
+/// The test's [`Client`], borrowed from its current connection.
+pub struct ClientRef(Arc<Conn>);
+
+impl std::ops::Deref for ClientRef {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.0.client
     }
 }
 

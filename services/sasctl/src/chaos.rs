@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::value_parser;
-use sas::broker::{Broker, PublishError, Publisher};
+use sas::broker::{Broker, PublishError};
 use sas::config::Settings;
 use sas::topology::QueueNames;
 use serde_json::Map;
@@ -408,7 +408,7 @@ async fn submit_orders(
         None => CHUNK as usize,
     };
     let started = tokio::time::Instant::now();
-    let mut conn: Option<(Broker, Publisher)> = None;
+    let mut conn: Option<sas_client::Client> = None;
     let outcome = async {
         for (n, chunk_ids) in ids.chunks(chunk).enumerate() {
             if let Some(rate) = args.rate {
@@ -449,19 +449,20 @@ async fn submit_orders(
                         }
                         pending = again;
                         match error {
-                            Some(PublishError::Unroutable(q)) => Some(anyhow::anyhow!(
-                                "no queue named {q:?} ({})",
-                                no_orders_queue_hint(&queues)
-                            )),
+                            Some(sas_client::Error::Publish(PublishError::Unroutable(q))) => {
+                                Some(anyhow::anyhow!(
+                                    "no queue named {q:?} ({})",
+                                    no_orders_queue_hint(&queues)
+                                ))
+                            }
                             Some(e) => Some(anyhow::Error::new(e)),
                             None => None,
                         }
                     }
                     Err(e) => {
                         // The connection may be gone: start over on a new one.
-                        if let Some((broker, publisher)) = conn.take() {
-                            broker.close().await;
-                            drop(publisher);
+                        if let Some(client) = conn.take() {
+                            client.close().await;
                         }
                         Some(e)
                     }
@@ -491,9 +492,8 @@ async fn submit_orders(
         Ok(())
     }
     .await;
-    if let Some((broker, publisher)) = conn {
-        broker.close().await;
-        drop(publisher);
+    if let Some(client) = conn {
+        client.close().await;
     }
     outcome
 }
@@ -501,30 +501,23 @@ async fn submit_orders(
 /// Publishes `ids` as orders on the open connection, opening one first when
 /// there is none; the confirm of each.
 async fn publish_orders(
-    conn: &mut Option<(Broker, Publisher)>,
+    conn: &mut Option<sas_client::Client>,
     settings: &Settings,
     queues: &QueueNames,
     args: &Args,
     status_queue: &str,
     ids: &[Uuid],
-) -> anyhow::Result<Vec<Result<(), PublishError>>> {
-    let (_, publisher) = match conn {
-        Some(open) if open.0.is_connected() && open.1.is_open() => open,
+) -> anyhow::Result<Vec<Result<(), sas_client::Error>>> {
+    let client = match conn {
+        Some(open) if open.is_connected() => open,
         _ => {
-            if let Some((broker, _)) = conn.take() {
-                broker.close().await;
+            if let Some(client) = conn.take() {
+                client.close().await;
             }
-            let broker = Broker::connect(&settings.broker, "sasctl-chaos")
+            let client = sas_client::Client::connect_with(&settings.broker, "sasctl-chaos")
                 .await
                 .context("connecting to RabbitMQ")?;
-            let publisher = match broker.publisher().await {
-                Ok(publisher) => publisher,
-                Err(e) => {
-                    broker.close().await;
-                    return Err(e).context("opening a channel in confirm mode");
-                }
-            };
-            conn.insert((broker, publisher))
+            conn.insert(client)
         }
     };
     let batch: Vec<(Option<Uuid>, Vec<u8>)> = ids
@@ -534,7 +527,7 @@ async fn publish_orders(
             (Some(*id), body.to_string().into_bytes())
         })
         .collect();
-    publish_batch(publisher, queues, Some(status_queue), &batch)
+    publish_batch(client, Some(status_queue), &batch)
         .await
         .with_context(|| format!("publishing to {}", queues.orders()))
 }

@@ -4,7 +4,7 @@
 //! retries, cancels, redrives and prunes orders, lists and overrides the agents'
 //! shared breakers, lists the recurring orders' schedules, lists, replays
 //! and purges the orders'
-//! dead letters, shows statistics, applies the state store's migrations, and
+//! dead letters, asks for a replay of status events, shows statistics, applies the state store's migrations, and
 //! runs soak tests (`chaos`). The data commands take `--json` for scripts.
 //!
 //! Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 3 unknown
@@ -15,6 +15,7 @@ mod agents;
 mod alerts;
 mod chaos;
 mod dead_letters;
+mod events;
 mod migrate;
 mod orders;
 mod schedules;
@@ -80,6 +81,11 @@ enum Command {
     /// the submission service could not accept (RabbitMQ only).
     #[command(subcommand)]
     DeadLetters(dead_letters::Command),
+    /// Ask sas to publish stored status events again (`<prefix>.replay`,
+    /// contract §9), e.g. for an application that lost its status queue
+    /// (RabbitMQ only).
+    #[command(subcommand)]
+    Events(events::Command),
     /// Orders per state, orders received and ended per second, the oldest
     /// pending order, orders waiting for a re-attempt, the outbox backlog
     /// (Postgres only).
@@ -149,6 +155,7 @@ async fn main() -> ExitCode {
         Command::Agents(command) => agents::run(command, &settings).await,
         Command::Schedules(command) => schedules::run(command, &settings).await,
         Command::DeadLetters(command) => dead_letters::run(command, &settings).await,
+        Command::Events(command) => events::run(command, &settings).await,
         Command::Stats(args) => stats::run(args, &settings).await,
         Command::Migrate(args) => migrate::run(args, &settings).await,
         Command::Chaos(args) => chaos::run(args, &settings, cli.common.config.as_deref()).await,

@@ -11,9 +11,11 @@ use anyhow::Context;
 use chrono::{DateTime, Utc};
 use clap::value_parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use sas::broker::{Broker, Outgoing, PublishError, Publisher};
+use sas::broker::PublishError;
 use sas::config::Settings;
+use sas::messages::Priority;
 use sas::topology::QueueNames;
+use sas_client::{Client, Order};
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 use uuid::Uuid;
@@ -101,7 +103,7 @@ impl Args {
     }
 }
 
-/// The body of an order (contract §1).
+/// The body of an order (contract §1), as the client encodes it.
 pub fn order_body(
     order_id: Uuid,
     workflow: &str,
@@ -109,20 +111,13 @@ pub fn order_body(
     priority: Option<u8>,
     not_before: Option<DateTime<Utc>>,
 ) -> Value {
-    let mut body = Map::new();
-    body.insert("order_id".into(), order_id.to_string().into());
-    body.insert("workflow".into(), workflow.into());
-    body.insert("payload".into(), Value::Object(payload));
-    if let Some(p) = priority {
-        body.insert("priority".into(), p.into());
-    }
-    if let Some(t) = not_before {
-        body.insert(
-            "not_before".into(),
-            sas::messages::rfc3339::format(&t).into(),
-        );
-    }
-    Value::Object(body)
+    let mut order = Order::new(workflow, payload);
+    order.order_id = Some(order_id);
+    order.priority = priority
+        .and_then(|p| Priority::new(p.into()))
+        .unwrap_or_default();
+    order.not_before = not_before;
+    order.to_json()
 }
 
 /// `--payload`: a JSON object.
@@ -333,15 +328,11 @@ pub async fn run(args: Args, settings: &Settings) -> anyhow::Result<()> {
         Some(path) => Some(open(path).await?),
         None => None,
     };
-    let broker = Broker::connect(&settings.broker, "sasctl")
+    let client = Client::connect_with(&settings.broker, "sasctl")
         .await
         .context("connecting to RabbitMQ")?;
-    // The publisher's channel outlives the connection's close: a channel
-    // dropped first would race its own close against the connection's.
-    let mut publisher = None;
-    let outcome = submit(&broker, &mut publisher, &queues, &args, input).await;
-    broker.close().await;
-    drop(publisher);
+    let outcome = submit(&client, &queues, &args, input).await;
+    client.close().await;
     let summary = outcome?;
     let noun = match (args.raw.is_some(), args.file.is_some()) {
         (true, _) => ("raw message", "raw messages"),
@@ -362,26 +353,19 @@ pub async fn run(args: Args, settings: &Settings) -> anyhow::Result<()> {
     }
 }
 
-/// Declares the status queue, opens the publisher and publishes everything.
+/// Declares the status queue and publishes everything.
 async fn submit(
-    broker: &Broker,
-    publisher: &mut Option<Publisher>,
+    client: &Client,
     queues: &QueueNames,
     args: &Args,
     input: Option<Input>,
 ) -> anyhow::Result<Summary> {
     if let Some(q) = &args.reply_to {
-        broker
+        client
             .declare_status_queue(q)
             .await
             .with_context(|| format!("declaring the status queue {q}"))?;
     }
-    let publisher = publisher.insert(
-        broker
-            .publisher()
-            .await
-            .context("opening a channel in confirm mode")?,
-    );
     let bar = match (&input, args.count > CHUNK) {
         (Some(Input { len: Some(len), .. }), _) => progress_bar(
             Some(*len),
@@ -397,7 +381,7 @@ async fn submit(
         (None, false) => ProgressBar::hidden(),
     };
     let mut submitting = Submitting {
-        publisher,
+        client,
         queues,
         reply_to: args.reply_to.as_deref(),
         json: args.json,
@@ -417,7 +401,7 @@ async fn submit(
 
 /// A submission under way.
 struct Submitting<'a> {
-    publisher: &'a Publisher,
+    client: &'a Client,
     queues: &'a QueueNames,
     reply_to: Option<&'a str>,
     json: bool,
@@ -514,13 +498,13 @@ impl Submitting<'_> {
     ) -> anyhow::Result<()> {
         let queue = self.queues.orders();
         let confirmed_before = self.summary.published;
-        let outcomes = publish_batch(self.publisher, self.queues, self.reply_to, batch)
+        let outcomes = publish_batch(self.client, self.reply_to, batch)
             .await
             .with_context(|| {
                 format!("publishing to {queue} ({confirmed_before} confirmed before)")
             })?;
         let mut confirmed = Vec::new();
-        let mut failed: Option<(u32, PublishError)> = None;
+        let mut failed: Option<(u32, sas_client::Error)> = None;
         for (id, outcome) in ids.iter().zip(outcomes) {
             match outcome {
                 Ok(()) => {
@@ -555,7 +539,7 @@ impl Submitting<'_> {
                 self.summary.published
             );
             return Err(match e {
-                PublishError::Unroutable(_) => {
+                sas_client::Error::Publish(PublishError::Unroutable(_)) => {
                     anyhow::anyhow!("{summary}: {e} ({})", no_orders_queue_hint(self.queues))
                 }
                 e => anyhow::Error::new(e).context(summary),
@@ -574,37 +558,28 @@ pub fn no_orders_queue_hint(queues: &QueueNames) -> String {
 }
 
 /// Publishes a batch of messages (order id, body) to `<prefix>.orders`
-/// as an application would, then reads their confirms: for each message, in
-/// order, whether the broker took it. Sending everything before reading any
-/// confirm pipelines the batch (one round trip, not one per message). An
-/// error means a send failed: the messages sent before it may or may not
+/// through the client, as-is, then reads their confirms: for each message,
+/// in order, whether the broker took it. Sending everything before reading
+/// any confirm pipelines the batch (one round trip, not one per message).
+/// An error means a send failed: the messages sent before it may or may not
 /// have arrived.
 pub async fn publish_batch(
-    publisher: &Publisher,
-    queues: &QueueNames,
+    client: &Client,
     reply_to: Option<&str>,
     batch: &[(Option<Uuid>, Vec<u8>)],
-) -> Result<Vec<Result<(), PublishError>>, PublishError> {
+) -> Result<Vec<Result<(), sas_client::Error>>, sas_client::Error> {
     let mut pending = Vec::with_capacity(batch.len());
     for (order_id, body) in batch {
         let message_id = order_id.map(|id| id.to_string());
-        // Through the submission exchange, as an application with least
-        // privilege must (it may not publish to the default exchange).
-        let msg = Outgoing {
-            exchange: queues.submit_exchange(),
-            routing_key: queues.orders(),
-            body,
-            reply_to,
-            message_id: message_id.as_deref(),
-            // Returned when no queue takes it, so an absent submission service is noticed.
-            mandatory: true,
-            ..Outgoing::default()
-        };
-        pending.push(publisher.send(&msg).await?);
+        pending.push(
+            client
+                .send_raw(body, reply_to, message_id.as_deref())
+                .await?,
+        );
     }
     let mut outcomes = Vec::with_capacity(pending.len());
     for confirm in pending {
-        outcomes.push(confirm.wait().await);
+        outcomes.push(confirm.confirmed().await);
     }
     Ok(outcomes)
 }

@@ -1,6 +1,8 @@
 //! `submission`: consumes `<prefix>.orders`, stores each valid order with its
-//! state record and `received` event in one transaction, dead-letters the rest.
+//! state record and `received` event in one transaction, dead-letters the rest;
+//! serves replay requests (`<prefix>.replay`, contract §9) from the event log.
 
+mod replay;
 mod submission;
 
 use std::process::ExitCode;

@@ -2,6 +2,7 @@
 //! steps, `received` event, outbox) → ack. Bad messages are copied to
 //! `<prefix>.orders.dead` with the reason in `x-sas-reason`, answered with
 //! `rejected` where a reply queue is known, and only then acknowledged.
+//! Beside it, the same session serves `<prefix>.replay` ([`crate::replay`]).
 
 use std::sync::Arc;
 
@@ -17,6 +18,8 @@ use sas::workflow::Workflow;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use crate::replay::Replayer;
+
 /// Runs the submission until shutdown.
 pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     let store = ctx.store()?.clone();
@@ -31,6 +34,10 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         ctx.settings.outbox.clone(),
         ctx.metrics.clone(),
     );
+    let replayer = Arc::new(Replayer {
+        store: store.clone(),
+        ctx: ctx.clone(),
+    });
     let transitions = Transitions::new(store, ctx.queues.clone());
     let submission = Arc::new(Submitter {
         batcher: store_in_batches(transitions, relay.clone(), &ctx.settings.database),
@@ -55,18 +62,49 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                 )
                 .await?
                 .with_dead_letters(ctx.dead_letters(&publisher, ctx.queues.orders()));
-            let end = broker::consume(
-                consumer,
-                &ctx.shutdown,
-                relay.lost(),
-                ctx.settings.shutdown.grace,
-                |delivery| {
-                    let submission = submission.clone();
-                    let publisher = publisher.clone();
-                    async move { submission.handle(&publisher, delivery).await }
-                },
-            )
-            .await;
+            let replays = broker
+                .subscribe(ctx.queues.replay(), REPLAY_PREFETCH, "submission-replay")
+                .await?
+                .with_dead_letters(ctx.dead_letters(&publisher, ctx.queues.replay()));
+            // The two consumers end together: whichever stops first (the
+            // broker lost, or shutdown) stops the other.
+            let stop = ctx.shutdown.child_token();
+            let orders = async {
+                let end = broker::consume(
+                    consumer,
+                    &stop,
+                    relay.lost(),
+                    ctx.settings.shutdown.grace,
+                    |delivery| {
+                        let submission = submission.clone();
+                        let publisher = publisher.clone();
+                        async move { submission.handle(&publisher, delivery).await }
+                    },
+                )
+                .await;
+                stop.cancel();
+                end
+            };
+            let replaying = async {
+                let end = broker::consume(
+                    replays,
+                    &stop,
+                    relay.lost(),
+                    ctx.settings.shutdown.grace,
+                    |delivery| {
+                        let replayer = replayer.clone();
+                        let publisher = publisher.clone();
+                        async move { replayer.handle(&publisher, delivery).await }
+                    },
+                )
+                .await;
+                stop.cancel();
+                end
+            };
+            let end = match tokio::join!(orders, replaying) {
+                (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+                (Ok(end), Ok(_)) => Ok(end),
+            };
             relay.stop(end).await
         },
     )
@@ -74,6 +112,9 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     .context("RabbitMQ")?;
     Ok(())
 }
+
+/// Replay requests worked on at once: each may publish thousands of events.
+const REPLAY_PREFETCH: u16 = 4;
 
 /// An order to store, and what became of it.
 type Batcher = sas::batch::Batcher<(NewOrder, Workflow), Result<Submitted, Arc<StoreError>>>;

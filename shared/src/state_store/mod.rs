@@ -34,7 +34,7 @@ pub use breaker_reports::{
 };
 pub use breakers::{BreakerEvent, SharedBreaker};
 pub use dashboard::{Bucket, CHART_BUCKET, CHART_WINDOW, FailedOrder, Overview, WaitingOrder};
-pub use events::EventRow;
+pub use events::{EventRow, Replay};
 pub use leases::Lease;
 pub use orders::{NewOrder, OrderRow};
 pub use outbox::{Committed, Held, OutboxRow};
@@ -275,6 +275,17 @@ impl StateStore {
         let steps = steps::for_orders(&mut conn, &[order_id]).await?;
         let events = events::for_order(&mut conn, order_id).await?;
         Ok(Some((order, steps, events)))
+    }
+
+    /// The stored status events a replay request (contract §9) asks for, at
+    /// most `limit`; `None` when it names an unknown order.
+    pub async fn replay(
+        &self,
+        request: &crate::messages::ReplayRequest,
+        limit: u32,
+    ) -> Result<Option<Replay>, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        Ok(events::replay(&mut conn, request, limit).await?)
     }
 
     /// Orders, newest first, optionally of one state and one workflow.

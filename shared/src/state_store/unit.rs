@@ -347,15 +347,17 @@ impl Unit {
         let now = self.now;
         let o = &self.orders[i].order.row;
         if let Some(queue) = &o.reply_to {
-            let event = StatusEvent {
-                order_id: Value::String(o.order_id.to_string()),
-                seq: i64::from(e.seq),
-                state: e.kind,
-                step: e.step.clone(),
-                attempt: Some(e.attempt),
-                at: now,
-                detail: e.detail.clone(),
-            };
+            // The same constructor as a replay's (contract §9), so a
+            // replayed event is the event that was sent.
+            let event = StatusEvent::logged(
+                o.order_id,
+                e.seq,
+                e.kind,
+                e.step.clone(),
+                e.attempt,
+                now,
+                e.detail.clone(),
+            );
             // A status event always serializes.
             let body = serde_json::to_vec(&event).unwrap_or_default();
             let message = self.message(i, "status", queue.clone(), body);

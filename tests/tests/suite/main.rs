@@ -4,6 +4,7 @@
 //! `restarts` and run alone, after the rest (`scripts/test.sh`).
 
 mod chaos;
+mod client;
 mod clocks;
 mod core;
 mod costs;
@@ -17,6 +18,7 @@ mod packaging;
 mod parallel;
 mod permissions;
 mod redrive;
+mod replay;
 mod resilience;
 mod restarts;
 mod sasctl;

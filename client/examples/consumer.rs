@@ -1,0 +1,56 @@
+//! A long-lived consumer of a status queue: prints every event once (the
+//! stream drops redelivered duplicates), acknowledging each after it is
+//! printed, until Ctrl-C. A consumer whose stream ends (the connection or
+//! the queue is gone) exits non-zero, for its supervisor to restart it;
+//! `--replay-since <RFC 3339>` first asks sas to send the queue's events
+//! since then again (after losing the queue, say).
+//!
+//! ```sh
+//! cargo run -p sas-client --example consumer -- app.status
+//! ```
+
+use anyhow::Context as _;
+use futures_util::StreamExt as _;
+use sas_client::{Client, ReplayRequest};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt::init();
+    let url = std::env::var("SAS_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+    let prefix = std::env::var("SAS_PREFIX").unwrap_or_else(|_| "sas".to_owned());
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let queue = args
+        .first()
+        .context("usage: consumer QUEUE [--replay-since RFC3339]")?;
+
+    let client = Client::connect(&url, &prefix).await?;
+    let mut events = client.status(queue).await?;
+    if let [_, flag, since] = args.as_slice()
+        && flag == "--replay-since"
+    {
+        let since = chrono::DateTime::parse_from_rfc3339(since)
+            .context("--replay-since takes an RFC 3339 time")?
+            .with_timezone(&chrono::Utc);
+        let request = ReplayRequest::Queue {
+            reply_to: queue.clone(),
+            since,
+        };
+        client.replay(&request, None).await?;
+    }
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            next = events.next() => match next {
+                Some(Ok(event)) => println!("{}", serde_json::to_string(&event)?),
+                Some(Err(e @ sas_client::Error::NotAStatusEvent { .. })) => eprintln!("skipped: {e}"),
+                Some(Err(e)) => return Err(e.into()),
+                None => anyhow::bail!("the status stream of {queue} ended"),
+            },
+        }
+    }
+    // Acknowledges the last event printed.
+    events.close().await?;
+    client.close().await;
+    Ok(())
+}
