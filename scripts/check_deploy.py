@@ -14,7 +14,9 @@ with-keda/), the rendered objects must:
   service still handing its work back;
 - probe only /readyz and /healthz, and give every sas container (one with
   SAS_CONFIG) readiness on /readyz, liveness on /healthz and
-  SAS__HTTP__HOST=0.0.0.0.
+  SAS__HTTP__HOST=0.0.0.0;
+- not make a program refuse its configuration for want of a dashboard token
+  (each one checks [dashboard]), nor run the dashboard with no login.
 The placeholder Secret must hold only REPLACE_ME values, and
 docker-compose.yml must parse, its services' stop_grace_period above the
 grace of config/demo.toml.
@@ -246,6 +248,7 @@ def check_deployments(where: str, objects: list[dict], config: dict) -> None:
                 if not termination > grace:
                     problem(where, f"{name}: terminationGracePeriodSeconds {termination} "
                                    f"must exceed shutdown.grace ({grace:g}s)")
+                check_dashboard_auth(where, name, c, config)
                 if env_value(c, "SAS__HTTP__HOST") != "0.0.0.0":
                     problem(where, f"{name}: container {c['name']} needs SAS__HTTP__HOST=0.0.0.0")
             for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
@@ -261,6 +264,22 @@ def check_deployments(where: str, objects: list[dict], config: dict) -> None:
                 want = {"readinessProbe": "/readyz", "livenessProbe": "/healthz"}.get(kind)
                 if sas and want and path != want:
                     problem(where, f"{name}: {kind} of {c['name']} must probe {want}, not {path!r}")
+
+
+def check_dashboard_auth(where: str, name: str, container: dict, config: dict) -> None:
+    """Every sas program checks [dashboard] at start-up (exit 2 when bad), so a
+    login that needs a token needs one in every container, not only the
+    dashboard's; and the dashboard, listening on 0.0.0.0, must ask for one."""
+    section = config.get("dashboard", {})
+    auth = env_value(container, "SAS__DASHBOARD__AUTH") or section.get("auth", "none")
+    has_token = bool(section.get("tokens") or section.get("token")) or any(
+        e.get("name") == "SAS__DASHBOARD__TOKEN" for e in container.get("env", []))
+    if auth == "token" and not has_token:
+        problem(where, f"{name}: dashboard.auth is token for {container['name']}, which has "
+                       "no token (set auth only in the dashboard's env, or give it the token)")
+    if container.get("args", [None])[0] == "dashboard" and auth == "none":
+        problem(where, f"{name}: the dashboard must not run with dashboard.auth = none "
+                       "on 0.0.0.0 (set SAS__DASHBOARD__AUTH)")
 
 
 def check_keda(where: str, objects: list[dict], config: dict) -> None:
