@@ -99,10 +99,18 @@ fn compose_runs_only_programs_the_workspace_builds() {
 
 #[test]
 fn the_shipped_configurations_load_and_pass_every_check() {
-    for file in ["config/local.toml", "config/demo.toml"] {
+    for file in [
+        "config/local.toml",
+        "config/demo.toml",
+        "deploy/kubernetes/base/sas.toml",
+    ] {
         let path = root().join(file);
         // Only the file's own layers: no SAS__* variable of this process.
         let settings = sas::config::Settings::load_with(Some(&path), Some(Default::default()))
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        // What every service checks at start-up.
+        settings
+            .validate()
             .unwrap_or_else(|e| panic!("{file}: {e}"));
         for name in settings.workflows.keys() {
             settings
