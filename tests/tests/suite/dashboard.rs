@@ -639,6 +639,7 @@ async fn the_api_answers_404_for_an_unknown_order_and_409_for_an_action_its_stat
         "/assets/common.js",
         "/assets/overview.js",
         "/assets/order.js",
+        "/assets/find.js",
     ] {
         let response = http
             .get(format!("{base}{path}"))

@@ -7,6 +7,7 @@ mod chaos;
 mod core;
 mod costs;
 mod dashboard;
+mod dashboard_search;
 mod faults;
 mod fencing;
 mod hostile;
