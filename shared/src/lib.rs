@@ -12,6 +12,7 @@
 //! - [`trace`]: W3C trace context carried from hop to hop. Pure.
 //! - [`state_store`]: every SQL statement, and the guarded transitions.
 //! - [`broker`]: every lapin call: connect, topology, confirmed publish, consume.
+//! - [`dead_letters`]: the dead-letter queues for operators: list, replay, purge.
 //! - [`batch`]: group commit: deliveries that arrive together share a transaction.
 //! - [`outbox`]: the relay from committed outbox rows to confirmed publishes.
 //! - [`http`] (on [`server`], bounded against slow or large requests),
@@ -25,6 +26,7 @@ pub mod batch;
 pub mod broker;
 pub mod config;
 pub mod crash;
+pub mod dead_letters;
 pub mod heartbeat;
 pub mod http;
 pub mod messages;

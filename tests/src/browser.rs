@@ -1,55 +1,53 @@
-//! A tiny WebDriver client: drives a real headless Chromium through
-//! `chromedriver`'s W3C HTTP API, enough for the dashboard's test: open a
-//! page, find elements by CSS selector, click, type, read text and
-//! attributes, run a script, take a screenshot.
+//! A real headless Chromium for the dashboard's tests, driven through
+//! `chromedriver` with [`fantoccini`] (a maintained W3C WebDriver client).
 //!
 //! [`Browser::start`] starts `chromedriver` (Debian's `chromium-driver`) on a
-//! free port with a fresh profile directory; dropping the browser ends the
-//! session and kills the driver's process group. A missing `chromedriver` is
-//! an error, never a skip: the dashboard test must run in CI.
+//! free port with a fresh profile directory and opens a session; a
+//! [`Browser`] is a [`fantoccini::Client`] (it dereferences to one), so tests
+//! use fantoccini's API (`goto`, `find(Locator::Css(…))`, `execute`,
+//! `screenshot`, …) plus [`Browser::text_of`]. Dropping it kills the driver's
+//! process group (the browser with it) and deletes the profile. A missing
+//! `chromedriver` is an error, never a skip: the dashboard tests must run in
+//! CI (`scripts/test.sh` installs it).
+//!
+//! fantoccini is built without TLS (`default-features = false`): it talks
+//! plain HTTP to a chromedriver on 127.0.0.1, so no OpenSSL, aws-lc or
+//! second rustls provider comes in.
 
+use std::ops::Deref;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use fantoccini::error::CmdError;
+use fantoccini::{Client, ClientBuilder, Locator};
+use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{Value, json};
-
-/// The key under which W3C WebDriver names an element.
-const ELEMENT_KEY: &str = "element-6066-11e4-a52e-4f735466cecf";
 
 /// Where Debian's packages put them; `CHROMEDRIVER` and `CHROMIUM` override.
 const DEFAULT_CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const DEFAULT_CHROMIUM: &str = "/usr/bin/chromium";
 
-/// An error the driver answered with (W3C error code and message).
-#[derive(Debug, thiserror::Error)]
-#[error("WebDriver {status}: {error}: {message}")]
-pub struct DriverError {
-    pub status: u16,
-    /// E.g. `no such element`, `stale element reference`.
-    pub error: String,
-    pub message: String,
-}
-
-/// An element of the current page.
-#[derive(Debug, Clone)]
-pub struct Element(String);
-
 /// A headless Chromium session.
 pub struct Browser {
-    http: reqwest::Client,
-    /// `http://127.0.0.1:<port>` of chromedriver.
-    base: String,
-    session: Option<String>,
+    client: Client,
     driver: Child,
     /// The fresh profile (and driver log) directory, deleted on drop.
     dir: PathBuf,
 }
 
+impl Deref for Browser {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
 impl Browser {
     /// Starts chromedriver and a headless Chromium session with a
-    /// 1400 × 1000 window.
+    /// 1400 × 1500 window.
     pub async fn start() -> anyhow::Result<Self> {
         let driver_path =
             std::env::var("CHROMEDRIVER").unwrap_or_else(|_| DEFAULT_CHROMEDRIVER.into());
@@ -58,7 +56,7 @@ impl Browser {
             if !std::path::Path::new(path).exists() {
                 bail!(
                     "{what} not found at {path}: install Debian's `chromium` and `chromium-driver` \
-                     (.ci/run does), or set {}",
+                     (scripts/test.sh does), or set {}",
                     what.to_uppercase()
                 );
             }
@@ -72,7 +70,7 @@ impl Browser {
             .context("free port for chromedriver")?;
         let log =
             std::fs::File::create(dir.join("chromedriver.log")).context("chromedriver log")?;
-        let driver = {
+        let mut driver = {
             use std::os::unix::process::CommandExt;
             Command::new(&driver_path)
                 .arg(format!("--port={port}"))
@@ -83,69 +81,52 @@ impl Browser {
                 .spawn()
                 .with_context(|| format!("starting {driver_path}"))?
         };
-        sas::tls::install_crypto_provider();
-        let mut browser = Self {
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(60))
-                .build()
-                .context("HTTP client")?,
-            base: format!("http://127.0.0.1:{port}"),
-            session: None,
+        let profile = dir.join("profile");
+        let options = json!({
+            "binary": chromium,
+            "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync",
+                "--disable-dev-shm-usage",
+                format!("--user-data-dir={}", profile.display()),
+                "--window-size=1400,1500",
+            ],
+        });
+        let mut capabilities = serde_json::Map::new();
+        capabilities.insert("browserName".into(), json!("chrome"));
+        capabilities.insert("goog:chromeOptions".into(), options);
+        let url = format!("http://127.0.0.1:{port}");
+        // chromedriver takes a moment to listen: retry the session until it does.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let client = loop {
+            let attempt = ClientBuilder::new(HttpConnector::new())
+                .capabilities(capabilities.clone())
+                .connect(&url)
+                .await;
+            match attempt {
+                Ok(client) => break client,
+                Err(e) => {
+                    let log =
+                        std::fs::read_to_string(dir.join("chromedriver.log")).unwrap_or_default();
+                    if let Ok(Some(status)) = driver.try_wait() {
+                        std::fs::remove_dir_all(&dir).ok();
+                        bail!("chromedriver exited with {status}; log:\n{log}");
+                    }
+                    if Instant::now() > deadline {
+                        kill_group(&mut driver);
+                        std::fs::remove_dir_all(&dir).ok();
+                        bail!("no Chromium session within 20s: {e}; chromedriver's log:\n{log}");
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
+        Ok(Self {
+            client,
             driver,
             dir,
-        };
-        browser.wait_driver_ready().await?;
-        let profile = browser.dir.join("profile");
-        let capabilities = json!({
-            "capabilities": { "alwaysMatch": {
-                "browserName": "chrome",
-                "goog:chromeOptions": {
-                    "binary": chromium,
-                    "args": [
-                        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                        "--no-first-run", "--disable-background-networking",
-                        "--disable-component-update", "--disable-sync",
-                        "--disable-dev-shm-usage",
-                        format!("--user-data-dir={}", profile.display()),
-                        "--window-size=1400,1500",
-                    ],
-                },
-            }},
-        });
-        let created = browser
-            .call(reqwest::Method::POST, "/session", Some(capabilities))
-            .await
-            .context("creating a Chromium session")?;
-        let session = created["sessionId"]
-            .as_str()
-            .with_context(|| format!("no session id in {created}"))?;
-        browser.session = Some(session.to_owned());
-        Ok(browser)
-    }
-
-    async fn wait_driver_ready(&mut self) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(response) = self.http.get(format!("{}/status", self.base)).send().await
-                && let Ok(body) = response.json::<Value>().await
-                && body["value"]["ready"] == true
-            {
-                return Ok(());
-            }
-            if let Ok(Some(status)) = self.driver.try_wait() {
-                bail!(
-                    "chromedriver exited with {status}; log:\n{}",
-                    self.driver_log()
-                );
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "chromedriver not ready within 20s; log:\n{}",
-                    self.driver_log()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        })
     }
 
     /// chromedriver's log so far.
@@ -153,267 +134,57 @@ impl Browser {
         std::fs::read_to_string(self.dir.join("chromedriver.log")).unwrap_or_default()
     }
 
-    /// One W3C command; the answer's `value`.
-    async fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> anyhow::Result<Value> {
-        let mut request = self.http.request(method, format!("{}{path}", self.base));
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let response = request
-            .send()
-            .await
-            .with_context(|| format!("WebDriver {path}"))?;
-        let status = response.status();
-        let body: Value = response
-            .json()
-            .await
-            .with_context(|| format!("WebDriver {path}: answer"))?;
-        let value = body.get("value").cloned().unwrap_or(Value::Null);
-        if !status.is_success() {
-            return Err(DriverError {
-                status: status.as_u16(),
-                error: value["error"]
-                    .as_str()
-                    .unwrap_or("unknown error")
-                    .to_owned(),
-                message: value["message"].as_str().unwrap_or_default().to_owned(),
-            }
-            .into());
-        }
-        Ok(value)
-    }
-
-    async fn session_call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> anyhow::Result<Value> {
-        let session = self.session.as_deref().context("no session")?;
-        self.call(method, &format!("/session/{session}{path}"), body)
-            .await
-    }
-
-    /// Opens `url` and waits for it to load.
-    pub async fn goto(&self, url: &str) -> anyhow::Result<()> {
-        self.session_call(reqwest::Method::POST, "/url", Some(json!({ "url": url })))
-            .await?;
-        Ok(())
-    }
-
-    /// The first element matching `css`, if any.
-    pub async fn find(&self, css: &str) -> anyhow::Result<Option<Element>> {
-        let found = self
-            .session_call(
-                reqwest::Method::POST,
-                "/element",
-                Some(json!({ "using": "css selector", "value": css })),
-            )
-            .await;
-        match found {
-            Ok(value) => Ok(Some(element(&value)?)),
-            Err(e) if is_driver_error(&e, "no such element") => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Every element matching `css`.
-    pub async fn find_all(&self, css: &str) -> anyhow::Result<Vec<Element>> {
-        let found = self
-            .session_call(
-                reqwest::Method::POST,
-                "/elements",
-                Some(json!({ "using": "css selector", "value": css })),
-            )
-            .await?;
-        found
-            .as_array()
-            .context("elements: not an array")?
-            .iter()
-            .map(element)
-            .collect()
-    }
-
-    /// Clicks the element.
-    pub async fn click(&self, el: &Element) -> anyhow::Result<()> {
-        self.session_call(
-            reqwest::Method::POST,
-            &format!("/element/{}/click", el.0),
-            Some(json!({})),
-        )
-        .await?;
-        Ok(())
-    }
-
-    /// Types `text` into the element (an input), as a user would.
-    pub async fn type_text(&self, el: &Element, text: &str) -> anyhow::Result<()> {
-        self.session_call(
-            reqwest::Method::POST,
-            &format!("/element/{}/value", el.0),
-            Some(json!({ "text": text })),
-        )
-        .await?;
-        Ok(())
-    }
-
-    /// The element's rendered text.
-    pub async fn text(&self, el: &Element) -> anyhow::Result<String> {
-        let value = self
-            .session_call(
-                reqwest::Method::GET,
-                &format!("/element/{}/text", el.0),
-                None,
-            )
-            .await?;
-        Ok(value.as_str().unwrap_or_default().to_owned())
-    }
-
-    /// An attribute of the element (`None` when it has none).
-    pub async fn attribute(&self, el: &Element, name: &str) -> anyhow::Result<Option<String>> {
-        let value = self
-            .session_call(
-                reqwest::Method::GET,
-                &format!("/element/{}/attribute/{name}", el.0),
-                None,
-            )
-            .await?;
-        Ok(value.as_str().map(str::to_owned))
-    }
-
-    /// The text of the first element matching `css`, `None` when there is none
-    /// (or it was replaced while being read).
-    pub async fn text_of(&self, css: &str) -> anyhow::Result<Option<String>> {
-        let Some(el) = self.find(css).await? else {
-            return Ok(None);
+    /// The rendered text of the first element matching `css`; `None` when
+    /// there is none, or it was replaced while being read (the pages redraw
+    /// their tables every refresh).
+    pub async fn text_of(&self, css: &str) -> Result<Option<String>, CmdError> {
+        let element = match self.client.find(Locator::Css(css)).await {
+            Ok(element) => element,
+            Err(e) if e.is_no_such_element() => return Ok(None),
+            Err(e) => return Err(e),
         };
-        match self.text(&el).await {
+        match element.text().await {
             Ok(text) => Ok(Some(text)),
-            Err(e) if is_driver_error(&e, "stale element reference") => Ok(None),
+            Err(e) if e.is_stale_element_reference() => Ok(None),
             Err(e) => Err(e),
         }
     }
 
-    /// Runs a script in the page (`return …;` gives its value).
-    pub async fn execute(&self, script: &str) -> anyhow::Result<Value> {
-        self.session_call(
-            reqwest::Method::POST,
-            "/execute/sync",
-            Some(json!({ "script": script, "args": [] })),
-        )
-        .await
+    /// Logs in on the dashboard's login page (open already): types `token`
+    /// and submits it.
+    pub async fn log_in(&self, token: &str) -> Result<(), CmdError> {
+        let field = self.client.find(Locator::Css("#login-token")).await?;
+        field.send_keys(token).await?;
+        let submit = self.client.find(Locator::Css("#login-submit")).await?;
+        submit.click().await
     }
 
-    /// A PNG of the window.
-    pub async fn screenshot(&self) -> anyhow::Result<Vec<u8>> {
-        let value = self
-            .session_call(reqwest::Method::GET, "/screenshot", None)
-            .await?;
-        base64_decode(value.as_str().context("screenshot: not a string")?)
+    /// Runs a script in the page without arguments (`return …;` gives its value).
+    pub async fn run(&self, script: &str) -> Result<Value, CmdError> {
+        self.client.execute(script, Vec::new()).await
     }
 
-    /// Ends the session (the browser quits) and stops chromedriver.
-    pub async fn quit(mut self) {
-        if let Some(session) = self.session.take() {
-            self.call(
-                reqwest::Method::DELETE,
-                &format!("/session/{session}"),
-                None,
-            )
-            .await
-            .ok();
-        }
+    /// Ends the session (the browser quits); drop stops chromedriver.
+    pub async fn quit(self) {
+        self.client.clone().close().await.ok();
     }
 }
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        if let Some(session) = self.session.take() {
-            // Drop cannot await: end the session from a thread with its own runtime.
-            let (http, url) = (
-                self.http.clone(),
-                format!("{}/session/{session}", self.base),
-            );
-            std::thread::spawn(move || {
-                if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    rt.block_on(async {
-                        tokio::time::timeout(Duration::from_secs(10), http.delete(url).send())
-                            .await
-                            .ok();
-                    });
-                }
-            })
-            .join()
-            .ok();
-        }
-        // The whole group: chromedriver and any browser process left behind.
-        Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", self.driver.id())])
-            .stderr(Stdio::null())
-            .status()
-            .ok();
-        self.driver.wait().ok();
+        // The whole group: chromedriver and any browser process left behind
+        // (a session not closed by `quit` ends with them).
+        kill_group(&mut self.driver);
         std::fs::remove_dir_all(&self.dir).ok();
     }
 }
 
-fn element(value: &Value) -> anyhow::Result<Element> {
-    value[ELEMENT_KEY]
-        .as_str()
-        .map(|id| Element(id.to_owned()))
-        .with_context(|| format!("not an element: {value}"))
-}
-
-/// Whether `e` is the driver's error `code` (e.g. `no such element`).
-pub fn is_driver_error(e: &anyhow::Error, code: &str) -> bool {
-    e.downcast_ref::<DriverError>()
-        .is_some_and(|d| d.error == code)
-}
-
-/// Standard base64 (with padding), as WebDriver sends screenshots.
-fn base64_decode(text: &str) -> anyhow::Result<Vec<u8>> {
-    fn sextet(c: u8) -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        } as u32)
-    }
-    let clean: Vec<u8> = text
-        .bytes()
-        .filter(|c| !c.is_ascii_whitespace() && *c != b'=')
-        .collect();
-    let mut out = Vec::with_capacity(clean.len() * 3 / 4);
-    for chunk in clean.chunks(4) {
-        let mut n = 0u32;
-        for (i, &c) in chunk.iter().enumerate() {
-            n |= sextet(c).with_context(|| format!("bad base64 byte {c:#x}"))? << (18 - 6 * i);
-        }
-        let bytes = n.to_be_bytes();
-        out.extend_from_slice(&bytes[1..chunk.len()]);
-    }
-    Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::base64_decode;
-
-    #[test]
-    fn base64_decodes_with_and_without_padding() {
-        assert_eq!(base64_decode("aGVsbG8=").unwrap(), b"hello");
-        assert_eq!(base64_decode("aGVsbG8h").unwrap(), b"hello!");
-        assert_eq!(base64_decode("aGk=").unwrap(), b"hi");
-        assert!(base64_decode("a$==").is_err());
-    }
+/// Kills chromedriver's process group and reaps it.
+fn kill_group(driver: &mut Child) {
+    Command::new("kill")
+        .args(["-KILL", "--", &format!("-{}", driver.id())])
+        .stderr(Stdio::null())
+        .status()
+        .ok();
+    driver.wait().ok();
 }

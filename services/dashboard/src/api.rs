@@ -10,6 +10,9 @@
 //! - `GET  /api/schedules`: `{"now", "schedules"}`: each recurring order's
 //!   schedule ([`ScheduleView`]): cron, time zone, next tick, last tick and
 //!   last order with its state.
+//! - `GET  /api/orders?state=&workflow=&…`: the order search ([`crate::search`]).
+//! - `GET  /api/dead-letters…`, `POST /api/dead-letters/{queue}/replay|purge`:
+//!   the dead-letter queues ([`crate::dead_letters`]).
 //! - `GET  /api/orders/{id}`: one order, its steps and its event log with durations.
 //! - `POST /api/orders/{id}/retry`, `POST /api/orders/{id}/cancel`: the
 //!   operator's actions, through the same [`Transitions`] as `sasctl orders
@@ -64,10 +67,22 @@ pub fn routes(ctx: Arc<Context>) -> Router {
         .route("/api/me", get(me))
         .route("/api/overview", get(overview))
         .route("/api/schedules", get(schedules))
+        .route("/api/orders", get(crate::search::search))
         .route("/api/orders/{id}", get(order))
         .route("/api/orders/{id}/retry", post(retry))
         .route("/api/orders/{id}/cancel", post(cancel))
         .route("/api/orders/{id}/redrive", post(redrive))
+        .route("/api/dead-letters", get(crate::dead_letters::overview))
+        .route("/api/dead-letters/{queue}", get(crate::dead_letters::list))
+        .route(
+            "/api/dead-letters/{queue}/replay",
+            post(crate::dead_letters::replay),
+        )
+        .route(
+            "/api/dead-letters/{queue}/purge",
+            post(crate::dead_letters::purge),
+        )
+        .layer(Extension(Arc::new(crate::dead_letters::Rabbit::default())))
         .with_state(ctx)
         .route_layer(middleware::from_fn_with_state(auth.clone(), auth::require))
         .merge(crate::assets::files())

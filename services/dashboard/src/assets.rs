@@ -18,6 +18,7 @@ const STYLE_CSS: &str = include_str!("../assets/style.css");
 const COMMON_JS: &str = include_str!("../assets/common.js");
 const OVERVIEW_JS: &str = include_str!("../assets/overview.js");
 const ORDER_JS: &str = include_str!("../assets/order.js");
+const FIND_JS: &str = include_str!("../assets/find.js");
 
 /// The page routes: `/` and `/orders/{id}` (the page reads the id from its URL).
 pub fn pages() -> Router<Arc<Context>> {
@@ -36,6 +37,7 @@ pub fn files() -> Router {
         .route("/assets/common.js", get(|| async { script(COMMON_JS) }))
         .route("/assets/overview.js", get(|| async { script(OVERVIEW_JS) }))
         .route("/assets/order.js", get(|| async { script(ORDER_JS) }))
+        .route("/assets/find.js", get(|| async { script(FIND_JS) }))
 }
 
 /// The login page, saying that the last token was not valid when `failed`.

@@ -1,14 +1,19 @@
 //! `dashboard`: the operator's web page. Shows orders per state, throughput
 //! and latency, orders waiting for a re-attempt, failed orders with retry and
 //! cancel, breakers per agent endpoint and each order's timeline, refreshing
-//! itself. Reads Postgres only; retry and cancel are `sasctl`'s transitions.
+//! itself; finds orders (by id, state, workflow, time and payload field) and
+//! shows the dead-letter queues (replay and purge). Reads Postgres, and
+//! RabbitMQ for the dead letters only; retry and cancel are `sasctl`'s
+//! transitions, replay and purge `sasctl dead-letters`' code.
 //! Who may see and who may act is `[dashboard]`'s business (see [`auth`]).
 
 mod api;
 mod assets;
 mod auth;
+mod dead_letters;
 mod hosts;
 mod login;
+mod search;
 mod sessions;
 
 use std::process::ExitCode;

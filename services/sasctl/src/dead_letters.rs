@@ -2,20 +2,19 @@
 //! where the submission service puts the messages it cannot accept, each with
 //! its reason in the `x-sas-reason` header. List them without removing them,
 //! replay them to `<prefix>.orders` once the cause is fixed, or purge them.
+//! The work is [`sas::dead_letters`]'s, which the dashboard shares.
 
 use anyhow::Context;
 use clap::{Subcommand, value_parser};
-use sas::broker::{self, Broker, Outgoing, PublishError, Publisher, Taken};
+use sas::broker::{Broker, PublishError, Publisher};
 use sas::config::Settings;
+use sas::dead_letters::{self, DeadLetterError, DeadLetterQueue, Letter};
 use sas::topology::QueueNames;
 use serde_json::{Value, json};
 
 use crate::Exit;
 use crate::orders::{cell, table};
 use crate::submit::no_orders_queue_hint;
-
-/// The header in which the submission service gives its reason.
-const REASON: &str = "x-sas-reason";
 
 /// How many characters of a body the table shows.
 const BODY_SHOWN: usize = 60;
@@ -71,33 +70,14 @@ pub struct PurgeArgs {
     json: bool,
 }
 
-/// A dead letter as `list` shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Letter {
-    reason: Option<String>,
-    message_id: Option<String>,
-    reply_to: Option<String>,
-    body: String,
-}
-
-impl Letter {
-    fn of(delivery: &broker::Delivery) -> Self {
-        Self {
-            reason: delivery.header(REASON),
-            message_id: delivery.message_id().map(str::to_owned),
-            reply_to: delivery.reply_to().map(str::to_owned),
-            body: String::from_utf8_lossy(delivery.body()).into_owned(),
-        }
-    }
-
-    fn json(&self) -> Value {
-        json!({
-            "reason": self.reason,
-            "message_id": self.message_id,
-            "reply_to": self.reply_to,
-            "body": self.body,
-        })
-    }
+/// A dead letter as `list --json` prints it.
+fn letter_json(letter: &Letter) -> Value {
+    json!({
+        "reason": letter.reason,
+        "message_id": letter.message_id,
+        "reply_to": letter.reply_to,
+        "body": letter.body,
+    })
 }
 
 /// The letters as a table, bodies cut to [`BODY_SHOWN`] characters.
@@ -133,73 +113,43 @@ pub async fn run(command: Command, settings: &Settings) -> anyhow::Result<()> {
     let broker = Broker::connect(&settings.broker, "sasctl")
         .await
         .context("connecting to RabbitMQ")?;
+    let dead = DeadLetterQueue::orders(&queues);
     // The publisher's channel outlives the connection's close (see submit).
     let mut publisher = None;
     let outcome = match command {
-        Command::List(args) => list(&broker, &queues, &args).await,
-        Command::Replay(args) => replay(&broker, &mut publisher, &queues, &args).await,
-        Command::Purge(args) => purge(&broker, &queues, &args).await,
+        Command::List(args) => list(&broker, &queues, &dead, &args).await,
+        Command::Replay(args) => replay(&broker, &mut publisher, &queues, &dead, &args).await,
+        Command::Purge(args) => purge(&broker, &queues, &dead, &args).await,
     };
     broker.close().await;
     drop(publisher);
     outcome
 }
 
-/// Messages ready in the dead-letter queue; an error when it does not exist.
-async fn ready(broker: &Broker, queues: &QueueNames) -> anyhow::Result<u32> {
-    let queue = queues.orders_dead();
-    match broker.message_count(queue).await {
-        Ok(n) => Ok(n),
-        Err(e) if e.is_not_found() => Err(anyhow::anyhow!(
-            "the queue {queue} does not exist (the sas services declare it at start-up; \
-             is broker.prefix {:?} right?)",
-            queues.prefix()
-        )),
-        Err(e) => Err(e).with_context(|| format!("looking up the queue {queue}")),
-    }
-}
-
-async fn list(broker: &Broker, queues: &QueueNames, args: &ListArgs) -> anyhow::Result<()> {
-    let queue = queues.orders_dead();
-    let total = ready(broker, queues).await?;
-    // Hold each message until all are read, so none is read twice; then hand
-    // them back in the order they came, which keeps the queue's order.
-    let mut taken: Vec<Taken> = Vec::new();
-    let mut failed = None;
-    while taken.len() < args.limit as usize {
-        match broker.take(queue).await {
-            Ok(Some(t)) => taken.push(t),
-            Ok(None) => break,
-            Err(e) => {
-                failed = Some(e);
-                break;
-            }
-        }
-    }
-    let letters: Vec<Letter> = taken.iter().map(|t| Letter::of(&t.delivery)).collect();
-    for t in taken {
-        // Should this fail, closing the connection hands the message back all the same.
-        if let Err(e) = t.release().await {
-            tracing::debug!(error = %e, "releasing a dead letter");
-        }
-    }
-    if let Some(e) = failed {
-        return Err(e).with_context(|| format!("reading {queue}"));
-    }
+async fn list(
+    broker: &Broker,
+    queues: &QueueNames,
+    dead: &DeadLetterQueue,
+    args: &ListArgs,
+) -> anyhow::Result<()> {
+    let listing = dead_letters::list(broker, queues, dead, args.limit).await?;
+    let letters = &listing.letters;
     if args.json {
-        let all: Vec<Value> = letters.iter().map(Letter::json).collect();
+        let all: Vec<Value> = letters.iter().map(letter_json).collect();
         println!("{}", Value::Array(all));
     } else {
-        print!("{}", crate::terminal::printable(&letters_text(&letters)));
+        print!("{}", crate::terminal::printable(&letters_text(letters)));
     }
+    let total = listing.total;
     let noun = if total == 1 {
         "dead letter"
     } else {
         "dead letters"
     };
     eprintln!(
-        "{} of {total} {noun} in {queue} shown (left in the queue)",
-        letters.len()
+        "{} of {total} {noun} in {} shown (left in the queue)",
+        letters.len(),
+        dead.queue
     );
     Ok(())
 }
@@ -208,33 +158,24 @@ async fn replay(
     broker: &Broker,
     publisher: &mut Option<Publisher>,
     queues: &QueueNames,
+    dead: &DeadLetterQueue,
     args: &ReplayArgs,
 ) -> anyhow::Result<()> {
-    let queue = queues.orders_dead();
-    // Only the messages there now: one that is still bad comes back to the
-    // end of the queue, and is not replayed again in this run.
-    let total = ready(broker, queues).await?;
-    let wanted = args.limit.map_or(total, |limit| limit.min(total));
     let publisher = publisher.insert(
         broker
             .publisher()
             .await
             .context("opening a channel in confirm mode")?,
     );
-    let mut replayed = 0u32;
-    while replayed < wanted {
-        let taken = broker
-            .take(queue)
-            .await
-            .with_context(|| format!("reading {queue} ({replayed} replayed before)"))?;
-        let Some(taken) = taken else {
-            break;
-        };
-        replay_one(publisher, queues, taken)
-            .await
-            .with_context(|| format!("replaying ({replayed} replayed before)"))?;
-        replayed += 1;
-    }
+    let replayed = dead_letters::replay(broker, publisher, queues, dead, args.limit)
+        .await
+        .map_err(|stopped| match &stopped.error {
+            DeadLetterError::Publish {
+                source: source @ PublishError::Unroutable(_),
+                ..
+            } => anyhow::anyhow!("{stopped}: {source} ({})", no_orders_queue_hint(queues)),
+            _ => anyhow::Error::new(stopped),
+        })?;
     if args.json {
         println!("{}", json!({ "replayed": replayed }));
     } else {
@@ -244,63 +185,22 @@ async fn replay(
             "dead letters"
         };
         println!(
-            "replayed {replayed} {noun} from {queue} to {}",
-            queues.orders()
+            "replayed {replayed} {noun} from {} to {}",
+            dead.queue, dead.origin
         );
     }
     Ok(())
 }
 
-/// Publishes a dead letter to `<prefix>.orders` as it came (body, reply_to,
-/// message_id, traceparent), waits for the confirm, then acknowledges it. Not
-/// confirmed, it is handed back to the dead-letter queue.
-async fn replay_one(
-    publisher: &Publisher,
+async fn purge(
+    broker: &Broker,
     queues: &QueueNames,
-    taken: Taken,
+    dead: &DeadLetterQueue,
+    args: &PurgeArgs,
 ) -> anyhow::Result<()> {
-    let delivery = &taken.delivery;
-    let trace = delivery.header(sas::trace::HEADER);
-    let headers: Vec<(&str, &str)> = trace
-        .as_deref()
-        .map(|t| (sas::trace::HEADER, t))
-        .into_iter()
-        .collect();
-    let message_id = delivery.message_id().map(str::to_owned);
-    let published = publisher
-        .publish(&Outgoing {
-            routing_key: queues.orders(),
-            body: delivery.body(),
-            reply_to: delivery.reply_to(),
-            message_id: message_id.as_deref(),
-            headers: &headers,
-            mandatory: true,
-            ..Outgoing::default()
-        })
-        .await;
-    match published {
-        Ok(()) => taken.ack().await.context(
-            "re-published, but not removed from the dead-letter queue: it may be replayed again \
-             (the submission ignores an order it already has)",
-        ),
-        Err(e) => {
-            if let Err(release) = taken.release().await {
-                tracing::debug!(error = %release, "handing back a dead letter");
-            }
-            Err(match e {
-                PublishError::Unroutable(_) => {
-                    anyhow::anyhow!("{e} ({})", no_orders_queue_hint(queues))
-                }
-                e => anyhow::Error::new(e).context(format!("publishing to {}", queues.orders())),
-            })
-        }
-    }
-}
-
-async fn purge(broker: &Broker, queues: &QueueNames, args: &PurgeArgs) -> anyhow::Result<()> {
-    let queue = queues.orders_dead();
-    let total = ready(broker, queues).await?;
+    let queue = &dead.queue;
     if !args.yes {
+        let total = dead_letters::count(broker, queues, dead).await?;
         let noun = if total == 1 {
             "dead letter"
         } else {
@@ -314,10 +214,7 @@ async fn purge(broker: &Broker, queues: &QueueNames, args: &PurgeArgs) -> anyhow
         }
         .into());
     }
-    let purged = broker
-        .purge(queue)
-        .await
-        .with_context(|| format!("purging {queue}"))?;
+    let purged = dead_letters::purge(broker, queues, dead).await?;
     if args.json {
         println!("{}", json!({ "purged": purged }));
     } else {
@@ -340,6 +237,7 @@ mod tests {
             reason: Some("unknown workflow \"nope\"".into()),
             message_id: None,
             reply_to: Some("app".into()),
+            tries: 0,
             body: body.into(),
         }
     }
@@ -357,8 +255,8 @@ mod tests {
         assert!(lines[1].contains("unknown workflow \"nope\"  -"), "{text}");
         assert!(lines[1].ends_with('…'), "{text}");
         assert!(!lines[1].contains(&long), "{text}");
-        assert_eq!(letter(&long).json()["body"], long);
-        assert_eq!(letter(&long).json()["message_id"], Value::Null);
+        assert_eq!(letter_json(&letter(&long))["body"], long);
+        assert_eq!(letter_json(&letter(&long))["message_id"], Value::Null);
         assert_eq!(letters_text(&[]), "(none)\n");
     }
 

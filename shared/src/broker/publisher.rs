@@ -34,6 +34,9 @@ pub enum Header<'a> {
     Text(&'a str),
     /// A count.
     Count(u32),
+    /// No such header: removed from the copy (a replayed dead letter loses
+    /// its reason and its count of tries).
+    Remove,
 }
 
 /// Longest AMQP short string (routing keys, `reply_to`, ids).
@@ -137,7 +140,8 @@ impl Publisher {
             .inner
             .properties
             .headers()
-            .clone()
+            .as_ref()
+            .map(|t| t.inner().clone())
             .unwrap_or_default();
         for (k, v) in headers {
             let v = match v {
@@ -145,10 +149,18 @@ impl Publisher {
                     crate::messages::truncate_bytes(text, MAX_HEADER_BYTES).into(),
                 ),
                 Header::Count(n) => AMQPValue::LongUInt(*n),
+                Header::Remove => {
+                    table.remove(*k);
+                    continue;
+                }
             };
             table.insert((*k).into(), v);
         }
-        let props = delivery.inner.properties.clone().with_headers(table);
+        let props = delivery
+            .inner
+            .properties
+            .clone()
+            .with_headers(FieldTable::from(table));
         let confirm = self
             .channel
             .basic_publish(

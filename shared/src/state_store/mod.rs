@@ -18,6 +18,7 @@ mod orders;
 mod outbox;
 mod partitions;
 mod schedules;
+mod search;
 mod stats;
 mod steps;
 mod transitions;
@@ -40,6 +41,10 @@ pub use orders::{NewOrder, OrderRow};
 pub use outbox::{Committed, Held, OutboxRow};
 pub use partitions::Partitions;
 pub use schedules::{ScheduleRow, ScheduleView};
+pub use search::{
+    Cursor, FoundOrder, MAX_PAGE as MAX_SEARCH_PAGE, OrderSearch, PayloadField, SearchError,
+    SearchFailed, SearchPage,
+};
 pub use stats::Stats;
 pub use steps::{StepRow, stage_names};
 pub use transitions::{

@@ -12,6 +12,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use fantoccini::Locator;
 use remote_sim::Knobs;
 use sas_tests::TestApp;
 use sas_tests::browser::Browser;
@@ -53,29 +54,10 @@ fn client() -> reqwest::Client {
         .expect("HTTP client")
 }
 
-/// Logs in on the login page: types `token` and submits it.
-async fn log_in(browser: &Browser, token: &str) {
-    let field = browser
-        .find("#login-token")
-        .await
-        .expect("find")
-        .expect("the login page has a token field");
-    browser
-        .type_text(&field, token)
-        .await
-        .expect("type the token");
-    let submit = browser
-        .find("#login-submit")
-        .await
-        .expect("find")
-        .expect("the login page has a submit button");
-    browser.click(&submit).await.expect("submit");
-}
-
 /// The page's path.
 async fn path(browser: &Browser) -> String {
     browser
-        .execute("return location.pathname;")
+        .run("return location.pathname;")
         .await
         .expect("location")
         .as_str()
@@ -247,7 +229,10 @@ async fn the_dashboard_shows_a_known_run_in_chromium_to_a_logged_in_viewer_witho
     browser.goto(&format!("{base}/")).await.expect("open /");
     assert_eq!(path(&browser).await, "/login");
     // A wrong token is refused there.
-    log_in(&browser, "not-a-token-not-a-token").await;
+    browser
+        .log_in("not-a-token-not-a-token")
+        .await
+        .expect("log in");
     wait_text(
         &browser,
         "the login page says the token is not valid",
@@ -258,7 +243,7 @@ async fn the_dashboard_shows_a_known_run_in_chromium_to_a_logged_in_viewer_witho
     .await;
 
     // A viewer sees the failed order and no button to act on it.
-    log_in(&browser, VIEWER_TOKEN).await;
+    browser.log_in(VIEWER_TOKEN).await.expect("log in");
     let failed_row = format!("#failed tr[data-order-id=\"{failed}\"]");
     wait_page(
         &browser,
@@ -278,7 +263,7 @@ async fn the_dashboard_shows_a_known_run_in_chromium_to_a_logged_in_viewer_witho
     assert_eq!(path(&browser).await, "/");
     assert!(
         browser
-            .find_all("button.retry, button.cancel")
+            .find_all(Locator::Css("button.retry, button.cancel"))
             .await
             .expect("find buttons")
             .is_empty(),
@@ -286,7 +271,7 @@ async fn the_dashboard_shows_a_known_run_in_chromium_to_a_logged_in_viewer_witho
     );
     // Nor can the page's own code act for a viewer: the server refuses.
     browser
-        .execute(&format!("sas.act('retry', '{failed}'); return true;"))
+        .run(&format!("sas.act('retry', '{failed}'); return true;"))
         .await
         .expect("run the page's retry");
     wait_text(
@@ -316,7 +301,7 @@ async fn the_dashboard_shows_a_known_run_in_chromium_to_a_logged_in_viewer_witho
     assert_eq!(path(&browser).await, "/login");
     browser.goto(&format!("{base}/")).await.expect("open /");
     assert_eq!(path(&browser).await, "/login", "the session is gone");
-    log_in(&browser, OPERATOR_TOKEN).await;
+    browser.log_in(OPERATOR_TOKEN).await.expect("log in");
 
     let expected: BTreeMap<String, String> = [
         ("count-pending", "1"),
@@ -360,14 +345,23 @@ async fn the_dashboard_shows_a_known_run_in_chromium_to_a_logged_in_viewer_witho
             let failed_text = browser.text_of(&failed_row).await?.unwrap_or_default();
             let waiting_text = browser.text_of(&waiting_row).await?.unwrap_or_default();
             let breakers = browser
-                .find_all("#breakers tbody tr[data-state=\"closed\"]")
+                .find_all(Locator::Css("#breakers tbody tr[data-state=\"closed\"]"))
                 .await?
                 .len();
-            let bars = browser.find_all("#throughput-chart rect.bar").await?.len();
-            let dots = browser.find_all("#latency-chart circle.dot").await?.len();
+            let bars = browser
+                .find_all(Locator::Css("#throughput-chart rect.bar"))
+                .await?
+                .len();
+            let dots = browser
+                .find_all(Locator::Css("#latency-chart circle.dot"))
+                .await?
+                .len();
             let ok = failed_text.contains("error")
                 && failed_text.contains("open")
-                && browser.find(&compensated_row).await?.is_some()
+                && !browser
+                    .find_all(Locator::Css(&compensated_row))
+                    .await?
+                    .is_empty()
                 && waiting_text.contains("in 59m")
                 && waiting_text.contains("2 (retry)")
                 && breakers == sas_tests::AGENTS.len()
@@ -392,13 +386,12 @@ async fn the_dashboard_shows_a_known_run_in_chromium_to_a_logged_in_viewer_witho
 
     // A compensated order cannot be retried: its button is greyed out.
     let disabled = browser
-        .find(&format!("{compensated_row} button.retry"))
+        .find(Locator::Css(&format!("{compensated_row} button.retry")))
         .await
-        .expect("find")
         .expect("the compensated order has a retry button");
     assert!(
-        browser
-            .attribute(&disabled, "disabled")
+        disabled
+            .attr("disabled")
             .await
             .expect("attribute")
             .is_some(),
@@ -407,11 +400,10 @@ async fn the_dashboard_shows_a_known_run_in_chromium_to_a_logged_in_viewer_witho
 
     // Retry the failed order; remote-sim lets it through now.
     let retry = browser
-        .find(&format!("{failed_row} button.retry"))
+        .find(Locator::Css(&format!("{failed_row} button.retry")))
         .await
-        .expect("find")
         .expect("the failed order has a retry button");
-    browser.click(&retry).await.expect("click retry");
+    retry.click().await.expect("click retry");
     wait_page(
         &browser,
         "the page says the order was retried",
@@ -457,7 +449,10 @@ async fn the_dashboard_shows_a_known_run_in_chromium_to_a_logged_in_viewer_witho
                 &["count-processed", "count-error", "count-alerts"],
             )
             .await?;
-            let gone = browser.find(&failed_row).await?.is_none();
+            let gone = browser
+                .find_all(Locator::Css(&failed_row))
+                .await?
+                .is_empty();
             Ok(
                 if gone
                     && shown["count-processed"] == "4"
@@ -476,7 +471,7 @@ async fn the_dashboard_shows_a_known_run_in_chromium_to_a_logged_in_viewer_witho
     // A retry the state no longer allows (a second operator's late click, say)
     // is refused with the server's reason shown in the page.
     browser
-        .execute(&format!("sas.act('retry', '{failed}'); return true;"))
+        .run(&format!("sas.act('retry', '{failed}'); return true;"))
         .await
         .expect("run the page's retry");
     wait_page(
@@ -513,7 +508,10 @@ async fn the_dashboard_shows_a_known_run_in_chromium_to_a_logged_in_viewer_witho
         "the order page shows the timeline",
         Duration::from_secs(20),
         || async {
-            let rows = browser.find_all("#timeline tbody tr").await?.len();
+            let rows = browser
+                .find_all(Locator::Css("#timeline tbody tr"))
+                .await?
+                .len();
             let state = browser.text_of("#order-state").await?.unwrap_or_default();
             let timeline = browser.text_of("#timeline").await?.unwrap_or_default();
             let step = browser
@@ -630,6 +628,7 @@ async fn the_api_answers_404_for_an_unknown_order_and_409_for_an_action_its_stat
         "/assets/common.js",
         "/assets/overview.js",
         "/assets/order.js",
+        "/assets/find.js",
     ] {
         let response = http
             .get(format!("{base}{path}"))

@@ -9,6 +9,7 @@ mod clocks;
 mod core;
 mod costs;
 mod dashboard;
+mod dashboard_search;
 mod faults;
 mod fencing;
 mod hostile;

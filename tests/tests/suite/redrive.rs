@@ -8,6 +8,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use fantoccini::Locator;
 use remote_sim::{Knobs, Stats};
 use sas_tests::TestApp;
 use sas_tests::browser::Browser;
@@ -445,25 +446,6 @@ tokens = [
     assert_eq!(body["state"], "processed");
 }
 
-/// Logs in on the login page with `token`.
-async fn log_in(browser: &Browser, token: &str) {
-    let field = browser
-        .find("#login-token")
-        .await
-        .expect("find")
-        .expect("the login page has a token field");
-    browser
-        .type_text(&field, token)
-        .await
-        .expect("type the token");
-    let submit = browser
-        .find("#login-submit")
-        .await
-        .expect("find")
-        .expect("the login page has a submit button");
-    browser.click(&submit).await.expect("submit");
-}
-
 /// Waits until `check` finds what it wants in the page; panics with what
 /// it saw last after `timeout`.
 async fn wait_page<F, Fut>(what: &str, timeout: Duration, check: F)
@@ -524,10 +506,13 @@ tokens = [
 
     // A viewer's page has no Redrive button.
     browser.goto(&page).await.expect("open the order");
-    log_in(&browser, VIEWER_TOKEN).await;
+    browser.log_in(VIEWER_TOKEN).await.expect("log in");
     browser.goto(&page).await.expect("open the order");
     wait_page("the viewer sees the order", Duration::from_secs(20), loaded).await;
-    let buttons = browser.find_all("button.redrive").await.expect("find");
+    let buttons = browser
+        .find_all(Locator::Css("button.redrive"))
+        .await
+        .expect("find");
     assert!(buttons.is_empty(), "a viewer is shown no redrive button");
 
     // The operator opens the form, types a patch and redrives.
@@ -535,7 +520,7 @@ tokens = [
         .goto(&format!("{base}/logout"))
         .await
         .expect("log out");
-    log_in(&browser, OPERATOR_TOKEN).await;
+    browser.log_in(OPERATOR_TOKEN).await.expect("log in");
     browser.goto(&page).await.expect("open the order");
     wait_page(
         "the operator sees the order",
@@ -544,26 +529,23 @@ tokens = [
     )
     .await;
     let open = browser
-        .find("button.redrive[data-action=redrive]")
+        .find(Locator::Css("button.redrive[data-action=redrive]"))
         .await
-        .expect("find")
         .expect("an operator has a Redrive button");
-    browser.click(&open).await.expect("open the redrive form");
+    open.click().await.expect("open the redrive form");
     let patch = browser
-        .find("#redrive-patch")
+        .find(Locator::Css("#redrive-patch"))
         .await
-        .expect("find")
         .expect("the form has a patch box");
-    browser
-        .type_text(&patch, r#"{"n": 5, "why": "fixed"}"#)
+    patch
+        .send_keys(r#"{"n": 5, "why": "fixed"}"#)
         .await
         .expect("type the patch");
     let go = browser
-        .find("#redrive-go")
+        .find(Locator::Css("#redrive-go"))
         .await
-        .expect("find")
         .expect("the form has a Redrive button");
-    browser.click(&go).await.expect("redrive");
+    go.click().await.expect("redrive");
     wait_state(&app, id, "processed", Duration::from_secs(30)).await;
 
     // The timeline's redriven row names alice and lists what changed.
@@ -591,7 +573,7 @@ tokens = [
     )
     .await;
     let after: Value = browser
-        .execute("return document.querySelector('#timeline pre[data-payload=after]').textContent;")
+        .run("return document.querySelector('#timeline pre[data-payload=after]').textContent;")
         .await
         .expect("read the payload after");
     let after: Value = serde_json::from_str(after.as_str().unwrap_or_default()).expect("JSON");
