@@ -10,6 +10,7 @@
 
 pub mod browser;
 pub mod cli;
+pub mod dashboard;
 pub mod otlp;
 pub mod tls;
 
@@ -998,6 +999,11 @@ pub fn is_terminal(e: &Value) -> bool {
         e["state"].as_str(),
         Some("processed" | "compensated" | "failed" | "rejected")
     )
+}
+
+/// The `state` of each status event, in order.
+pub fn states(events: &[Value]) -> Vec<&str> {
+    events.iter().filter_map(|e| e["state"].as_str()).collect()
 }
 
 /// Starts `binary` with the configuration `toml` and checks that it

@@ -75,12 +75,8 @@ pub fn routes(ctx: Arc<Context>) -> Router {
         .route("/api/dead-letters", get(crate::dead_letters::overview))
         .route("/api/dead-letters/{queue}", get(crate::dead_letters::list))
         .route(
-            "/api/dead-letters/{queue}/replay",
-            post(crate::dead_letters::replay),
-        )
-        .route(
-            "/api/dead-letters/{queue}/purge",
-            post(crate::dead_letters::purge),
+            "/api/dead-letters/{queue}/{action}",
+            post(crate::dead_letters::act_on),
         )
         .layer(Extension(Arc::new(crate::dead_letters::Rabbit::default())))
         .with_state(ctx)

@@ -237,15 +237,26 @@ pub async fn list(
         .map_err(IntoResponse::into_response)
 }
 
-/// `POST /api/dead-letters/{queue}/replay`.
-pub async fn replay(
+/// `POST /api/dead-letters/{queue}/replay` and `…/purge`.
+pub async fn act_on(
     State(ctx): State<Arc<Context>>,
     axum::Extension(rabbit): axum::Extension<Arc<Rabbit>>,
     Operator(who): Operator,
-    Path(queue): Path<String>,
+    Path((queue, action)): Path<(String, String)>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Result<axum::Json<Value>, Response> {
+    let chosen = match action.as_str() {
+        "replay" => Act::Replay,
+        "purge" => Act::Purge,
+        _ => {
+            let what = format!(
+                "{:?} is not an action on a dead-letter queue (replay or purge)",
+                sas::messages::truncate_bytes(&action, 100)
+            );
+            return Err(Failure::NotFound(what).into_response());
+        }
+    };
     act(
         &ctx,
         &rabbit,
@@ -253,30 +264,7 @@ pub async fn replay(
         &queue,
         query.as_deref(),
         &headers,
-        Act::Replay,
-    )
-    .await
-    .map(axum::Json)
-    .map_err(IntoResponse::into_response)
-}
-
-/// `POST /api/dead-letters/{queue}/purge`.
-pub async fn purge(
-    State(ctx): State<Arc<Context>>,
-    axum::Extension(rabbit): axum::Extension<Arc<Rabbit>>,
-    Operator(who): Operator,
-    Path(queue): Path<String>,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-) -> Result<axum::Json<Value>, Response> {
-    act(
-        &ctx,
-        &rabbit,
-        &who,
-        &queue,
-        query.as_deref(),
-        &headers,
-        Act::Purge,
+        chosen,
     )
     .await
     .map(axum::Json)

@@ -38,22 +38,12 @@ pub fn retry(order: &Order, ctx: Context<'_>) -> Result<Decision, &'static str> 
             s.error = None;
         }
     }
-    let o = &mut d.order.row;
-    o.not_before = None;
-    o.failure_count = 0;
-    o.compensation_failures = 0;
-    o.last_error = None;
-    d.set_state(ProcessState::Pending, None, None);
-    d.log(Event {
-        kind: EventKind::RetryScheduled,
-        from: Some(ProcessState::Error),
-        to: ProcessState::Pending,
-        step: None,
-        attempt: 1,
-        reason: Some("retried by an operator"),
-        detail: json!({ "operator": true, "next_attempt_at": rfc3339::format(&ctx.now) }),
-    });
-    d.wake = true;
+    d.start_again(
+        EventKind::RetryScheduled,
+        ProcessState::Error,
+        "retried by an operator",
+        json!({ "operator": true, "next_attempt_at": rfc3339::format(&ctx.now) }),
+    );
     Ok(d.done())
 }
 
@@ -165,27 +155,42 @@ pub fn redrive(
     let o = &mut d.order.row;
     o.payload = after.clone();
     o.redrives = n;
-    o.not_before = None;
-    o.failure_count = 0;
-    o.compensation_failures = 0;
-    o.last_error = None;
-    d.set_state(ProcessState::Pending, None, None);
-    d.log(Event {
-        kind: EventKind::Redriven,
-        from: Some(from),
-        to: ProcessState::Pending,
-        step: None,
-        attempt: 1,
-        reason: Some("redriven by an operator"),
-        detail: json!({
+    d.start_again(
+        EventKind::Redriven,
+        from,
+        "redriven by an operator",
+        json!({
             "operator": true,
             "redrive": n,
             "before": before,
             "after": after,
         }),
-    });
-    d.wake = true;
+    );
     Ok(d.done())
+}
+
+impl Deciding<'_> {
+    /// Starts an ended order again from `from` (an operator's retry or
+    /// redrive): `pending` now, its failures forgotten, attempt 1 again,
+    /// and `kind` logged with `reason` and `detail`; the schedulers are woken.
+    fn start_again(&mut self, kind: EventKind, from: ProcessState, reason: &str, detail: Value) {
+        let o = &mut self.order.row;
+        o.not_before = None;
+        o.failure_count = 0;
+        o.compensation_failures = 0;
+        o.last_error = None;
+        self.set_state(ProcessState::Pending, None, None);
+        self.log(Event {
+            kind,
+            from: Some(from),
+            to: ProcessState::Pending,
+            step: None,
+            attempt: 1,
+            reason: Some(reason),
+            detail,
+        });
+        self.wake = true;
+    }
 }
 
 /// Why an operator may not redrive an order in `state`, or `None` when a

@@ -30,7 +30,7 @@ async fn an_agent_whose_clock_runs_five_minutes_ahead_still_calls_the_remote() {
     let app = TestApp::builder().step_timeout("5s").build().await;
     with_agent_clock("+5m", &app).await;
     let (id, events) = app.run_one("three").await;
-    let states: Vec<&str> = events.iter().filter_map(|e| e["state"].as_str()).collect();
+    let states = sas_tests::states(&events);
     assert_eq!(states.last(), Some(&"processed"), "{states:?}");
     assert!(!states.contains(&"retry_scheduled"), "{states:?}");
     assert_eq!(app.stats().keys[&format!("{id}:a")].applied, 1);
@@ -75,10 +75,7 @@ async fn an_agent_whose_clock_runs_five_minutes_behind_goes_silent_when_the_time
     let stories = app
         .assert_invariants(&status, &[id], &[], Duration::from_secs(30))
         .await;
-    let states: Vec<&str> = stories[&id]
-        .iter()
-        .filter_map(|e| e["state"].as_str())
-        .collect();
+    let states = sas_tests::states(&stories[&id]);
     assert!(
         matches!(states.last(), Some(&("processed" | "failed"))),
         "{states:?}"

@@ -17,31 +17,21 @@ use remote_sim::Knobs;
 use sas_tests::TestApp;
 use sas_tests::browser::Browser;
 use sas_tests::cli::wait_state;
+use sas_tests::dashboard::{OPERATOR_TOKEN, VIEWER_TOKEN, answer};
 use serde_json::Value;
 use uuid::Uuid;
-
-/// A viewer's and an operator's bearer token, and Basic users, in the
-/// configuration of the tests that log in.
-const VIEWER_TOKEN: &str = "viewer-token-of-vera-0123";
-const OPERATOR_TOKEN: &str = "operator-token-of-alice-0123";
 
 /// `[dashboard]` with token authentication (the other modes are chosen with
 /// `SAS__DASHBOARD__AUTH` when a test starts a dashboard).
 fn dashboard_auth() -> String {
     format!(
-        r#"
-[dashboard]
-auth = "token"
-tokens = [
-  {{ name = "vera", token = "{VIEWER_TOKEN}", role = "viewer" }},
-  {{ name = "alice", token = "{OPERATOR_TOKEN}", role = "operator" }},
-]
-users = [
+        r#"{}users = [
   {{ name = "bob", password = "bob-secret", role = "operator" }},
   {{ name = "val", password = "val-secret", role = "viewer" }},
 ]
 role_header = "X-Forwarded-Role"
-"#
+"#,
+        sas_tests::dashboard::token_auth()
     )
 }
 
@@ -538,14 +528,6 @@ async fn the_dashboard_shows_a_known_run_in_chromium_to_a_logged_in_viewer_witho
     let png = browser.screenshot().await.expect("screenshot");
     std::fs::write(artifact("dashboard-order.png"), &png).expect("write screenshot");
     browser.quit().await;
-}
-
-/// `(status, JSON body)` of a request.
-async fn answer(request: reqwest::RequestBuilder) -> (u16, Value) {
-    let response = request.send().await.expect("dashboard answers");
-    let status = response.status().as_u16();
-    let body = response.json().await.unwrap_or(Value::Null);
-    (status, body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,36 +12,13 @@ use sas::broker::Outgoing;
 use sas_tests::TestApp;
 use sas_tests::browser::Browser;
 use sas_tests::cli::wait_state;
+use sas_tests::dashboard::{OPERATOR_TOKEN, VIEWER_TOKEN, answer, token_auth};
 use serde_json::{Value, json};
 use uuid::Uuid;
-
-const VIEWER_TOKEN: &str = "viewer-token-of-vera-0123";
-const OPERATOR_TOKEN: &str = "operator-token-of-alice-0123";
-
-fn token_auth() -> String {
-    format!(
-        r#"
-[dashboard]
-auth = "token"
-tokens = [
-  {{ name = "vera", token = "{VIEWER_TOKEN}", role = "viewer" }},
-  {{ name = "alice", token = "{OPERATOR_TOKEN}", role = "operator" }},
-]
-"#
-    )
-}
 
 fn http() -> reqwest::Client {
     sas::tls::install_crypto_provider();
     reqwest::Client::new()
-}
-
-/// `(status, JSON body)` of a request.
-async fn answer(request: reqwest::RequestBuilder) -> (u16, Value) {
-    let response = request.send().await.expect("the dashboard answers");
-    let status = response.status().as_u16();
-    let body = response.json().await.unwrap_or(Value::Null);
-    (status, body)
 }
 
 /// Publishes an order of `workflow` with `payload`; returns its id.

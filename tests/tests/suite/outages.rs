@@ -555,10 +555,7 @@ async fn a_zombie_agents_late_call_is_refused_by_its_fencing_token_and_the_order
     .await;
     assert_eq!(app.order(id).await.map(|o| o.0), Some("processed".into()));
     let stories = app.stories(&status, &[id], Duration::from_secs(10)).await;
-    let states: Vec<&str> = stories[&id]
-        .iter()
-        .filter_map(|e| e["state"].as_str())
-        .collect();
+    let states = sas_tests::states(&stories[&id]);
     assert_eq!(
         states,
         [

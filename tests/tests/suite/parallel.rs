@@ -134,7 +134,7 @@ async fn a_branch_still_running_when_its_sibling_fails_is_let_finish_then_undone
     );
     app.start_all().await;
     let (id, events) = app.run_one("diamond").await;
-    let states: Vec<&str> = events.iter().filter_map(|e| e["state"].as_str()).collect();
+    let states = sas_tests::states(&events);
     assert_eq!(states.last(), Some(&"compensated"), "{states:?}");
     // notify answered after the order began to give up, and counted.
     let compensating = states.iter().position(|s| *s == "compensating");
@@ -199,10 +199,7 @@ async fn a_reattempt_after_an_agent_crash_mid_branch_redoes_no_completed_step() 
     let stories = app
         .assert_invariants(&status, &[id], &[], Duration::from_secs(30))
         .await;
-    let states: Vec<&str> = stories[&id]
-        .iter()
-        .filter_map(|e| e["state"].as_str())
-        .collect();
+    let states = sas_tests::states(&stories[&id]);
     assert!(states.contains(&"retry_scheduled"), "{states:?}");
     assert_eq!(states.last(), Some(&"processed"), "{states:?}");
     let stats = app.stats();

@@ -13,6 +13,7 @@ use remote_sim::{Knobs, Stats};
 use sas_tests::TestApp;
 use sas_tests::browser::Browser;
 use sas_tests::cli::{output, run, sasctl, wait_state};
+use sas_tests::dashboard::{OPERATOR_TOKEN, VIEWER_TOKEN, answer};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -26,10 +27,6 @@ steps = [
   { name = "c", agent = "c", timeout = "5s" },
 ]
 "#;
-
-/// A viewer's and an operator's bearer token for the dashboard.
-const VIEWER_TOKEN: &str = "viewer-token-of-vera-0123";
-const OPERATOR_TOKEN: &str = "operator-token-of-alice-0123";
 
 fn permanent() -> Knobs {
     Knobs {
@@ -167,7 +164,7 @@ async fn a_failed_order_redriven_with_a_patch_runs_only_its_failed_step_again_un
     let seqs: BTreeSet<i64> = got.iter().filter_map(|e| e["seq"].as_i64()).collect();
     let last = *seqs.last().expect("events");
     assert_eq!(seqs, (1..=last).collect(), "{got:#?}");
-    let states: Vec<&str> = got.iter().filter_map(|e| e["state"].as_str()).collect();
+    let states = sas_tests::states(&got);
     let at = |state: &str| {
         states
             .iter()
@@ -330,27 +327,10 @@ async fn a_redrive_of_an_order_that_did_not_end_in_failure_or_with_a_bad_patch_i
     assert_eq!(events(&app, failed).await, before, "nothing was logged");
 }
 
-/// `(status, JSON body)` of a request.
-async fn answer(request: reqwest::RequestBuilder) -> (u16, Value) {
-    let response = request.send().await.expect("dashboard answers");
-    let status = response.status().as_u16();
-    let body = response.json().await.unwrap_or(Value::Null);
-    (status, body)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_the_dashboard_an_operator_redrives_an_order_and_a_viewer_cannot() {
     let app = TestApp::builder()
-        .extra_config(format!(
-            r#"
-[dashboard]
-auth = "token"
-tokens = [
-  {{ name = "vera", token = "{VIEWER_TOKEN}", role = "viewer" }},
-  {{ name = "alice", token = "{OPERATOR_TOKEN}", role = "operator" }},
-]
-"#
-        ))
+        .extra_config(sas_tests::dashboard::token_auth())
         .spawn()
         .await;
     app.knobs("a", permanent());
@@ -471,16 +451,7 @@ where
 async fn in_chromium_an_operator_redrives_from_the_order_page_and_its_timeline_shows_the_payload_change()
  {
     let app = TestApp::builder()
-        .extra_config(format!(
-            r#"
-[dashboard]
-auth = "token"
-tokens = [
-  {{ name = "vera", token = "{VIEWER_TOKEN}", role = "viewer" }},
-  {{ name = "alice", token = "{OPERATOR_TOKEN}", role = "operator" }},
-]
-"#
-        ))
+        .extra_config(sas_tests::dashboard::token_auth())
         .spawn()
         .await;
     app.knobs("a", permanent());

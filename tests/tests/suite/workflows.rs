@@ -33,7 +33,7 @@ steps = [ { name = "a", agent = "a", timeout = "800ms", retry = { max_attempts =
     );
     app.start_all().await;
     let (id, events) = app.run_one("patient").await;
-    let states: Vec<&str> = events.iter().filter_map(|e| e["state"].as_str()).collect();
+    let states = sas_tests::states(&events);
     assert_eq!(
         states,
         [
@@ -149,7 +149,7 @@ async fn max_in_flight_bounds_an_agents_calls_across_three_instances_and_orders_
         .count();
     assert!(waited > 0, "some orders waited for room");
     for events in stories.values() {
-        let states: Vec<&str> = events.iter().filter_map(|e| e["state"].as_str()).collect();
+        let states = sas_tests::states(events);
         assert_eq!(states.last(), Some(&"processed"), "{states:?}");
     }
     let listed = run(&app, &["agents", "list", "--json"])
@@ -311,7 +311,7 @@ async fn a_long_running_operation_is_polled_past_its_timeout_and_each_202_moves_
     app.knobs("a", long_running(10_000));
     app.start_all().await;
     let (id, events) = app.run_one("long").await;
-    let states: Vec<&str> = events.iter().filter_map(|e| e["state"].as_str()).collect();
+    let states = sas_tests::states(&events);
     assert_eq!(states.last(), Some(&"processed"), "{states:?}");
     assert!(!states.contains(&"retry_scheduled"), "{states:?}");
     assert_eq!(app.order(id).await, Some(("processed".into(), 0)));
@@ -342,7 +342,7 @@ async fn a_long_running_operation_past_max_duration_times_out_as_a_failure() {
     app.knobs("b", long_running(10_000));
     app.start_all().await;
     let (id, events) = app.run_one("bounded").await;
-    let states: Vec<&str> = events.iter().filter_map(|e| e["state"].as_str()).collect();
+    let states = sas_tests::states(&events);
     assert_eq!(states.last(), Some(&"failed"), "{states:?}");
     let (started, last_error): (chrono::DateTime<chrono::Utc>, Option<String>) = sqlx::query_as(
         "SELECT s.started_at, o.last_error FROM steps s JOIN orders o USING (order_id) \
@@ -394,10 +394,7 @@ async fn an_agent_that_dies_mid_poll_is_replaced_and_the_new_dispatch_polls_the_
     let stories = app
         .assert_invariants(&status, &[id], &[], Duration::from_secs(30))
         .await;
-    let states: Vec<&str> = stories[&id]
-        .iter()
-        .filter_map(|e| e["state"].as_str())
-        .collect();
+    let states = sas_tests::states(&stories[&id]);
     assert_eq!(states.last(), Some(&"processed"), "{states:?}");
     let stats = app.stats();
     assert_eq!(
