@@ -327,8 +327,9 @@ async fn a_redrive_of_an_order_that_did_not_end_in_failure_or_with_a_bad_patch_i
     assert_eq!(events(&app, failed).await, before, "nothing was logged");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn through_the_dashboard_an_operator_redrives_an_order_and_a_viewer_cannot() {
+/// An order of `one` failed for good (its remote mended since), and a
+/// dashboard with token logins: `(app, order, the dashboard's URL)`.
+async fn failed_order_and_a_dashboard() -> (TestApp, Uuid, String) {
     let app = TestApp::builder()
         .extra_config(sas_tests::dashboard::token_auth())
         .spawn()
@@ -339,6 +340,12 @@ async fn through_the_dashboard_an_operator_redrives_an_order_and_a_viewer_cannot
     app.knobs("a", Knobs::default());
     app.start("dashboard", "dashboard", &[]).await;
     let base = format!("http://127.0.0.1:{}", app.port("dashboard"));
+    (app, id, base)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_the_dashboard_an_operator_redrives_an_order_and_a_viewer_cannot() {
+    let (app, id, base) = failed_order_and_a_dashboard().await;
     sas::tls::install_crypto_provider();
     let http = reqwest::Client::new();
     let url = format!("{base}/api/orders/{id}/redrive");
@@ -450,16 +457,7 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_chromium_an_operator_redrives_from_the_order_page_and_its_timeline_shows_the_payload_change()
  {
-    let app = TestApp::builder()
-        .extra_config(sas_tests::dashboard::token_auth())
-        .spawn()
-        .await;
-    app.knobs("a", permanent());
-    let id = app.submit("one", None).await;
-    wait_state(&app, id, "error", Duration::from_secs(30)).await;
-    app.knobs("a", Knobs::default());
-    app.start("dashboard", "dashboard", &[]).await;
-    let base = format!("http://127.0.0.1:{}", app.port("dashboard"));
+    let (app, id, base) = failed_order_and_a_dashboard().await;
     let page = format!("{base}/orders/{id}");
     let browser = Browser::start()
         .await
