@@ -111,7 +111,9 @@ impl Default for DatabaseSettings {
 #[serde(default)]
 pub struct BrokerSettings {
     /// AMQP URL: `amqp://` in plaintext, `amqps://` over verified TLS (the
-    /// certificate must name the URL's host).
+    /// certificate must name the URL's host). Several, separated by commas,
+    /// name the nodes of one cluster (§6a): a service connects to one of
+    /// them, tried in a random order, and to another when it loses it.
     pub url: String,
     /// A PEM file of CA certificates that RabbitMQ's certificate may chain
     /// to, trusted beside the system's roots (`amqps://` only).
@@ -131,6 +133,11 @@ pub struct BrokerSettings {
     /// How long start-up keeps trying to reach RabbitMQ before giving up.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
+    /// The AMQP heartbeat asked of the broker, unless the URL names one
+    /// (`?heartbeat=`): a connection that goes silent is given up after
+    /// about two of them (§6a), not the server's default minute.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat: Duration,
     /// The type of the step queues (the agents' request queues and the
     /// schedulers' reply queue) when sas declares them. Classic by default:
     /// they carry nothing Postgres does not hold (a lost request or reply
@@ -172,8 +179,20 @@ impl Default for BrokerSettings {
             prefetch: 128,
             delivery_limit: 20,
             connect_timeout: Duration::from_secs(30),
+            heartbeat: Duration::from_secs(10),
             step_queues: QueueType::Classic,
         }
+    }
+}
+
+impl BrokerSettings {
+    /// The nodes `url` names: one, or several separated by commas.
+    pub fn nodes(&self) -> Vec<&str> {
+        self.url
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .collect()
     }
 }
 
@@ -733,20 +752,30 @@ impl Settings {
     /// chosen silently when TLS was asked for).
     fn validate_tls(&self) -> Result<(), ConfigError> {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
-        let broker_url = &self.broker.url;
-        let scheme = broker_url
-            .split_once("://")
-            .map(|(s, _)| s.to_ascii_lowercase());
-        let tls = match scheme.as_deref() {
-            Some("amqps") => true,
-            Some("amqp") => false,
-            _ => {
-                return invalid(format!(
-                    "broker.url {:?} must be an amqp:// or amqps:// URL",
-                    crate::tls::redact_url(broker_url)
-                ));
+        let mut schemes = Vec::new();
+        for node in self.broker.nodes() {
+            let scheme = node.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+            match scheme.as_deref() {
+                Some("amqps") => schemes.push(true),
+                Some("amqp") => schemes.push(false),
+                _ => {
+                    return invalid(format!(
+                        "broker.url {:?} must be an amqp:// or amqps:// URL",
+                        crate::tls::redact_url(node)
+                    ));
+                }
             }
+        }
+        let Some(&tls) = schemes.first() else {
+            return invalid("broker.url is empty".into());
         };
+        if schemes.iter().any(|s| *s != tls) {
+            return invalid(
+                "broker.url mixes amqp:// and amqps:// nodes; a cluster's nodes are reached \
+                 the same way"
+                    .into(),
+            );
+        }
         let b = &self.broker;
         if !tls && (b.ca_file.is_some() || b.client_cert.is_some() || b.client_key.is_some()) {
             return invalid(

@@ -172,55 +172,79 @@ impl Broker {
     pub async fn connect(settings: &BrokerSettings, app: &str) -> Result<Self, BrokerError> {
         // Parsed here rather than by lapin so that a bad URL's error never
         // quotes its password.
-        let uri: AMQPUri = settings
-            .url
-            .parse()
-            .map_err(|reason: String| BrokerError::BadUrl {
-                url: crate::tls::redact_url(&settings.url),
-                reason: crate::tls::redact(&reason, [settings.url.as_str()]),
+        let mut nodes = Vec::new();
+        for node in settings.nodes() {
+            let mut uri: AMQPUri = node.parse().map_err(|reason: String| BrokerError::BadUrl {
+                url: crate::tls::redact_url(node),
+                reason: crate::tls::redact(&reason, [node]),
             })?;
-        let builder = DefaultConnectionBuilder::new()?
-            .with_uri(uri)
-            .with_properties(ConnectionProperties::default().with_connection_name(app.into()))
-            .with_tls_config(tls_config(settings)?);
+            // A silent connection is given up after about two heartbeats.
+            if uri.query.heartbeat.is_none() {
+                let secs = settings.heartbeat.as_secs().clamp(1, u64::from(u16::MAX));
+                uri.query.heartbeat = Some(u16::try_from(secs).unwrap_or(u16::MAX));
+            }
+            nodes.push(uri);
+        }
+        if nodes.is_empty() {
+            return Err(BrokerError::BadUrl {
+                url: String::new(),
+                reason: "no node".into(),
+            });
+        }
+        // Each instance its own order, so that the instances spread over
+        // the nodes and a reconnection after a node's loss tries the others.
+        fastrand::shuffle(&mut nodes);
+        let tls = tls_config(settings)?;
+        let properties = ConnectionProperties::default().with_connection_name(app.into());
         let started = std::time::Instant::now();
         let mut wait = Duration::from_millis(100);
         loop {
-            // Bound each attempt: an address that swallows packets would
-            // otherwise hold one for the kernel's TCP timeout (minutes).
-            let left = settings
-                .connect_timeout
-                .saturating_sub(started.elapsed())
-                .clamp(Duration::from_millis(500), Duration::from_secs(10));
-            let attempt = tokio::time::timeout(left, builder.connect())
-                .await
-                .unwrap_or_else(|_| {
-                    Err(lapin::Error::from(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!("no answer within {left:?}"),
-                    )))
-                });
-            match attempt {
-                Ok(conn) => {
-                    return Ok(Self {
-                        conn,
-                        channels: std::sync::Mutex::new(Vec::new()),
+            let mut last = None;
+            for uri in &nodes {
+                // Bound each attempt: an address that swallows packets would
+                // otherwise hold one for the kernel's TCP timeout (minutes).
+                let left = settings
+                    .connect_timeout
+                    .saturating_sub(started.elapsed())
+                    .clamp(Duration::from_millis(500), Duration::from_secs(10));
+                let builder = DefaultConnectionBuilder::new()?
+                    .with_uri(uri.clone())
+                    .with_properties(properties.clone())
+                    .with_tls_config(tls.clone());
+                let attempt = tokio::time::timeout(left, builder.connect())
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(lapin::Error::from(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no answer within {left:?}"),
+                        )))
                     });
-                }
-                Err(e) if is_tls_failure(&e) => return Err(BrokerError::Tls(e)),
-                Err(e) if started.elapsed() < settings.connect_timeout => {
-                    let error = crate::tls::redact(&e.to_string(), [settings.url.as_str()]);
-                    tracing::warn!(%error, "RabbitMQ not reachable yet; retrying");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(2));
-                }
-                Err(last) => {
-                    return Err(BrokerError::Unreachable {
-                        waited: started.elapsed(),
-                        last,
-                    });
+                match attempt {
+                    Ok(conn) => {
+                        return Ok(Self {
+                            conn,
+                            channels: std::sync::Mutex::new(Vec::new()),
+                        });
+                    }
+                    Err(e) if is_tls_failure(&e) => return Err(BrokerError::Tls(e)),
+                    Err(e) => {
+                        let error = crate::tls::redact(&e.to_string(), [settings.url.as_str()]);
+                        tracing::warn!(%error, node = %uri.authority.host, "RabbitMQ node not reachable");
+                        last = Some(e);
+                    }
                 }
             }
+            if started.elapsed() >= settings.connect_timeout
+                && let Some(last) = last
+            {
+                return Err(BrokerError::Unreachable {
+                    waited: started.elapsed(),
+                    last,
+                });
+            }
+            tracing::warn!("no RabbitMQ node reachable yet; retrying");
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(2));
         }
     }
 

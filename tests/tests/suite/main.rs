@@ -14,6 +14,7 @@ mod faults;
 mod fencing;
 mod hostile;
 mod metrics;
+mod nodes;
 mod outages;
 mod packaging;
 mod parallel;
