@@ -315,20 +315,6 @@ breaker_cooldown = "{cooldown}"
         args: &[&str],
         env: &[(&str, &str)],
     ) {
-        self.start_under(name, binary, args, env, &[]).await;
-    }
-
-    /// Like [`TestApp::start_with_env`], run by `wrapper` (a program and its
-    /// arguments, e.g. `faketime -f +5m`), which is given the binary's path
-    /// and arguments.
-    pub async fn start_under(
-        &self,
-        name: &str,
-        binary: &str,
-        args: &[&str],
-        env: &[(&str, &str)],
-        wrapper: &[&str],
-    ) {
         let port = free_port();
         // Append: a restarted process keeps its predecessor's lines.
         let log = std::fs::OpenOptions::new()
@@ -336,16 +322,7 @@ breaker_cooldown = "{cooldown}"
             .append(true)
             .open(self.dir.join(format!("{name}.log")))
             .expect("log file");
-        let program = bin(binary);
-        let mut command = match wrapper.split_first() {
-            Some((run, with)) => {
-                let mut c = Command::new(run);
-                c.args(with).arg(&program);
-                c
-            }
-            None => Command::new(&program),
-        };
-        let child = command
+        let child = Command::new(bin(binary))
             .args(args)
             .env("SAS_CONFIG", &self.config)
             .env("SAS__HTTP__PORT", port.to_string())

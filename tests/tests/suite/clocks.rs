@@ -1,28 +1,29 @@
 //! Hosts whose clocks disagree (contract §6a): deadlines are the state
 //! store's. An agent whose wall clock runs minutes ahead of the database's
 //! still calls the remote; one whose clock runs behind still goes silent
-//! once the step's time is up. The agent runs under `faketime` (Debian's
-//! package of that name).
+//! once the step's time is up. The agent runs with libfaketime preloaded
+//! (Debian's package `faketime`), set as the `faketime` command would, but
+//! in the agent's own process, so that stopping it stops the agent.
 
 use std::time::Duration;
 
 use remote_sim::Knobs;
 use sas_tests::TestApp;
 
+/// Where Debian's `faketime` package puts the library.
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
 /// Starts everything, the agent with its clock moved by `offset` (e.g. `+5m`).
 async fn with_agent_clock(offset: &str, app: &TestApp) {
     assert!(
-        std::process::Command::new("faketime")
-            .arg("-h")
-            .output()
-            .is_ok(),
-        "faketime not found: apt-get install faketime"
+        std::path::Path::new(LIBFAKETIME).exists(),
+        "{LIBFAKETIME} not found: apt-get install faketime"
     );
     for name in ["submission", "scheduler", "supervisor"] {
         app.start(name, name, &[]).await;
     }
-    app.start_under("agent", "agent", &[], &[], &["faketime", "-f", offset])
-        .await;
+    let env = [("LD_PRELOAD", LIBFAKETIME), ("FAKETIME", offset)];
+    app.start_with_env("agent", "agent", &[], &env).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
