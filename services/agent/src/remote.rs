@@ -169,10 +169,12 @@ pub async fn call(
                 location,
                 retry_after,
             } => 'accepted: {
-                let Some(url) = location.as_deref().and_then(|l| resolve(&spec.url, l)) else {
-                    on_attempt("transient");
-                    let error = "202 Accepted without a Location to poll".to_owned();
-                    break 'accepted (error, retry_after);
+                let url = match resolve(&spec.url, location.as_deref()) {
+                    Ok(url) => url,
+                    Err(error) => {
+                        on_attempt("transient");
+                        break 'accepted (error, retry_after);
+                    }
                 };
                 shared.succeeded().await;
                 on_attempt("accepted");
@@ -234,9 +236,23 @@ fn heartbeat(request: &StepRequest, deadline: Deadline) -> Option<Deadline> {
     deadline.extended(timeout, request.max_complete_by?)
 }
 
-/// A `Location` (absolute, or relative to the step's URL) as a URL to poll.
-fn resolve(base: &str, location: &str) -> Option<reqwest::Url> {
-    reqwest::Url::parse(base).ok()?.join(location).ok()
+/// A `Location` (absolute, or relative to the step's URL) as a URL to
+/// poll, or why there is none: a remote's header is input, and only an
+/// http(s) URL is polled.
+fn resolve(base: &str, location: Option<&str>) -> Result<reqwest::Url, String> {
+    let Some(location) = location else {
+        return Err("202 Accepted without a Location to poll".into());
+    };
+    let quoted = sas::messages::Quoted::new(location);
+    let url = reqwest::Url::parse(base)
+        .and_then(|b| b.join(location))
+        .map_err(|e| format!("202 Accepted with a Location that is no URL ({quoted}): {e}"))?;
+    match url.scheme() {
+        "http" | "https" => Ok(url),
+        other => Err(format!(
+            "202 Accepted with a Location of scheme {other:?}, not http(s): {quoted}"
+        )),
+    }
 }
 
 /// Exponential backoff with full jitter: uniform in [0, min(max, initial·2^retry)].
@@ -386,6 +402,27 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_location_is_polled_relative_to_the_step_or_absolute_and_only_over_http() {
+        let base = "http://remote:8081/svc/a";
+        let at = |l| resolve(base, l).map(|u| u.to_string());
+        assert_eq!(
+            at(Some("/svc/a/jobs/1")).as_deref(),
+            Ok("http://remote:8081/svc/a/jobs/1")
+        );
+        assert_eq!(
+            at(Some("jobs/1")).as_deref(),
+            Ok("http://remote:8081/svc/jobs/1")
+        );
+        assert_eq!(
+            at(Some("https://status.example/j/1")).as_deref(),
+            Ok("https://status.example/j/1")
+        );
+        assert!(at(None).is_err_and(|e| e.contains("without a Location")));
+        assert!(at(Some("file:///etc/passwd")).is_err_and(|e| e.contains("\"file\"")));
+        assert!(at(Some("http://[bad")).is_err_and(|e| e.contains("no URL")));
+    }
 
     #[test]
     fn statuses_are_classified_as_the_contract_says() {

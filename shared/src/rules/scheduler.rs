@@ -158,10 +158,11 @@ pub fn apply_reply(
             });
             d.drive()?;
         }
-        (StepOutcome::Succeeded { .. }, Direction::Compensate)
-        | (StepOutcome::Held | StepOutcome::Accepted { .. }, _) => {
+        (StepOutcome::Succeeded { .. }, Direction::Compensate) | (StepOutcome::Held, _) => {
             d.drive()?;
         }
+        // A heartbeat returned above: nothing ends, nothing is driven.
+        (StepOutcome::Accepted { .. }, _) => {}
         // A sibling of a step that failed, let finish: the undoing goes on.
         (StepOutcome::Failed { .. }, Direction::Forward)
             if change.order_state == ProcessState::Compensating =>
