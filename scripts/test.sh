@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test against the real Postgres (127.0.0.1:5432) and RabbitMQ
 # (127.0.0.1:5672). Builds the binaries first: the end-to-end tests start them.
-# Tests that restart a server (module `restarts` of the one end-to-end binary,
-# tests/tests/suite) run alone, after the rest.
+# Tests that restart a server or start servers of their own (modules
+# `restarts`, `cluster`, `failover` and `partition` of the one end-to-end
+# binary, tests/tests/suite) run alone, after the rest.
 # Extra arguments go to nextest, e.g. `scripts/test.sh -E 'test(hanging)'`.
 #
 # Sets itself up first: what the tests need and the machine lacks (Debian's
@@ -74,7 +75,7 @@ profile=default
 [ "${CI:-}" = "true" ] && profile=ci
 
 cargo build --workspace --all-targets
-restarts='binary_id(sas-tests::suite) & test(/^restarts::/)'
+restarts='binary_id(sas-tests::suite) & test(/^(restarts|cluster|failover|partition)::/)'
 if [ -f tests/tests/suite/restarts.rs ]; then
     cargo nextest run --workspace --profile "$profile" -E "not ($restarts)" "$@"
     cargo nextest run --workspace --profile "$profile" --test-threads 1 -E "$restarts" "$@"
