@@ -68,7 +68,11 @@ pub struct Settings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default)]
 pub struct DatabaseSettings {
-    /// Postgres URL; the database is created when it does not exist.
+    /// Postgres URL; the database is created when it does not exist. It
+    /// may name several hosts as libpq does (contract §6a),
+    /// `postgres://u@h1:5432,h2:5432/sas?target_session_attrs=read-write`:
+    /// sas then uses the one that accepts writes and follows it after a
+    /// failover ([`crate::state_store::Hosts`]).
     pub url: String,
     /// Pool size per process.
     pub max_connections: u32,
@@ -78,6 +82,14 @@ pub struct DatabaseSettings {
     /// Server-side bound on any one statement.
     #[serde(with = "humantime_serde")]
     pub statement_timeout: Duration,
+    /// Client-side bound on each store operation's round trips to Postgres
+    /// (contract §6a): one that passes it drops its connection, which is
+    /// never used again, so a connection gone silent (a partition, a
+    /// failover that moved an address) is replaced within this bound. Above
+    /// `statement_timeout`, so a slow statement is cancelled by the server
+    /// with a clear error before the client gives up on its connection.
+    #[serde(with = "humantime_serde")]
+    pub io_timeout: Duration,
     /// Most orders (submissions) or replies stored in one transaction. The
     /// ones that arrive while a transaction commits share the next one.
     pub batch_size: usize,
@@ -98,7 +110,8 @@ impl Default for DatabaseSettings {
             url: "postgres://postgres@127.0.0.1:5432/sas".into(),
             max_connections: 10,
             connect_timeout: Duration::from_secs(30),
-            statement_timeout: Duration::from_secs(30),
+            statement_timeout: Duration::from_secs(20),
+            io_timeout: Duration::from_secs(25),
             batch_size: 64,
             batch_workers: 3,
             ca_file: None,
@@ -744,7 +757,26 @@ impl Settings {
         }
         self.compiled_schedules(chrono::Utc::now())?;
         self.dashboard.validate()?;
+        self.validate_database()?;
         Ok(())
+    }
+
+    /// Refuses database settings that cannot work: an `io_timeout` that
+    /// would cut a statement the server still runs, or a host list sas
+    /// cannot use ([`crate::state_store::Hosts::parse`]).
+    fn validate_database(&self) -> Result<(), ConfigError> {
+        let d = &self.database;
+        if d.io_timeout.is_zero() || d.io_timeout <= d.statement_timeout {
+            return Err(ConfigError::Invalid(format!(
+                "database.io_timeout ({:?}) must be above database.statement_timeout ({:?}), \
+                 so that the server cancels a slow statement before the client drops its \
+                 connection",
+                d.io_timeout, d.statement_timeout
+            )));
+        }
+        crate::state_store::Hosts::parse(&d.url)
+            .map(drop)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))
     }
 
     /// Refuses TLS settings that would let a connection fall back to

@@ -12,6 +12,7 @@ pub mod browser;
 pub mod cli;
 pub mod dashboard;
 pub mod otlp;
+pub mod proxy;
 pub mod tls;
 
 use std::collections::BTreeMap;
@@ -57,6 +58,10 @@ struct Options {
     pub warn_at: &'static str,
     /// `agent.breaker_threshold` and `agent.breaker_cooldown`.
     pub breaker: (u32, &'static str),
+    /// Where the test's database is created and dropped, and the URL the
+    /// services (and the test's own checks) reach it by, `{db}` standing
+    /// for its name: the machine's Postgres by default.
+    pub postgres: Option<(String, String)>,
     /// Extra TOML appended to the configuration.
     pub extra: String,
 }
@@ -73,6 +78,7 @@ impl Default for Options {
             // Many tests hang or fail endpoints on purpose; only the
             // breakers' own tests trip them.
             breaker: (100_000, "5s"),
+            postgres: None,
             extra: String::new(),
         }
     }
@@ -130,6 +136,14 @@ impl Builder {
         self
     }
 
+    /// The test's database on another Postgres: created and dropped through
+    /// `admin_url`, reached by the services and the test's own checks at
+    /// `url`, where `{db}` stands for its name (e.g. a host list).
+    pub fn postgres(mut self, admin_url: impl Into<String>, url: impl Into<String>) -> Self {
+        self.options.postgres = Some((admin_url.into(), url.into()));
+        self
+    }
+
     /// Further TOML sections appended to the configuration.
     pub fn extra_config(mut self, toml: impl Into<String>) -> Self {
         self.options.extra = toml.into();
@@ -157,6 +171,8 @@ pub struct TestApp {
     pub queues: QueueNames,
     pub db_name: String,
     pub db_url: String,
+    /// Where the test's database is created and dropped.
+    admin_url: String,
     /// The configuration file every process reads.
     pub config: PathBuf,
     /// Where the processes' logs go.
@@ -218,13 +234,33 @@ impl TestApp {
         let id = Uuid::new_v4().simple().to_string();
         let prefix = format!("t{}", &id[..12]);
         let db_name = format!("sas_test_{}", &id[..12]);
-        let db_url = Postgres::new(PG_ADMIN)
+        let admin_url = options
+            .postgres
+            .as_ref()
+            .map_or(PG_ADMIN.to_owned(), |(admin, _)| admin.clone());
+        let mut db_url = Postgres::new(admin_url.as_str())
             .create_migrated(&db_name)
             .await
             .expect("Postgres is up");
-        let db = PgPool::connect(&db_url)
-            .await
-            .expect("connect test database");
+        let db = match &options.postgres {
+            None => PgPool::connect(&db_url)
+                .await
+                .expect("connect test database"),
+            Some((_, url)) => {
+                // Through sas's own store, which follows a host list.
+                db_url = url.replace("{db}", &db_name);
+                let settings = sas::config::DatabaseSettings {
+                    url: db_url.clone(),
+                    max_connections: 4,
+                    ..Default::default()
+                };
+                sas::state_store::StateStore::connect(&settings, "test")
+                    .await
+                    .expect("connect test database")
+                    .pool()
+                    .clone()
+            }
+        };
 
         let sim = Arc::new(RemoteSim::new(Default::default()).expect("remote-sim"));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -277,6 +313,7 @@ breaker_cooldown = "{cooldown}"
             queues,
             db_name,
             db_url,
+            admin_url,
             config,
             dir,
             sim,
@@ -360,6 +397,11 @@ breaker_cooldown = "{cooldown}"
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         panic!("{name} not ready within 30s; log:\n{}", self.log(name));
+    }
+
+    /// How process `name` exited, if it has.
+    pub fn exited(&self, name: &str) -> Option<ExitStatus> {
+        self.try_status(name)
     }
 
     fn try_status(&self, name: &str) -> Option<ExitStatus> {
@@ -491,6 +533,24 @@ breaker_cooldown = "{cooldown}"
     }
 
     /// Submits many orders through the client, pipelining the confirms.
+    /// Submits `n` orders of `workflow`, one every `every`: a steady load
+    /// while a fault happens (the pacing is the load's shape, not a wait
+    /// for something).
+    pub async fn submit_steadily(
+        &self,
+        workflow: &str,
+        n: usize,
+        every: Duration,
+        reply_to: Option<&str>,
+    ) -> Vec<Uuid> {
+        let mut ids = Vec::with_capacity(n);
+        for _ in 0..n {
+            ids.push(self.submit(workflow, reply_to).await);
+            tokio::time::sleep(every).await;
+        }
+        ids
+    }
+
     pub async fn submit_many(&self, workflow: &str, n: usize, reply_to: Option<&str>) -> Vec<Uuid> {
         let conn = self.conn();
         let mut ids = Vec::with_capacity(n);
@@ -900,6 +960,7 @@ impl Drop for TestApp {
         }
         let extra_queues: Vec<String> = self.extra_queues.lock().unwrap().drain(..).collect();
         let (db_name, prefix, dir) = (self.db_name.clone(), self.prefix.clone(), self.dir.clone());
+        let admin_url = self.admin_url.clone();
         let keep_logs = std::thread::panicking() || std::env::var_os("SAS_TEST_KEEP").is_some();
         // Async cleanup from Drop: a thread with its own runtime.
         std::thread::spawn(move || {
@@ -912,7 +973,7 @@ impl Drop for TestApp {
                 sas_testkit::broker::delete(&broker_settings(&prefix), &AGENTS, &extra_queues)
                     .await
                     .ok();
-                Postgres::new(PG_ADMIN).drop(&db_name).await.ok();
+                Postgres::new(admin_url).drop(&db_name).await.ok();
             });
             if keep_logs {
                 eprintln!("logs kept in {}", dir.display());

@@ -165,15 +165,23 @@ impl Scheduler {
             .filter_map(|a| a.rate_per_sec())
             .map(|rate| Duration::from_secs_f64((1.0 / rate).max(0.01)))
             .fold(self.ctx.settings.scheduler.poll_interval, Duration::min);
-        let mut listener = match self.transitions.store().listen().await {
-            Ok(l) => Some(l),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot LISTEN for new work; polling only");
-                None
-            }
-        };
+        let mut listener = None;
         loop {
-            self.claim_all(&stop).await;
+            if listener.is_none() {
+                listener = match self.transitions.store().listen().await {
+                    Ok(l) => Some(l),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot LISTEN for new work; polling");
+                        None
+                    }
+                };
+            }
+            if !self.claim_all(&stop).await {
+                // Postgres failed us: the listener's connection may have
+                // failed too, silently (nothing tells a listener). Listen
+                // again on a fresh one.
+                listener = None;
+            }
             let woken = async {
                 match listener.as_mut() {
                     // A notification, or the poll interval, whichever comes first.
@@ -194,8 +202,9 @@ impl Scheduler {
         }
     }
 
-    /// Claims batches until there is nothing left to claim.
-    async fn claim_all(&self, stop: &CancellationToken) {
+    /// Claims batches until there is nothing left to claim; false when a
+    /// claim failed.
+    async fn claim_all(&self, stop: &CancellationToken) -> bool {
         let batch = self.ctx.settings.scheduler.claim_batch;
         let max_in_flight = self.ctx.settings.scheduler.max_in_flight;
         while !stop.is_cancelled() {
@@ -218,16 +227,17 @@ impl Scheduler {
                     // Fewer than a batch: caught up, others hold the rest, or
                     // this instance holds all it may.
                     if n < batch as usize {
-                        return;
+                        return true;
                     }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "claim failed; will retry");
                     tokio::time::sleep(Duration::from_millis(200)).await;
-                    return;
+                    return false;
                 }
             }
         }
+        true
     }
 
     /// Applies one reply; an error means the broker is gone.

@@ -57,7 +57,10 @@ impl StateStore {
     /// Records a breaker's state now; `changed_at` moves only when the state differs
     /// from the one last reported.
     pub async fn report_breaker(&self, r: &BreakerReport<'_>) -> Result<(), StoreError> {
-        sqlx::query(
+        self.conn()
+            .await?
+            .run(|c| {
+                sqlx::query(
             "INSERT INTO agent_breakers (agent, instance, endpoint, state, consecutive_failures) \
              VALUES ($1, $2, $3, $4, $5) \
              ON CONFLICT (agent, instance, endpoint) DO UPDATE SET \
@@ -72,41 +75,56 @@ impl StateStore {
         .bind(r.endpoint)
         .bind(r.state)
         .bind(i32::try_from(r.consecutive_failures).unwrap_or(i32::MAX))
-        .execute(self.pool())
-        .await?;
+        .execute(c)
+            })
+            .await?;
         Ok(())
     }
 
     /// Deletes the rows of instances that have not reported for
     /// [`BREAKER_FORGET_AFTER`]; how many.
     pub async fn forget_old_breakers(&self) -> Result<u64, StoreError> {
-        let done = sqlx::query(
+        let done = self
+            .conn()
+            .await?
+            .run(|c| {
+                sqlx::query(
             "DELETE FROM agent_breakers WHERE seen_at < now() - $1 * interval '1 millisecond'",
         )
         .bind(millis(BREAKER_FORGET_AFTER))
-        .execute(self.pool())
-        .await?;
+        .execute(c)
+            })
+            .await?;
         Ok(done.rows_affected())
     }
 
     /// Deletes the rows of one instance (it stops cleanly); how many.
     pub async fn forget_breakers_of(&self, instance: &str) -> Result<u64, StoreError> {
-        let done = sqlx::query("DELETE FROM agent_breakers WHERE instance = $1")
-            .bind(instance)
-            .execute(self.pool())
+        let done = self
+            .conn()
+            .await?
+            .run(|c| {
+                sqlx::query("DELETE FROM agent_breakers WHERE instance = $1")
+                    .bind(instance)
+                    .execute(c)
+            })
             .await?;
         Ok(done.rows_affected())
     }
 
     /// Every reported breaker, by agent, instance and endpoint.
     pub async fn breakers(&self) -> Result<Vec<BreakerRow>, StoreError> {
-        Ok(sqlx::query_as::<_, BreakerRow>(
+        self.conn()
+            .await?
+            .run(|c| {
+                sqlx::query_as::<_, BreakerRow>(
             "SELECT agent, instance, endpoint, state, consecutive_failures, changed_at, seen_at, \
                seen_at < now() - $1 * interval '1 millisecond' AS stale \
              FROM agent_breakers ORDER BY agent, instance, endpoint",
         )
         .bind(millis(BREAKER_STALE_AFTER))
-        .fetch_all(self.pool())
-        .await?)
+        .fetch_all(c)
+            })
+            .await
     }
 }

@@ -173,18 +173,22 @@ impl StateStore {
         cooldown: std::time::Duration,
         max_hold: std::time::Duration,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO breakers AS b (agent, threshold, cooldown_ms, max_hold_ms) \
+        self.conn()
+            .await?
+            .run(|c| {
+                sqlx::query(
+                    "INSERT INTO breakers AS b (agent, threshold, cooldown_ms, max_hold_ms) \
              VALUES ($1, $2, $3, $4) \
              ON CONFLICT (agent) DO UPDATE SET threshold = $2, cooldown_ms = $3, max_hold_ms = $4 \
              WHERE (b.threshold, b.cooldown_ms, b.max_hold_ms) IS DISTINCT FROM ($2, $3, $4)",
-        )
-        .bind(agent)
-        .bind(i32::try_from(threshold).unwrap_or(i32::MAX))
-        .bind(millis(cooldown))
-        .bind(millis(max_hold))
-        .execute(self.pool())
-        .await?;
+                )
+                .bind(agent)
+                .bind(i32::try_from(threshold).unwrap_or(i32::MAX))
+                .bind(millis(cooldown))
+                .bind(millis(max_hold))
+                .execute(c)
+            })
+            .await?;
         Ok(())
     }
 
@@ -198,16 +202,20 @@ impl StateStore {
         reason: &str,
         rule: impl Fn(&Breaker, Option<Uuid>, DateTime<Utc>) -> Option<Breaker>,
     ) -> Result<Option<Breaker>, StoreError> {
-        let mut conn = self.pool().acquire().await?;
+        let mut conn = self.conn().await?;
         for _ in 0..RACES {
-            let Some(loaded) = load(&mut conn, agent).await? else {
+            let Some(loaded) = conn.run(|c| load(c, agent)).await? else {
                 return Ok(None);
             };
             let was = loaded.breaker();
             let Some(next) = rule(&was, loaded.oldest_held, loaded.now) else {
                 return Ok(Some(was));
             };
-            if next == was || write(&mut conn, &was, &next, loaded.version, actor, reason).await? {
+            if next == was
+                || conn
+                    .run(|c| write(c, &was, &next, loaded.version, actor, reason))
+                    .await?
+            {
                 return Ok(Some(next));
             }
         }
@@ -218,8 +226,8 @@ impl StateStore {
 
     /// `agent`'s breaker as it is now (`None`: it has none).
     pub async fn breaker(&self, agent: &str) -> Result<Option<Breaker>, StoreError> {
-        let mut conn = self.pool().acquire().await?;
-        Ok(load(&mut conn, agent).await?.map(|l| l.breaker()))
+        let mut conn = self.conn().await?;
+        Ok(conn.run(|c| load(c, agent)).await?.map(|l| l.breaker()))
     }
 
     /// A transient failure of a call to `agent`'s remote, seen by `instance`
@@ -271,9 +279,15 @@ impl StateStore {
         to: Option<State>,
         operator: &str,
     ) -> Result<Breaker, StoreError> {
-        sqlx::query("INSERT INTO breakers (agent) VALUES ($1) ON CONFLICT (agent) DO NOTHING")
-            .bind(agent)
-            .execute(self.pool())
+        self.conn()
+            .await?
+            .run(|c| {
+                sqlx::query(
+                    "INSERT INTO breakers (agent) VALUES ($1) ON CONFLICT (agent) DO NOTHING",
+                )
+                .bind(agent)
+                .execute(c)
+            })
             .await?;
         let reason = match to {
             Some(State::Open) => "forced open by an operator",
@@ -290,7 +304,10 @@ impl StateStore {
 
     /// Every agent's breaker, with the orders held for it and its flow control.
     pub async fn shared_breakers(&self) -> Result<Vec<SharedBreaker>, StoreError> {
-        Ok(sqlx::query_as::<_, SharedBreaker>(
+        self.conn()
+            .await?
+            .run(|c| {
+                sqlx::query_as::<_, SharedBreaker>(
             "SELECT b.agent, b.state, b.failures, b.opened_at, b.open_until, b.probe_order, \
                b.forced, b.forced_by, b.changed_at, count(o.order_id) AS held, \
                min(o.held_since) AS oldest_held_since, \
@@ -299,8 +316,9 @@ impl StateStore {
                LEFT JOIN orders o ON o.held_for = b.agent \
              GROUP BY b.agent, f.agent ORDER BY b.agent",
         )
-        .fetch_all(self.pool())
-        .await?)
+        .fetch_all(c)
+            })
+            .await
     }
 
     /// The latest `limit` changes of `agent`'s breaker (every agent's when
@@ -310,14 +328,18 @@ impl StateStore {
         agent: Option<&str>,
         limit: i64,
     ) -> Result<Vec<BreakerEvent>, StoreError> {
-        Ok(sqlx::query_as::<_, BreakerEvent>(
-            "SELECT id, agent, at, from_state, to_state, actor, reason FROM breaker_events \
+        self.conn()
+            .await?
+            .run(|c| {
+                sqlx::query_as::<_, BreakerEvent>(
+                    "SELECT id, agent, at, from_state, to_state, actor, reason FROM breaker_events \
              WHERE $1::text IS NULL OR agent = $1 ORDER BY id DESC LIMIT $2",
-        )
-        .bind(agent)
-        .bind(limit)
-        .fetch_all(self.pool())
-        .await?)
+                )
+                .bind(agent)
+                .bind(limit)
+                .fetch_all(c)
+            })
+            .await
     }
 }
 

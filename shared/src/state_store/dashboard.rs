@@ -107,18 +107,25 @@ impl StateStore {
     /// The overview, in one read-only snapshot so that counts and lists agree;
     /// lists hold at most `limit` orders each.
     pub async fn overview(&self, limit: i64) -> Result<Overview, StoreError> {
-        let mut tx = self.pool().begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            .execute(&mut *tx)
+        let mut conn = self.conn().await?;
+        let (now, by_state, buckets, (waiting, waiting_total), failed) = conn
+            .run(|c| async move {
+                let mut tx = sqlx::Connection::begin(c).await?;
+                sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                    .execute(&mut *tx)
+                    .await?;
+                let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let by_state = by_state(&mut tx).await?;
+                let buckets = buckets(&mut tx, now).await?;
+                let waiting = waiting(&mut tx, limit).await?;
+                let failed = failed(&mut tx, limit).await?;
+                tx.commit().await?;
+                Ok::<_, sqlx::Error>((now, by_state, buckets, waiting, failed))
+            })
             .await?;
-        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-            .fetch_one(&mut *tx)
-            .await?;
-        let by_state = by_state(&mut tx).await?;
-        let buckets = buckets(&mut tx, now).await?;
-        let (waiting, waiting_total) = waiting(&mut tx, limit).await?;
-        let failed = failed(&mut tx, limit).await?;
-        tx.commit().await?;
+        drop(conn);
         let breakers = self.breakers().await?;
         let shared_breakers = self.shared_breakers().await?;
         Ok(Overview {

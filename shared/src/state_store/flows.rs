@@ -49,27 +49,35 @@ impl StateStore {
         rate_per_sec: Option<f64>,
     ) -> Result<(), StoreError> {
         if max_in_flight.is_none() && rate_per_sec.is_none() {
-            sqlx::query("DELETE FROM agent_flow WHERE agent = $1")
-                .bind(agent)
-                .execute(self.pool())
+            self.conn()
+                .await?
+                .run(|c| {
+                    sqlx::query("DELETE FROM agent_flow WHERE agent = $1")
+                        .bind(agent)
+                        .execute(c)
+                })
                 .await?;
             return Ok(());
         }
         let burst = rate_per_sec.map_or(1.0, crate::rules::flow::burst);
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO agent_flow AS f (agent, max_in_flight, in_flight, rate_per_sec, \
+        self.conn()
+            .await?
+            .run(|c| {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "INSERT INTO agent_flow AS f (agent, max_in_flight, in_flight, rate_per_sec, \
                burst, tokens) \
              VALUES ($1, $2, {OUT_WITH}, $3, $4, $4) \
              ON CONFLICT (agent) DO UPDATE SET max_in_flight = $2, rate_per_sec = $3, \
                burst = $4, tokens = least(f.tokens, $4) \
              WHERE (f.max_in_flight, f.rate_per_sec, f.burst) IS DISTINCT FROM ($2, $3, $4)"
-        )))
-        .bind(agent)
-        .bind(max_in_flight.map(|m| i32::try_from(m).unwrap_or(i32::MAX)))
-        .bind(rate_per_sec)
-        .bind(burst)
-        .execute(self.pool())
-        .await?;
+                )))
+                .bind(agent)
+                .bind(max_in_flight.map(|m| i32::try_from(m).unwrap_or(i32::MAX)))
+                .bind(rate_per_sec)
+                .bind(burst)
+                .execute(c)
+            })
+            .await?;
         Ok(())
     }
 }

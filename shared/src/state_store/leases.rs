@@ -5,6 +5,7 @@
 
 use sqlx::{Connection, PgConnection};
 
+use super::bounded::{RELEASE_WITHIN, within};
 use super::{StateStore, StoreError};
 
 /// One contender for a named leadership.
@@ -23,22 +24,28 @@ impl Lease {
     /// Whether this contender leads now: keeps the lock if it holds it and
     /// its connection is alive, else tries to take it.
     pub async fn lead(&mut self, store: &StateStore) -> Result<bool, StoreError> {
+        let bound = store.io_timeout();
         if let Some(conn) = self.held.as_mut() {
-            if sqlx::query("SELECT 1").execute(&mut *conn).await.is_ok() {
+            let check = sqlx::query("SELECT 1").execute(&mut *conn);
+            if within(bound, check).await.is_ok() {
                 return Ok(true);
             }
-            // The connection is gone, and with it the lock.
+            // The connection is gone, and with it the lock; or it is silent,
+            // and dropping it closes its socket (the server lets the lock go
+            // once its keepalive finds the session gone).
             self.held = None;
         }
-        let mut conn = store.pool().acquire().await?.detach();
-        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
+        let mut conn = within(bound, store.pool().acquire()).await?.detach();
+        let take = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
             .bind(self.name)
-            .fetch_one(&mut conn)
-            .await?;
+            .fetch_one(&mut conn);
+        let got: bool = within(bound, take).await?;
         if got {
             self.held = Some(conn);
         } else {
-            conn.close().await.ok();
+            tokio::time::timeout(RELEASE_WITHIN, conn.close())
+                .await
+                .ok();
         }
         Ok(got)
     }
@@ -46,7 +53,9 @@ impl Lease {
     /// Gives the leadership up (on shutdown), so a stand-by takes over at once.
     pub async fn release(&mut self) {
         if let Some(conn) = self.held.take() {
-            conn.close().await.ok();
+            tokio::time::timeout(RELEASE_WITHIN, conn.close())
+                .await
+                .ok();
         }
     }
 }

@@ -7,11 +7,13 @@
 //! loaded and the step state and dispatch it expects, so a stale actor
 //! changes nothing: the row count says so, and the statement fails whole.
 
+mod bounded;
 mod breaker_reports;
 mod breakers;
 mod dashboard;
 mod events;
 mod flows;
+mod hosts;
 mod instances;
 mod leases;
 mod orders;
@@ -36,6 +38,7 @@ pub use breaker_reports::{
 pub use breakers::{BreakerEvent, SharedBreaker};
 pub use dashboard::{Bucket, CHART_BUCKET, CHART_WINDOW, FailedOrder, Overview, WaitingOrder};
 pub use events::{EventRow, Replay};
+pub use hosts::{Hosts, HostsError};
 pub use leases::Lease;
 pub use orders::{NewOrder, OrderRow};
 pub use outbox::{Committed, Held, OutboxRow};
@@ -90,6 +93,15 @@ pub enum StoreError {
     /// A batch ended without an outcome for an item (its workers stopped).
     #[error("no outcome for this item: the batch workers stopped")]
     NoOutcome,
+    /// A round trip to Postgres passed `database.io_timeout` (the
+    /// connection may have gone silent): the connection is dropped.
+    #[error(
+        "Postgres did not answer within {0:?} (database.io_timeout); the connection is dropped"
+    )]
+    Silent(Duration),
+    /// `database.url` names hosts sas cannot use.
+    #[error(transparent)]
+    Hosts(#[from] HostsError),
 }
 
 impl StoreError {
@@ -114,16 +126,18 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Db(sqlx::Error::Database(e)) => e.code().is_some_and(|c| {
+                // 25006: read_only_sql_transaction, a server that stopped
+                // accepting writes (a primary demoted): the pool moves on.
                 matches!(
                     c.as_ref(),
-                    "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "55P03"
+                    "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "55P03" | "25006"
                 ) || c.starts_with("08")
             }),
             Self::Db(sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) => {
                 true
             }
             Self::Db(sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed) => true,
-            Self::Unreachable { .. } => true,
+            Self::Unreachable { .. } | Self::Silent(_) => true,
             // The batch workers stopped (shutting down): hand the item back.
             Self::NoOutcome => true,
             _ => false,
@@ -135,6 +149,10 @@ impl StoreError {
 #[derive(Clone, Debug)]
 pub struct StateStore {
     pool: PgPool,
+    /// `database.io_timeout`: the bound on each operation's round trips.
+    io_timeout: Duration,
+    /// Connections opened before it are retired ([`bounded::Epoch`]).
+    epoch: bounded::Epoch,
 }
 
 /// How Postgres plans the prepared statements of a store's connections.
@@ -188,21 +206,25 @@ impl StateStore {
         app: &str,
         plans: Plans,
     ) -> Result<Self, StoreError> {
-        let options = tls_options(settings, settings.url.parse::<PgConnectOptions>()?)?
-            .application_name(app)
-            // Sent with the start-up packet: no round trip.
-            .options([(
-                "statement_timeout",
-                settings.statement_timeout.as_millis().to_string(),
-            )])
-            .options(plans.settings().iter().copied())
-            .log_statements(tracing::log::LevelFilter::Trace);
+        let hosts = Hosts::parse(&settings.url)?;
+        let options = hosts
+            .urls()
+            .iter()
+            .map(|url| {
+                let options = tls_options(settings, url.parse::<PgConnectOptions>()?)?
+                    .application_name(app)
+                    // Sent with the start-up packet: no round trip.
+                    .options(session_settings(settings))
+                    .options(plans.settings().iter().copied())
+                    .log_statements(tracing::log::LevelFilter::Trace);
+                Ok(options)
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
         let started = std::time::Instant::now();
         let mut wait = Duration::from_millis(100);
         loop {
-            match Self::try_connect(&options, settings.max_connections).await {
-                Ok(pool) => {
-                    let store = Self { pool };
+            match Self::try_connect(&hosts, &options, settings).await {
+                Ok(store) => {
                     store.migrate().await?;
                     return Ok(store);
                 }
@@ -224,24 +246,98 @@ impl StateStore {
         }
     }
 
-    async fn try_connect(options: &PgConnectOptions, max: u32) -> Result<PgPool, sqlx::Error> {
-        ensure_database(options).await?;
-        PgPoolOptions::new()
-            .max_connections(max)
+    /// One attempt: the host to use (the first that serves, when the URL
+    /// names several or asks for writes), its database created if missing,
+    /// a pool on it, and the task that follows a failover ([`hosts::follow`]).
+    async fn try_connect(
+        hosts: &Hosts,
+        options: &[PgConnectOptions],
+        settings: &DatabaseSettings,
+    ) -> Result<Self, sqlx::Error> {
+        let current = if hosts.watched() {
+            hosts::find(hosts, options, settings.io_timeout).await?
+        } else {
+            0
+        };
+        let Some(chosen) = options.get(current) else {
+            return Err(sqlx::Error::Configuration(
+                "database.url names no host".into(),
+            ));
+        };
+        ensure_database(chosen).await?;
+        let mut pool = PgPoolOptions::new()
+            .max_connections(settings.max_connections)
             .min_connections(1)
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(Duration::from_secs(10).min(settings.io_timeout))
             // No ping before each use: it is a round trip per transaction.
             // A connection that died fails its next statement instead, which
             // every caller treats as transient and retries.
-            .test_before_acquire(false)
-            .connect_with(options.clone())
-            .await
+            .test_before_acquire(false);
+        // Connections opened before the epoch (a round trip that passed its
+        // bound, a move to another host) are retired as they come out of
+        // the pool: an atomic read, no round trip.
+        let epoch = bounded::Epoch::new();
+        let retire = epoch.clone();
+        pool = pool.before_acquire(move |_, meta| {
+            let current = retire.current(meta.age);
+            Box::pin(async move { Ok(current) })
+        });
+        if hosts.watched() {
+            let writable = hosts.writable();
+            // A new connection to a server that stopped accepting writes is
+            // refused (one round trip per connection, not per use).
+            pool = pool.after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if writable && !hosts::accepts_writes(conn).await? {
+                        return Err(sqlx::Error::Protocol(
+                            "this Postgres host no longer accepts writes".into(),
+                        ));
+                    }
+                    Ok(())
+                })
+            });
+        }
+        let pool = pool.connect_with(chosen.clone()).await?;
+        let store = Self {
+            pool,
+            io_timeout: settings.io_timeout,
+            epoch,
+        };
+        if hosts.watched() {
+            tokio::spawn(hosts::follow(
+                store.clone(),
+                hosts.clone(),
+                options.to_vec(),
+                current,
+            ));
+        }
+        Ok(store)
     }
 
     /// A store over a pool the caller built, without migrating: for tools and
     /// tests that control the connections themselves.
     pub fn from_pool(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            io_timeout: DatabaseSettings::default().io_timeout,
+            epoch: bounded::Epoch::new(),
+        }
+    }
+
+    /// A pooled connection whose round trips are bounded by
+    /// `database.io_timeout` ([`bounded::Conn`]); the wait for it too.
+    pub(crate) async fn conn(&self) -> Result<bounded::Conn, StoreError> {
+        let conn = bounded::within(self.io_timeout, self.pool.acquire()).await?;
+        Ok(bounded::Conn::new(
+            conn,
+            self.io_timeout,
+            self.epoch.clone(),
+        ))
+    }
+
+    /// `database.io_timeout`.
+    pub(crate) fn io_timeout(&self) -> Duration {
+        self.io_timeout
     }
 
     /// Applies the embedded migrations; safe when several services start at once
@@ -258,14 +354,25 @@ impl StateStore {
 
     /// Whether Postgres answers now.
     pub async fn ping(&self) -> bool {
-        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+        match self.conn().await {
+            Ok(mut conn) => conn
+                .run(|c| sqlx::query("SELECT 1").execute(c))
+                .await
+                .is_ok(),
+            Err(_) => false,
+        }
     }
 
-    /// A listener for wake-up notifications on [`WAKE_CHANNEL`].
+    /// A listener for wake-up notifications on [`WAKE_CHANNEL`]. Nothing
+    /// tells a listener that its connection went silent: whoever waits on
+    /// it also polls, and listens again after a store operation failed.
     pub async fn listen(&self) -> Result<sqlx::postgres::PgListener, StoreError> {
-        let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
-        listener.listen(WAKE_CHANNEL).await?;
-        Ok(listener)
+        bounded::within(self.io_timeout, async {
+            let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
+            listener.listen(WAKE_CHANNEL).await?;
+            Ok::<_, sqlx::Error>(listener)
+        })
+        .await
     }
 
     /// One order with its steps and event log, for operators.
@@ -273,13 +380,16 @@ impl StateStore {
         &self,
         order_id: uuid::Uuid,
     ) -> Result<Option<(OrderRow, Vec<StepRow>, Vec<EventRow>)>, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        let Some(order) = orders::get(&mut conn, order_id).await? else {
-            return Ok(None);
-        };
-        let steps = steps::for_orders(&mut conn, &[order_id]).await?;
-        let events = events::for_order(&mut conn, order_id).await?;
-        Ok(Some((order, steps, events)))
+        let mut conn = self.conn().await?;
+        conn.run(|c| async move {
+            let Some(order) = orders::get(&mut *c, order_id).await? else {
+                return Ok(None);
+            };
+            let steps = steps::for_orders(&mut *c, &[order_id]).await?;
+            let events = events::for_order(c, order_id).await?;
+            Ok::<_, sqlx::Error>(Some((order, steps, events)))
+        })
+        .await
     }
 
     /// The stored status events a replay request (contract §9) asks for, at
@@ -289,8 +399,8 @@ impl StateStore {
         request: &crate::messages::ReplayRequest,
         limit: u32,
     ) -> Result<Option<Replay>, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        Ok(events::replay(&mut conn, request, limit).await?)
+        let mut conn = self.conn().await?;
+        conn.run(|c| events::replay(c, request, limit)).await
     }
 
     /// Orders, newest first, optionally of one state and one workflow.
@@ -300,43 +410,47 @@ impl StateStore {
         workflow: Option<&str>,
         limit: i64,
     ) -> Result<Vec<OrderRow>, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        Ok(orders::list(&mut conn, state, workflow, limit).await?)
+        let mut conn = self.conn().await?;
+        conn.run(|c| orders::list(c, state, workflow, limit)).await
     }
 
     /// A snapshot for operators; "recently" means the last `window`.
     pub async fn stats(&self, window: Duration) -> Result<Stats, StoreError> {
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.conn().await?;
         let secs = i64::try_from(window.as_secs()).unwrap_or(i64::MAX);
-        Ok(stats::read(&mut conn, secs).await?)
+        conn.run(|c| stats::read(c, secs)).await
     }
 
     /// Deletes ended orders last changed longer ago than `older_than`; how many.
     pub async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.conn().await?;
         let ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
-        Ok(orders::prune(&mut conn, ms).await?)
+        conn.run(|c| orders::prune(c, ms)).await
     }
 
     /// Records that `instance` (of `role`) is alive now; instances not seen
     /// for an hour are forgotten.
     pub async fn heartbeat(&self, instance: &str, role: &str) -> Result<(), StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        Ok(instances::beat(&mut conn, instance, role, 3_600_000).await?)
+        let mut conn = self.conn().await?;
+        conn.run(|c| instances::beat(c, instance, role, 3_600_000))
+            .await
     }
 
     /// How many instances of `role` recorded a heartbeat within `within`.
     pub async fn alive(&self, role: &str, within: Duration) -> Result<u32, StoreError> {
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.conn().await?;
         let ms = i64::try_from(within.as_millis()).unwrap_or(i64::MAX);
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM instances \
-             WHERE role = $1 AND last_seen > now() - $2 * interval '1 millisecond'",
-        )
-        .bind(role)
-        .bind(ms)
-        .fetch_one(&mut *conn)
-        .await?;
+        let n: i64 = conn
+            .run(|c| {
+                sqlx::query_scalar(
+                    "SELECT count(*) FROM instances \
+                     WHERE role = $1 AND last_seen > now() - $2 * interval '1 millisecond'",
+                )
+                .bind(role)
+                .bind(ms)
+                .fetch_one(c)
+            })
+            .await?;
         Ok(u32::try_from(n).unwrap_or(u32::MAX))
     }
 
@@ -352,15 +466,15 @@ impl StateStore {
         ),
         StoreError,
     > {
-        let mut conn = self.pool.acquire().await?;
-        Ok(instances::last_seen(&mut conn, instance).await?)
+        let mut conn = self.conn().await?;
+        conn.run(|c| instances::last_seen(c, instance)).await
     }
 
     /// Up to `limit` orders whose running step is past the first rung of
     /// its deadline ladder (those that may be stuck), with their steps.
     pub async fn late_orders(&self, limit: i64) -> Result<Vec<crate::rules::Order>, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        let loaded = orders::late(&mut conn, limit).await?;
+        let mut conn = self.conn().await?;
+        let loaded = conn.run(|c| orders::late(c, limit)).await?;
         Ok(loaded
             .into_iter()
             .map(|l| crate::rules::Order {
@@ -374,6 +488,29 @@ impl StateStore {
     pub async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// What each session asks of the server, sent with the start-up packet.
+///
+/// Server-side TCP keepalive (sqlx sets none on its own socket): a client
+/// gone silently is found by the server within about 25 s, which ends its
+/// session and lets its locks go (a leader's advisory lock, an order's row
+/// locks). And no transaction may sit idle past `io_timeout`: its client
+/// has given up on it by then.
+fn session_settings(settings: &DatabaseSettings) -> [(&'static str, String); 5] {
+    [
+        (
+            "statement_timeout",
+            settings.statement_timeout.as_millis().to_string(),
+        ),
+        (
+            "idle_in_transaction_session_timeout",
+            settings.io_timeout.as_millis().to_string(),
+        ),
+        ("tcp_keepalives_idle", "10".into()),
+        ("tcp_keepalives_interval", "5".into()),
+        ("tcp_keepalives_count", "3".into()),
+    ]
 }
 
 /// Whether connecting failed in TLS: the server refused the TLS that

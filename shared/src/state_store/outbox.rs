@@ -59,12 +59,20 @@ pub struct Committed {
 #[derive(Debug)]
 pub struct Held {
     conn: Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
+    /// `database.io_timeout`, the bound on [`release`](Self::release).
+    bound: std::time::Duration,
 }
 
 impl Held {
     /// Wraps a connection that has taken outbox locks.
-    pub(super) fn new(conn: sqlx::pool::PoolConnection<sqlx::Postgres>) -> Self {
-        Self { conn: Some(conn) }
+    pub(super) fn new(
+        conn: sqlx::pool::PoolConnection<sqlx::Postgres>,
+        bound: std::time::Duration,
+    ) -> Self {
+        Self {
+            conn: Some(conn),
+            bound,
+        }
     }
 
     /// Deletes the published messages and lets every lock go, in one
@@ -78,14 +86,24 @@ impl Held {
         // first): a relay waiting for a lock must find its order's published
         // rows deleted, if not yet committed, or it would publish them again.
         // An unread data-modifying `WITH` runs after the rest of its statement.
-        let done = sqlx::query(
+        let release = sqlx::query(
             "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), \
              gone AS (DELETE FROM outbox WHERE id = ANY($1) RETURNING 1) \
              SELECT pg_advisory_unlock_all() FROM relaxed, (SELECT count(*) FROM gone) g",
         )
         .bind(published)
-        .execute(&mut *conn)
-        .await;
+        .execute(&mut *conn);
+        // Past the bound the connection may be silent: it is closed below.
+        let done = match tokio::time::timeout(self.bound, release).await {
+            Ok(done) => done,
+            Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "Postgres did not answer within {:?} (database.io_timeout)",
+                    self.bound
+                ),
+            ))),
+        };
         if done.is_err() {
             // The locks may still be held: never hand this session to anyone.
             conn.close_on_drop();

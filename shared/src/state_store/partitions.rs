@@ -11,6 +11,7 @@ use std::collections::BTreeSet;
 
 use sqlx::{Connection, PgConnection};
 
+use super::bounded::{RELEASE_WITHIN, within};
 use super::{StateStore, StoreError};
 
 /// The SQL of an order's partition, for the order id in `column`, out of
@@ -70,14 +71,19 @@ impl Partitions {
         store: &StateStore,
         supervisors: u32,
     ) -> Result<Vec<i32>, StoreError> {
+        let bound = store.io_timeout();
         let alive = match self.conn.as_mut() {
-            Some(conn) => sqlx::query("SELECT 1").execute(&mut *conn).await.is_ok(),
+            Some(conn) => within(bound, sqlx::query("SELECT 1").execute(&mut *conn))
+                .await
+                .is_ok(),
             None => false,
         };
         if !alive {
-            // The connection is gone, and with it every lease.
+            // The connection is gone (or silent: dropped here, its socket
+            // closes), and with it every lease.
             self.held.clear();
-            self.conn = Some(store.pool().acquire().await?.detach());
+            self.conn = None;
+            self.conn = Some(within(bound, store.pool().acquire()).await?.detach());
         }
         let Some(conn) = self.conn.as_mut() else {
             return Ok(Vec::new());
@@ -86,25 +92,27 @@ impl Partitions {
         let share = usize::try_from(self.count.div_ceil(supervisors.max(1))).unwrap_or(usize::MAX);
         while self.held.len() > share {
             let Some(p) = self.held.pop_last() else { break };
-            sqlx::query("SELECT pg_advisory_unlock(hashtextextended('sas.partition:' || $1, 0))")
-                .bind(p.to_string())
-                .execute(&mut *conn)
-                .await?;
+            let unlock = sqlx::query(
+                "SELECT pg_advisory_unlock(hashtextextended('sas.partition:' || $1, 0))",
+            )
+            .bind(p.to_string())
+            .execute(&mut *conn);
+            within(bound, unlock).await?;
         }
         let want = share.saturating_sub(self.held.len());
         if want > 0 {
             let free: Vec<i32> = (0..count).filter(|p| !self.held.contains(p)).collect();
             // The filter runs row by row as the limit pulls: once the share
             // is held, no further lock is tried.
-            let taken: Vec<i32> = sqlx::query_scalar(
+            let take = sqlx::query_scalar(
                 "SELECT p FROM unnest($1::int[]) AS f(p) \
                  WHERE pg_try_advisory_lock(hashtextextended('sas.partition:' || p::text, 0)) \
                  LIMIT $2",
             )
             .bind(&free)
             .bind(i64::try_from(want).unwrap_or(i64::MAX))
-            .fetch_all(&mut *conn)
-            .await?;
+            .fetch_all(&mut *conn);
+            let taken: Vec<i32> = within(bound, take).await?;
             self.held.extend(taken);
         }
         Ok(self.held())
@@ -114,7 +122,10 @@ impl Partitions {
     pub async fn release(&mut self) {
         self.held.clear();
         if let Some(conn) = self.conn.take() {
-            conn.close().await.ok();
+            // Bounded: on a silent socket, dropping it is all there is to do.
+            tokio::time::timeout(RELEASE_WITHIN, conn.close())
+                .await
+                .ok();
         }
     }
 }

@@ -57,12 +57,14 @@ impl StateStore {
         &self,
         name: &str,
     ) -> Result<(Option<DateTime<Utc>>, DateTime<Utc>), StoreError> {
-        Ok(
-            sqlx::query_as("SELECT (SELECT last_tick FROM schedules WHERE name = $1), now()")
-                .bind(name)
-                .fetch_one(self.pool())
-                .await?,
-        )
+        self.conn()
+            .await?
+            .run(|c| {
+                sqlx::query_as("SELECT (SELECT last_tick FROM schedules WHERE name = $1), now()")
+                    .bind(name)
+                    .fetch_one(c)
+            })
+            .await
     }
 
     /// Moves `name`'s mark from `expected` (`None`: no row yet) to `mark`,
@@ -75,7 +77,11 @@ impl StateStore {
         mark: DateTime<Utc>,
         last_order: Option<Uuid>,
     ) -> Result<bool, StoreError> {
-        let written = sqlx::query(
+        let written = self
+            .conn()
+            .await?
+            .run(|c| {
+                sqlx::query(
             "INSERT INTO schedules AS s (name, last_tick, last_order_id) VALUES ($1, $3, $4) \
              ON CONFLICT (name) DO UPDATE \
                SET last_tick = $3, last_order_id = coalesce($4, s.last_order_id), \
@@ -86,9 +92,10 @@ impl StateStore {
         .bind(expected)
         .bind(mark)
         .bind(last_order)
-        .execute(self.pool())
-        .await?
-        .rows_affected();
+        .execute(c)
+            })
+            .await?
+            .rows_affected();
         Ok(written == 1)
     }
 
@@ -98,17 +105,24 @@ impl StateStore {
         &self,
         names: &[String],
     ) -> Result<(Vec<ScheduleRow>, DateTime<Utc>), StoreError> {
-        let rows = sqlx::query_as::<_, ScheduleRow>(
-            "SELECT s.name, s.last_tick, s.last_order_id, \
+        let rows = self
+            .conn()
+            .await?
+            .run(|c| {
+                sqlx::query_as::<_, ScheduleRow>(
+                    "SELECT s.name, s.last_tick, s.last_order_id, \
                o.process_state AS last_order_state, s.updated_at \
              FROM schedules s LEFT JOIN orders o ON o.order_id = s.last_order_id \
              WHERE s.name = ANY($1) ORDER BY s.name",
-        )
-        .bind(names)
-        .fetch_all(self.pool())
-        .await?;
-        let now = sqlx::query_scalar("SELECT now()")
-            .fetch_one(self.pool())
+                )
+                .bind(names)
+                .fetch_all(c)
+            })
+            .await?;
+        let now = self
+            .conn()
+            .await?
+            .run(|c| sqlx::query_scalar("SELECT now()").fetch_one(c))
             .await?;
         Ok((rows, now))
     }

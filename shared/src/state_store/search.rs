@@ -269,13 +269,20 @@ impl StateStore {
         q.push(" ORDER BY created_at DESC, order_id DESC LIMIT ")
             .push_bind(i64::from(limit) + 1);
 
-        let mut tx = self.pool().begin().await.map_err(StoreError::from)?;
-        sqlx::query("SELECT set_config('statement_timeout', $1, true)")
-            .bind(format!("{}ms", SEARCH_TIMEOUT.as_millis()))
-            .execute(&mut *tx)
+        let mut conn = self.conn().await?;
+        let mut orders: Vec<FoundOrder> = conn
+            .run(|c| async move {
+                let mut tx = sqlx::Connection::begin(c).await?;
+                sqlx::query("SELECT set_config('statement_timeout', $1, true)")
+                    .bind(format!("{}ms", SEARCH_TIMEOUT.as_millis()))
+                    .execute(&mut *tx)
+                    .await?;
+                let orders = q.build_query_as().fetch_all(&mut *tx).await?;
+                tx.commit().await?;
+                Ok::<_, sqlx::Error>(orders)
+            })
             .await?;
-        let mut orders: Vec<FoundOrder> = q.build_query_as().fetch_all(&mut *tx).await?;
-        tx.commit().await?;
+        drop(conn);
         let next = if orders.len() > limit as usize {
             orders.truncate(limit as usize);
             orders.last().map(|o| {

@@ -15,10 +15,10 @@
 //! write ([`orders::claimable`]).
 
 use chrono::{DateTime, Utc};
-use sqlx::Acquire as _;
 use sqlx::pool::PoolConnection;
 use uuid::Uuid;
 
+use super::bounded::Conn;
 use super::orders::{self, NewOrder};
 use super::outbox::{self, Committed, Held};
 use super::steps::StepRow;
@@ -145,18 +145,24 @@ impl Transitions {
     /// outbox locks, which the server lets go with the session.
     async fn write_back<T>(
         &self,
-        mut conn: PoolConnection<sqlx::Postgres>,
+        mut conn: Conn,
         decided: Result<(T, Unit), StoreError>,
         hand_over: bool,
     ) -> Result<Done<(T, Vec<Uuid>)>, StoreError> {
         let outcome = match decided {
-            Ok((value, unit)) => unit.flush(&mut conn, hand_over).await.map(|f| (value, f)),
+            Ok((value, unit)) => conn
+                .run(|c| unit.flush(c, hand_over))
+                .await
+                .map(|f| (value, f)),
             Err(e) => Err(e),
         };
         match outcome {
-            Ok((value, flushed)) => Ok(committed(conn, value, flushed)),
+            Ok((value, flushed)) => match conn.into_pooled() {
+                Some(conn) => Ok(committed(conn, self.store.io_timeout(), value, flushed)),
+                None => Err(StoreError::Silent(self.store.io_timeout())),
+            },
             Err(e) => {
-                conn.close_on_drop();
+                conn.discard();
                 Err(e)
             }
         }
@@ -199,7 +205,7 @@ impl Transitions {
             unit.apply(i, decision, &self.queues)?;
         }
         // Inserts only: no guard to fail, nothing to run again.
-        let conn = self.store.pool().acquire().await?;
+        let conn = self.store.conn().await?;
         let done = self.write_back(conn, Ok(((), unit)), hand_over).await?;
         let ((), created) = done.value;
         let mut outcome = vec![Submitted::Duplicate; batch.len()];
@@ -234,10 +240,12 @@ impl Transitions {
         max_held: u32,
         hand_over: bool,
     ) -> Result<Done<(Vec<Uuid>, Vec<Uuid>)>, StoreError> {
-        let mut conn = self.store.pool().acquire().await?;
+        let mut conn = self.store.conn().await?;
         let (limit, max_held) = (i64::from(limit), i64::from(max_held));
-        let loaded = orders::claimable(&mut conn, limit, &me.name, max_held, hand_over).await;
-        let decided = loaded.map_err(StoreError::from).and_then(|loaded| {
+        let loaded = conn
+            .run(|c| orders::claimable(c, limit, &me.name, max_held, hand_over))
+            .await;
+        let decided = loaded.and_then(|loaded| {
             let mut unit = Unit::load(loaded, true);
             let mut ids = Vec::with_capacity(unit.len());
             for i in 0..unit.len() {
@@ -297,9 +305,9 @@ impl Transitions {
         let mut ids: Vec<Uuid> = replies.iter().map(|r| r.order_id).collect();
         ids.sort_unstable();
         ids.dedup();
-        let mut conn = self.store.pool().acquire().await?;
-        let loaded = orders::load_many(&mut conn, &ids, hand_over).await;
-        let decided = loaded.map_err(StoreError::from).and_then(|loaded| {
+        let mut conn = self.store.conn().await?;
+        let loaded = conn.run(|c| orders::load_many(c, &ids, hand_over)).await;
+        let decided = loaded.and_then(|loaded| {
             let mut unit = Unit::load(loaded, false);
             let mut outcome = Vec::with_capacity(replies.len());
             for reply in replies {
@@ -354,11 +362,13 @@ impl Transitions {
         partitions: &[i32],
         hand_over: bool,
     ) -> Result<Done<(Vec<Expired>, Vec<Uuid>)>, StoreError> {
-        let mut conn = self.store.pool().acquire().await?;
+        let mut conn = self.store.conn().await?;
         let count = i32::try_from(settings.supervisor.partitions).unwrap_or(i32::MAX);
         let batch = i64::from(settings.supervisor.batch);
-        let loaded = orders::expired(&mut conn, batch, hand_over, partitions, count).await;
-        let decided = loaded.map_err(StoreError::from).and_then(|loaded| {
+        let loaded = conn
+            .run(|c| orders::expired(c, batch, hand_over, partitions, count))
+            .await;
+        let decided = loaded.and_then(|loaded| {
             let mut unit = Unit::load(loaded, false);
             let mut recovered = Vec::with_capacity(unit.len());
             for i in 0..unit.len() {
@@ -411,10 +421,12 @@ impl Transitions {
         settings: &SupervisorSettings,
         hand_over: bool,
     ) -> Result<Done<(usize, Vec<Uuid>)>, StoreError> {
-        let mut conn = self.store.pool().acquire().await?;
+        let mut conn = self.store.conn().await?;
         let limit = i64::from(settings.batch);
-        let loaded = orders::warnable(&mut conn, &settings.warn_at, limit, hand_over).await;
-        let decided = loaded.map_err(StoreError::from).and_then(|loaded| {
+        let loaded = conn
+            .run(|c| orders::warnable(c, &settings.warn_at, limit, hand_over))
+            .await;
+        let decided = loaded.and_then(|loaded| {
             let mut unit = Unit::load(loaded, false);
             let mut warned = 0;
             for i in 0..unit.len() {
@@ -507,9 +519,10 @@ impl Transitions {
     where
         R: Fn(&Order, Context<'_>) -> Result<Decision, Operated>,
     {
-        let mut conn = self.store.pool().acquire().await?;
-        let loaded = orders::load_many(&mut conn, &[order_id], false).await;
-        let decided = loaded.map_err(StoreError::from).and_then(|loaded| {
+        let mut conn = self.store.conn().await?;
+        let one = [order_id];
+        let loaded = conn.run(|c| orders::load_many(c, &one, false)).await;
+        let decided = loaded.and_then(|loaded| {
             let mut unit = Unit::load(loaded, false);
             if unit.len() == 0 {
                 return Ok((Operated::NotFound, unit));
@@ -554,12 +567,13 @@ where
 /// their orders' outbox locks; otherwise the connection goes back to the pool.
 fn committed<T>(
     conn: PoolConnection<sqlx::Postgres>,
+    bound: std::time::Duration,
     value: T,
     flushed: Flushed,
 ) -> Done<(T, Vec<Uuid>)> {
     let publish = flushed
         .holds_locks
-        .then(|| (Held::new(conn), flushed.publish));
+        .then(|| (Held::new(conn, bound), flushed.publish));
     Done {
         value: (value, flushed.created),
         committed: Committed {
@@ -604,29 +618,40 @@ impl StateStore {
         F: FnOnce(Vec<outbox::OutboxRow>) -> Fut,
         Fut: std::future::Future<Output = (Vec<i64>, Result<(), E>)>,
     {
-        let mut conn = self.pool().acquire().await?;
-        let mut tx = conn.begin().await?;
-        let (taken, rows) = outbox::take(&mut tx, order_ids, wait).await?;
+        // Each round trip is bounded on its own: the publish between them
+        // waits for the broker, not for Postgres.
+        let mut conn = self.conn().await?;
+        // Until the transaction ends, leaving early closes the connection.
+        conn.discard();
+        let (taken, rows) = conn
+            .run(|c| async move {
+                sqlx::raw_sql("BEGIN").execute(&mut *c).await?;
+                outbox::take(c, order_ids, wait).await
+            })
+            .await?;
         let held: Vec<Uuid> = order_ids
             .iter()
             .filter(|id| !taken.contains(id))
             .copied()
             .collect();
         if rows.is_empty() {
-            tx.commit().await?;
+            conn.run(|c| sqlx::raw_sql("COMMIT").execute(c)).await?;
+            conn.keep();
             return Ok((held, Ok(0)));
         }
         let all = rows.len();
         let (done, outcome) = publish(rows).await;
         crate::crash::point("outbox.after_publish");
         if done.len() == all {
-            tx.commit().await?;
+            conn.run(|c| sqlx::raw_sql("COMMIT").execute(c)).await?;
+            conn.keep();
         } else {
             // Some were not confirmed: keep every row, then delete the
             // confirmed ones alone.
-            tx.rollback().await?;
+            conn.run(|c| sqlx::raw_sql("ROLLBACK").execute(c)).await?;
+            conn.keep();
             if !done.is_empty() {
-                outbox::delete(&mut conn, &done).await?;
+                conn.run(|c| outbox::delete(c, &done)).await?;
             }
         }
         Ok((held, outcome.map(|()| done.len())))
@@ -634,8 +659,8 @@ impl StateStore {
 
     /// Messages waiting in the outbox.
     pub async fn outbox_backlog(&self) -> Result<i64, StoreError> {
-        let mut conn = self.pool().acquire().await?;
-        Ok(outbox::backlog(&mut conn).await?)
+        let mut conn = self.conn().await?;
+        conn.run(outbox::backlog).await
     }
 
     /// Orders with messages left behind by a process that died.
@@ -644,7 +669,7 @@ impl StateStore {
         age_ms: i64,
         limit: i64,
     ) -> Result<Vec<Uuid>, StoreError> {
-        let mut conn = self.pool().acquire().await?;
-        Ok(outbox::stale_orders(&mut conn, age_ms, limit).await?)
+        let mut conn = self.conn().await?;
+        conn.run(|c| outbox::stale_orders(c, age_ms, limit)).await
     }
 }

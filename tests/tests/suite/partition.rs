@@ -1,0 +1,96 @@
+//! A silent partition (contract §6a, issue #26): every service loses
+//! Postgres and RabbitMQ for 20 s without a socket being closed, through
+//! proxies that drop the bytes ([`sas_tests::proxy`]); the connections open
+//! then stay silent after the network is back. Run alone, after the rest.
+
+use std::time::{Duration, Instant};
+
+use sas_tests::proxy::Proxy;
+use sas_tests::{AMQP, TestApp};
+
+const ALL: [&str; 4] = ["submission", "scheduler", "agent", "supervisor"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_partition_of_twenty_seconds_leaves_no_order_behind() {
+    let app = TestApp::builder().build().await;
+    let postgres = Proxy::start("127.0.0.1:5432").await;
+    let rabbitmq = Proxy::start("127.0.0.1:5672").await;
+    let db_url = app
+        .db_url
+        .replace("127.0.0.1:5432", &format!("127.0.0.1:{}", postgres.port()));
+    assert_ne!(
+        db_url, app.db_url,
+        "the database URL goes through the proxy"
+    );
+    let amqp = AMQP.replace("127.0.0.1:5672", &format!("127.0.0.1:{}", rabbitmq.port()));
+    assert_ne!(amqp, AMQP, "the broker URL goes through the proxy");
+    let env = [
+        ("SAS__DATABASE__URL", db_url.as_str()),
+        ("SAS__BROKER__URL", amqp.as_str()),
+    ];
+    for name in ALL {
+        app.start_with_env(name, name, &[], &env).await;
+    }
+    let status = app.status_queue("status").await;
+    let every = Duration::from_millis(100);
+
+    let mut ids = app.submit_steadily("three", 50, every, Some(&status)).await;
+    postgres.partition();
+    rabbitmq.partition();
+    // The partition lasts as long as these orders take to arrive, 20 s;
+    // the test's own connections are not partitioned.
+    let started = Instant::now();
+    ids.extend(
+        app.submit_steadily("three", 200, every, Some(&status))
+            .await,
+    );
+    let left = Duration::from_secs(20).saturating_sub(started.elapsed());
+    tokio::time::sleep(left).await;
+    postgres.heal();
+    rabbitmq.heal();
+    let healed = Instant::now();
+    ids.extend(app.submit_steadily("three", 30, every, Some(&status)).await);
+
+    // Every order has ended within a minute of the network's return (the
+    // rest of the invariants are checked after).
+    let within = Duration::from_secs(60).saturating_sub(healed.elapsed());
+    let stories = app.assert_invariants(&status, &ids, &[], within).await;
+    let recovered = healed.elapsed();
+    assert!(
+        stories
+            .values()
+            .all(|s| s.last().is_some_and(|e| e["state"] == "processed")),
+        "every order ends processed"
+    );
+    for name in ALL {
+        assert!(
+            app.exited(name).is_none(),
+            "{name} exited; log:\n{}",
+            app.log(name)
+        );
+    }
+    eprintln!(
+        "{} orders, every one processed {recovered:?} after the network came back",
+        ids.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_pass_through_the_proxies() {
+    let app = TestApp::builder().build().await;
+    let postgres = Proxy::start("127.0.0.1:5432").await;
+    let rabbitmq = Proxy::start("127.0.0.1:5672").await;
+    let db_url = app
+        .db_url
+        .replace("127.0.0.1:5432", &format!("127.0.0.1:{}", postgres.port()));
+    let amqp = AMQP.replace("127.0.0.1:5672", &format!("127.0.0.1:{}", rabbitmq.port()));
+    let env = [
+        ("SAS__DATABASE__URL", db_url.as_str()),
+        ("SAS__BROKER__URL", amqp.as_str()),
+    ];
+    for name in ALL {
+        app.start_with_env(name, name, &[], &env).await;
+    }
+    let (_, events) = app.run_one("three").await;
+    assert_eq!(sas_tests::states(&events).last(), Some(&"processed"));
+}
