@@ -9,6 +9,8 @@
 #
 #   scripts/bench.sh                  # the full run, ~10 minutes
 #   scripts/bench.sh --quick          # a ~2-minute smoke run
+#   scripts/bench.sh --cluster        # also: 1-step on a 3-node RabbitMQ cluster
+#                                     # (scripts/cluster.sh) vs one node, quorum step queues
 #   scripts/bench.sh --help           # sizes, skips and other options
 #
 # Measure on an otherwise idle machine: --wait-idle 0.5 waits (up to 10

@@ -123,6 +123,15 @@ pub struct Args {
     /// Extra configuration for every sas service, e.g. `SAS__SCHEDULER__CLAIM_BATCH=64`.
     #[arg(long = "sas-env", value_name = "KEY=VALUE")]
     pub sas_env: Vec<String>,
+    /// Also measure the 1-step workflow at full load with quorum step queues
+    /// on a three-node RabbitMQ cluster (`scripts/cluster.sh`, brought up
+    /// and taken down by the run) and on the single node, same settings:
+    /// two rows and their ratio. Runs even with --skip-sas.
+    #[arg(long)]
+    pub cluster: bool,
+    /// Orders of each --cluster run (default: as the 1-step full-load run).
+    #[arg(long)]
+    pub cluster_orders: Option<usize>,
     /// Keep each deployment's configuration and logs in the work directory.
     #[arg(long)]
     pub keep_logs: bool,

@@ -293,6 +293,11 @@ async fn measure_with(args: &Args, env: &Env, sizes: &Sizes) -> anyhow::Result<M
         sas_runs(args, env, sizes, &mut runs, &mut memory).await?;
     }
 
+    // 4b. The same deployment on a three-node RabbitMQ cluster and on one node.
+    if args.cluster {
+        cluster_runs(args, env, sizes, &mut runs).await?;
+    }
+
     // 5. The peers.
     let mut peer_results = Vec::new();
     let mut peer_errors = Vec::new();
@@ -424,6 +429,7 @@ async fn sas_runs(
                 deployment: deployment.clone(),
                 load: "full".into(),
                 result: full,
+                compared: None,
             });
             eprintln!("   {workflow}: 10% load, {low_n} orders at {rate:.1}/s");
             let low = load::run(
@@ -444,6 +450,7 @@ async fn sas_runs(
                 deployment,
                 load: "10%".into(),
                 result: low,
+                compared: None,
             });
         }
         Ok::<(), anyhow::Error>(())
@@ -467,6 +474,7 @@ async fn sas_runs(
                     deployment: "2 schedulers, 2 agents".into(),
                     load: "full".into(),
                     result: full,
+                    compared: None,
                 });
             }
             Ok::<(), anyhow::Error>(())
@@ -512,6 +520,7 @@ async fn sas_runs(
                 deployment: "1 scheduler, 2 agents".into(),
                 load: "recovery".into(),
                 result: r,
+                compared: None,
             });
             Ok::<(), anyhow::Error>(())
         }
@@ -519,6 +528,122 @@ async fn sas_runs(
         finish(suite, result, args.keep_logs).await?;
     }
 
+    Ok(())
+}
+
+/// The nodes of `scripts/cluster.sh`, taken down (and their directory
+/// removed) when dropped: after the runs, an error or Ctrl-C alike.
+struct Cluster {
+    script: std::path::PathBuf,
+    /// `broker.url` for the cluster: its nodes' URLs, comma-separated.
+    urls: String,
+}
+
+impl Cluster {
+    async fn up() -> anyhow::Result<Self> {
+        let script = std::env::current_dir()?.join("scripts/cluster.sh");
+        anyhow::ensure!(
+            script.is_file(),
+            "{} not found: run from the repository's root (scripts/bench.sh does)",
+            script.display()
+        );
+        // From here on, dropping the guard takes down whatever came up.
+        let mut cluster = Self {
+            script,
+            urls: String::new(),
+        };
+        cluster.run("up").await?;
+        cluster.urls = cluster.run("urls").await?;
+        Ok(cluster)
+    }
+
+    /// `scripts/cluster.sh <command>`'s output; its own one-line error
+    /// when it fails.
+    async fn run(&self, command: &str) -> anyhow::Result<String> {
+        let out = tokio::process::Command::new(&self.script)
+            .arg(command)
+            .output()
+            .await
+            .with_context(|| format!("running {}", self.script.display()))?;
+        anyhow::ensure!(
+            out.status.success(),
+            "scripts/cluster.sh {command} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let down = std::process::Command::new(&self.script)
+            .arg("down")
+            .status();
+        if !down.is_ok_and(|s| s.success()) {
+            eprintln!("warning: scripts/cluster.sh down failed: run it by hand");
+        }
+    }
+}
+
+/// Section 4b (`--cluster`): one scheduler and one agent, the 1-step
+/// workflow at full load, quorum step queues, on the machine's node and on
+/// a three-node cluster, in this run; the cluster's row says its ratio to
+/// the node's. The orders queue is a quorum queue in both.
+async fn cluster_runs(
+    args: &Args,
+    env: &Env,
+    sizes: &Sizes,
+    runs: &mut Vec<SasRun>,
+) -> anyhow::Result<()> {
+    eprintln!("== sas on a three-node RabbitMQ cluster (scripts/cluster.sh up)");
+    let cluster = Cluster::up().await?;
+    let n = args.cluster_orders.unwrap_or(sizes.one);
+    let quorum = ("SAS__BROKER__STEP_QUEUES".to_owned(), "quorum".to_owned());
+    let mut single = env.clone();
+    single.sas_env.push(quorum.clone());
+    let mut clustered = env.clone();
+    clustered.amqp = cluster.urls.clone();
+    clustered.sas_env.push(quorum);
+    clustered
+        .sas_env
+        .push(("SAS__BROKER__URL".to_owned(), cluster.urls.clone()));
+    let mut node_rate = None;
+    for (name, where_, env) in [
+        ("q1", "1 node", &single),
+        ("qc", "3-node cluster", &clustered),
+    ] {
+        wait_quiet(args.wait_idle).await;
+        let deployment = format!("1 scheduler, 1 agent; {where_}, quorum step queues");
+        eprintln!("== sas: {deployment}");
+        let mut suite = Suite::create(env, name, SuiteOptions::default()).await?;
+        let result = async {
+            suite.start_services(1, 1).await?;
+            suite.start_maintenance();
+            warm_up(&mut suite, sizes.warmup).await?;
+            let full = full_load(&mut suite, "one", 1, n).await?;
+            let compared = node_rate.map(|node: f64| {
+                format!(
+                    "{:.2}× the 1-node run's throughput ({:.0}/s)",
+                    full.throughput / node,
+                    node
+                )
+            });
+            if let Some(c) = &compared {
+                eprintln!("   cluster: {c}");
+            }
+            node_rate.get_or_insert(full.throughput);
+            runs.push(SasRun {
+                deployment,
+                load: "full".into(),
+                result: full,
+                compared,
+            });
+            Ok::<(), anyhow::Error>(())
+        }
+        .await;
+        finish(suite, result, args.keep_logs).await?;
+    }
+    drop(cluster);
     Ok(())
 }
 
@@ -664,7 +789,8 @@ fn humantime(s: &str) -> f64 {
 async fn cleanup(env: &Env) {
     peers::kill_all().await;
     let mut queues = Vec::new();
-    for name in ["s1", "s2", "rec"] {
+    // `qc` lived on the cluster, which `down` removed with its queues.
+    for name in ["s1", "s2", "rec", "q1"] {
         let prefix = format!("sasbench{}{name}", env.run_id);
         queues.extend(
             sas::topology::QueueNames::new(&prefix)

@@ -17,6 +17,10 @@ pub struct SasRun {
     /// `full`, `10%`, `recovery`.
     pub load: String,
     pub result: LoadResult,
+    /// A comparison with another row of the run, for the notes (the
+    /// cluster's throughput against the single node's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compared: Option<String>,
 }
 
 /// The machine's limit.
@@ -136,6 +140,9 @@ impl Report {
                     rec.all_terminal_s,
                     res.event_states.get("retry_scheduled").copied().unwrap_or(0)
                 ));
+            }
+            if let Some(c) = &r.compared {
+                note.push(c.clone());
             }
             if r.load == "full" {
                 note.push(format!(

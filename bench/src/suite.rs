@@ -246,6 +246,7 @@ impl Suite {
             database_url: &db_url,
             max_connections: None,
             broker_url: &env.amqp,
+            step_queues: env.broker_settings(&prefix).step_queues.as_str(),
             prefix: &prefix,
             agents_url: &agents_url,
             agents: &AGENTS,

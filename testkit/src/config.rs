@@ -16,6 +16,8 @@ pub struct ConfigFile<'a> {
     /// `database.max_connections`, when not the default.
     pub max_connections: Option<u32>,
     pub broker_url: &'a str,
+    /// `broker.step_queues`: `classic` or `quorum`.
+    pub step_queues: &'a str,
     /// `broker.prefix`: keeps the deployment's queues apart from others'.
     pub prefix: &'a str,
     /// Where the agents are called: agent `x` at `{agents_url}/x`.
@@ -70,6 +72,7 @@ url = "{database_url}"
 [broker]
 url = "{broker_url}"
 prefix = "{prefix}"
+step_queues = "{step_queues}"
 
 [supervisor]
 interval = "{interval}"
@@ -87,6 +90,7 @@ steps = [ {a}, {b}, {c} ]
 "#,
             database_url = self.database_url,
             broker_url = self.broker_url,
+            step_queues = self.step_queues,
             prefix = self.prefix,
             interval = self.supervisor_interval,
             max_failures = self.max_failures,
@@ -117,6 +121,7 @@ mod tests {
             database_url: "postgres://postgres@127.0.0.1:5432/x",
             max_connections: Some(8),
             broker_url: "amqp://guest:guest@127.0.0.1:5672/%2f",
+            step_queues: "classic",
             prefix: "tx",
             agents_url: "http://127.0.0.1:1/svc",
             agents: &WORKFLOW_AGENTS,

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use remote_sim::{Knobs, RemoteSim, Stats};
 use sas::broker::{Broker, Consumer, Delivery, Outgoing, Publisher, Subscription};
-use sas::config::BrokerSettings;
+use sas::config::{BrokerSettings, QueueType};
 use sas::topology::QueueNames;
 use sas_client::{Client, Order};
 use sas_testkit::config::ConfigFile;
@@ -64,6 +64,12 @@ struct Options {
     pub postgres: Option<(String, String)>,
     /// Extra TOML appended to the configuration.
     pub extra: String,
+    /// `broker.url` (default [`AMQP`], the machine's node): the harness's
+    /// own connection uses it too.
+    pub broker_url: String,
+    /// `broker.step_queues` (default classic): the harness declares the
+    /// queues before the services, so both must agree.
+    pub step_queues: QueueType,
 }
 
 impl Default for Options {
@@ -80,6 +86,8 @@ impl Default for Options {
             breaker: (100_000, "5s"),
             postgres: None,
             extra: String::new(),
+            broker_url: AMQP.to_owned(),
+            step_queues: QueueType::Classic,
         }
     }
 }
@@ -144,6 +152,19 @@ impl Builder {
         self
     }
 
+    /// `broker.url`: another broker than the machine's node, e.g. the
+    /// nodes of `scripts/cluster.sh` (comma-separated).
+    pub fn broker_url(mut self, url: impl Into<String>) -> Self {
+        self.options.broker_url = url.into();
+        self
+    }
+
+    /// `broker.step_queues` (default classic).
+    pub fn step_queues(mut self, kind: QueueType) -> Self {
+        self.options.step_queues = kind;
+        self
+    }
+
     /// Further TOML sections appended to the configuration.
     pub fn extra_config(mut self, toml: impl Into<String>) -> Self {
         self.options.extra = toml.into();
@@ -180,6 +201,9 @@ pub struct TestApp {
     pub sim: Arc<RemoteSim>,
     pub sim_addr: std::net::SocketAddr,
     pub db: PgPool,
+    /// How the harness reaches the deployment's broker (its URL, prefix and
+    /// step queue type, as the services have them).
+    broker: BrokerSettings,
     /// The test's own broker connection, replaced by [`TestApp::reconnect`].
     conn: std::sync::RwLock<Arc<Conn>>,
     processes: Mutex<BTreeMap<String, Proc>>,
@@ -197,8 +221,8 @@ struct Conn {
 }
 
 impl Conn {
-    async fn open(prefix: &str) -> Self {
-        let client = Client::connect_with(&broker_settings(prefix), "test")
+    async fn open(settings: &BrokerSettings) -> Self {
+        let client = Client::connect_with(settings, "test")
             .await
             .expect("RabbitMQ is up");
         let publisher = client.broker().publisher().await.expect("publisher");
@@ -303,8 +327,8 @@ breaker_cooldown = "{cooldown}"
             .write(&config)
             .expect("write config");
 
-        let settings = broker_settings(&prefix);
-        let conn = Conn::open(&prefix).await;
+        let settings = broker_settings(&options, &prefix);
+        let conn = Conn::open(&settings).await;
         let queues = sas_testkit::broker::declare(conn.broker(), &settings, &AGENTS)
             .await
             .expect("topology");
@@ -319,6 +343,7 @@ breaker_cooldown = "{cooldown}"
             sim,
             sim_addr,
             db,
+            broker: settings,
             conn: std::sync::RwLock::new(Arc::new(conn)),
             processes: Mutex::new(BTreeMap::new()),
             extra_queues: Mutex::new(Vec::new()),
@@ -399,12 +424,9 @@ breaker_cooldown = "{cooldown}"
         panic!("{name} not ready within 30s; log:\n{}", self.log(name));
     }
 
-    /// How process `name` exited, if it has.
-    pub fn exited(&self, name: &str) -> Option<ExitStatus> {
-        self.try_status(name)
-    }
-
-    fn try_status(&self, name: &str) -> Option<ExitStatus> {
+    /// A process's exit status if it has exited (a crash, a refusal),
+    /// `None` while it runs.
+    pub fn try_status(&self, name: &str) -> Option<ExitStatus> {
         let mut procs = self.processes.lock().unwrap();
         procs.get_mut(name)?.child.try_wait().ok().flatten()
     }
@@ -767,7 +789,7 @@ breaker_cooldown = "{cooldown}"
 
     /// Opens a new connection for the test itself (after a broker restart).
     pub async fn reconnect(&self) {
-        let conn = Conn::open(&self.prefix).await;
+        let conn = Conn::open(&self.broker).await;
         *self.conn.write().unwrap() = Arc::new(conn);
     }
 
@@ -959,7 +981,7 @@ impl Drop for TestApp {
             tx.send(()).ok();
         }
         let extra_queues: Vec<String> = self.extra_queues.lock().unwrap().drain(..).collect();
-        let (db_name, prefix, dir) = (self.db_name.clone(), self.prefix.clone(), self.dir.clone());
+        let (db_name, broker, dir) = (self.db_name.clone(), self.broker.clone(), self.dir.clone());
         let admin_url = self.admin_url.clone();
         let keep_logs = std::thread::panicking() || std::env::var_os("SAS_TEST_KEEP").is_some();
         // Async cleanup from Drop: a thread with its own runtime.
@@ -970,7 +992,7 @@ impl Drop for TestApp {
                 .expect("runtime");
             rt.block_on(async move {
                 // Best effort: a failed clean-up must not fail the test.
-                sas_testkit::broker::delete(&broker_settings(&prefix), &AGENTS, &extra_queues)
+                sas_testkit::broker::delete(&broker, &AGENTS, &extra_queues)
                     .await
                     .ok();
                 Postgres::new(admin_url).drop(&db_name).await.ok();
@@ -986,8 +1008,11 @@ impl Drop for TestApp {
     }
 }
 
-fn broker_settings(prefix: &str) -> BrokerSettings {
-    sas_testkit::broker::settings(AMQP, prefix)
+fn broker_settings(options: &Options, prefix: &str) -> BrokerSettings {
+    BrokerSettings {
+        step_queues: options.step_queues,
+        ..sas_testkit::broker::settings(&options.broker_url, prefix)
+    }
 }
 
 /// The configuration of a test deployment: the shared workflows, with
@@ -1003,7 +1028,8 @@ fn config_file<'a>(
     ConfigFile {
         database_url: db_url,
         max_connections: Some(8),
-        broker_url: AMQP,
+        broker_url: &o.broker_url,
+        step_queues: o.step_queues.as_str(),
         prefix,
         agents_url,
         agents: &AGENTS,

@@ -229,7 +229,7 @@ impl Broker {
                     Err(e) if is_tls_failure(&e) => return Err(BrokerError::Tls(e)),
                     Err(e) => {
                         let error = crate::tls::redact(&e.to_string(), [settings.url.as_str()]);
-                        tracing::warn!(%error, node = %uri.authority.host, "RabbitMQ node not reachable");
+                        tracing::warn!(%error, node = %format_args!("{}:{}", uri.authority.host, uri.authority.port), "RabbitMQ node not reachable");
                         last = Some(e);
                     }
                 }

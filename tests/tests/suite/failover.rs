@@ -77,7 +77,7 @@ async fn the_services_follow_the_promoted_standby_and_lose_no_acknowledged_order
     );
     for name in ALL {
         assert!(
-            app.exited(name).is_none(),
+            app.try_status(name).is_none(),
             "{name} exited; log:\n{}",
             app.log(name)
         );

@@ -1,11 +1,12 @@
 //! The end-to-end tests, one binary (linked once): each module is one
 //! area of the behaviour, run against the real binaries, Postgres and
 //! RabbitMQ through `sas_tests::TestApp`. Tests that restart a server live in
-//! `restarts` and run alone, after the rest (`scripts/test.sh`).
+//! `restarts` (and `cluster`, which starts RabbitMQ nodes of its own) and run alone, after the rest (`scripts/test.sh`).
 
 mod chaos;
 mod client;
 mod clocks;
+mod cluster;
 mod core;
 mod costs;
 mod dashboard;

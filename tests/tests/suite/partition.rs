@@ -64,7 +64,7 @@ async fn a_silent_partition_of_twenty_seconds_leaves_no_order_behind() {
     );
     for name in ALL {
         assert!(
-            app.exited(name).is_none(),
+            app.try_status(name).is_none(),
             "{name} exited; log:\n{}",
             app.log(name)
         );
