@@ -3,8 +3,10 @@
 # which starts remote-sim and the services against the local Postgres
 # (127.0.0.1:5432) and RabbitMQ (127.0.0.1:5672) under a database and a queue
 # prefix of its own, measures throughput, latency, recovery and memory, the
-# machine's limit, and Celery and procrastinate doing the same work (installed
-# into .bench/venv from PyPI on first use), then removes what it created.
+# machine's limit, and Celery, procrastinate and DBOS (installed into
+# .bench/venv from PyPI on first use) and Restate (its server from npm into
+# .bench/restate, its Rust service built into .bench/restate-target) doing the
+# same work, then removes what it created.
 # Prints one table; writes bench/out/latest.json and bench/out/latest.md.
 #
 #   scripts/bench.sh                  # the full run, ~10 minutes

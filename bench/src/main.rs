@@ -9,6 +9,7 @@ mod pgsample;
 mod plan;
 mod procs;
 mod report;
+mod restate;
 mod suite;
 
 use std::path::PathBuf;
@@ -16,7 +17,8 @@ use std::path::PathBuf;
 use clap::Parser;
 
 /// Benchmarks sas (release binaries) against the local Postgres and RabbitMQ,
-/// with the machine's limit and Celery and procrastinate in the same run.
+/// with the machine's limit and Celery, procrastinate, Restate and DBOS in
+/// the same run.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "sas-bench", version, about)]
 pub struct Args {
@@ -64,15 +66,24 @@ pub struct Args {
     /// Skip measuring the machine's limit.
     #[arg(long)]
     pub skip_limits: bool,
-    /// Skip Celery and procrastinate.
+    /// Skip every peer (Celery, procrastinate, Restate, DBOS).
     #[arg(long)]
     pub skip_peers: bool,
+    /// Skip Celery (both result backends).
+    #[arg(long)]
+    pub skip_celery: bool,
     /// Skip the peers' 10%-load runs.
     #[arg(long)]
     pub skip_peer_low: bool,
     /// Skip procrastinate only.
     #[arg(long)]
     pub skip_procrastinate: bool,
+    /// Skip Restate only.
+    #[arg(long)]
+    pub skip_restate: bool,
+    /// Skip DBOS only.
+    #[arg(long)]
+    pub skip_dbos: bool,
     /// Before measuring, wait (up to 10 minutes) until the 1-minute load
     /// average is below this; 0 does not wait.
     #[arg(long, default_value_t = 0.0)]
@@ -106,6 +117,18 @@ pub struct Args {
     /// Jobs each procrastinate worker runs at once.
     #[arg(long, default_value_t = 16)]
     pub procrastinate_concurrency: usize,
+    /// DBOS worker processes (2 was its best in #27).
+    #[arg(long, default_value_t = 2)]
+    pub dbos_workers: usize,
+    /// Workflows each DBOS worker process runs at once (the queue's `worker_concurrency`).
+    #[arg(long, default_value_t = 16)]
+    pub dbos_concurrency: usize,
+    /// Calls to Restate's ingress open at once at full load.
+    #[arg(long, default_value_t = 256)]
+    pub restate_in_flight: usize,
+    /// npm, which installs Restate's server into the work directory.
+    #[arg(long, default_value = "npm")]
+    pub npm: String,
     /// Postgres server (a database there is created and dropped per deployment).
     #[arg(
         long,

@@ -1,9 +1,11 @@
 //! The peers, doing the same work in the same run: Celery (RabbitMQ broker,
-//! `acks_late`, results in Postgres or over `rpc://`) and procrastinate
-//! (Postgres only). Each step is one HTTP POST to the same remote-sim with an
-//! `Idempotency-Key`; three steps are a Celery chain, or a procrastinate job
-//! deferring the next. The Python side is in `bench/peers/`; it runs in a
-//! virtualenv this module creates (git-ignored, `.bench/venv`).
+//! `acks_late`, results in Postgres or over `rpc://`), procrastinate
+//! (Postgres only) and DBOS Transact (Postgres only; Restate is in
+//! [`crate::restate`]). Each step is one HTTP POST to the same remote-sim with
+//! an `Idempotency-Key`; three steps are a Celery chain, a procrastinate job
+//! deferring the next, or three `@DBOS.step` calls of one DBOS workflow. The
+//! Python side is in `bench/peers/`; it runs in a virtualenv this module
+//! creates (git-ignored, `.bench/venv`).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -30,6 +32,9 @@ pub struct PeerOptions {
     /// procrastinate worker processes, and jobs each runs at once.
     pub procrastinate_workers: usize,
     pub procrastinate_concurrency: usize,
+    /// DBOS worker processes, and workflows each runs at once.
+    pub dbos_workers: usize,
+    pub dbos_concurrency: usize,
 }
 
 /// What one peer run measured.
@@ -53,21 +58,26 @@ pub struct PeerResult {
     pub cpu_ms_per_order: std::collections::BTreeMap<String, f64>,
     /// Peak memory of the worker processes (summed over each worker's tree), MiB.
     pub worker_peak_mib: f64,
+    /// The same, per process group where there are several (Restate's server
+    /// and service), MiB.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub peak_mib: std::collections::BTreeMap<String, f64>,
     /// How it was run.
     pub setup: String,
 }
 
 #[derive(Deserialize)]
-struct DriverResult {
-    completed: usize,
-    failed: usize,
-    error: Option<String>,
-    submit_s: f64,
-    elapsed_s: Option<f64>,
-    latencies_ms: Vec<f64>,
-    /// CPU seconds the driver itself used while submitting and waiting.
+pub(crate) struct DriverResult {
+    pub completed: usize,
+    pub failed: usize,
+    pub error: Option<String>,
+    pub submit_s: f64,
+    pub elapsed_s: Option<f64>,
+    pub latencies_ms: Vec<f64>,
+    /// CPU seconds the driver itself used while submitting and waiting (a
+    /// process of its own; 0 for a driver inside sas-bench).
     #[serde(default)]
-    cpu_s: f64,
+    pub cpu_s: f64,
 }
 
 /// Creates the virtualenv and installs `requirements.txt` unless already done.
@@ -108,9 +118,9 @@ pub async fn versions(o: &PeerOptions) -> String {
     let out = Command::new(o.venv.join("bin/python"))
         .args([
             "-c",
-            "import celery, kombu, procrastinate, sqlalchemy, sys; \
-             print(f'Python {sys.version.split()[0]}, Celery {celery.__version__}, kombu {kombu.__version__}, \
-             SQLAlchemy {sqlalchemy.__version__}, procrastinate {procrastinate.__version__}')",
+            "import sys; from importlib.metadata import version as v; \
+             print(f'Python {sys.version.split()[0]}, Celery {v(\"celery\")}, kombu {v(\"kombu\")}, \
+             SQLAlchemy {v(\"SQLAlchemy\")}, procrastinate {v(\"procrastinate\")}, DBOS {v(\"dbos\")}')",
         ])
         .output()
         .await;
@@ -133,13 +143,13 @@ pub async fn kill_all() {
 }
 
 /// A worker process group we started.
-struct Worker {
-    child: Child,
-    pid: u32,
+pub(crate) struct Worker {
+    pub child: Child,
+    pub pid: u32,
 }
 
 impl Worker {
-    fn spawn(mut cmd: Command, log: &Path) -> anyhow::Result<Self> {
+    pub fn spawn(mut cmd: Command, log: &Path) -> anyhow::Result<Self> {
         let log = std::fs::File::create(log)?;
         let child = cmd
             .stdout(Stdio::null())
@@ -153,7 +163,7 @@ impl Worker {
     }
 
     /// SIGTERM to the worker's process group, then SIGKILL after `grace`.
-    async fn stop(mut self, grace: Duration) {
+    pub async fn stop(mut self, grace: Duration) {
         signal_group(self.pid, "TERM").await;
         if tokio::time::timeout(grace, self.child.wait())
             .await
@@ -182,7 +192,11 @@ async fn signal_group(pgid: u32, sig: &str) {
         .ok();
 }
 
-async fn wait_for_file(path: &Path, workers: &mut [Worker], what: &str) -> anyhow::Result<()> {
+pub(crate) async fn wait_for_file(
+    path: &Path,
+    workers: &mut [Worker],
+    what: &str,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
         if path.exists() {
@@ -210,7 +224,7 @@ pub struct PeerRun<'a> {
 }
 
 impl PeerRun<'_> {
-    fn tag(&self) -> String {
+    pub fn tag(&self) -> String {
         match self.rate {
             Some(_) => format!("{}-low", self.workflow),
             None => self.workflow.to_owned(),
@@ -284,7 +298,7 @@ impl CeleryBackend {
     }
 }
 
-fn result_of(
+pub(crate) fn result_of(
     system: String,
     run: &PeerRun<'_>,
     r: DriverResult,
@@ -323,6 +337,7 @@ fn result_of(
         cpu,
         cpu_ms_per_order,
         worker_peak_mib,
+        peak_mib: Default::default(),
         setup,
     }
 }
@@ -517,6 +532,99 @@ pub async fn procrastinate(
         peak,
         setup,
     ))
+}
+
+/// DBOS Transact: worker processes (each a DBOS executor listening to one
+/// queue) and a driver that enqueues with `DBOSClient`, on a database of its
+/// own (DBOS's system database).
+pub async fn dbos(
+    env: &Env,
+    sim: &Sim,
+    o: &PeerOptions,
+    run: &PeerRun<'_>,
+) -> anyhow::Result<PeerResult> {
+    let tag = format!("dbos-{}", run.tag());
+    let dir = env.work_dir.join(&tag);
+    std::fs::create_dir_all(&dir)?;
+    let db_name = format!("sasbench_{}_dbos", env.run_id);
+    let dsn = env
+        .postgres
+        .create(&db_name)
+        .await?
+        .replacen("postgres://", "postgresql://", 1);
+    let concurrency = o.dbos_concurrency.to_string();
+    let base: Vec<(String, String)> = vec![
+        ("BENCH_DSN".into(), dsn),
+        ("BENCH_SIM".into(), sim.url()),
+        ("BENCH_PATH".into(), tag.clone()),
+        // The queue's polling interval, as #27 asks (DBOS's default is 1 s).
+        ("BENCH_POLL".into(), "0.01".into()),
+    ];
+    let outcome = async {
+        let ok = Command::new(o.venv.join("bin/python"))
+            .current_dir(&o.dir)
+            .args(["dbos_bench.py", "schema", "--concurrency", &concurrency])
+            .envs(base.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("schema.log"))?)
+            .status()
+            .await?;
+        if !ok.success() {
+            bail!(
+                "dbos schema failed; see {}",
+                dir.join("schema.log").display()
+            );
+        }
+        let mut workers = Vec::new();
+        for i in 0..o.dbos_workers {
+            let ready = dir.join(format!("ready-{i}"));
+            let mut cmd = Command::new(o.venv.join("bin/python"));
+            cmd.current_dir(&o.dir)
+                .args(["dbos_bench.py", "worker", "--index", &i.to_string()])
+                .args(["--concurrency", &concurrency])
+                .envs(base.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .env("BENCH_READY_FILE", &ready);
+            workers.push(Worker::spawn(cmd, &dir.join(format!("worker-{i}.log")))?);
+        }
+        let result = async {
+            for i in 0..workers.len() {
+                wait_for_file(&dir.join(format!("ready-{i}")), &mut workers, "dbos worker").await?;
+            }
+            let groups = vec![
+                Group {
+                    name: "dbos-workers".into(),
+                    roots: workers.iter().map(|w| w.pid).collect(),
+                },
+                Group {
+                    name: "bench".into(),
+                    roots: vec![std::process::id()],
+                },
+                Group {
+                    name: "remote-sim".into(),
+                    roots: sim.pid().into_iter().collect(),
+                },
+            ];
+            let before = procs::snapshot(&groups);
+            let r = drive(o, "dbos_bench.py", &base, &[], run, &dir).await?;
+            let after = procs::snapshot(&groups);
+            let peak: f64 = workers.iter().map(|w| procs::tree_peak_mib(w.pid)).sum();
+            Ok::<_, anyhow::Error>((r, after.since(&before), peak))
+        }
+        .await;
+        for w in workers {
+            w.stop(Duration::from_secs(20)).await;
+        }
+        result
+    }
+    .await;
+    env.drop_db(&db_name).await;
+    let (r, cpu, peak) = outcome?;
+    let setup = format!(
+        "{} worker processes (DBOS executors) × ≤ {} workflows each (threads), one queue polled every 10 ms, \
+         DBOSClient enqueues (workflow id = order id), requests; system database on the local Postgres",
+        o.dbos_workers, o.dbos_concurrency
+    );
+    Ok(result_of("dbos".into(), run, r, Some(cpu), peak, setup))
 }
 
 /// Deletes the exchanges Celery declared (named like its queues).

@@ -1,6 +1,7 @@
 //! The sequence of one bench run: the machine's limit, sas with one
 //! scheduler and one agent (full load and 10% load, 1 and 3 steps), with two
-//! of each, an agent SIGKILLed mid-run, then the peers; then the report.
+//! of each, an agent SIGKILLed mid-run, then the peers (Celery,
+//! procrastinate, Restate, DBOS); then the report.
 //! Everything it creates (databases, queues, processes) is removed at the
 //! end, also after an error or Ctrl-C.
 
@@ -18,6 +19,7 @@ use crate::load::{self, LoadSpec};
 use crate::peers::{self, CeleryBackend, PeerOptions, PeerRun};
 use crate::procs;
 use crate::report::{self, Limits, Report, SasRun};
+use crate::restate::{self, RestateOptions};
 use crate::suite::{AGENTS, Env, Sim, Suite, SuiteOptions};
 
 /// Run sizes.
@@ -299,99 +301,11 @@ async fn measure_with(args: &Args, env: &Env, sizes: &Sizes) -> anyhow::Result<M
     }
 
     // 5. The peers.
-    let mut peer_results = Vec::new();
-    let mut peer_errors = Vec::new();
-    let mut peer_versions = None;
-    if !args.skip_peers {
-        let o = PeerOptions {
-            python: args.python.clone(),
-            venv: std::fs::canonicalize(&args.work_dir)?.join("venv"),
-            dir: std::fs::canonicalize(&args.peers_dir)
-                .with_context(|| format!("{}", args.peers_dir.display()))?,
-            celery_concurrency: args.celery_concurrency,
-            procrastinate_workers: args.procrastinate_workers,
-            procrastinate_concurrency: args.procrastinate_concurrency,
-        };
-        match peers::ensure_venv(&o).await {
-            Err(e) => peer_errors.push(format!("could not set up the peers' virtualenv: {e:#}")),
-            Ok(()) => {
-                peer_versions = Some(peers::versions(&o).await);
-                for (workflow, steps, n) in
-                    [("one", 1, sizes.peer_one), ("three", 3, sizes.peer_three)]
-                {
-                    let mut systems = vec![
-                        Peer::Celery(CeleryBackend::Postgres),
-                        Peer::Celery(CeleryBackend::Rpc),
-                        Peer::Procrastinate,
-                    ];
-                    let mut i = 0;
-                    while i < systems.len() {
-                        let peer = systems[i];
-                        i += 1;
-                        if peer == Peer::Procrastinate && args.skip_procrastinate {
-                            continue;
-                        }
-                        let full = PeerRun {
-                            workflow,
-                            steps,
-                            orders: n,
-                            rate: None,
-                            timeout: timeout_for(n),
-                        };
-                        wait_quiet(args.wait_idle).await;
-                        eprintln!("== {}: {workflow}, {n} orders", peer.name());
-                        let throughput = match run_peer(env, &o, peer, &full).await {
-                            Ok(r) => {
-                                print_peer(&r);
-                                // Waiting for each result failed (a chain on rpc:// does, with
-                                // BacklogLimitExceeded): measure the other way of collecting too.
-                                if peer == Peer::Celery(CeleryBackend::Rpc) && r.error.is_some() {
-                                    systems.insert(i, Peer::Celery(CeleryBackend::RpcJoin));
-                                }
-                                let t = r.throughput.filter(|_| r.error.is_none());
-                                peer_results.push(r);
-                                t
-                            }
-                            Err(e) => {
-                                peer_errors.push(format!("{} {workflow}: {e:#}", peer.name()));
-                                None
-                            }
-                        };
-                        let Some(t) = throughput.filter(|_| !args.skip_peer_low) else {
-                            continue;
-                        };
-                        let rate = t * 0.1;
-                        let low_n = sizes
-                            .peer_low
-                            .min((rate * sizes.low_max_secs / 2.0) as usize)
-                            .max(50);
-                        let low = PeerRun {
-                            workflow,
-                            steps,
-                            orders: low_n,
-                            rate: Some(rate),
-                            timeout: timeout_for(low_n)
-                                + Duration::from_secs_f64(low_n as f64 / rate),
-                        };
-                        wait_quiet(args.wait_idle).await;
-                        eprintln!(
-                            "== {}: {workflow}, 10% load, {low_n} orders at {rate:.1}/s",
-                            peer.name()
-                        );
-                        match run_peer(env, &o, peer, &low).await {
-                            Ok(r) => {
-                                print_peer(&r);
-                                peer_results.push(r);
-                            }
-                            Err(e) => {
-                                peer_errors.push(format!("{} {workflow} 10%: {e:#}", peer.name()))
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
+    let (peer_results, peer_errors, peer_versions) = if args.skip_peers {
+        (Vec::new(), Vec::new(), None)
+    } else {
+        peer_runs(args, env, sizes).await?
+    };
     Ok((
         runs,
         memory,
@@ -400,6 +314,143 @@ async fn measure_with(args: &Args, env: &Env, sizes: &Sizes) -> anyhow::Result<M
         peer_errors,
         peer_versions,
     ))
+}
+
+/// Section 5: each peer, one-step then three-step, at full load and at 10%
+/// of its own full-load throughput. A peer that cannot be set up is reported
+/// and left out; the others run.
+async fn peer_runs(
+    args: &Args,
+    env: &Env,
+    sizes: &Sizes,
+) -> anyhow::Result<(Vec<peers::PeerResult>, Vec<String>, Option<String>)> {
+    let mut peer_results = Vec::new();
+    let mut peer_errors = Vec::new();
+    let mut versions = Vec::new();
+    let work_dir = std::fs::canonicalize(&args.work_dir)?;
+    let peers_dir = std::fs::canonicalize(&args.peers_dir)
+        .with_context(|| format!("{}", args.peers_dir.display()))?;
+    let mut wanted = Vec::new();
+    if !args.skip_celery {
+        wanted.push(Peer::Celery(CeleryBackend::Postgres));
+        wanted.push(Peer::Celery(CeleryBackend::Rpc));
+    }
+    if !args.skip_procrastinate {
+        wanted.push(Peer::Procrastinate);
+    }
+    if !args.skip_restate {
+        wanted.push(Peer::Restate);
+    }
+    if !args.skip_dbos {
+        wanted.push(Peer::Dbos);
+    }
+    let o = PeerOptions {
+        python: args.python.clone(),
+        venv: work_dir.join("venv"),
+        dir: peers_dir.clone(),
+        celery_concurrency: args.celery_concurrency,
+        procrastinate_workers: args.procrastinate_workers,
+        procrastinate_concurrency: args.procrastinate_concurrency,
+        dbos_workers: args.dbos_workers,
+        dbos_concurrency: args.dbos_concurrency,
+    };
+    if wanted.iter().any(|p| p.is_python()) {
+        match peers::ensure_venv(&o).await {
+            Err(e) => {
+                peer_errors.push(format!("could not set up the peers' virtualenv: {e:#}"));
+                wanted.retain(|p| !p.is_python());
+            }
+            Ok(()) => versions.push(peers::versions(&o).await),
+        }
+    }
+    let ro = RestateOptions {
+        install_dir: work_dir.join("restate"),
+        project: peers_dir.join("restate"),
+        target_dir: work_dir.join("restate-target"),
+        data_dir: work_dir.join("restate-data"),
+        npm: args.npm.clone(),
+        in_flight: args.restate_in_flight,
+    };
+    let mut installed = None;
+    if wanted.contains(&Peer::Restate) {
+        match restate::ensure(&ro).await {
+            Err(e) => {
+                peer_errors.push(format!("could not set up Restate: {e:#}"));
+                wanted.retain(|p| *p != Peer::Restate);
+            }
+            Ok(i) => {
+                versions.push(i.versions.clone());
+                installed = Some(i);
+            }
+        }
+    }
+    let setup = PeerSetup {
+        o,
+        restate: installed.map(|i| (ro, i)),
+    };
+    for (workflow, steps, n) in [("one", 1, sizes.peer_one), ("three", 3, sizes.peer_three)] {
+        let mut systems = wanted.clone();
+        let mut i = 0;
+        while i < systems.len() {
+            let peer = systems[i];
+            i += 1;
+            let full = PeerRun {
+                workflow,
+                steps,
+                orders: n,
+                rate: None,
+                timeout: timeout_for(n),
+            };
+            wait_quiet(args.wait_idle).await;
+            eprintln!("== {}: {workflow}, {n} orders", peer.name());
+            let throughput = match run_peer(env, &setup, peer, &full).await {
+                Ok(r) => {
+                    print_peer(&r);
+                    // Waiting for each result failed (a chain on rpc:// does, with
+                    // BacklogLimitExceeded): measure the other way of collecting too.
+                    if peer == Peer::Celery(CeleryBackend::Rpc) && r.error.is_some() {
+                        systems.insert(i, Peer::Celery(CeleryBackend::RpcJoin));
+                    }
+                    let t = r.throughput.filter(|_| r.error.is_none());
+                    peer_results.push(r);
+                    t
+                }
+                Err(e) => {
+                    peer_errors.push(format!("{} {workflow}: {e:#}", peer.name()));
+                    None
+                }
+            };
+            let Some(t) = throughput.filter(|_| !args.skip_peer_low) else {
+                continue;
+            };
+            let rate = t * 0.1;
+            let low_n = sizes
+                .peer_low
+                .min((rate * sizes.low_max_secs / 2.0) as usize)
+                .max(50);
+            let low = PeerRun {
+                workflow,
+                steps,
+                orders: low_n,
+                rate: Some(rate),
+                timeout: timeout_for(low_n) + Duration::from_secs_f64(low_n as f64 / rate),
+            };
+            wait_quiet(args.wait_idle).await;
+            eprintln!(
+                "== {}: {workflow}, 10% load, {low_n} orders at {rate:.1}/s",
+                peer.name()
+            );
+            match run_peer(env, &setup, peer, &low).await {
+                Ok(r) => {
+                    print_peer(&r);
+                    peer_results.push(r);
+                }
+                Err(e) => peer_errors.push(format!("{} {workflow} 10%: {e:#}", peer.name())),
+            }
+        }
+    }
+    let versions = (!versions.is_empty()).then(|| versions.join("; "));
+    Ok((peer_results, peer_errors, versions))
 }
 
 /// Sections 2–4: sas with 1 scheduler and 1 agent, with 2 of each, and the recovery run.
@@ -652,6 +703,8 @@ async fn cluster_runs(
 enum Peer {
     Celery(CeleryBackend),
     Procrastinate,
+    Restate,
+    Dbos,
 }
 
 impl Peer {
@@ -659,21 +712,40 @@ impl Peer {
         match self {
             Self::Celery(b) => b.system().to_owned(),
             Self::Procrastinate => "procrastinate".into(),
+            Self::Restate => "restate".into(),
+            Self::Dbos => "dbos".into(),
         }
     }
+
+    /// Runs in the peers' Python virtualenv.
+    fn is_python(self) -> bool {
+        !matches!(self, Self::Restate)
+    }
+}
+
+/// What the peer runs need: the Python side, and Restate once installed.
+struct PeerSetup {
+    o: PeerOptions,
+    restate: Option<(RestateOptions, restate::Installed)>,
 }
 
 /// One run of a peer, against a remote-sim of its own.
 async fn run_peer(
     env: &Env,
-    o: &PeerOptions,
+    setup: &PeerSetup,
     peer: Peer,
     run: &PeerRun<'_>,
 ) -> anyhow::Result<peers::PeerResult> {
     let sim = Sim::start(env, "remote-sim-peer").await?;
+    let o = &setup.o;
     let result = match peer {
         Peer::Celery(b) => peers::celery(env, &sim, o, b, run).await,
         Peer::Procrastinate => peers::procrastinate(env, &sim, o, run).await,
+        Peer::Dbos => peers::dbos(env, &sim, o, run).await,
+        Peer::Restate => match &setup.restate {
+            Some((ro, installed)) => restate::run(env, &sim, ro, installed, run).await,
+            None => Err(anyhow::anyhow!("Restate is not installed")),
+        },
     };
     sim.stop().await;
     result
@@ -788,6 +860,9 @@ fn humantime(s: &str) -> f64 {
 /// Removes every database, queue and exchange this run may have created.
 async fn cleanup(env: &Env) {
     peers::kill_all().await;
+    if let Some(work_dir) = env.work_dir.parent() {
+        restate::cleanup(&work_dir.join("restate-data"));
+    }
     let mut queues = Vec::new();
     // `qc` lived on the cluster, which `down` removed with its queues.
     for name in ["s1", "s2", "rec", "q1"] {

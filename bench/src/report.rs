@@ -455,20 +455,49 @@ impl Report {
             .iter()
             .map(|(k, v)| format!("{k} {v:.1} MiB"))
             .collect();
-        writeln!(out, "sas: {}.", mem.join(", ")).ok();
+        if !mem.is_empty() {
+            writeln!(out, "sas: {}.", mem.join(", ")).ok();
+        }
         let peers: Vec<String> = self
             .peers
             .iter()
             .filter(|p| p.offered_rate.is_none())
-            .map(|p| format!("{} {} {:.0} MiB", p.system, p.workflow, p.worker_peak_mib))
+            .map(|p| {
+                let parts: Vec<String> = p
+                    .peak_mib
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v:.0}"))
+                    .collect();
+                let parts = if parts.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", parts.join(", "))
+                };
+                format!(
+                    "{} {} {:.0} MiB{parts}",
+                    p.system, p.workflow, p.worker_peak_mib
+                )
+            })
             .collect();
         if !peers.is_empty() {
             writeln!(
                 out,
-                "Peer workers (all processes of a worker): {}.",
+                "Peer workers (all processes of a worker; Restate: its server and its service): {}.",
                 peers.join(", ")
             )
             .ok();
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        let setups: Vec<String> = self
+            .peers
+            .iter()
+            .filter(|p| seen.insert(p.system.clone()))
+            .map(|p| format!("- {}: {}", p.system, p.setup))
+            .collect();
+        if !setups.is_empty() {
+            out.push_str("\n#### How the peers ran\n\n");
+            out.push_str(&setups.join("\n"));
+            out.push('\n');
         }
         out
     }
