@@ -205,7 +205,7 @@ pub(super) async fn find(
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// Keeps `store`'s pool on the host that serves, until the pool closes:
-/// every second, asks its host (through the pool, within at most 5 s);
+/// every second, asks its host (through the pool, within a second);
 /// when that fails or the host no longer accepts writes, finds the one
 /// that does ([`find`]) and points the pool's new connections at it,
 /// retiring the old ones ([`super::bounded::Epoch`]).
@@ -215,7 +215,11 @@ pub(super) async fn follow(
     options: Vec<PgConnectOptions>,
     mut current: usize,
 ) {
-    let check = store.io_timeout().min(Duration::from_secs(5));
+    // A short bound on asking the pool's host: a false alarm (a pool busy
+    // under load) costs one probe of the hosts, and a dead host is found
+    // soon (sqlx's acquire retries a refused connection until its timeout).
+    let check = store.io_timeout().min(CHECK_EVERY);
+    let probe = store.io_timeout().min(Duration::from_secs(5));
     loop {
         tokio::time::sleep(CHECK_EVERY).await;
         if store.pool.is_closed() {
@@ -232,7 +236,7 @@ pub(super) async fn follow(
         if matches!(tokio::time::timeout(check, serves).await, Ok(Ok(true))) {
             continue;
         }
-        match find(&hosts, &options, check).await {
+        match find(&hosts, &options, probe).await {
             Ok(i) if i != current => {
                 tracing::warn!(
                     from = current + 1,
