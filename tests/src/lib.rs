@@ -424,6 +424,17 @@ breaker_cooldown = "{cooldown}"
         panic!("{name} not ready within 30s; log:\n{}", self.log(name));
     }
 
+    /// Asserts that none of the processes `names` has exited.
+    pub fn assert_running(&self, names: &[&str]) {
+        for name in names {
+            assert!(
+                self.try_status(name).is_none(),
+                "{name} exited; log:\n{}",
+                self.log(name)
+            );
+        }
+    }
+
     /// A process's exit status if it has exited (a crash, a refusal),
     /// `None` while it runs.
     pub fn try_status(&self, name: &str) -> Option<ExitStatus> {
@@ -1063,6 +1074,13 @@ pub fn is_terminal(e: &Value) -> bool {
         e["state"].as_str(),
         Some("processed" | "compensated" | "failed" | "rejected")
     )
+}
+
+/// Whether every order's last event is `state`.
+pub fn all_end_in(stories: &BTreeMap<Uuid, Vec<Value>>, state: &str) -> bool {
+    stories
+        .values()
+        .all(|s| s.last().is_some_and(|e| e["state"] == state))
 }
 
 /// The `state` of each status event, in order.

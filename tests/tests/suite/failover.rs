@@ -90,18 +90,10 @@ async fn the_services_follow_the_promoted_standby_and_lose_no_acknowledged_order
         .assert_invariants(&status, &ids, &[], Duration::from_secs(90))
         .await;
     assert!(
-        stories
-            .values()
-            .all(|s| s.last().is_some_and(|e| e["state"] == "processed")),
+        sas_tests::all_end_in(&stories, "processed"),
         "every order ends processed"
     );
-    for name in ALL {
-        assert!(
-            app.try_status(name).is_none(),
-            "{name} exited; log:\n{}",
-            app.log(name)
-        );
-    }
+    app.assert_running(&ALL);
     eprintln!(
         "{} orders, every one processed; every service followed the promoted standby \
          within {followed:?} of the promotion",

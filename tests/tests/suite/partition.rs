@@ -10,8 +10,9 @@ use sas_tests::{AMQP, TestApp};
 
 const ALL: [&str; 4] = ["submission", "scheduler", "agent", "supervisor"];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_silent_partition_of_twenty_seconds_leaves_no_order_behind() {
+/// A deployment whose services reach Postgres and RabbitMQ through a proxy
+/// each (the test's own connections go straight to them).
+async fn behind_proxies() -> (TestApp, Proxy, Proxy) {
     let app = TestApp::builder().build().await;
     let postgres = Proxy::start("127.0.0.1:5432").await;
     let rabbitmq = Proxy::start("127.0.0.1:5672").await;
@@ -31,6 +32,12 @@ async fn a_silent_partition_of_twenty_seconds_leaves_no_order_behind() {
     for name in ALL {
         app.start_with_env(name, name, &[], &env).await;
     }
+    (app, postgres, rabbitmq)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_partition_of_twenty_seconds_leaves_no_order_behind() {
+    let (app, postgres, rabbitmq) = behind_proxies().await;
     let status = app.status_queue("status").await;
     let every = Duration::from_millis(100);
 
@@ -57,18 +64,10 @@ async fn a_silent_partition_of_twenty_seconds_leaves_no_order_behind() {
     let stories = app.assert_invariants(&status, &ids, &[], within).await;
     let recovered = healed.elapsed();
     assert!(
-        stories
-            .values()
-            .all(|s| s.last().is_some_and(|e| e["state"] == "processed")),
+        sas_tests::all_end_in(&stories, "processed"),
         "every order ends processed"
     );
-    for name in ALL {
-        assert!(
-            app.try_status(name).is_none(),
-            "{name} exited; log:\n{}",
-            app.log(name)
-        );
-    }
+    app.assert_running(&ALL);
     eprintln!(
         "{} orders, every one processed {recovered:?} after the network came back",
         ids.len()
@@ -77,20 +76,7 @@ async fn a_silent_partition_of_twenty_seconds_leaves_no_order_behind() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_pass_through_the_proxies() {
-    let app = TestApp::builder().build().await;
-    let postgres = Proxy::start("127.0.0.1:5432").await;
-    let rabbitmq = Proxy::start("127.0.0.1:5672").await;
-    let db_url = app
-        .db_url
-        .replace("127.0.0.1:5432", &format!("127.0.0.1:{}", postgres.port()));
-    let amqp = AMQP.replace("127.0.0.1:5672", &format!("127.0.0.1:{}", rabbitmq.port()));
-    let env = [
-        ("SAS__DATABASE__URL", db_url.as_str()),
-        ("SAS__BROKER__URL", amqp.as_str()),
-    ];
-    for name in ALL {
-        app.start_with_env(name, name, &[], &env).await;
-    }
+    let (app, _postgres, _rabbitmq) = behind_proxies().await;
     let (_, events) = app.run_one("three").await;
     assert_eq!(sas_tests::states(&events).last(), Some(&"processed"));
 }
