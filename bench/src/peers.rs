@@ -232,6 +232,20 @@ impl PeerRun<'_> {
     }
 }
 
+/// A peer's process groups, with the harness itself and remote-sim beside
+/// them, as every run counts them.
+pub fn with_bench_and_sim(sim: &Sim, mut groups: Vec<Group>) -> Vec<Group> {
+    groups.push(Group {
+        name: "bench".into(),
+        roots: vec![std::process::id()],
+    });
+    groups.push(Group {
+        name: "remote-sim".into(),
+        roots: sim.pid().into_iter().collect(),
+    });
+    groups
+}
+
 /// Runs the driver to completion and reads its result.
 async fn drive(
     o: &PeerOptions,
@@ -391,20 +405,13 @@ pub async fn celery(
         let mut workers = vec![Worker::spawn(cmd, &dir.join("worker.log"))?];
         let result = async {
             wait_for_file(&ready, &mut workers, "celery worker").await?;
-            let groups = vec![
-                Group {
+            let groups = with_bench_and_sim(
+                sim,
+                vec![Group {
                     name: "celery-worker".into(),
                     roots: vec![workers[0].pid],
-                },
-                Group {
-                    name: "bench".into(),
-                    roots: vec![std::process::id()],
-                },
-                Group {
-                    name: "remote-sim".into(),
-                    roots: sim.pid().into_iter().collect(),
-                },
-            ];
+                }],
+            );
             let before = procs::snapshot(&groups);
             let r = drive(o, "celery_bench.py", &envs, collect, run, &dir).await?;
             let after = procs::snapshot(&groups);
@@ -491,20 +498,13 @@ pub async fn procrastinate(
                 )
                 .await?;
             }
-            let groups = vec![
-                Group {
+            let groups = with_bench_and_sim(
+                sim,
+                vec![Group {
                     name: "procrastinate-workers".into(),
                     roots: workers.iter().map(|w| w.pid).collect(),
-                },
-                Group {
-                    name: "bench".into(),
-                    roots: vec![std::process::id()],
-                },
-                Group {
-                    name: "remote-sim".into(),
-                    roots: sim.pid().into_iter().collect(),
-                },
-            ];
+                }],
+            );
             let before = procs::snapshot(&groups);
             let r = drive(o, "procrastinate_bench.py", &base, &[], run, &dir).await?;
             let after = procs::snapshot(&groups);
@@ -590,20 +590,13 @@ pub async fn dbos(
             for i in 0..workers.len() {
                 wait_for_file(&dir.join(format!("ready-{i}")), &mut workers, "dbos worker").await?;
             }
-            let groups = vec![
-                Group {
+            let groups = with_bench_and_sim(
+                sim,
+                vec![Group {
                     name: "dbos-workers".into(),
                     roots: workers.iter().map(|w| w.pid).collect(),
-                },
-                Group {
-                    name: "bench".into(),
-                    roots: vec![std::process::id()],
-                },
-                Group {
-                    name: "remote-sim".into(),
-                    roots: sim.pid().into_iter().collect(),
-                },
-            ];
+                }],
+            );
             let before = procs::snapshot(&groups);
             let r = drive(o, "dbos_bench.py", &base, &[], run, &dir).await?;
             let after = procs::snapshot(&groups);

@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use tokio::process::Command;
 
-use crate::peers::{DriverResult, PeerResult, PeerRun, Worker, result_of, wait_for_file};
+use crate::peers::{
+    DriverResult, PeerResult, PeerRun, Worker, result_of, wait_for_file, with_bench_and_sim,
+};
 use crate::procs::{self, Group};
 use crate::suite::{Env, Sim};
 
@@ -252,24 +254,19 @@ pub async fn run(
             wait_healthy(&format!("http://{INGRESS}/restate/health"), &mut server).await?;
             register(&addr).await?;
             warm_up().await?;
-            let groups = vec![
-                Group {
-                    name: "restate-server".into(),
-                    roots: vec![server.pid],
-                },
-                Group {
-                    name: "restate-service".into(),
-                    roots: vec![service.pid],
-                },
-                Group {
-                    name: "bench".into(),
-                    roots: vec![std::process::id()],
-                },
-                Group {
-                    name: "remote-sim".into(),
-                    roots: sim.pid().into_iter().collect(),
-                },
-            ];
+            let groups = with_bench_and_sim(
+                sim,
+                vec![
+                    Group {
+                        name: "restate-server".into(),
+                        roots: vec![server.pid],
+                    },
+                    Group {
+                        name: "restate-service".into(),
+                        roots: vec![service.pid],
+                    },
+                ],
+            );
             let before = procs::snapshot(&groups);
             let r = drive(run, o.in_flight).await;
             let after = procs::snapshot(&groups);
