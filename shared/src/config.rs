@@ -944,6 +944,24 @@ mod tests {
     }
 
     #[test]
+    fn database_settings_sas_cannot_use_are_refused_in_one_line() {
+        let mut s = Settings::default();
+        s.database.io_timeout = s.database.statement_timeout;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("database.io_timeout"), "{e}");
+        let mut s = Settings::default();
+        s.database.url = "postgres://u:secret@a,b/x?target_session_attrs=standby".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("target_session_attrs=standby") && !e.contains("secret"),
+            "{e}"
+        );
+        let mut s = Settings::default();
+        s.database.url = "postgres://a:5432,b:5433/x?target_session_attrs=read-write".into();
+        s.validate().expect("a host list validates");
+    }
+
+    #[test]
     fn tls_settings_that_would_fall_back_to_plaintext_are_refused() {
         let load = |pairs: &[(&str, &str)]| {
             let env = pairs
