@@ -150,13 +150,24 @@ impl Browser {
         }
     }
 
-    /// Logs in on the dashboard's login page (open already): types `token`
-    /// and submits it.
+    /// Logs in on the dashboard's login page (open already): types `token`,
+    /// submits it and waits (up to 10 s) until the answer's page has replaced
+    /// the form, so that the session cookie is set before the test opens
+    /// another page (a `goto` racing the form's POST lands on the login page).
     pub async fn log_in(&self, token: &str) -> Result<(), CmdError> {
         let field = self.client.find(Locator::Css("#login-token")).await?;
         field.send_keys(token).await?;
         let submit = self.client.find(Locator::Css("#login-submit")).await?;
-        submit.click().await
+        submit.click().await?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // The old form's field goes stale once the next page has loaded.
+        while field.attr("id").await.is_ok() {
+            if Instant::now() > deadline {
+                return Err(CmdError::WaitTimeout);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
     }
 
     /// Runs a script in the page without arguments (`return …;` gives its value).
