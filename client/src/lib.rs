@@ -59,7 +59,7 @@ use tokio::sync::Notify;
 use tracing::Instrument as _;
 use uuid::Uuid;
 
-pub use sas::messages::{Priority, ReplayRequest, StatusEvent, Submission as Order};
+pub use sas::messages::{Events, Priority, ReplayRequest, StatusEvent, Submission as Order};
 pub use status::StatusStream;
 
 /// An order's identity (contract §1): a UUID, v7 when the client makes it.

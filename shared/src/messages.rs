@@ -180,6 +180,44 @@ impl Priority {
     }
 }
 
+/// Which of an order's status events are published (contract §2a); the
+/// event log keeps them all, for a replay.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Events {
+    /// Every transition (contract §2).
+    #[default]
+    All,
+    /// Only the terminal event, with its `seq` in the full history.
+    Terminal,
+}
+
+impl Events {
+    /// The name in an order's body and in the `orders` table.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::All => "all",
+            Self::Terminal => "terminal",
+        }
+    }
+
+    /// Whether an event of `kind` is published.
+    pub fn publishes(self, kind: EventKind) -> bool {
+        self == Self::All || kind.is_terminal()
+    }
+}
+
+impl TryFrom<String> for Events {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        match s.as_str() {
+            "all" => Ok(Self::All),
+            "terminal" => Ok(Self::Terminal),
+            _ => Err(format!("unknown events setting {s:?}")),
+        }
+    }
+}
+
 /// An order as the application submitted it, validated (contract §1).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Submission {
@@ -191,6 +229,8 @@ pub struct Submission {
     pub reply_to: Option<String>,
     pub priority: Priority,
     pub not_before: Option<DateTime<Utc>>,
+    /// Which status events it is sent (contract §2a).
+    pub events: Events,
 }
 
 /// What is known of a rejected message, to answer its sender.
@@ -211,6 +251,7 @@ impl Submission {
             reply_to: None,
             priority: Priority::default(),
             not_before: None,
+            events: Events::All,
         }
     }
 
@@ -232,6 +273,9 @@ impl Submission {
         }
         if let Some(t) = &self.not_before {
             body.insert("not_before".into(), rfc3339::format(t).into());
+        }
+        if self.events != Events::All {
+            body.insert("events".into(), self.events.as_str().into());
         }
         Value::Object(body)
     }
@@ -337,6 +381,14 @@ impl Submission {
             },
             Some(_) => return fail(wrong("not_before", NOT_BEFORE)),
         };
+        let events = match obj.remove("events") {
+            None | Some(Value::Null) => Events::All,
+            Some(Value::String(s)) => match Events::try_from(s) {
+                Ok(e) => e,
+                Err(_) => return fail(wrong("events", EVENTS)),
+            },
+            Some(_) => return fail(wrong("events", EVENTS)),
+        };
         Ok(Self {
             order_id,
             workflow,
@@ -344,6 +396,7 @@ impl Submission {
             reply_to,
             priority,
             not_before,
+            events,
         })
     }
 }
@@ -425,6 +478,9 @@ fn replace_nul_in(s: &mut String) -> bool {
     }
     found
 }
+
+/// What an order's `events` may be.
+const EVENTS: &str = "\"all\" or \"terminal\"";
 
 fn wrong(field: &'static str, expected: &'static str) -> RejectReason {
     RejectReason::WrongType { field, expected }
@@ -862,6 +918,66 @@ mod tests {
     }
 
     #[test]
+    fn events_is_all_by_default_terminal_when_asked_and_nothing_else() {
+        assert_eq!(
+            decode(r#"{"workflow":"w","payload":{}}"#).unwrap().events,
+            Events::All
+        );
+        for (body, events) in [
+            (
+                r#"{"workflow":"w","payload":{},"events":null}"#,
+                Events::All,
+            ),
+            (
+                r#"{"workflow":"w","payload":{},"events":"all"}"#,
+                Events::All,
+            ),
+            (
+                r#"{"workflow":"w","payload":{},"events":"terminal"}"#,
+                Events::Terminal,
+            ),
+        ] {
+            let s = decode(body).unwrap();
+            assert_eq!(s.events, events, "{body}");
+            // What an application would publish reads back the same.
+            let again = serde_json::to_vec(&s.to_json()).unwrap();
+            assert_eq!(Submission::decode(&again, None, 1024).unwrap(), s);
+        }
+        for body in [
+            r#"{"workflow":"w","payload":{},"events":"some"}"#,
+            r#"{"workflow":"w","payload":{},"events":"TERMINAL"}"#,
+            r#"{"workflow":"w","payload":{},"events":true}"#,
+        ] {
+            let reason = decode(body).unwrap_err();
+            assert_eq!(reason.label(), "wrong_type", "{body}");
+            assert!(reason.to_string().contains("events"), "{reason}");
+        }
+    }
+
+    #[test]
+    fn terminal_events_publish_only_the_end() {
+        for kind in [
+            EventKind::Processed,
+            EventKind::Compensated,
+            EventKind::Failed,
+            EventKind::Rejected,
+        ] {
+            assert!(Events::Terminal.publishes(kind));
+            assert!(Events::All.publishes(kind));
+        }
+        for kind in [
+            EventKind::Received,
+            EventKind::Processing,
+            EventKind::StepSucceeded,
+            EventKind::Compensating,
+            EventKind::Redriven,
+        ] {
+            assert!(!Events::Terminal.publishes(kind));
+            assert!(Events::All.publishes(kind));
+        }
+    }
+
+    #[test]
     fn nul_characters_in_an_outcome_are_replaced() {
         let mut ok = StepOutcome::Succeeded {
             result: serde_json::json!({ "a\u{0}": ["x\u{0}y", 1, { "b": "\u{0}" }], "c": "clean" }),
@@ -1081,6 +1197,7 @@ mod tests {
             Just("reply_to"),
             Just("priority"),
             Just("not_before"),
+            Just("events"),
             Just("workflow"),
         ];
         let body = proptest::collection::vec((field, value), 0..8).prop_map(|fields| {

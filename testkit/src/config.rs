@@ -1,11 +1,13 @@
 //! The configuration file of a test or bench deployment. Every deployment
-//! runs the same two workflows, so that tests and bench runs compare:
+//! runs the same three workflows, so that tests and bench runs compare:
 //! `one` runs agent `a`; `three` runs `a`, `b` and `c`, with `a` and `b`
-//! undone by `a-undo` and `b-undo`.
+//! undone by `a-undo` and `b-undo`; `diamond` runs `a`, then `b` and `c` at
+//! once, then `d` (agent `a` again) after both: four steps whose longest
+//! path is three.
 
 use std::fmt::Write as _;
 
-/// The agents the two workflows call.
+/// The agents the workflows call.
 pub const WORKFLOW_AGENTS: [&str; 5] = ["a", "b", "c", "a-undo", "b-undo"];
 
 /// What differs between deployments; every key not written here has its
@@ -40,17 +42,7 @@ pub struct ConfigFile<'a> {
 impl ConfigFile<'_> {
     /// The file's text.
     pub fn to_toml(&self) -> String {
-        let step = |name: &str, undo: bool| {
-            let undo = if undo {
-                format!(", compensate = \"{name}-undo\"")
-            } else {
-                String::new()
-            };
-            format!(
-                "{{ name = \"{name}\", agent = \"{name}\", timeout = \"{}\"{undo} }}",
-                self.step_timeout
-            )
-        };
+        let step = |name: &str, undo: bool| self.step(name, name, undo, "");
         let max_connections = self
             .max_connections
             .map(|n| format!("max_connections = {n}\n"))
@@ -86,6 +78,9 @@ steps = [ {solo} ]
 [workflows.three]
 steps = [ {a}, {b}, {c} ]
 
+[workflows.diamond]
+steps = [ {a}, {db}, {dc}, {dd} ]
+
 {agents}{extra}
 "#,
             database_url = self.database_url,
@@ -100,7 +95,24 @@ steps = [ {a}, {b}, {c} ]
             a = step("a", true),
             b = step("b", true),
             c = step("c", false),
+            db = self.step("b", "b", true, r#", after = ["a"]"#),
+            dc = self.step("c", "c", false, r#", after = ["a"]"#),
+            dd = self.step("d", "a", false, r#", after = ["b", "c"]"#),
             extra = self.extra,
+        )
+    }
+
+    /// A step `name` calling `agent`, undone by `{agent}-undo` when `undo`,
+    /// with `more` (TOML: `, key = value`) at its end.
+    fn step(&self, name: &str, agent: &str, undo: bool, more: &str) -> String {
+        let undo = if undo {
+            format!(", compensate = \"{agent}-undo\"")
+        } else {
+            String::new()
+        };
+        format!(
+            "{{ name = \"{name}\", agent = \"{agent}\", timeout = \"{}\"{undo}{more} }}",
+            self.step_timeout
         )
     }
 
@@ -116,7 +128,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_file_loads_as_sas_settings_with_both_workflows() {
+    fn the_file_loads_as_sas_settings_with_every_workflow() {
         let file = ConfigFile {
             database_url: "postgres://postgres@127.0.0.1:5432/x",
             max_connections: Some(8),
@@ -143,5 +155,6 @@ mod tests {
         assert_eq!(settings.broker.prefix, "tx");
         assert!(settings.workflow("one").is_ok());
         assert!(settings.workflow("three").is_ok());
+        assert!(settings.workflow("diamond").is_ok());
     }
 }

@@ -16,6 +16,7 @@ pub fn new_orders(workflow: &str, n: usize, reply_to: &str) -> Vec<NewOrder> {
             not_before: None,
             trace_id: Some(sas::trace::TraceContext::new_root().trace_id),
             trace_span: None,
+            events: sas::messages::Events::All,
         })
         .collect()
 }

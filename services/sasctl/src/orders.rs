@@ -673,6 +673,7 @@ mod tests {
             held_reason: None,
             trace_span: None,
             redrives: 0,
+            events: sas::messages::Events::All,
         };
         let step = |idx: i32, name: &str, state, result: Option<Value>| StepRow {
             order_id: id,

@@ -211,6 +211,7 @@ impl Submitter {
                 not_before: order.not_before,
                 trace_id: Some(trace.trace_id.clone()),
                 trace_span: Some(trace.span_id.clone()),
+                events: order.events,
             };
             let stored = self
                 .batcher

@@ -421,6 +421,7 @@ pub(crate) mod fixture {
             held_reason: None,
             trace_span: None,
             redrives: 0,
+            events: crate::messages::Events::All,
         };
         let steps = (0..n)
             .map(|idx| {

@@ -545,6 +545,7 @@ mod tests {
             held_reason: None,
             trace_span: None,
             redrives: 0,
+            events: crate::messages::Events::All,
         }
     }
 

@@ -7,6 +7,7 @@ use uuid::Uuid;
 
 use std::sync::LazyLock;
 
+use crate::messages::Events;
 use crate::state::ProcessState;
 
 /// An order row.
@@ -44,6 +45,9 @@ pub struct OrderRow {
     /// How many times an operator redrove the order (contract §9): its
     /// steps' idempotency keys carry `:r<N>` from the first.
     pub redrives: i32,
+    /// Which status events it is sent (contract §2a).
+    #[sqlx(try_from = "String")]
+    pub events: Events,
 }
 
 impl OrderRow {
@@ -124,10 +128,12 @@ pub struct NewOrder {
     pub trace_id: Option<String>,
     /// The span id of its submission's span (see [`OrderRow::trace_span`]).
     pub trace_span: Option<String>,
+    /// Which status events it is sent (contract §2a).
+    pub events: Events,
 }
 
 const COLUMNS: &str = "order_id, workflow, payload, reply_to, priority, not_before, process_state, \
-     locked_by, complete_by, failure_count, compensation_failures, last_seq, last_error, created_at, updated_at, trace_id, trace_span, held_for, held_since, hold_until, held_reason, redrives";
+     locked_by, complete_by, failure_count, compensation_failures, last_seq, last_error, created_at, updated_at, trace_id, trace_span, held_for, held_since, hold_until, held_reason, redrives, events";
 
 /// The order, without locking it.
 pub async fn get(conn: &mut PgConnection, order_id: Uuid) -> Result<Option<OrderRow>, sqlx::Error> {

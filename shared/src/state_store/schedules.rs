@@ -47,6 +47,7 @@ impl NewOrder {
             not_before: None,
             trace_id: Some(trace.trace_id.clone()),
             trace_span: Some(trace.span_id.clone()),
+            events: crate::messages::Events::All,
         }
     }
 }

@@ -101,6 +101,7 @@ struct OrderInsert<'a> {
     trace_id: Option<&'a str>,
     trace_span: Option<&'a str>,
     last_seq: i32,
+    events: &'static str,
 }
 
 /// A new `steps` row.
@@ -260,6 +261,7 @@ impl Unit {
             held_reason: None,
             trace_span: order.trace_span.clone(),
             redrives: 0,
+            events: order.events,
         };
         let steps = steps
             .iter()
@@ -341,12 +343,13 @@ impl Unit {
         Ok(())
     }
 
-    /// Logs an event of order `i` and, when the order has a status queue,
-    /// queues the status event (contract §2).
+    /// Logs an event of order `i` and, when the order has a status queue
+    /// and asked for events of its kind (contract §2a), queues the status
+    /// event (contract §2).
     fn event(&mut self, i: usize, e: Logged) {
         let now = self.now;
         let o = &self.orders[i].order.row;
-        if let Some(queue) = &o.reply_to {
+        if let Some(queue) = o.reply_to.as_ref().filter(|_| o.events.publishes(e.kind)) {
             // The same constructor as a replay's (contract §9), so a
             // replayed event is the event that was sent.
             let event = StatusEvent::logged(
@@ -564,6 +567,7 @@ fn order_insert(o: &OrderRow) -> OrderInsert<'_> {
         trace_id: o.trace_id.as_deref(),
         trace_span: o.trace_span.as_deref(),
         last_seq: o.last_seq,
+        events: o.events.as_str(),
     }
 }
 
@@ -727,11 +731,12 @@ pub(super) static FLUSH: LazyLock<String> = LazyLock::new(|| {
 WITH new AS (SELECT order_id FROM jsonb_to_recordset($1) AS i(order_id uuid)), \
 n AS ( \
   INSERT INTO orders (order_id, workflow, payload, reply_to, priority, not_before, trace_id, \
-    trace_span, last_seq, created_at, updated_at) \
+    trace_span, last_seq, events, created_at, updated_at) \
   SELECT order_id, workflow, payload::jsonb, reply_to, priority, not_before, trace_id, trace_span, \
-    last_seq, $8, $8 \
+    last_seq, events, $8, $8 \
   FROM jsonb_to_recordset($1) AS u(order_id uuid, workflow text, payload text, reply_to text, \
-    priority smallint, not_before timestamptz, trace_id text, trace_span text, last_seq int) \
+    priority smallint, not_before timestamptz, trace_id text, trace_span text, last_seq int, \
+    events text) \
   ON CONFLICT (order_id) DO NOTHING \
   RETURNING order_id, CASE WHEN $9 \
     THEN pg_try_advisory_lock(hashtextextended('sas.outbox:' || order_id::text, 0)) ELSE false END AS locked), \

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use sas::config::Settings;
-use sas::messages::{StepOutcome, StepReply, StepRequest};
+use sas::messages::{Events, StepOutcome, StepReply, StepRequest};
 use sas::state::ProcessState;
 use sas::state_store::{
     Actor, Committed, Done, Held, NewOrder, OutboxRow, Plans, ReplyOutcome, StateStore, StoreError,
@@ -256,6 +256,7 @@ fn one_step_order(reply_to: String) -> NewOrder {
         not_before: None,
         trace_id: None,
         trace_span: None,
+        events: sas::messages::Events::All,
     }
 }
 
@@ -312,7 +313,7 @@ impl Cost {
 
 /// Runs `N` orders of `workflow` to `processed` through the library's
 /// transitions, as the services would with full batches, on one connection.
-async fn run_batch(app: &TestApp, workflow: &str, publishing: Publishing) -> Cost {
+async fn run_batch(app: &TestApp, workflow: &str, publishing: Publishing, events: Events) -> Cost {
     let settings = Settings::load(Some(&app.config)).expect("settings");
     let wf = settings.workflow(workflow).expect("workflow");
     let status = app.status_queue("costs").await;
@@ -325,7 +326,10 @@ async fn run_batch(app: &TestApp, workflow: &str, publishing: Publishing) -> Cos
         Publishing::Relay => Handed::plain(t),
         Publishing::Handoff => Handed::to(t, recorder.clone()),
     };
-    let orders = sas_testkit::fixtures::new_orders(workflow, N, &status);
+    let mut orders = sas_testkit::fixtures::new_orders(workflow, N, &status);
+    for o in &mut orders {
+        o.events = events;
+    }
     let ids: Vec<Uuid> = orders.iter().map(|o| o.order_id).collect();
     let mut relayed = BTreeMap::new();
     // The relay hands the rows to the closure; collect them through a cell.
@@ -365,7 +369,9 @@ async fn run_batch(app: &TestApp, workflow: &str, publishing: Publishing) -> Cos
     assert_eq!(claimed.len(), N);
     let mut rows = relay_rows().await;
     note(&rows, &mut relayed);
-    for _ in &wf.steps {
+    // Each round answers every request out: a step at a time, or the
+    // parallel steps that run at once.
+    loop {
         let replies: Vec<StepReply> = rows
             .iter()
             .filter(|r| r.kind == "request")
@@ -379,7 +385,9 @@ async fn run_batch(app: &TestApp, workflow: &str, publishing: Publishing) -> Cos
                 )
             })
             .collect();
-        assert_eq!(replies.len(), N);
+        if replies.is_empty() {
+            break;
+        }
         let outcomes = t.apply_replies(&me, &replies).await.expect("replies");
         assert!(
             outcomes
@@ -413,7 +421,7 @@ async fn run_batch(app: &TestApp, workflow: &str, publishing: Publishing) -> Cos
 async fn a_batch_of_one_step_orders_costs_the_same_statements_as_one_and_writes_each_order_row_once_per_transition()
  {
     let app = TestApp::new().await;
-    let c = run_batch(&app, "one", Publishing::Relay).await;
+    let c = run_batch(&app, "one", Publishing::Relay, Events::All).await;
     let n = N as i64;
     // Submit, claim and reply, each followed by one relay's transaction:
     // whatever the batch size.
@@ -441,7 +449,7 @@ async fn a_batch_of_one_step_orders_costs_the_same_statements_as_one_and_writes_
 async fn a_batch_of_three_step_orders_costs_the_same_statements_as_one_and_writes_each_order_row_once_per_transition()
  {
     let app = TestApp::new().await;
-    let c = run_batch(&app, "three", Publishing::Relay).await;
+    let c = run_batch(&app, "three", Publishing::Relay, Events::All).await;
     let n = N as i64;
     // Submit, claim and three replies, each followed by one relay.
     assert_eq!(
@@ -462,9 +470,60 @@ async fn a_batch_of_three_step_orders_costs_the_same_statements_as_one_and_write
 }
 
 #[tokio::test]
+async fn with_terminal_events_a_batch_queues_only_its_requests_and_one_status_event_per_order() {
+    for (workflow, steps, logged) in [("one", 1, 4), ("three", 3, 6)] {
+        let app = TestApp::new().await;
+        let c = run_batch(&app, workflow, Publishing::Relay, Events::Terminal).await;
+        let n = N as i64;
+        // The same rows and statements as with every event…
+        assert_eq!(
+            c.commits,
+            1 + (steps + 1) * PER_TRANSITION + (steps + 2) + FIRST_USES,
+            "{workflow}: transactions for {N} orders"
+        );
+        assert_eq!(c.rows("orders", "updated"), (steps + 1) * n, "{workflow}");
+        // …the whole history logged, for a replay…
+        assert_eq!(c.rows("order_events", "inserted"), logged * n, "{workflow}");
+        // …but only the step requests and `processed` go through the outbox.
+        assert_eq!(c.rows("outbox", "inserted"), (steps + 1) * n, "{workflow}");
+        assert_eq!(c.rows("outbox", "deleted"), (steps + 1) * n, "{workflow}");
+        assert_eq!(c.relayed.get("status"), Some(&N), "{workflow}");
+        assert_eq!(
+            c.relayed.get("request"),
+            Some(&(steps as usize * N)),
+            "{workflow}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_batch_of_diamond_orders_runs_its_parallel_steps_in_one_transition_each_round() {
+    let app = TestApp::new().await;
+    let c = run_batch(&app, "diamond", Publishing::Relay, Events::All).await;
+    let n = N as i64;
+    // Submit, claim, and three rounds of replies (a; b and c; d) — b and c
+    // answered together are one transition — each followed by one relay.
+    assert_eq!(
+        c.commits,
+        1 + 4 * PER_TRANSITION + 5 + FIRST_USES,
+        "transactions for {N} orders"
+    );
+    assert_eq!(c.rows("orders", "inserted"), n);
+    assert_eq!(c.rows("orders", "updated"), 4 * n);
+    assert_eq!(c.rows("steps", "inserted"), 4 * n);
+    assert_eq!(c.rows("steps", "updated"), 8 * n);
+    // received, processing, four step_succeeded, processed.
+    assert_eq!(c.rows("order_events", "inserted"), 7 * n);
+    assert_eq!(c.rows("outbox", "inserted"), 11 * n);
+    assert_eq!(c.rows("outbox", "deleted"), 11 * n);
+    assert_eq!(c.relayed.get("status"), Some(&(7 * N)));
+    assert_eq!(c.relayed.get("request"), Some(&(4 * N)));
+}
+
+#[tokio::test]
 async fn handed_over_messages_cost_one_statement_per_transition_and_need_no_relay() {
     let app = TestApp::new().await;
-    let c = run_batch(&app, "one", Publishing::Handoff).await;
+    let c = run_batch(&app, "one", Publishing::Handoff, Events::All).await;
     let n = N as i64;
     // Submit, claim and reply, each followed by the one statement that
     // deletes the published messages and lets the outbox locks go (also

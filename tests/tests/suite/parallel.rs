@@ -7,9 +7,9 @@ use remote_sim::Knobs;
 use sas_tests::TestApp;
 use uuid::Uuid;
 
-/// The diamond: `reserve` (agent a), then `charge` (b) and `notify` (c)
+/// The diamond `shop`: `reserve` (agent a), then `charge` (b) and `notify` (c)
 /// together, then `ship` (d). Every step but `ship` has an undo.
-const DIAMOND: &str = r#"[workflows.diamond]
+const DIAMOND: &str = r#"[workflows.shop]
 steps = [
   { name = "reserve", agent = "a", timeout = "5s", compensate = "a-undo" },
   { name = "charge", agent = "b", timeout = "5s", compensate = "b-undo", after = ["reserve"] },
@@ -64,7 +64,7 @@ async fn a_diamonds_two_branches_run_at_once_and_the_join_gets_every_result() {
     app.knobs("b", slow(1000));
     app.knobs("c", slow(1000));
     app.start_all().await;
-    let (id, events) = app.run_one("diamond").await;
+    let (id, events) = app.run_one("shop").await;
     let last = events.last().expect("events");
     assert_eq!(last["state"], "processed", "{events:?}");
     let results = last["detail"]["results"].as_object().expect("results");
@@ -105,7 +105,7 @@ async fn a_failed_join_undoes_every_completed_branch_once_newest_completion_firs
         },
     );
     app.start_all().await;
-    let (id, events) = app.run_one("diamond").await;
+    let (id, events) = app.run_one("shop").await;
     assert_eq!(
         events.last().map(|e| e["state"].clone()),
         Some("compensated".into()),
@@ -133,7 +133,7 @@ async fn a_branch_still_running_when_its_sibling_fails_is_let_finish_then_undone
         },
     );
     app.start_all().await;
-    let (id, events) = app.run_one("diamond").await;
+    let (id, events) = app.run_one("shop").await;
     let states = sas_tests::states(&events);
     assert_eq!(states.last(), Some(&"compensated"), "{states:?}");
     // notify answered after the order began to give up, and counted.
@@ -176,7 +176,7 @@ async fn a_reattempt_after_an_agent_crash_mid_branch_redoes_no_completed_step() 
     );
     app.start_all().await;
     let status = app.status_queue("crash-mid-branch").await;
-    let id = app.submit("diamond", Some(&status)).await;
+    let id = app.submit("shop", Some(&status)).await;
     app.eventually(
         "notify done while charge hangs",
         Duration::from_secs(15),

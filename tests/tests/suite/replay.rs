@@ -1,7 +1,8 @@
 //! Replay (contract §9) end to end: stored status events published again,
 //! byte for byte, in `seq` order per order, by order and from a `seq`, or by
 //! status queue since a time; bad requests dead-lettered with a reason while
-//! the service goes on; `sasctl events replay`.
+//! the service goes on; `sasctl events replay`; an order asking for its
+//! terminal event only (contract §2a) and its history replayed.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -324,4 +325,59 @@ async fn a_replay_is_cut_at_max_replay_events_and_the_rest_is_asked_for_from_whe
         "{metrics}"
     );
     assert!(metrics.contains(r#"sas_replays_total{outcome="replayed"} 1"#));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_asking_for_terminal_events_gets_only_its_end_with_its_full_seq_and_a_replay_gives_the_rest()
+ {
+    let app = TestApp::spawn().await;
+    let status = app.status_queue("terminal").await;
+    let mut order = sas_client::Order::new("three", serde_json::Map::new());
+    order.reply_to = Some(status.clone());
+    order.events = sas_client::Events::Terminal;
+    let order_id = app.client().submit(order).await.expect("submit");
+
+    // Events are published in seq order per order, so any other event of
+    // the order would be in the queue ahead of its terminal one.
+    let sent = take(&app, &status, 1).await;
+    assert_eq!(sent.len(), 1, "{}", String::from_utf8_lossy(&sent.concat()));
+    let end: Value = serde_json::from_slice(&sent[0]).expect("a status event");
+    assert_eq!(end["order_id"], order_id.to_string());
+    assert_eq!(end["state"], "processed");
+    // received, processing, three step_succeeded, processed.
+    assert_eq!(end["seq"], 6);
+
+    // The log kept everything: a replay gives the whole history, ending
+    // with the very event that was sent.
+    let all = ReplayRequest::Order {
+        order_id,
+        from_seq: 0,
+    };
+    app.client().replay(&all, None).await.expect("replay");
+    let history = take(&app, &status, 6).await;
+    let states: Vec<String> = history
+        .iter()
+        .map(|b| {
+            let e: Value = serde_json::from_slice(b).expect("a status event");
+            e["state"].as_str().unwrap_or_default().to_owned()
+        })
+        .collect();
+    assert_eq!(
+        states,
+        [
+            "received",
+            "processing",
+            "step_succeeded",
+            "step_succeeded",
+            "step_succeeded",
+            "processed"
+        ]
+    );
+    assert_eq!(history[5], sent[0], "the replayed end is the sent one");
+    let stored: String = sqlx::query_scalar("SELECT events FROM orders WHERE order_id = $1")
+        .bind(order_id)
+        .fetch_one(&app.db)
+        .await
+        .expect("the order");
+    assert_eq!(stored, "terminal");
 }
