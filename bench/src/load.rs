@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use sas::broker::{Outgoing, PendingConfirm};
+use sas::messages::Events;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -20,9 +21,12 @@ use crate::suite::{PgCounters, Suite};
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct LoadSpec {
-    /// `one` or `three`.
+    /// `one`, `three` or `diamond` (see [`sas_testkit::config`]).
     pub workflow: &'static str,
+    /// Its steps (the diamond's four, though its longest path is three).
     pub steps: usize,
+    /// Which status events the orders ask for (contract §2a).
+    pub events: Events,
     pub orders: usize,
     /// Orders per second; `None` is full load (as fast as confirms come back).
     pub rate: Option<f64>,
@@ -74,6 +78,8 @@ impl Percentiles {
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadResult {
     pub workflow: String,
+    /// The orders' `events`: `all` or `terminal` (contract §2a).
+    pub status_events: &'static str,
     pub orders: usize,
     /// The asked rate (orders/s), or null for full load.
     pub offered_rate: Option<f64>,
@@ -271,6 +277,10 @@ pub async fn run(suite: &mut Suite, spec: &LoadSpec) -> anyhow::Result<LoadResul
         (failed, Instant::now())
     });
 
+    let events = match spec.events {
+        Events::All => String::new(),
+        other => format!(r#","events":"{}""#, other.as_str()),
+    };
     let mut kill_at: Option<f64> = None;
     for (i, id) in ids.iter().enumerate() {
         if let Some(rate) = spec.rate {
@@ -285,7 +295,7 @@ pub async fn run(suite: &mut Suite, spec: &LoadSpec) -> anyhow::Result<LoadResul
             kill_at = Some(us());
         }
         let body = format!(
-            r#"{{"order_id":"{id}","workflow":"{}","payload":{{}}}}"#,
+            r#"{{"order_id":"{id}","workflow":"{}","payload":{{}}{events}}}"#,
             spec.workflow
         );
         submitted[i].store(us().max(1.0) as u64, Ordering::Relaxed);
@@ -379,6 +389,7 @@ pub async fn run(suite: &mut Suite, spec: &LoadSpec) -> anyhow::Result<LoadResul
     let cpu_ms_per_order = cpu.per_order_ms(orders_done);
     Ok(LoadResult {
         workflow: spec.workflow.to_owned(),
+        status_events: spec.events.as_str(),
         orders: n,
         offered_rate: spec.rate,
         processed,
@@ -406,7 +417,7 @@ pub async fn run(suite: &mut Suite, spec: &LoadSpec) -> anyhow::Result<LoadResul
 /// The time between consecutive events of processed orders, per stage.
 fn stages(seen: &[Seen], sub: &dyn Fn(usize) -> f64, steps: usize) -> Vec<(String, Percentiles)> {
     let mut names: Vec<String> = vec!["submit→received".into(), "received→processing".into()];
-    let step_names = ["a", "b", "c"];
+    let step_names = ["a", "b", "c", "d"];
     let mut prev = "processing".to_owned();
     for s in step_names.iter().take(steps) {
         names.push(format!("{prev}→step {s} done"));

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use chrono::Utc;
+use sas::messages::Events;
 use sqlx::Connection as _;
 use uuid::Uuid;
 
@@ -162,7 +163,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let md_path = args.out.with_extension("md");
     std::fs::write(&md_path, report.markdown())?;
     println!("\n{}", report.table());
-    println!("Targets (issue #6):\n\n{}", report.targets_table());
+    println!(
+        "Targets (ratios of figures measured in this run):\n\n{}",
+        report.targets_table()
+    );
     println!(
         "Full report: {} and {}",
         args.out.display(),
@@ -290,9 +294,24 @@ async fn measure_with(args: &Args, env: &Env, sizes: &Sizes) -> anyhow::Result<M
     let mut runs = Vec::new();
     let mut memory: std::collections::BTreeMap<String, f64> = Default::default();
 
-    // 2–4. sas: one scheduler and one agent, two of each, recovery.
+    // 2. sas: one scheduler and one agent; right after it Restate, the
+    // peer it is held against, so that the machine drifts little between.
     if !args.skip_sas {
-        sas_runs(args, env, sizes, &mut runs, &mut memory).await?;
+        sas_single(args, env, sizes, &mut runs, &mut memory).await?;
+    }
+    let (restate, others): (Vec<Peer>, Vec<Peer>) = if args.skip_peers {
+        (Vec::new(), Vec::new())
+    } else {
+        wanted_peers(args)
+            .into_iter()
+            .partition(|p| *p == Peer::Restate)
+    };
+    let mut peers = Peers::default();
+    peers.run(args, env, sizes, restate).await?;
+
+    // 3–4. sas with two of each, and recovery.
+    if !args.skip_sas {
+        sas_scaled_and_recovery(args, env, sizes, &mut runs, &mut memory).await?;
     }
 
     // 4b. The same deployment on a three-node RabbitMQ cluster and on one node.
@@ -300,12 +319,14 @@ async fn measure_with(args: &Args, env: &Env, sizes: &Sizes) -> anyhow::Result<M
         cluster_runs(args, env, sizes, &mut runs).await?;
     }
 
-    // 5. The peers.
-    let (peer_results, peer_errors, peer_versions) = if args.skip_peers {
-        (Vec::new(), Vec::new(), None)
-    } else {
-        peer_runs(args, env, sizes).await?
-    };
+    // 5. The other peers.
+    peers.run(args, env, sizes, others).await?;
+    let Peers {
+        results: peer_results,
+        errors: peer_errors,
+        versions,
+    } = peers;
+    let peer_versions = (!versions.is_empty()).then(|| versions.join("; "));
     Ok((
         runs,
         memory,
@@ -316,20 +337,32 @@ async fn measure_with(args: &Args, env: &Env, sizes: &Sizes) -> anyhow::Result<M
     ))
 }
 
-/// Section 5: each peer, one-step then three-step, at full load and at 10%
-/// of its own full-load throughput. A peer that cannot be set up is reported
-/// and left out; the others run.
-async fn peer_runs(
-    args: &Args,
-    env: &Env,
-    sizes: &Sizes,
-) -> anyhow::Result<(Vec<peers::PeerResult>, Vec<String>, Option<String>)> {
-    let mut peer_results = Vec::new();
-    let mut peer_errors = Vec::new();
-    let mut versions = Vec::new();
-    let work_dir = std::fs::canonicalize(&args.work_dir)?;
-    let peers_dir = std::fs::canonicalize(&args.peers_dir)
-        .with_context(|| format!("{}", args.peers_dir.display()))?;
+/// What the peers' runs gave: results, set-up or run errors, versions.
+#[derive(Default)]
+struct Peers {
+    results: Vec<peers::PeerResult>,
+    errors: Vec<String>,
+    versions: Vec<String>,
+}
+
+impl Peers {
+    /// Runs `wanted` (see [`peer_runs`]) and keeps what they gave.
+    async fn run(
+        &mut self,
+        args: &Args,
+        env: &Env,
+        sizes: &Sizes,
+        wanted: Vec<Peer>,
+    ) -> anyhow::Result<()> {
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        peer_runs(args, env, sizes, wanted, self).await
+    }
+}
+
+/// The peers the arguments ask for.
+fn wanted_peers(args: &Args) -> Vec<Peer> {
     let mut wanted = Vec::new();
     if !args.skip_celery {
         wanted.push(Peer::Celery(CeleryBackend::Postgres));
@@ -344,6 +377,27 @@ async fn peer_runs(
     if !args.skip_dbos {
         wanted.push(Peer::Dbos);
     }
+    wanted
+}
+
+/// Section 5: each of `wanted`, one-step then three-step, at full load and
+/// at 10% of its own full-load throughput. A peer that cannot be set up is
+/// reported and left out; the others run.
+async fn peer_runs(
+    args: &Args,
+    env: &Env,
+    sizes: &Sizes,
+    mut wanted: Vec<Peer>,
+    out: &mut Peers,
+) -> anyhow::Result<()> {
+    let Peers {
+        results: peer_results,
+        errors: peer_errors,
+        versions,
+    } = out;
+    let work_dir = std::fs::canonicalize(&args.work_dir)?;
+    let peers_dir = std::fs::canonicalize(&args.peers_dir)
+        .with_context(|| format!("{}", args.peers_dir.display()))?;
     let o = PeerOptions {
         python: args.python.clone(),
         venv: work_dir.join("venv"),
@@ -449,12 +503,12 @@ async fn peer_runs(
             }
         }
     }
-    let versions = (!versions.is_empty()).then(|| versions.join("; "));
-    Ok((peer_results, peer_errors, versions))
+    Ok(())
 }
 
-/// Sections 2–4: sas with 1 scheduler and 1 agent, with 2 of each, and the recovery run.
-async fn sas_runs(
+/// Section 2: sas with 1 scheduler and 1 agent, each workflow with every
+/// status event and with the terminal one only, at full and at 10% load.
+async fn sas_single(
     args: &Args,
     env: &Env,
     sizes: &Sizes,
@@ -468,8 +522,14 @@ async fn sas_runs(
         suite.start_services(1, 1).await?;
         suite.start_maintenance();
         warm_up(&mut suite, sizes.warmup).await?;
-        for (workflow, steps, n) in [("one", 1, sizes.one), ("three", 3, sizes.three)] {
-            let full = full_load(&mut suite, workflow, steps, n).await?;
+        for (workflow, steps, n, events) in [
+            ("one", 1, sizes.one, Events::All),
+            ("one", 1, sizes.one, Events::Terminal),
+            ("three", 3, sizes.three, Events::All),
+            ("three", 3, sizes.three, Events::Terminal),
+            ("diamond", 4, sizes.three, Events::All),
+        ] {
+            let full = full_load(&mut suite, workflow, steps, n, events).await?;
             // Per step: a 3-step order is about three 1-step orders' work.
             let rate = args
                 .low_rate
@@ -482,12 +542,16 @@ async fn sas_runs(
                 result: full,
                 compared: None,
             });
-            eprintln!("   {workflow}: 10% load, {low_n} orders at {rate:.1}/s");
+            eprintln!(
+                "   {workflow} (events {}): 10% load, {low_n} orders at {rate:.1}/s",
+                events.as_str()
+            );
             let low = load::run(
                 &mut suite,
                 &LoadSpec {
                     workflow,
                     steps,
+                    events,
                     orders: low_n,
                     rate: Some(rate),
                     timeout: timeout_for(low_n) + Duration::from_secs_f64(low_n as f64 / rate),
@@ -508,8 +572,17 @@ async fn sas_runs(
     }
     .await;
     merge_memory(memory, suite.peak_memory());
-    finish(suite, result, args.keep_logs).await?;
+    finish(suite, result, args.keep_logs).await
+}
 
+/// Sections 3–4: sas with 2 schedulers and 2 agents, and the recovery run.
+async fn sas_scaled_and_recovery(
+    args: &Args,
+    env: &Env,
+    sizes: &Sizes,
+    runs: &mut Vec<SasRun>,
+    memory: &mut std::collections::BTreeMap<String, f64>,
+) -> anyhow::Result<()> {
     // 3. Two schedulers, two agents.
     if !args.skip_scaled {
         wait_quiet(args.wait_idle).await;
@@ -519,8 +592,13 @@ async fn sas_runs(
             suite.start_services(2, 2).await?;
             suite.start_maintenance();
             warm_up(&mut suite, sizes.warmup).await?;
-            for (workflow, steps, n) in [("one", 1, sizes.scaled), ("three", 3, sizes.scaled / 2)] {
-                let full = full_load(&mut suite, workflow, steps, n).await?;
+            for (workflow, steps, n, events) in [
+                ("one", 1, sizes.scaled, Events::All),
+                ("one", 1, sizes.scaled, Events::Terminal),
+                ("three", 3, sizes.scaled / 2, Events::All),
+                ("three", 3, sizes.scaled / 2, Events::Terminal),
+            ] {
+                let full = full_load(&mut suite, workflow, steps, n, events).await?;
                 runs.push(SasRun {
                     deployment: "2 schedulers, 2 agents".into(),
                     load: "full".into(),
@@ -559,6 +637,7 @@ async fn sas_runs(
                 &LoadSpec {
                     workflow: "three",
                     steps: 3,
+                    events: Events::All,
                     orders: n,
                     rate: Some(rate),
                     timeout: timeout_for(n) + Duration::from_secs_f64(n as f64 / rate),
@@ -671,7 +750,7 @@ async fn cluster_runs(
             suite.start_services(1, 1).await?;
             suite.start_maintenance();
             warm_up(&mut suite, sizes.warmup).await?;
-            let full = full_load(&mut suite, "one", 1, n).await?;
+            let full = full_load(&mut suite, "one", 1, n, Events::All).await?;
             let compared = node_rate.map(|node: f64| {
                 format!(
                     "{:.2}× the 1-node run's throughput ({:.0}/s)",
@@ -761,6 +840,7 @@ async fn warm_up(suite: &mut Suite, n: usize) -> anyhow::Result<()> {
         &LoadSpec {
             workflow: "one",
             steps: 1,
+            events: Events::All,
             orders: n,
             rate: None,
             timeout: timeout_for(n),
@@ -777,13 +857,18 @@ async fn full_load(
     workflow: &'static str,
     steps: usize,
     n: usize,
+    events: Events,
 ) -> anyhow::Result<load::LoadResult> {
-    eprintln!("   {workflow}: full load, {n} orders");
+    eprintln!(
+        "   {workflow} (events {}): full load, {n} orders",
+        events.as_str()
+    );
     let r = load::run(
         suite,
         &LoadSpec {
             workflow,
             steps,
+            events,
             orders: n,
             rate: None,
             timeout: timeout_for(n),
