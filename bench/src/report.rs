@@ -53,12 +53,13 @@ pub struct Target {
 }
 
 impl Target {
-    /// A target stated as a ratio of two figures measured in this run.
-    fn ratio(what: String, target: String, ratio: f64, met: bool, figures: String) -> Self {
+    /// A target stated as a ratio of two figures measured in this run;
+    /// `measured` says it with the figures.
+    fn ratio(what: String, target: String, ratio: f64, met: bool, measured: String) -> Self {
         Self {
             what,
             target,
-            measured: format!("{ratio:.2}× ({figures})"),
+            measured,
             met,
             ratio: Some(ratio),
         }
@@ -632,7 +633,7 @@ pub fn targets(r: &Report, recovery_bound_s: f64) -> Vec<Target> {
                 format!("≥ {factor}×"),
                 x / y,
                 x / y >= factor,
-                format!("{x:.0} vs {y:.0}/s ({})", ours.deployment),
+                format!("{:.2}×: {x:.0} vs {y:.0}/s; {}", x / y, ours.deployment),
             ));
         }
         // Latency at 10% load: no worse than Restate's at 10% of its own.
@@ -643,7 +644,7 @@ pub fn targets(r: &Report, recovery_bound_s: f64) -> Vec<Target> {
                 "≤ 1.0× (no worse)".into(),
                 x / y,
                 x <= y,
-                format!("{x:.1} vs {y:.1} ms"),
+                format!("{:.2}×: {x:.1} vs {y:.1} ms", x / y),
             ));
         }
         // The share of sas's own machine limit, with its full work.
@@ -660,7 +661,7 @@ pub fn targets(r: &Report, recovery_bound_s: f64) -> Vec<Target> {
                 share,
                 share >= want,
                 format!(
-                    "{:.0}% ({:.0} of {:.0}/s)",
+                    "{:.1}%: {:.0} of {:.0}/s",
                     share * 100.0,
                     ours.result.throughput,
                     l.orders_per_s

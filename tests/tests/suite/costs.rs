@@ -521,6 +521,22 @@ async fn a_batch_of_diamond_orders_runs_its_parallel_steps_in_one_transition_eac
 }
 
 #[tokio::test]
+async fn the_tables_a_transition_writes_fire_no_triggers() {
+    // A foreign key is a trigger per inserted row that looks up and locks
+    // the referenced row: the write-back inserts its steps and events only
+    // with their order, and prune deletes them with it.
+    let app = TestApp::new().await;
+    let triggers: Vec<(String, String)> = sqlx::query_as(
+        "SELECT tgrelid::regclass::text, tgname::text FROM pg_trigger \
+         WHERE tgrelid = ANY(ARRAY['orders', 'steps', 'order_events', 'outbox']::regclass[])",
+    )
+    .fetch_all(&app.db)
+    .await
+    .expect("pg_trigger");
+    assert_eq!(triggers, []);
+}
+
+#[tokio::test]
 async fn handed_over_messages_cost_one_statement_per_transition_and_need_no_relay() {
     let app = TestApp::new().await;
     let c = run_batch(&app, "one", Publishing::Handoff, Events::All).await;

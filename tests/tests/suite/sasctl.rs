@@ -414,6 +414,17 @@ async fn prune_deletes_only_old_ended_orders() {
     }
     assert_eq!(app.order(recent).await, Some(("processed".into(), 0)));
     assert_eq!(app.order(waiting).await, Some(("pending".into(), 0)));
+    // What is kept keeps its steps and events.
+    for (table, rows) in [("steps", 1), ("order_events", 4)] {
+        let kept: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {table} WHERE order_id = $1"
+        )))
+        .bind(recent)
+        .fetch_one(&app.db)
+        .await
+        .expect("count rows");
+        assert_eq!(kept, rows, "{table} of the recent order");
+    }
 
     let out = run(&app, &["orders", "prune", "--older-than", "1day"])
         .await
