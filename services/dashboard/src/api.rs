@@ -331,6 +331,7 @@ fn order_json(
             "reply_to": order.reply_to,
             "priority": order.priority,
             "not_before": order.not_before,
+            "events": order.events.as_str(),
             "locked_by": order.locked_by,
             "complete_by": order.complete_by,
             "failure_count": order.failure_count,

@@ -523,7 +523,7 @@ async fn publish_orders(
     let batch: Vec<(Option<Uuid>, Vec<u8>)> = ids
         .iter()
         .map(|id| {
-            let body = order_body(*id, &args.workflow, Map::new(), None, None);
+            let body = order_body(*id, &args.workflow, Map::new(), &Default::default());
             (Some(*id), body.to_string().into_bytes())
         })
         .collect();

@@ -13,7 +13,7 @@ use clap::value_parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use sas::broker::PublishError;
 use sas::config::Settings;
-use sas::messages::Priority;
+use sas::messages::{Events, Priority};
 use sas::topology::QueueNames;
 use sas_client::{Client, Order};
 use serde_json::{Map, Value, json};
@@ -50,6 +50,10 @@ pub struct Args {
     /// Do not start the orders before this time (RFC 3339).
     #[arg(long, value_name = "RFC3339", value_parser = parse_time)]
     not_before: Option<DateTime<Utc>>,
+    /// Which status events the orders are sent (contract §2a): `all`, or
+    /// `terminal` for their end only (the rest stays for a replay).
+    #[arg(long, value_name = "all|terminal", value_parser = parse_events, default_value = "all")]
+    events: Events,
     /// How many orders to publish.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = value_parser!(u32).range(1..))]
     count: u32,
@@ -57,7 +61,7 @@ pub struct Args {
     #[arg(
         long,
         value_name = "BODY",
-        conflicts_with_all = ["workflow", "payload", "order_id", "priority", "not_before", "file"]
+        conflicts_with_all = ["workflow", "payload", "order_id", "priority", "not_before", "events", "file"]
     )]
     raw: Option<String>,
     /// Publish the orders of a JSON-lines file ("-": standard input), one
@@ -67,7 +71,7 @@ pub struct Args {
     #[arg(
         long,
         value_name = "PATH",
-        conflicts_with_all = ["workflow", "payload", "order_id", "priority", "not_before", "count"]
+        conflicts_with_all = ["workflow", "payload", "order_id", "priority", "not_before", "events", "count"]
     )]
     file: Option<PathBuf>,
     /// Print the summary as one JSON object on stdout instead of the order
@@ -96,11 +100,22 @@ impl Args {
             order_id,
             self.workflow.as_deref().unwrap_or_default(),
             self.payload.clone().unwrap_or_default(),
-            self.priority,
-            self.not_before,
+            &Options {
+                priority: self.priority,
+                not_before: self.not_before,
+                events: self.events,
+            },
         );
         (Some(order_id), body.to_string().into_bytes())
     }
+}
+
+/// An order's optional fields; the default leaves each out of the body.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    pub priority: Option<u8>,
+    pub not_before: Option<DateTime<Utc>>,
+    pub events: Events,
 }
 
 /// The body of an order (contract §1), as the client encodes it.
@@ -108,16 +123,22 @@ pub fn order_body(
     order_id: Uuid,
     workflow: &str,
     payload: Map<String, Value>,
-    priority: Option<u8>,
-    not_before: Option<DateTime<Utc>>,
+    options: &Options,
 ) -> Value {
     let mut order = Order::new(workflow, payload);
     order.order_id = Some(order_id);
-    order.priority = priority
+    order.priority = options
+        .priority
         .and_then(|p| Priority::new(p.into()))
         .unwrap_or_default();
-    order.not_before = not_before;
+    order.not_before = options.not_before;
+    order.events = options.events;
     order.to_json()
+}
+
+/// `--events`: `all` or `terminal`.
+fn parse_events(text: &str) -> Result<Events, String> {
+    Events::try_from(text.to_owned()).map_err(|_| "`all` or `terminal`".to_owned())
 }
 
 /// `--payload`: a JSON object.
@@ -616,7 +637,16 @@ mod tests {
         let id = Uuid::new_v4();
         let t = parse_time("2030-01-01T00:00:00Z").unwrap();
         let payload = parse_payload(r#"{"sku":"A-1"}"#).unwrap();
-        let body = order_body(id, "order", payload, Some(7), Some(t));
+        let body = order_body(
+            id,
+            "order",
+            payload,
+            &Options {
+                priority: Some(7),
+                not_before: Some(t),
+                events: Events::Terminal,
+            },
+        );
         let decoded =
             sas::messages::Submission::decode(body.to_string().as_bytes(), Some("app"), 1 << 20)
                 .unwrap();
@@ -625,9 +655,12 @@ mod tests {
         assert_eq!(decoded.payload["sku"], "A-1");
         assert_eq!(decoded.priority.get(), 7);
         assert_eq!(decoded.not_before, Some(t));
+        assert_eq!(decoded.events, Events::Terminal);
         assert_eq!(decoded.reply_to.as_deref(), Some("app"));
+        assert_eq!(parse_events("terminal"), Ok(Events::Terminal));
+        assert!(parse_events("some").is_err());
 
-        let minimal = order_body(id, "w", Map::new(), None, None);
+        let minimal = order_body(id, "w", Map::new(), &Options::default());
         assert_eq!(
             minimal,
             serde_json::json!({"order_id": id.to_string(), "workflow": "w", "payload": {}})
