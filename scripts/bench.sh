@@ -9,8 +9,8 @@
 # same work, then removes what it created.
 # Prints one table; writes bench/out/latest.json and bench/out/latest.md.
 #
-#   scripts/bench.sh                  # the full run, ~10 minutes
-#   scripts/bench.sh --quick          # a ~2-minute smoke run
+#   scripts/bench.sh                  # the full run, ~25 minutes with every peer
+#   scripts/bench.sh --quick          # a smoke run, ~10 minutes with every peer
 #   scripts/bench.sh --cluster        # also: 1-step on a 3-node RabbitMQ cluster
 #                                     # (scripts/cluster.sh) vs one node, quorum step queues
 #   scripts/bench.sh --help           # sizes, skips and other options
