@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use remote_sim::Knobs;
-use sas_tests::TestApp;
+use sas_tests::{TestApp, states};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -18,13 +18,6 @@ fn by_order(events: &[Value]) -> BTreeMap<String, Vec<Value>> {
             .push(e.clone());
     }
     map
-}
-
-fn states(events: &[Value]) -> Vec<&str> {
-    events
-        .iter()
-        .map(|e| e["state"].as_str().unwrap_or("?"))
-        .collect()
 }
 
 fn terminal(e: &Value) -> bool {

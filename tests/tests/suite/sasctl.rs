@@ -399,16 +399,18 @@ async fn prune_deletes_only_old_ended_orders() {
         .await
         .expect_code(0);
     assert_eq!(out.json(), serde_json::json!({ "deleted": 2 }));
+    // An order's rows in `table` (steps and events go with their order).
+    let rows_of = |table: &'static str, id: Uuid| {
+        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {table} WHERE order_id = $1"
+        )))
+        .bind(id)
+        .fetch_one(&app.db)
+    };
     for id in old {
         assert_eq!(app.order(*id).await, None);
         for table in ["steps", "order_events"] {
-            let left: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                "SELECT count(*) FROM {table} WHERE order_id = $1"
-            )))
-            .bind(id)
-            .fetch_one(&app.db)
-            .await
-            .expect("count rows");
+            let left = rows_of(table, *id).await.expect("count rows");
             assert_eq!(left, 0, "{table} of {id}");
         }
     }
@@ -416,13 +418,7 @@ async fn prune_deletes_only_old_ended_orders() {
     assert_eq!(app.order(waiting).await, Some(("pending".into(), 0)));
     // What is kept keeps its steps and events.
     for (table, rows) in [("steps", 1), ("order_events", 4)] {
-        let kept: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT count(*) FROM {table} WHERE order_id = $1"
-        )))
-        .bind(recent)
-        .fetch_one(&app.db)
-        .await
-        .expect("count rows");
+        let kept = rows_of(table, recent).await.expect("count rows");
         assert_eq!(kept, rows, "{table} of the recent order");
     }
 
