@@ -52,6 +52,9 @@ where
             }
             next = consumer.next() => match next {
                 Some(Ok(delivery)) => {
+                    if let Some(e) = reap(&mut tasks) {
+                        break Err(e);
+                    }
                     let received = acks.received(delivery, dead_letters.clone());
                     let kept = received.share();
                     let work = AssertUnwindSafe(handler(received)).catch_unwind();
@@ -90,6 +93,21 @@ where
     outcome
 }
 
+/// Joins every handler that has finished, so that the set holds only the
+/// ones still running: a finished task keeps its whole allocation until it
+/// is joined, and under a long burst `select!`'s coin toss between joining
+/// and taking the next delivery would let finished tasks pile up (hundreds,
+/// growing with the burst). Returns the first broker error among them.
+fn reap(tasks: &mut JoinSet<Result<(), BrokerError>>) -> Option<BrokerError> {
+    let mut first = None;
+    while let Some(done) = tasks.try_join_next() {
+        if let Some(e) = task_error(done) {
+            first.get_or_insert(e);
+        }
+    }
+    first
+}
+
 fn task_error(
     done: Result<Result<(), BrokerError>, tokio::task::JoinError>,
 ) -> Option<BrokerError> {
@@ -117,4 +135,38 @@ pub async fn requeue(delivery: &Received) -> Result<(), BrokerError> {
 /// Rejects a delivery that can never be processed: the queue dead-letters it.
 pub async fn dead_letter(delivery: &Received) -> Result<(), BrokerError> {
     delivery.settle(Settle::DeadLetter).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn reaping_leaves_only_the_handlers_still_running_and_reports_an_error() {
+        let mut tasks: JoinSet<Result<(), BrokerError>> = JoinSet::new();
+        for _ in 0..500 {
+            tasks.spawn(async { Ok(()) });
+        }
+        tasks.spawn(async { Err(BrokerError::NoSession) });
+        let running = tokio::sync::Notify::new();
+        let running = std::sync::Arc::new(running);
+        let waits = running.clone();
+        tasks.spawn(async move {
+            waits.notified().await;
+            Ok(())
+        });
+        // Let every task that can finish do so.
+        let bound = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut errors = 0;
+        while tasks.len() > 1 && tokio::time::Instant::now() < bound {
+            match reap(&mut tasks) {
+                Some(BrokerError::NoSession) => errors += 1,
+                Some(e) => panic!("unexpected error {e}"),
+                None => tokio::task::yield_now().await,
+            }
+        }
+        assert_eq!(tasks.len(), 1, "only the waiting handler is left");
+        assert_eq!(errors, 1, "the failed handler's error, once");
+        running.notify_one();
+    }
 }
