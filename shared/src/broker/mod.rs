@@ -164,6 +164,9 @@ pub struct Broker {
     channels: std::sync::Mutex<Vec<Channel>>,
 }
 
+/// The largest frame sas asks for unless the URL sets `frame_max`.
+pub const FRAME_MAX: u32 = 16 * 1024;
+
 impl Broker {
     /// Connects, retrying with backoff until `connect_timeout`; over TLS
     /// when the URL is `amqps://`, trusting `ca_file` beside the system's
@@ -182,6 +185,13 @@ impl Broker {
             if uri.query.heartbeat.is_none() {
                 let secs = settings.heartbeat.as_secs().clamp(1, u64::from(u16::MAX));
                 uri.query.heartbeat = Some(u16::try_from(secs).unwrap_or(u16::MAX));
+            }
+            // lapin keeps two buffers of 32 frames per connection, so the
+            // server's 128 KiB frames make 8 MiB per connection; sas's
+            // messages are a few hundred bytes, and a larger one goes as
+            // several frames.
+            if uri.query.frame_max.is_none() {
+                uri.query.frame_max = Some(FRAME_MAX);
             }
             nodes.push(uri);
         }
@@ -246,6 +256,11 @@ impl Broker {
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(Duration::from_secs(2));
         }
+    }
+
+    /// The largest frame the connection's peers agreed on.
+    pub fn frame_max(&self) -> u32 {
+        self.conn.configuration().frame_max()
     }
 
     /// Whether the connection is up.

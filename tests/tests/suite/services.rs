@@ -251,3 +251,24 @@ async fn a_client_that_sends_headers_slowly_or_idles_is_disconnected() {
     let url = format!("http://{addr}/healthz");
     assert_eq!(http_get(&url).await.map(|(code, _)| code), Some(200));
 }
+
+#[tokio::test]
+async fn a_broker_connection_asks_for_small_frames_unless_its_url_says_otherwise() {
+    // lapin buffers 32 frames each way per connection: at RabbitMQ's
+    // 128 KiB frames, 8 MiB of every service's memory.
+    use sas::config::BrokerSettings;
+    for (url, frame_max) in [
+        (sas_tests::AMQP.to_owned(), sas::broker::FRAME_MAX),
+        (format!("{}?frame_max=65536", sas_tests::AMQP), 65536),
+    ] {
+        let settings = BrokerSettings {
+            url,
+            ..Default::default()
+        };
+        let broker = sas::broker::Broker::connect(&settings, "test-frames")
+            .await
+            .expect("connect");
+        assert_eq!(broker.frame_max(), frame_max);
+        broker.close().await;
+    }
+}
