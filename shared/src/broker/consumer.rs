@@ -148,8 +148,7 @@ mod tests {
             tasks.spawn(async { Ok(()) });
         }
         tasks.spawn(async { Err(BrokerError::NoSession) });
-        let running = tokio::sync::Notify::new();
-        let running = std::sync::Arc::new(running);
+        let running = std::sync::Arc::new(tokio::sync::Notify::new());
         let waits = running.clone();
         tasks.spawn(async move {
             waits.notified().await;

@@ -190,8 +190,18 @@ impl Broker {
             // server's 128 KiB frames make 8 MiB per connection; sas's
             // messages are a few hundred bytes, and a larger one goes as
             // several frames.
-            if uri.query.frame_max.is_none() {
-                uri.query.frame_max = Some(FRAME_MAX);
+            match uri.query.frame_max {
+                None => uri.query.frame_max = Some(FRAME_MAX),
+                Some(n) if n < lapin::protocol::constants::FRAME_MIN_SIZE => {
+                    return Err(BrokerError::BadUrl {
+                        url: crate::tls::redact_url(node),
+                        reason: format!(
+                            "frame_max={n} is below AMQP's smallest frame ({})",
+                            lapin::protocol::constants::FRAME_MIN_SIZE
+                        ),
+                    });
+                }
+                Some(_) => {}
             }
             nodes.push(uri);
         }

@@ -271,4 +271,15 @@ async fn a_broker_connection_asks_for_small_frames_unless_its_url_says_otherwise
         assert_eq!(broker.frame_max(), frame_max);
         broker.close().await;
     }
+    // Below AMQP's smallest frame: a clear error, before any connection.
+    let settings = BrokerSettings {
+        url: format!("{}?frame_max=100", sas_tests::AMQP),
+        ..Default::default()
+    };
+    let refused = sas::broker::Broker::connect(&settings, "test-frames").await;
+    let Err(e) = refused else {
+        panic!("frame_max=100 was accepted")
+    };
+    assert!(e.to_string().contains("frame_max=100"), "{e}");
+    assert!(!e.to_string().contains("guest:guest"), "no password: {e}");
 }
