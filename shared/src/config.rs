@@ -93,7 +93,10 @@ pub struct DatabaseSettings {
     /// Most orders (submissions) or replies stored in one transaction. The
     /// ones that arrive while a transaction commits share the next one.
     pub batch_size: usize,
-    /// Such transactions in flight at once per process.
+    /// Such transactions in flight at once per process. One by default:
+    /// the replies that arrive while it commits make a larger next batch,
+    /// which costs less per order than several small ones side by side
+    /// (BENCHMARKS.md, "Batch workers").
     pub batch_workers: usize,
     /// A PEM file of CA certificates that Postgres's certificate may chain
     /// to, trusted beside the system's roots. Setting it asks for verified
@@ -113,7 +116,7 @@ impl Default for DatabaseSettings {
             statement_timeout: Duration::from_secs(20),
             io_timeout: Duration::from_secs(25),
             batch_size: 64,
-            batch_workers: 3,
+            batch_workers: 1,
             ca_file: None,
         }
     }
