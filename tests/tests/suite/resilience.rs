@@ -78,9 +78,14 @@ async fn an_open_breaker_sends_requests_to_a_healthy_agent_and_closes_after_reco
     let ids = app.submit_many("one", 40, None).await;
     app.wait_for_state("processed", 40, Duration::from_secs(60))
         .await;
+    // The breaker tripped. Its one-second cool-down may have run out by now:
+    // then it is half-open, waiting for a request to probe with, and stays
+    // so while the healthy instance takes every request. Never closed: no
+    // call of the cut-off instance has succeeded.
     let open = app.metrics("agent-cut-off").await;
     assert!(
-        open.contains(r#"sas_agent_breaker_state{agent="a"} 2"#),
+        open.contains(r#"sas_agent_breaker_state{agent="a"} 2"#)
+            || open.contains(r#"sas_agent_breaker_state{agent="a"} 1"#),
         "{open}"
     );
     let readyz = sas_tests::http_get(&format!(
@@ -90,7 +95,10 @@ async fn an_open_breaker_sends_requests_to_a_healthy_agent_and_closes_after_reco
     .await
     .unwrap()
     .1;
-    assert!(readyz.contains(r#""breaker.a":"open""#), "{readyz}");
+    assert!(
+        readyz.contains(r#""breaker.a":"open""#) || readyz.contains(r#""breaker.a":"half_open""#),
+        "{readyz}"
+    );
     let stats = app.stats();
     for id in &ids {
         assert_eq!(stats.keys[&format!("{id}:a")].applied, 1);
