@@ -121,6 +121,9 @@ pub struct LoadResult {
     /// Effects remote-sim applied in this run (one per step per order, if
     /// idempotency held and nothing was lost).
     pub remote_applied: Option<u64>,
+    /// Outbox messages per order by the path that published them
+    /// (`handoff`, `follow`, `relay`; see [`Suite::published`]).
+    pub outbox_paths: std::collections::BTreeMap<String, f64>,
 }
 
 /// The recovery after a kill.
@@ -176,6 +179,7 @@ pub async fn run(suite: &mut Suite, spec: &LoadSpec) -> anyhow::Result<LoadResul
         name: "bench".into(),
         roots: vec![std::process::id()],
     });
+    let published_before = suite.published().await;
     let cpu_before = procs::snapshot(&groups);
     let pg_before = suite.pg_counters().await;
     let sampler = spec
@@ -322,6 +326,7 @@ pub async fn run(suite: &mut Suite, spec: &LoadSpec) -> anyhow::Result<LoadResul
     suite.sample_memory();
     let (seen, events, duplicate_events, event_states) = collector.await?;
     let cpu_after = procs::snapshot(&groups);
+    let published_after = suite.published().await;
     let pg_profile = match sampler {
         Some(s) => s.finish(12).await,
         None => Default::default(),
@@ -387,6 +392,13 @@ pub async fn run(suite: &mut Suite, spec: &LoadSpec) -> anyhow::Result<LoadResul
     let stages_ms = stages(&seen, &sub, spec.steps);
     let orders_done = processed + other_terminal;
     let cpu_ms_per_order = cpu.per_order_ms(orders_done);
+    let outbox_paths = published_after
+        .into_iter()
+        .map(|(path, n)| {
+            let before = published_before.get(&path).copied().unwrap_or(0.0);
+            (path, (n - before) / orders_done.max(1) as f64)
+        })
+        .collect();
     Ok(LoadResult {
         workflow: spec.workflow.to_owned(),
         status_events: spec.events.as_str(),
@@ -411,6 +423,7 @@ pub async fn run(suite: &mut Suite, spec: &LoadSpec) -> anyhow::Result<LoadResul
             .map(|(b, a)| a.per_order(&b, orders_done)),
         pg_profile,
         remote_applied: suite.sim.applied().await,
+        outbox_paths,
     })
 }
 

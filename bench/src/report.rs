@@ -383,7 +383,9 @@ impl Report {
             .ok();
         }
         out.push_str("#### sas: where an order's time goes (median ms between its events)\n\n");
-        out.push_str("| deployment | workflow | load | stages (p50 ms) |\n|---|---|---|---|\n");
+        out.push_str(
+            "| deployment | workflow | load | stages (p50 ms) | outbox messages per order, by path |\n|---|---|---|---|---|\n",
+        );
         for r in &self.sas {
             let stages: Vec<String> = r
                 .result
@@ -391,13 +393,20 @@ impl Report {
                 .iter()
                 .map(|(n, p)| format!("{n} {}", ms(p.p50)))
                 .collect();
+            let paths: Vec<String> = r
+                .result
+                .outbox_paths
+                .iter()
+                .map(|(path, n)| format!("{path} {n:.2}"))
+                .collect();
             writeln!(
                 out,
-                "| {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} |",
                 r.label(),
                 r.result.workflow,
                 r.load,
-                stages.join(", ")
+                stages.join(", "),
+                paths.join(", ")
             )
             .ok();
         }

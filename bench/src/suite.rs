@@ -201,6 +201,8 @@ struct Proc {
     child: Child,
     /// The peak memory seen before the process was stopped.
     last_memory: Option<Memory>,
+    /// Its HTTP port (`/metrics`).
+    port: u16,
 }
 
 /// One sas deployment.
@@ -327,6 +329,7 @@ impl Suite {
             Proc {
                 child,
                 last_memory: None,
+                port,
             },
         );
         self.wait_ready(name, port).await
@@ -363,6 +366,26 @@ impl Suite {
             }
             p.child.kill().await.ok();
         }
+    }
+
+    /// Outbox messages the running services have published so far, by
+    /// path (`handoff`: by the transition that wrote them, at once;
+    /// `follow`: once the previous publisher of the order let go; `relay`:
+    /// by a pass of the relay), summed over processes, from their
+    /// `sas_outbox_published_total`.
+    pub async fn published(&self) -> BTreeMap<String, f64> {
+        let mut by_path = BTreeMap::new();
+        for p in self.procs.values() {
+            let url = format!("http://127.0.0.1:{}/metrics", p.port);
+            let Ok(r) = http().get(&url).send().await else {
+                continue;
+            };
+            let Ok(text) = r.text().await else { continue };
+            for (path, n) in published_by_path(&text) {
+                *by_path.entry(path).or_insert(0.0) += n;
+            }
+        }
+        by_path
     }
 
     /// Records each running process's memory (the peak so far is kept when it stops).
@@ -515,5 +538,36 @@ impl PgCounters {
             deleted: (self.deleted - earlier.deleted) / n,
             wal_bytes: (self.wal_bytes - earlier.wal_bytes) / n,
         }
+    }
+}
+
+/// `sas_outbox_published_total{kind="…",path="…"} N` lines of a metrics
+/// text, as (path, N).
+fn published_by_path(text: &str) -> Vec<(String, f64)> {
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("sas_outbox_published_total{")?;
+            let (labels, value) = rest.split_once("} ")?;
+            let path = labels.split(',').find_map(|kv| kv.strip_prefix("path="))?;
+            Some((
+                path.trim_matches('"').to_owned(),
+                value.trim().parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn published_counts_are_read_by_path() {
+        let text = "# TYPE sas_outbox_published counter\n\
+            sas_outbox_published_total{kind=\"request\",path=\"handoff\"} 7\n\
+            sas_outbox_published_total{kind=\"status\",path=\"follow\"} 2\n\
+            sas_outbox_unroutable_total 0\n";
+        assert_eq!(
+            super::published_by_path(text),
+            vec![("handoff".to_owned(), 7.0), ("follow".to_owned(), 2.0)]
+        );
     }
 }
