@@ -91,7 +91,12 @@ pub struct DatabaseSettings {
     #[serde(with = "humantime_serde")]
     pub io_timeout: Duration,
     /// Most orders (submissions) or replies stored in one transaction. The
-    /// ones that arrive while a transaction commits share the next one.
+    /// ones that arrive while a transaction commits share the next one, up
+    /// to this many: a batch costs about the same round trips and fixed
+    /// work whatever its size, so under load larger batches do more per
+    /// commit (BENCHMARKS.md, "Batch size"). A batch can be no larger than
+    /// `broker.prefetch` allows: keep that at least twice this, so that the
+    /// next batch can gather while one commits.
     pub batch_size: usize,
     /// Such transactions in flight at once per process. One by default:
     /// the replies that arrive while it commits make a larger next batch,
@@ -115,7 +120,7 @@ impl Default for DatabaseSettings {
             connect_timeout: Duration::from_secs(30),
             statement_timeout: Duration::from_secs(20),
             io_timeout: Duration::from_secs(25),
-            batch_size: 64,
+            batch_size: 256,
             batch_workers: 1,
             ca_file: None,
         }
@@ -141,7 +146,9 @@ pub struct BrokerSettings {
     pub client_key: Option<PathBuf>,
     /// Every queue is named under this prefix, so deployments can share a broker.
     pub prefix: String,
-    /// Unacknowledged deliveries per consumer.
+    /// Unacknowledged deliveries per consumer (the submission's orders, a
+    /// scheduler's replies): twice `database.batch_size`, so that a full
+    /// batch can gather while the one before it commits.
     pub prefetch: u16,
     /// Deliveries of one message before the broker dead-letters it (quorum
     /// queues only: the orders queue, and the step queues when quorum).
@@ -192,7 +199,7 @@ impl Default for BrokerSettings {
             client_cert: None,
             client_key: None,
             prefix: "sas".into(),
-            prefetch: 128,
+            prefetch: 512,
             delivery_limit: 20,
             connect_timeout: Duration::from_secs(30),
             heartbeat: Duration::from_secs(10),
@@ -302,7 +309,8 @@ pub struct SchedulerSettings {
     /// The slow poll beside the wake-up notifications (for `not_before` and re-attempts).
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
-    /// Orders claimed per claim transaction.
+    /// Orders claimed per claim transaction: like `database.batch_size`,
+    /// a claim costs about the same round trips whatever its size.
     pub claim_batch: u32,
     /// Most orders this instance holds at once (claimed and not yet ended).
     /// Beyond it, orders wait as `pending` in the state store rather than as
@@ -315,7 +323,7 @@ impl Default for SchedulerSettings {
         Self {
             instance_id: None,
             poll_interval: Duration::from_millis(500),
-            claim_batch: 64,
+            claim_batch: 256,
             max_in_flight: 1000,
         }
     }
