@@ -354,9 +354,12 @@ impl Report {
                 )
                 .ok();
             }
-            out.push_str(
-                "\n#### Machine limit: RabbitMQ (4 queues at once; confirms and prefetch as the services, 128 in flight; manual acks) and HTTP\n\n",
-            );
+            writeln!(
+                out,
+                "\n#### Machine limit: RabbitMQ (4 queues at once; confirms and prefetch as the services, {} in flight; manual acks) and HTTP\n",
+                sas::config::BrokerSettings::default().prefetch
+            )
+            .ok();
             out.push_str(
                 "| workflow | queue | messages | mean bytes | msgs/s | msgs/s of machine time |\n|---|---|--:|--:|--:|--:|\n",
             );
