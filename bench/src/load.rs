@@ -126,6 +126,18 @@ pub struct LoadResult {
     pub outbox_paths: std::collections::BTreeMap<String, f64>,
 }
 
+impl LoadResult {
+    /// The outbox messages per order by path, as `follow 0.12, handoff 1.88`.
+    pub fn outbox_paths_text(&self) -> String {
+        let paths: Vec<String> = self
+            .outbox_paths
+            .iter()
+            .map(|(path, n)| format!("{path} {n:.2}"))
+            .collect();
+        paths.join(", ")
+    }
+}
+
 /// The recovery after a kill.
 #[derive(Debug, Clone, Serialize)]
 pub struct Recovery {

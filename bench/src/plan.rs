@@ -894,14 +894,9 @@ fn print_line(r: &load::LoadResult) {
         r.cpu.machine_busy_share * 100.0
     );
     if !r.outbox_paths.is_empty() {
-        let paths: Vec<String> = r
-            .outbox_paths
-            .iter()
-            .map(|(path, n)| format!("{path} {n:.2}"))
-            .collect();
         eprintln!(
             "     outbox messages per order by path: {}",
-            paths.join(", ")
+            r.outbox_paths_text()
         );
     }
 }

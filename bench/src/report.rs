@@ -396,12 +396,6 @@ impl Report {
                 .iter()
                 .map(|(n, p)| format!("{n} {}", ms(p.p50)))
                 .collect();
-            let paths: Vec<String> = r
-                .result
-                .outbox_paths
-                .iter()
-                .map(|(path, n)| format!("{path} {n:.2}"))
-                .collect();
             writeln!(
                 out,
                 "| {} | {} | {} | {} | {} |",
@@ -409,7 +403,7 @@ impl Report {
                 r.result.workflow,
                 r.load,
                 stages.join(", "),
-                paths.join(", ")
+                r.result.outbox_paths_text()
             )
             .ok();
         }
