@@ -94,7 +94,7 @@ pub struct DatabaseSettings {
     /// ones that arrive while a transaction commits share the next one, up
     /// to this many: a batch costs about the same round trips and fixed
     /// work whatever its size, so under load larger batches do more per
-    /// commit (BENCHMARKS.md, "Batch size"). A batch can be no larger than
+    /// commit (BENCHMARKS.md, "larger batches"). A batch can be no larger than
     /// `broker.prefetch` allows: keep that at least twice this, so that the
     /// next batch can gather while one commits.
     pub batch_size: usize,
