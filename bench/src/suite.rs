@@ -371,8 +371,10 @@ impl Suite {
     /// Outbox messages the running services have published so far, by
     /// path (`handoff`: by the transition that wrote them, at once;
     /// `follow`: once the previous publisher of the order let go; `relay`:
-    /// by a pass of the relay), summed over processes, from their
-    /// `sas_outbox_published_total`.
+    /// by a pass of the relay), summed over the running processes, from
+    /// their `sas_outbox_published_total`. A process killed between two
+    /// readings takes its counts with it: only the agents are killed (the
+    /// recovery run), and they publish nothing through an outbox.
     pub async fn published(&self) -> BTreeMap<String, f64> {
         let mut by_path = BTreeMap::new();
         for p in self.procs.values() {

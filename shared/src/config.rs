@@ -682,6 +682,24 @@ impl Settings {
         Ok(settings)
     }
 
+    /// Settings that work but cost throughput, each as a line to log at
+    /// start-up: a consumer's `broker.prefetch` caps how many deliveries can
+    /// wait for the next batch, so one below twice `database.batch_size`
+    /// keeps batches from filling while the one before commits.
+    pub fn advice(&self) -> Vec<String> {
+        let mut advice = Vec::new();
+        let (prefetch, batch) = (usize::from(self.broker.prefetch), self.database.batch_size);
+        if prefetch < 2 * batch {
+            advice.push(format!(
+                "broker.prefetch ({prefetch}) is below twice database.batch_size ({batch}): \
+                 batches cannot fill while the one before commits; raise broker.prefetch \
+                 to {} or lower database.batch_size",
+                2 * batch
+            ));
+        }
+        advice
+    }
+
     /// Checks what serde cannot: names, ranges and references between sections.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
@@ -936,6 +954,22 @@ mod tests {
                 .to_lowercase();
             assert!(err.to_string().contains(&name), "{key}: {err}");
         }
+    }
+
+    #[test]
+    fn a_prefetch_below_twice_the_batch_is_advised_against_and_the_defaults_are_not() {
+        assert!(Settings::default().advice().is_empty());
+        let env = [("SAS__BROKER__PREFETCH".to_owned(), "300".to_owned())]
+            .into_iter()
+            .collect();
+        let settings = Settings::load_with(None, Some(env)).expect("a working setting");
+        let advice = settings.advice();
+        assert_eq!(advice.len(), 1, "{advice:?}");
+        assert!(advice[0].contains("broker.prefetch (300)"), "{advice:?}");
+        assert!(
+            advice[0].contains("database.batch_size (256)"),
+            "{advice:?}"
+        );
     }
 
     #[test]

@@ -179,6 +179,9 @@ where
     )
     .await?;
     tracing::info!(%addr, prefix = %ctx.settings.broker.prefix, "{name} started");
+    for advice in ctx.settings.advice() {
+        tracing::warn!("{advice}");
+    }
     let outcome = work(ctx).await;
     http_stop.cancel();
     server.await.ok();
