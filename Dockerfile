@@ -17,7 +17,8 @@ FROM ${RUST_IMAGE} AS builder
 WORKDIR /build
 
 # Only what cargo needs: the workspace manifests and lock file, every member's
-# sources, and migrations/ (embedded at compile time by sqlx::migrate!).
+# sources, migrations/ (embedded at compile time by sqlx::migrate!) and
+# third_party/ (the patched crates of Cargo.toml's [patch.crates-io]).
 COPY Cargo.toml Cargo.lock ./
 COPY shared ./shared
 COPY client ./client
@@ -26,6 +27,7 @@ COPY testkit ./testkit
 COPY tests ./tests
 COPY bench ./bench
 COPY migrations ./migrations
+COPY third_party ./third_party
 
 # The target directory lives in a cache mount, so the binaries are copied out
 # to /out within the same step.

@@ -121,6 +121,7 @@ pub async fn serve(
     // from a trusted peer.
     let task = tokio::spawn(async move {
         let stop = async move { shutdown.cancelled().await };
+        let listener = crate::server::no_delay(listener);
         crate::server::serve(listener, app, crate::server::Limits::default(), stop).await
     });
     Ok((addr, task))

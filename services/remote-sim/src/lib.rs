@@ -91,7 +91,7 @@ pub async fn serve_with(
     sim: Arc<RemoteSim>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    serve_on(listener, sim, shutdown).await
+    serve_on(sas::server::no_delay(listener), sim, shutdown).await
 }
 
 /// Like [`serve_with`], over TLS with `tls` (see [`tls_config`]). A client

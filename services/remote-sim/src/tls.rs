@@ -67,6 +67,7 @@ impl TlsListener {
                         continue;
                     }
                 };
+                sas::server::set_no_delay(&tcp);
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {

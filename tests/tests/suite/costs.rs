@@ -1214,3 +1214,40 @@ async fn a_hand_back_behind_a_slow_delivery_goes_back_at_once() {
     );
     assert_eq!(app.ready(&queue).await, 0);
 }
+
+/// sqlx 0.9.0 left Nagle's algorithm on for its Postgres connections, and a
+/// query written in two parts then waited for the server's delayed ACK: 40
+/// ms a time, most of the p50 at 10% load (BENCHMARKS, "Nagle"). sas carries
+/// the fix (`third_party/sqlx-core`); this reads the option off this
+/// process's own socket to the server, the one a connection just opened.
+#[tokio::test]
+async fn postgres_connections_have_nagle_off() {
+    use std::os::fd::BorrowedFd;
+
+    let conn = PgConnection::connect(sas_tests::PG_ADMIN)
+        .await
+        .expect("connect");
+    let server: std::net::SocketAddr = "127.0.0.1:5432".parse().expect("address");
+    let mut to_server = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd") {
+        let Some(fd) = entry
+            .ok()
+            .and_then(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: the descriptor is only asked for socket options while
+        // this function runs; one closed meanwhile answers with an error.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let socket = socket2::SockRef::from(&fd);
+        if socket.peer_addr().ok().and_then(|a| a.as_socket()) == Some(server) {
+            to_server.push(socket.tcp_nodelay().expect("TCP_NODELAY"));
+        }
+    }
+    conn.close().await.ok();
+    assert!(!to_server.is_empty(), "no socket to {server} found");
+    assert!(
+        to_server.iter().all(|&off| off),
+        "Nagle's algorithm on for a Postgres connection: {to_server:?}"
+    );
+}
