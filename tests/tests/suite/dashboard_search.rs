@@ -124,11 +124,18 @@ async fn the_search_finds_orders_by_id_state_workflow_time_range_and_payload_fie
             .expect("latest creation");
     // A second batch, created after the first was stored: customer 42's
     // orders (a number in one payload, a string in another).
+    // Each stored before the next is sent, so that no two share a
+    // submission batch (and its creation time): newest first is then one
+    // order.
     let mut later = Vec::new();
-    later.push(submit(&app, "three", json!({ "customer": { "id": 42 } })).await);
-    later.push(submit(&app, "three", json!({ "customer": { "id": "42" } })).await);
-    later.push(submit(&app, "one", json!({ "customer": { "id": 43 } })).await);
-    wait_stored(&app, 49).await;
+    for (workflow, id) in [
+        ("three", json!(42)),
+        ("three", json!("42")),
+        ("one", json!(43)),
+    ] {
+        later.push(submit(&app, workflow, json!({ "customer": { "id": id } })).await);
+        wait_stored(&app, 46 + later.len() as i64).await;
+    }
     for id in bulk.iter().chain(&later) {
         wait_state(&app, *id, "processed", Duration::from_secs(60)).await;
     }

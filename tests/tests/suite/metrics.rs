@@ -91,6 +91,21 @@ async fn the_counters_equal_what_happened() {
         0.0
     );
 
+    // The agent counts a request once it has answered and acknowledged it,
+    // which may be after the scheduler has ended the order: wait for the
+    // last one (a-undo's second answer).
+    app.eventually(
+        "the agent counted every request",
+        Duration::from_secs(10),
+        || async {
+            let agent = app.metrics("agent").await;
+            sample(
+                &agent,
+                r#"sas_agent_requests_total{agent="a-undo",outcome="succeeded"}"#,
+            ) == 2.0
+        },
+    )
+    .await;
     let agent = app.metrics("agent").await;
     assert_eq!(
         sample(
