@@ -1217,17 +1217,20 @@ async fn a_hand_back_behind_a_slow_delivery_goes_back_at_once() {
 
 /// sqlx 0.9.0 left Nagle's algorithm on for its Postgres connections, and a
 /// query written in two parts then waited for the server's delayed ACK: 40
-/// ms a time, most of the p50 at 10% load (BENCHMARKS, "Nagle"). sas carries
+/// ms a time, most of the p50 at 10% load (BENCHMARKS, "The regular
+/// 10%-load delay was Nagle's algorithm"). sas carries
 /// the fix (`third_party/sqlx-core`); this reads the option off this
 /// process's own socket to the server, the one a connection just opened.
 #[tokio::test]
 async fn postgres_connections_have_nagle_off() {
     use std::os::fd::BorrowedFd;
 
-    let conn = PgConnection::connect(sas_tests::PG_ADMIN)
-        .await
-        .expect("connect");
-    let server: std::net::SocketAddr = "127.0.0.1:5432".parse().expect("address");
+    let options: sqlx::postgres::PgConnectOptions =
+        sas_tests::PG_ADMIN.parse().expect("the admin URL");
+    let server: std::net::SocketAddr = format!("{}:{}", options.get_host(), options.get_port())
+        .parse()
+        .expect("the admin URL names an IP address");
+    let conn = PgConnection::connect_with(&options).await.expect("connect");
     let mut to_server = Vec::new();
     for entry in std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd") {
         let Some(fd) = entry

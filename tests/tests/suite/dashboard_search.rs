@@ -123,10 +123,10 @@ async fn the_search_finds_orders_by_id_state_workflow_time_range_and_payload_fie
             .await
             .expect("latest creation");
     // A second batch, created after the first was stored: customer 42's
-    // orders (a number in one payload, a string in another).
-    // Each stored before the next is sent, so that no two share a
-    // submission batch (and its creation time): newest first is then one
-    // order.
+    // orders (a number in one payload, a string in another). Each is
+    // stored before the next is sent, so that no two share a submission
+    // batch (and its creation time): newest first is then one order.
+    let stored_before = (bulk.len() + 1) as i64;
     let mut later = Vec::new();
     for (workflow, id) in [
         ("three", json!(42)),
@@ -134,7 +134,7 @@ async fn the_search_finds_orders_by_id_state_workflow_time_range_and_payload_fie
         ("one", json!(43)),
     ] {
         later.push(submit(&app, workflow, json!({ "customer": { "id": id } })).await);
-        wait_stored(&app, 46 + later.len() as i64).await;
+        wait_stored(&app, stored_before + later.len() as i64).await;
     }
     for id in bulk.iter().chain(&later) {
         wait_state(&app, *id, "processed", Duration::from_secs(60)).await;
