@@ -180,7 +180,7 @@ impl Plans {
     /// millisecond, and compiling one costs a hundred or more. A statement
     /// whose estimate passes `jit_above_cost` (a sequential scan priced as
     /// disabled does) would burn that CPU at every execution.
-    fn settings(self) -> &'static [(&'static str, &'static str)] {
+    pub fn settings(self) -> &'static [(&'static str, &'static str)] {
         match self {
             Self::PerExecution => &[("plan_cache_mode", "auto"), ("jit", "off")],
             Self::Generic => &[

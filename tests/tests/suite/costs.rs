@@ -17,7 +17,7 @@ use sas::state_store::{
 use sas::workflow::Workflow;
 use sas_tests::TestApp;
 use serde_json::json;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
@@ -62,11 +62,12 @@ async fn commits(url: &str) -> i64 {
 }
 
 /// Rows written per table (reading writes none); `hot-updated` are the
-/// updates that wrote no index entry (heap-only tuples).
+/// updates that wrote no index entry (heap-only tuples); `scanned whole`
+/// counts the table's sequential scans.
 async fn rows(url: &str) -> BTreeMap<(String, &'static str), i64> {
     let mut conn = PgConnection::connect(url).await.expect("connect");
-    let tables: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
-        "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_del, n_tup_hot_upd \
+    let tables: Vec<(String, i64, i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_del, n_tup_hot_upd, seq_scan \
          FROM pg_stat_user_tables",
     )
     .fetch_all(&mut conn)
@@ -74,7 +75,8 @@ async fn rows(url: &str) -> BTreeMap<(String, &'static str), i64> {
     .expect("pg_stat_user_tables");
     conn.close().await.ok();
     let mut rows = BTreeMap::new();
-    for (table, ins, upd, del, hot) in tables {
+    for (table, ins, upd, del, hot, scans) in tables {
+        rows.insert((table.clone(), "scanned whole"), scans);
         rows.insert((table.clone(), "inserted"), ins);
         rows.insert((table.clone(), "updated"), upd);
         rows.insert((table.clone(), "hot-updated"), hot);
@@ -126,16 +128,24 @@ impl Counters {
     }
 }
 
-/// One connection of a pool of one, opened and closed: what opening it
-/// costs on its own (the driver's set-up), to leave out of a run's count.
+/// A pool of one connection, planning as the services' do
+/// ([`Plans::Generic`]: a statement that no index serves scans its table
+/// whole, which [`Cost::scans`] counts, however few rows it holds).
 async fn pool(url: &str) -> sqlx::PgPool {
+    let options = url
+        .parse::<PgConnectOptions>()
+        .expect("url")
+        .options(Plans::Generic.settings().iter().copied());
     PgPoolOptions::new()
         .max_connections(1)
         .test_before_acquire(false)
-        .connect(url)
+        .connect_with(options)
         .await
         .expect("pool")
 }
+
+/// One connection of [`pool`], opened and closed: what opening it costs on
+/// its own (the driver's set-up), to leave out of a run's count.
 
 async fn connect_cost(url: &str) -> i64 {
     let before = Counters::before(url).await;
@@ -312,6 +322,17 @@ impl Cost {
     fn rows(&self, table: &str, what: &'static str) -> i64 {
         self.after.since(&self.before, table, what)
     }
+
+    /// The sequential scans of the tables that grow with the orders: each
+    /// would read every order ever kept, on every transition. The services'
+    /// statements find their rows by index instead, whatever the table holds.
+    fn scans(&self) -> BTreeMap<&'static str, i64> {
+        ["orders", "steps", "outbox", "order_events"]
+            .into_iter()
+            .map(|t| (t, self.rows(t, "scanned whole")))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
 }
 
 /// Runs `N` orders of `workflow` to `processed` through the library's
@@ -412,12 +433,14 @@ async fn run_batch(app: &TestApp, workflow: &str, publishing: Publishing, events
         .await
         .expect("count");
     assert_eq!(processed, N as i64);
-    Cost {
+    let cost = Cost {
         commits: after.commits - before.commits - setup,
         after,
         before,
         relayed,
-    }
+    };
+    assert_eq!(cost.scans(), BTreeMap::new(), "tables scanned whole");
+    cost
 }
 
 #[tokio::test]
