@@ -146,7 +146,6 @@ async fn pool(url: &str) -> sqlx::PgPool {
 
 /// One connection of [`pool`], opened and closed: what opening it costs on
 /// its own (the driver's set-up), to leave out of a run's count.
-
 async fn connect_cost(url: &str) -> i64 {
     let before = Counters::before(url).await;
     pool(url).await.close().await;
