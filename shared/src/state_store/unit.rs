@@ -511,6 +511,7 @@ impl Unit {
             .flat_map(|t| t.order.steps.iter().map(step_insert))
             .collect();
         let orders: Vec<OrderUpdate> = changed.iter().map(|t| order_update(t)).collect();
+        let changed_ids: Vec<Uuid> = changed.iter().map(|t| t.order.row.order_id).collect();
         let steps: Vec<StepUpdate> = changed
             .iter()
             .flat_map(|t| t.order.steps.iter().zip(&t.read.steps))
@@ -536,6 +537,7 @@ impl Unit {
             .bind(wake)
             .bind(&self.claimed)
             .bind(Json(&flows))
+            .bind(&changed_ids)
             .fetch_one(&mut *conn)
             .await;
         let row = match found {
@@ -718,7 +720,11 @@ impl FlushRow {
 /// `$8` the unit's time, `$9` whether to take the new orders' outbox locks,
 /// `$10` the orders whose outbox locks this connection holds, `$11` and
 /// `$12` the channel to notify and whether to, `$13` the orders whose claim
-/// locks to let go, `$14` the flow-control counts to move. Guards: an order
+/// locks to let go, `$14` the flow-control counts to move, `$15` the ids
+/// of the orders updated. The updates look their rows up by those ids: a
+/// plan that joined the JSON to a whole table (a hash join, as Postgres
+/// picks while the tables are small and then keeps with the connection)
+/// would read every order kept on every write-back. Guards: an order
 /// is written only if its row is still the version loaded, a step only if
 /// its state and dispatch are, an agent's count only if it stays within its
 /// `max_in_flight` (the row lock makes concurrent write-backs take turns,
@@ -759,7 +765,8 @@ o AS ( \
     compensation_failures int, last_seq int, last_error text, held_for text, \
     held_since timestamptz, hold_until timestamptz, held_reason text, payload text, \
     redrives int, version bigint) \
-  WHERE o.order_id = u.order_id AND o.xmin::text::bigint = u.version \
+  WHERE o.order_id = ANY($15::uuid[]) AND o.order_id = u.order_id \
+    AND o.xmin::text::bigint = u.version \
   RETURNING 1), \
 s AS ( \
   UPDATE steps s SET state = u.state, dispatches = u.dispatches, dispatch_id = u.dispatch_id, \
@@ -768,7 +775,8 @@ s AS ( \
   FROM jsonb_to_recordset($4) AS u(order_id uuid, idx int, state text, dispatches int, \
     dispatch_id uuid, complete_by timestamptz, result text, error text, started_at timestamptz, \
     finished_at timestamptz, warned smallint, was_state text, was_dispatch uuid) \
-  WHERE s.order_id = u.order_id AND s.idx = u.idx AND s.state = u.was_state \
+  WHERE s.order_id = ANY($15::uuid[]) AND s.order_id = u.order_id AND s.idx = u.idx \
+    AND s.state = u.was_state \
     AND s.dispatch_id IS NOT DISTINCT FROM u.was_dispatch \
   RETURNING 1), \
 e AS ( \

@@ -63,7 +63,7 @@ async fn commits(url: &str) -> i64 {
 
 /// Rows written per table (reading writes none); `hot-updated` are the
 /// updates that wrote no index entry (heap-only tuples); `scanned whole`
-/// counts the table's sequential scans.
+/// counts the table's sequential scans. Per index, the `entries read`.
 async fn rows(url: &str) -> BTreeMap<(String, &'static str), i64> {
     let mut conn = PgConnection::connect(url).await.expect("connect");
     let tables: Vec<(String, i64, i64, i64, i64, i64)> = sqlx::query_as(
@@ -73,8 +73,16 @@ async fn rows(url: &str) -> BTreeMap<(String, &'static str), i64> {
     .fetch_all(&mut conn)
     .await
     .expect("pg_stat_user_tables");
+    let indexes: Vec<(String, i64)> =
+        sqlx::query_as("SELECT indexrelname::text, idx_tup_read FROM pg_stat_user_indexes")
+            .fetch_all(&mut conn)
+            .await
+            .expect("pg_stat_user_indexes");
     conn.close().await.ok();
     let mut rows = BTreeMap::new();
+    for (index, read) in indexes {
+        rows.insert((index, "entries read"), read);
+    }
     for (table, ins, upd, del, hot, scans) in tables {
         rows.insert((table.clone(), "scanned whole"), scans);
         rows.insert((table.clone(), "inserted"), ins);
@@ -337,6 +345,19 @@ impl Cost {
 /// Runs `N` orders of `workflow` to `processed` through the library's
 /// transitions, as the services would with full batches, on one connection.
 async fn run_batch(app: &TestApp, workflow: &str, publishing: Publishing, events: Events) -> Cost {
+    run_batch_keeping(app, workflow, publishing, events, 0).await
+}
+
+/// [`run_batch`], with `kept` ended orders (one step each) stored once the
+/// batch is submitted: the run's connection made its plans while the
+/// tables held the batch alone, as a new deployment's connections do.
+async fn run_batch_keeping(
+    app: &TestApp,
+    workflow: &str,
+    publishing: Publishing,
+    events: Events,
+    kept: i64,
+) -> Cost {
     let settings = Settings::load(Some(&app.config)).expect("settings");
     let wf = settings.workflow(workflow).expect("workflow");
     let status = app.status_queue("costs").await;
@@ -379,6 +400,19 @@ async fn run_batch(app: &TestApp, workflow: &str, publishing: Publishing, events
         orders.iter().map(|o| (o, &wf)).collect();
     let submitted = t.submit_many(&batch).await.expect("submit");
     assert!(submitted.iter().all(|s| *s == Submitted::Created));
+    if kept > 0 {
+        sqlx::query(
+            "WITH o AS (INSERT INTO orders (order_id, workflow, payload, process_state) \
+               SELECT gen_random_uuid(), 'one', '{}', 'compensated' FROM generate_series(1, $1) \
+               RETURNING order_id) \
+             INSERT INTO steps (order_id, idx, name, agent, timeout_ms, state) \
+               SELECT order_id, 0, 'a', 'agent-a', 1000, 'compensated' FROM o",
+        )
+        .bind(kept)
+        .execute(&app.db)
+        .await
+        .expect("kept orders");
+    }
     let note = |rows: &[sas::state_store::OutboxRow], relayed: &mut BTreeMap<String, usize>| {
         for r in rows {
             *relayed.entry(r.kind.clone()).or_default() += 1;
@@ -550,6 +584,27 @@ async fn a_batch_of_diamond_orders_runs_its_parallel_steps_in_one_transition_eac
     assert_eq!(c.rows("outbox", "deleted"), 11 * n);
     assert_eq!(c.relayed.get("status"), Some(&(7 * N)));
     assert_eq!(c.relayed.get("request"), Some(&(4 * N)));
+}
+
+#[tokio::test]
+async fn a_write_back_reads_the_orders_and_steps_it_writes_not_every_one_kept() {
+    // Ended orders stay until pruned, and a connection keeps the plans it
+    // made at its first statements. Had a write-back joined its batch to
+    // a whole table (a hash join over the primary key, chosen while the
+    // table was small), it would read every order kept, on every transition.
+    let app = TestApp::new().await;
+    const KEPT: i64 = 2_000;
+    let c = run_batch_keeping(&app, "three", Publishing::Relay, Events::All, KEPT).await;
+    let n = N as i64;
+    // Three steps: four loads and four write-backs, each reading a
+    // handful of entries per order, against the 2,000 of a whole scan.
+    for index in ["orders_pkey", "steps_pkey"] {
+        let read = c.rows(index, "entries read");
+        assert!(
+            read <= 25 * n,
+            "{index}: {read} entries read for {n} orders"
+        );
+    }
 }
 
 #[tokio::test]
