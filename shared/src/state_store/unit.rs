@@ -471,8 +471,9 @@ impl Unit {
     /// messages and the wake-up; and lets the claim locks go. Fails on the
     /// server, writing nothing, if a row is no longer what was loaded.
     ///
-    /// With `direct`, the new orders' outbox locks are taken too (the
-    /// loaded orders' were taken when they were read), and the messages of
+    /// With `direct`, the new orders' outbox locks are taken too when the
+    /// unit has messages (the loaded orders' were taken when they were
+    /// read), and the messages of
     /// locked orders with no older message waiting come back to be
     /// published at once; those of orders whose lock another publisher held
     /// follow it ([`Flushed::follow`]), the others' are left to the relay.
@@ -522,6 +523,9 @@ impl Unit {
         // Room came free under flow control: orders may wait for it.
         let wake = self.wake || flows.iter().any(|f| f.delta < 0);
         let bodies: Vec<&[u8]> = self.messages.iter().map(|m| m.body.as_slice()).collect();
+        // Nothing to publish (new orders with terminal events only): no
+        // lock to keep their messages in order, and none to let go after.
+        let lock_new = direct && !self.messages.is_empty();
         let found = sqlx::query_as::<_, FlushRow>(sqlx::AssertSqlSafe(FLUSH.as_str()))
             .bind(Json(&new_orders))
             .bind(Json(&new_steps))
@@ -531,7 +535,7 @@ impl Unit {
             .bind(Json(&self.messages))
             .bind(&bodies)
             .bind(self.now)
-            .bind(direct)
+            .bind(lock_new)
             .bind(&locked)
             .bind(WAKE_CHANNEL)
             .bind(wake)
