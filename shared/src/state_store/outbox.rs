@@ -61,9 +61,6 @@ pub struct Held {
     conn: Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
     /// `database.io_timeout`, the bound on [`release`](Self::release).
     bound: std::time::Duration,
-    /// Wake the schedulers with the release: the transition that took the
-    /// locks stored new orders and left their wake-up until the locks go.
-    wake: bool,
 }
 
 impl Held {
@@ -71,20 +68,16 @@ impl Held {
     pub(super) fn new(
         conn: sqlx::pool::PoolConnection<sqlx::Postgres>,
         bound: std::time::Duration,
-        wake: bool,
     ) -> Self {
         Self {
             conn: Some(conn),
             bound,
-            wake,
         }
     }
 
     /// Deletes the published messages and lets every lock go, in one
-    /// statement that does not wait for the disk (a lost delete republishes),
-    /// waking the schedulers if the transition left that to it (a lost
-    /// wake-up waits for their poll); then the connection goes back to the
-    /// pool.
+    /// statement that does not wait for the disk (a lost delete republishes);
+    /// then the connection goes back to the pool.
     pub async fn release(mut self, published: &[i64]) -> Result<(), sqlx::Error> {
         let Some(mut conn) = self.conn.take() else {
             return Ok(());
@@ -96,12 +89,9 @@ impl Held {
         let release = sqlx::query(
             "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), \
              gone AS (DELETE FROM outbox WHERE id = ANY($1) RETURNING 1) \
-             SELECT pg_advisory_unlock_all(), (SELECT pg_notify($2, '') WHERE $3) \
-             FROM relaxed, (SELECT count(*) FROM gone) g",
+             SELECT pg_advisory_unlock_all() FROM relaxed, (SELECT count(*) FROM gone) g",
         )
         .bind(published)
-        .bind(super::WAKE_CHANNEL)
-        .bind(self.wake)
         .execute(&mut *conn);
         // Past the bound the connection may be silent: it is closed below.
         let done = match tokio::time::timeout(self.bound, release).await {

@@ -573,7 +573,7 @@ fn committed<T>(
 ) -> Done<(T, Vec<Uuid>)> {
     let publish = flushed
         .holds_locks
-        .then(|| (Held::new(conn, bound, flushed.wake_after), flushed.publish));
+        .then(|| (Held::new(conn, bound), flushed.publish));
     Done {
         value: (value, flushed.created),
         committed: Committed {

@@ -650,9 +650,6 @@ pub(super) struct Flushed {
     pub follow: Vec<Uuid>,
     /// This connection holds outbox locks, to let go after publishing.
     pub holds_locks: bool,
-    /// The schedulers' wake-up waits for those locks to go: it is sent
-    /// with their release ([`super::Held::release`]).
-    pub wake_after: bool,
 }
 
 /// The row [`FLUSH`] returns.
@@ -665,8 +662,6 @@ struct FlushRow {
     locked_new: Vec<Uuid>,
     /// Locked orders that had messages waiting from earlier transitions.
     waiting: Vec<Uuid>,
-    /// The wake-up was left for the release of the new orders' locks.
-    wake_after: bool,
 }
 
 impl FlushRow {
@@ -719,7 +714,6 @@ impl FlushRow {
             }
         }
         out.created = self.created;
-        out.wake_after = self.wake_after;
         out
     }
 }
@@ -729,10 +723,7 @@ impl FlushRow {
 /// the messages (JSON arrays of the structs above) and `$7` their bodies;
 /// `$8` the unit's time, `$9` whether to take the new orders' outbox locks,
 /// `$10` the orders whose outbox locks this connection holds, `$11` and
-/// `$12` the channel to notify and whether to (when the new orders' outbox
-/// locks were taken, it is left to their release: woken at the commit, a
-/// scheduler would claim while they are held and leave its messages to a
-/// follower's relay pass), `$13` the orders whose claim
+/// `$12` the channel to notify and whether to, `$13` the orders whose claim
 /// locks to let go, `$14` the flow-control counts to move, `$15` the ids
 /// of the orders updated. The updates look their rows up by those ids: a
 /// plan that joined the JSON to a whole table (a hash join, as Postgres
@@ -818,14 +809,13 @@ fl AS ( \
     AND (d.delta <= 0 OR a.max_in_flight IS NULL OR a.in_flight + d.delta <= a.max_in_flight) \
     AND (d.dispatched = 0 OR a.rate_per_sec IS NULL OR {bucket} >= d.dispatched) \
   RETURNING 1), \
-w AS (SELECT pg_notify($11, '') WHERE $12 AND NOT EXISTS (SELECT 1 FROM n WHERE locked) \
+w AS (SELECT pg_notify($11, '') WHERE $12 \
   AND (NOT EXISTS (SELECT 1 FROM new) OR EXISTS (SELECT 1 FROM n))) \
 SELECT ARRAY(SELECT order_id FROM n) AS created, \
   ARRAY(SELECT id FROM m ORDER BY id) AS message_ids, \
   ARRAY(SELECT order_id FROM n WHERE locked) AS locked_new, \
   ARRAY(SELECT DISTINCT order_id FROM outbox WHERE order_id = ANY($10::uuid[])) AS waiting, \
   (SELECT count(*) FROM w) AS woken, \
-  $12 AND EXISTS (SELECT 1 FROM n WHERE locked) AS wake_after, \
   CASE WHEN (SELECT count(*) FROM o) = jsonb_array_length($3) \
         AND (SELECT count(*) FROM s) = jsonb_array_length($4) \
         AND (SELECT count(*) FROM fl) = jsonb_array_length($14) \

@@ -699,55 +699,6 @@ async fn a_submit_with_nothing_to_publish_takes_no_outbox_lock_and_needs_no_stat
 }
 
 #[tokio::test]
-async fn a_submit_wakes_the_schedulers_once_its_messages_are_out_so_the_claim_finds_the_lock_free()
-{
-    // Woken at the submit's commit, a scheduler would claim while
-    // `received` is still being published, find the order's outbox lock
-    // taken, and leave its messages to a follower's relay pass (three
-    // statements instead of the hand-over's one).
-    let app = TestApp::new().await;
-    let mut listener = sqlx::postgres::PgListener::connect(&app.db_url)
-        .await
-        .expect("listener");
-    listener
-        .listen(sas::state_store::WAKE_CHANNEL)
-        .await
-        .expect("listen");
-    let (_order, store, held, received) = submitted_still_publishing(&app, "woken").await;
-    // Notifications arrive in commit order: a marker sent now comes first
-    // unless the submit's commit woke anyone.
-    let marker = |payload: &str| {
-        let payload = payload.to_owned();
-        let db = app.db.clone();
-        async move {
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(sas::state_store::WAKE_CHANNEL)
-                .bind(payload)
-                .execute(&db)
-                .await
-                .expect("notify")
-        }
-    };
-    marker("before the release").await;
-    let next = async |listener: &mut sqlx::postgres::PgListener| {
-        tokio::time::timeout(std::time::Duration::from_secs(10), listener.recv())
-            .await
-            .expect("a notification within 10s")
-            .expect("recv")
-            .payload()
-            .to_owned()
-    };
-    assert_eq!(next(&mut listener).await, "before the release");
-    held.release(&received).await.expect("release");
-    assert_eq!(
-        next(&mut listener).await,
-        "",
-        "the wake-up, with the release"
-    );
-    store.close().await;
-}
-
-#[tokio::test]
 async fn an_order_with_older_messages_waiting_is_left_to_the_relay_so_its_events_stay_in_order() {
     let app = TestApp::new().await;
     let settings = Settings::load(Some(&app.config)).expect("settings");
