@@ -377,47 +377,60 @@ breaker_cooldown = "{cooldown}"
         args: &[&str],
         env: &[(&str, &str)],
     ) {
-        let port = free_port();
-        // Append: a restarted process keeps its predecessor's lines.
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join(format!("{name}.log")))
-            .expect("log file");
-        let child = Command::new(bin(binary))
-            .args(args)
-            .env("SAS_CONFIG", &self.config)
-            .env("SAS__HTTP__PORT", port.to_string())
-            .env(
-                "RUST_LOG",
-                std::env::var("SAS_TEST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start {binary} (run `cargo build --workspace` first): {e}")
-            });
-        self.processes
-            .lock()
-            .unwrap()
-            .insert(name.to_owned(), Proc { child, port });
-        self.wait_ready(name, port).await;
+        // The port is free when picked, but another test may bind it before
+        // the process does: then it exits at once, and gets another port.
+        for attempt in 1..=3 {
+            let port = free_port();
+            let logged = self.log(name).len();
+            // Append: a restarted process keeps its predecessor's lines.
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.dir.join(format!("{name}.log")))
+                .expect("log file");
+            let child = Command::new(bin(binary))
+                .args(args)
+                .env("SAS_CONFIG", &self.config)
+                .env("SAS__HTTP__PORT", port.to_string())
+                .env(
+                    "RUST_LOG",
+                    std::env::var("SAS_TEST_LOG").unwrap_or_else(|_| "info".into()),
+                )
+                .envs(env.iter().copied())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap_or_else(|e| {
+                    panic!("cannot start {binary} (run `cargo build --workspace` first): {e}")
+                });
+            self.processes
+                .lock()
+                .unwrap()
+                .insert(name.to_owned(), Proc { child, port });
+            let Err(status) = self.wait_ready(name, port).await else {
+                return;
+            };
+            let log = self.log(name);
+            let taken = log
+                .get(logged..)
+                .is_some_and(|new| new.contains("Address already in use"));
+            assert!(
+                taken && attempt < 3,
+                "{name} exited with {status} before it was ready; log:\n{log}"
+            );
+        }
     }
 
-    async fn wait_ready(&self, name: &str, port: u16) {
+    /// Waits for `/readyz`; the process's exit status if it exits first.
+    async fn wait_ready(&self, name: &str, port: u16) -> Result<(), ExitStatus> {
         let url = format!("http://127.0.0.1:{port}/readyz");
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if http_get(&url).await.is_some_and(|(code, _)| code == 200) {
-                return;
+                return Ok(());
             }
             if let Some(status) = self.try_status(name) {
-                panic!(
-                    "{name} exited with {status} before it was ready; log:\n{}",
-                    self.log(name)
-                );
+                return Err(status);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

@@ -654,48 +654,35 @@ async fn the_tables_a_transition_writes_fire_no_triggers() {
 
 #[tokio::test]
 async fn handed_over_messages_cost_one_statement_per_transition_and_need_no_relay() {
-    let app = TestApp::new().await;
-    let c = run_batch(&app, "one", Publishing::Handoff, Events::All).await;
-    let n = N as i64;
-    // Submit, claim and reply, each followed by the one statement that
-    // deletes the published messages and lets the outbox locks go (also
-    // outside a transaction, so its first use counts too).
-    assert_eq!(
-        c.commits,
-        1 + 2 * PER_TRANSITION + 3 + FIRST_USES + 1,
-        "transactions for {N} orders"
-    );
-    assert_eq!(c.rows("orders", "updated"), 2 * n);
-    assert_eq!(c.rows("outbox", "inserted"), 5 * n);
-    assert_eq!(c.rows("outbox", "deleted"), 5 * n);
-    assert_eq!(c.relayed.get("status"), Some(&(4 * N)));
-    assert_eq!(c.relayed.get("request"), Some(&N));
-    let locks: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
-         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-    )
-    .fetch_one(&app.db)
-    .await
-    .expect("pg_locks");
-    assert_eq!(locks, 0, "every outbox lock was let go");
-}
-
-#[tokio::test]
-async fn a_submit_with_nothing_to_publish_takes_no_outbox_lock_and_needs_no_statement_after() {
-    // Orders with terminal events publish nothing when they are stored:
-    // only the claim's and the reply's messages are deleted afterwards.
-    let app = TestApp::new().await;
-    let c = run_batch(&app, "one", Publishing::Handoff, Events::Terminal).await;
-    let n = N as i64;
-    assert_eq!(
-        c.commits,
-        1 + 2 * PER_TRANSITION + 2 + FIRST_USES + 1,
-        "transactions for {N} orders"
-    );
-    assert_eq!(c.rows("outbox", "inserted"), 2 * n);
-    assert_eq!(c.rows("outbox", "deleted"), 2 * n);
-    assert_eq!(c.relayed.get("status"), Some(&N));
-    assert_eq!(c.relayed.get("request"), Some(&N));
+    // Each transition that publishes is followed by the one statement that
+    // deletes its messages and lets the outbox locks go (also outside a
+    // transaction, so its first use counts too). With terminal events the
+    // submit publishes nothing, takes no lock and needs no such statement.
+    for (events, releases, messages, statuses) in
+        [(Events::All, 3, 5, 4), (Events::Terminal, 2, 2, 1)]
+    {
+        let app = TestApp::new().await;
+        let c = run_batch(&app, "one", Publishing::Handoff, events).await;
+        let n = N as i64;
+        assert_eq!(
+            c.commits,
+            1 + 2 * PER_TRANSITION + releases + FIRST_USES + 1,
+            "transactions for {N} orders, {events:?}"
+        );
+        assert_eq!(c.rows("orders", "updated"), 2 * n);
+        assert_eq!(c.rows("outbox", "inserted"), messages * n);
+        assert_eq!(c.rows("outbox", "deleted"), messages * n);
+        assert_eq!(c.relayed.get("status"), Some(&(statuses * N)));
+        assert_eq!(c.relayed.get("request"), Some(&N));
+        let locks: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        )
+        .fetch_one(&app.db)
+        .await
+        .expect("pg_locks");
+        assert_eq!(locks, 0, "every outbox lock was let go");
+    }
 }
 
 #[tokio::test]
