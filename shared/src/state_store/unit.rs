@@ -473,10 +473,10 @@ impl Unit {
     ///
     /// With `direct`, the new orders' outbox locks are taken too when the
     /// unit has messages (the loaded orders' were taken when they were
-    /// read), and the messages of
-    /// locked orders with no older message waiting come back to be
-    /// published at once; those of orders whose lock another publisher held
-    /// follow it ([`Flushed::follow`]), the others' are left to the relay.
+    /// read), and the messages of locked orders with no older message
+    /// waiting come back to be published at once; those of orders whose
+    /// lock another publisher held follow it ([`Flushed::follow`]), the
+    /// others' are left to the relay.
     pub async fn flush(self, conn: &mut PgConnection, direct: bool) -> Result<Flushed, StoreError> {
         let inserted: Vec<&Tracked> = self.orders.iter().filter(|t| t.inserted).collect();
         // An order whose steps changed is written too: its version guards them.
