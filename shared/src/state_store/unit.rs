@@ -471,12 +471,13 @@ impl Unit {
     /// messages and the wake-up; and lets the claim locks go. Fails on the
     /// server, writing nothing, if a row is no longer what was loaded.
     ///
-    /// With `direct`, the new orders' outbox locks are taken too when the
-    /// unit has messages (the loaded orders' were taken when they were
-    /// read), and the messages of locked orders with no older message
-    /// waiting come back to be published at once; those of orders whose
-    /// lock another publisher held follow it ([`Flushed::follow`]), the
-    /// others' are left to the relay.
+    /// With `direct`, the outbox locks of the new orders it has messages for
+    /// are taken too (the loaded orders' were taken when they were read; a
+    /// new order with nothing to publish, such as one with terminal events,
+    /// has nothing to keep in order), and the messages of locked orders
+    /// with no older message waiting come back to be published at once;
+    /// those of orders whose lock another publisher held follow it
+    /// ([`Flushed::follow`]), the others' are left to the relay.
     pub async fn flush(self, conn: &mut PgConnection, direct: bool) -> Result<Flushed, StoreError> {
         let inserted: Vec<&Tracked> = self.orders.iter().filter(|t| t.inserted).collect();
         // An order whose steps changed is written too: its version guards them.
@@ -523,9 +524,6 @@ impl Unit {
         // Room came free under flow control: orders may wait for it.
         let wake = self.wake || flows.iter().any(|f| f.delta < 0);
         let bodies: Vec<&[u8]> = self.messages.iter().map(|m| m.body.as_slice()).collect();
-        // Nothing to publish (new orders with terminal events only): no
-        // lock to keep their messages in order, and none to let go after.
-        let lock_new = direct && !self.messages.is_empty();
         let found = sqlx::query_as::<_, FlushRow>(sqlx::AssertSqlSafe(FLUSH.as_str()))
             .bind(Json(&new_orders))
             .bind(Json(&new_steps))
@@ -535,7 +533,7 @@ impl Unit {
             .bind(Json(&self.messages))
             .bind(&bodies)
             .bind(self.now)
-            .bind(lock_new)
+            .bind(direct)
             .bind(&locked)
             .bind(WAKE_CHANNEL)
             .bind(wake)
@@ -721,7 +719,8 @@ impl FlushRow {
 /// The one statement of [`Unit::flush`]: `$1` the new orders, `$2` their
 /// steps, `$3` the orders' updates, `$4` the steps', `$5` the events, `$6`
 /// the messages (JSON arrays of the structs above) and `$7` their bodies;
-/// `$8` the unit's time, `$9` whether to take the new orders' outbox locks,
+/// `$8` the unit's time, `$9` whether to take the outbox locks of the new
+/// orders with messages,
 /// `$10` the orders whose outbox locks this connection holds, `$11` and
 /// `$12` the channel to notify and whether to, `$13` the orders whose claim
 /// locks to let go, `$14` the flow-control counts to move, `$15` the ids
@@ -749,6 +748,7 @@ n AS ( \
     events text) \
   ON CONFLICT (order_id) DO NOTHING \
   RETURNING order_id, CASE WHEN $9 \
+      AND order_id IN (SELECT order_id FROM jsonb_to_recordset($6) AS mo(order_id uuid)) \
     THEN pg_try_advisory_lock(hashtextextended('sas.outbox:' || order_id::text, 0)) ELSE false END AS locked), \
 ns AS ( \
   INSERT INTO steps (order_id, idx, name, agent, compensate, timeout_ms, after_steps, \

@@ -402,6 +402,7 @@ async fn run_batch_keeping(
     assert!(submitted.iter().all(|s| *s == Submitted::Created));
     if kept > 0 {
         sqlx::query(
+            // Compensated: not among the batch's processed orders counted below.
             "WITH o AS (INSERT INTO orders (order_id, workflow, payload, process_state) \
                SELECT gen_random_uuid(), 'one', '{}', 'compensated' FROM generate_series(1, $1) \
                RETURNING order_id) \
@@ -683,6 +684,49 @@ async fn handed_over_messages_cost_one_statement_per_transition_and_need_no_rela
         .expect("pg_locks");
         assert_eq!(locks, 0, "every outbox lock was let go");
     }
+}
+
+#[tokio::test]
+async fn a_submit_locks_only_the_new_orders_it_has_messages_for() {
+    // In a batch mixing every-event and terminal-event orders, the second
+    // publish nothing when stored: had the submit locked them too, a claim
+    // arriving before its release would find the lock taken and leave its
+    // messages to a follower's relay pass, with nothing to wait for.
+    let app = TestApp::new().await;
+    let settings = Settings::load(Some(&app.config)).expect("settings");
+    let wf = settings.workflow("one").expect("workflow");
+    let status = app.status_queue("mixed").await;
+    let every = one_step_order(status.clone());
+    let terminal = NewOrder {
+        events: Events::Terminal,
+        ..one_step_order(status)
+    };
+    let store = StateStore::from_pool(pool(&app.db_url).await);
+    let publishing = std::sync::Arc::new(Recorder {
+        keep: true,
+        ..Recorder::default()
+    });
+    Handed::to(
+        Transitions::new(store.clone(), app.queues.clone()),
+        publishing.clone(),
+    )
+    .submit_many(&[(&every, &wf), (&terminal, &wf)])
+    .await
+    .expect("submit");
+    let (held, received) = publishing.kept.lock().unwrap().pop().expect("handed over");
+    assert_eq!(received.len(), 1, "`received` of the every-event order");
+    let locked: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT o.order_id FROM orders o JOIN pg_locks l ON l.locktype = 'advisory' \
+           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+           AND (l.classid::bigint << 32 | l.objid::bigint) \
+             = hashtextextended('sas.outbox:' || o.order_id::text, 0)",
+    )
+    .fetch_all(&app.db)
+    .await
+    .expect("pg_locks");
+    assert_eq!(locked, vec![every.order_id]);
+    held.release(&received).await.expect("release");
+    store.close().await;
 }
 
 #[tokio::test]
