@@ -288,24 +288,37 @@ async fn submitted_still_publishing(
     app: &TestApp,
     queue: &str,
 ) -> (NewOrder, StateStore, Held, Vec<i64>) {
-    let settings = Settings::load(Some(&app.config)).expect("settings");
-    let wf = settings.workflow("one").expect("workflow");
     let order = one_step_order(app.status_queue(queue).await);
     let store = StateStore::from_pool(pool(&app.db_url).await);
+    let (held, received) = submitted_holding(app, &store, &[&order]).await;
+    assert_eq!(received.len(), 1, "received");
+    (order, store, held, received)
+}
+
+/// One-step `orders` submitted together on `store` with a hand-over that
+/// has not let go yet: the [`Held`] connection and the ids of the messages
+/// handed over.
+async fn submitted_holding(
+    app: &TestApp,
+    store: &StateStore,
+    orders: &[&NewOrder],
+) -> (Held, Vec<i64>) {
+    let settings = Settings::load(Some(&app.config)).expect("settings");
+    let wf = settings.workflow("one").expect("workflow");
     let publishing = std::sync::Arc::new(Recorder {
         keep: true,
         ..Recorder::default()
     });
+    let batch: Vec<(&NewOrder, &Workflow)> = orders.iter().map(|&o| (o, &wf)).collect();
     Handed::to(
         Transitions::new(store.clone(), app.queues.clone()),
         publishing.clone(),
     )
-    .submit(&order, &wf)
+    .submit_many(&batch)
     .await
     .expect("submit");
-    let (held, received) = publishing.kept.lock().unwrap().pop().expect("handed over");
-    assert_eq!(received.len(), 1, "received");
-    (order, store, held, received)
+    let kept = publishing.kept.lock().unwrap().pop();
+    kept.expect("handed over")
 }
 
 /// How a run's messages leave the outbox.
@@ -693,8 +706,6 @@ async fn a_submit_locks_only_the_new_orders_it_has_messages_for() {
     // arriving before its release would find the lock taken and leave its
     // messages to a follower's relay pass, with nothing to wait for.
     let app = TestApp::new().await;
-    let settings = Settings::load(Some(&app.config)).expect("settings");
-    let wf = settings.workflow("one").expect("workflow");
     let status = app.status_queue("mixed").await;
     let every = one_step_order(status.clone());
     let terminal = NewOrder {
@@ -702,18 +713,7 @@ async fn a_submit_locks_only_the_new_orders_it_has_messages_for() {
         ..one_step_order(status)
     };
     let store = StateStore::from_pool(pool(&app.db_url).await);
-    let publishing = std::sync::Arc::new(Recorder {
-        keep: true,
-        ..Recorder::default()
-    });
-    Handed::to(
-        Transitions::new(store.clone(), app.queues.clone()),
-        publishing.clone(),
-    )
-    .submit_many(&[(&every, &wf), (&terminal, &wf)])
-    .await
-    .expect("submit");
-    let (held, received) = publishing.kept.lock().unwrap().pop().expect("handed over");
+    let (held, received) = submitted_holding(&app, &store, &[&every, &terminal]).await;
     assert_eq!(received.len(), 1, "`received` of the every-event order");
     let locked: Vec<Uuid> = sqlx::query_scalar(
         "SELECT o.order_id FROM orders o JOIN pg_locks l ON l.locktype = 'advisory' \
