@@ -823,7 +823,8 @@ impl StepOutcome {
     }
 }
 
-/// An agent's answer to a [`StepRequest`], on the scheduler's reply queue.
+/// An agent's answer to a [`StepRequest`], on the scheduler's reply queue:
+/// alone, or in a pack with others ([`decode_replies`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepReply {
     pub order_id: Uuid,
@@ -833,8 +834,71 @@ pub struct StepReply {
     pub attempt: i32,
     pub dispatch_id: Uuid,
     pub locked_by: String,
+    /// The W3C trace context this reply continues. In the body because a
+    /// pack's replies each continue their own request's trace; a reply sent
+    /// alone carries it in the AMQP header too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
     #[serde(flatten)]
     pub outcome: StepOutcome,
+}
+
+/// Most bytes of JSON an agent puts in one message of replies; a reply
+/// larger than this alone goes alone.
+pub const MAX_PACK_BYTES: usize = 128 * 1024;
+
+/// Reads a message of the reply queue: one reply (a JSON object), or a
+/// pack of replies an agent had ready together (a JSON array, never empty).
+pub fn decode_replies(body: &[u8]) -> Result<Vec<StepReply>, serde_json::Error> {
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first == Some(&b'[') {
+        let pack: Vec<StepReply> = serde_json::from_slice(body)?;
+        if pack.is_empty() {
+            return Err(serde::de::Error::invalid_length(0, &"at least one reply"));
+        }
+        Ok(pack)
+    } else {
+        serde_json::from_slice(body).map(|one| vec![one])
+    }
+}
+
+/// Encodes replies into message bodies for [`decode_replies`]: each body
+/// with the range of `replies` it carries. One reply goes as an object;
+/// several as arrays of at most [`MAX_PACK_BYTES`] (a larger reply alone).
+pub fn encode_replies<R: std::borrow::Borrow<StepReply>>(
+    replies: &[R],
+) -> Vec<(Vec<u8>, std::ops::Range<usize>)> {
+    let encoded: Vec<Vec<u8>> = replies
+        .iter()
+        .map(|r| serde_json::to_vec(r.borrow()).unwrap_or_default())
+        .collect();
+    let mut bodies = Vec::new();
+    let mut start = 0;
+    while start < encoded.len() {
+        let mut end = start + 1;
+        let mut bytes = encoded[start].len() + 2;
+        while end < encoded.len() && bytes + encoded[end].len() + 1 <= MAX_PACK_BYTES {
+            bytes += encoded[end].len() + 1;
+            end += 1;
+        }
+        let body = if end - start == 1 {
+            encoded[start].clone()
+        } else {
+            let mut body = Vec::with_capacity(bytes);
+            body.push(b'[');
+            for (i, one) in encoded[start..end].iter().enumerate() {
+                if i > 0 {
+                    body.push(b',');
+                }
+                body.extend_from_slice(one);
+            }
+            body.push(b']');
+            body
+        };
+        bodies.push((body, start..end));
+        start = end;
+    }
+    bodies
 }
 
 impl StepReply {
@@ -848,6 +912,7 @@ impl StepReply {
             attempt: request.attempt,
             dispatch_id: request.dispatch_id,
             locked_by: request.locked_by.clone(),
+            traceparent: None,
             outcome,
         }
     }
@@ -1441,5 +1506,67 @@ mod tests {
         assert_eq!(json["outcome"], "accepted");
         assert_eq!(json["location"], "/jobs/1");
         assert_eq!(json["complete_by"], rfc3339::format(&at));
+    }
+
+    fn reply_of(bytes: usize) -> StepReply {
+        StepReply {
+            order_id: Uuid::new_v4(),
+            step: "a".into(),
+            step_index: 0,
+            direction: Direction::Forward,
+            attempt: 1,
+            dispatch_id: Uuid::new_v4(),
+            locked_by: "s1".into(),
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
+            outcome: StepOutcome::Succeeded {
+                result: serde_json::json!({ "pad": "x".repeat(bytes) }),
+            },
+        }
+    }
+
+    #[test]
+    fn one_reply_goes_as_an_object_and_several_as_packs_within_the_size() {
+        let one = reply_of(10);
+        let bodies = encode_replies(std::slice::from_ref(&one));
+        assert_eq!(bodies.len(), 1);
+        assert_eq!(bodies[0].0[0], b'{', "alone, as before packs");
+        assert_eq!(decode_replies(&bodies[0].0).unwrap(), vec![one]);
+
+        // Three of a third of the limit fit two to a pack; one over the limit goes alone.
+        let mut replies: Vec<StepReply> = (0..3).map(|_| reply_of(MAX_PACK_BYTES / 3)).collect();
+        replies.push(reply_of(MAX_PACK_BYTES));
+        replies.push(reply_of(10));
+        let bodies = encode_replies(&replies);
+        let ranges: Vec<_> = bodies.iter().map(|(_, r)| r.clone()).collect();
+        assert_eq!(ranges, vec![0..2, 2..3, 3..4, 4..5]);
+        let mut decoded = Vec::new();
+        for (body, range) in &bodies {
+            assert!(body.len() <= MAX_PACK_BYTES || range.len() == 1);
+            let got = decode_replies(body).unwrap();
+            assert_eq!(got.len(), range.len());
+            decoded.extend(got);
+        }
+        assert_eq!(decoded, replies, "every reply once, in order, trace kept");
+        let small: Vec<StepReply> = (0..50).map(|_| reply_of(10)).collect();
+        assert_eq!(encode_replies(&small).len(), 1, "small replies share one message");
+    }
+
+    #[test]
+    fn a_pack_that_is_empty_or_holds_anything_but_replies_is_unreadable() {
+        assert!(decode_replies(b"[]").is_err());
+        assert!(decode_replies(b"  [ ]").is_err());
+        assert!(decode_replies(br#"[{"not":"a reply"}]"#).is_err());
+        assert!(decode_replies(b"[1,2]").is_err());
+        assert!(decode_replies(b"").is_err());
+        let one = serde_json::to_vec(&reply_of(1)).unwrap();
+        let mut mixed = b"[".to_vec();
+        mixed.extend_from_slice(&one);
+        mixed.extend_from_slice(b",{}]");
+        assert!(decode_replies(&mixed).is_err(), "one bad reply makes the pack unreadable");
+        // A reply without a trace (an older agent's) reads as before.
+        let mut old = serde_json::to_value(reply_of(1)).unwrap();
+        old.as_object_mut().unwrap().remove("traceparent");
+        let got = decode_replies(old.to_string().as_bytes()).unwrap();
+        assert_eq!(got[0].traceparent, None);
     }
 }

@@ -654,6 +654,44 @@ breaker_cooldown = "{cooldown}"
         got
     }
 
+    /// Reads an agents' reply queue (acking) until `done` says so, each
+    /// reply apart: a message may carry several (a pack, a JSON array).
+    /// Returns the replies and how many messages carried them; panics
+    /// after `timeout`.
+    pub async fn collect_replies(
+        &self,
+        queue: &str,
+        timeout: Duration,
+        done: impl Fn(&[Value]) -> bool,
+    ) -> (Vec<Value>, usize) {
+        let mut consumer = self.consumer(queue).await;
+        let (mut got, mut messages) = (Vec::new(), 0);
+        let deadline = tokio::time::Instant::now() + timeout;
+        while !done(&got) {
+            match tokio::time::timeout_at(deadline, consumer.next()).await {
+                Ok(Some(Ok(d))) => {
+                    messages += 1;
+                    let replies = sas::messages::decode_replies(d.body())
+                        .unwrap_or_else(|e| panic!("unreadable reply ({e}): {d:?}"));
+                    got.extend(
+                        replies
+                            .iter()
+                            .map(|r| serde_json::to_value(r).expect("a reply as JSON")),
+                    );
+                    d.ack().await.expect("ack");
+                }
+                Ok(_) => panic!("consumer of {queue} ended"),
+                Err(_) => panic!(
+                    "timed out on {queue} after {} replies; last: {:?}",
+                    got.len(),
+                    got.iter().rev().take(3).collect::<Vec<_>>()
+                ),
+            }
+        }
+        consumer.close("done").await;
+        (got, messages)
+    }
+
     /// Takes one message from `queue`, if any: `(body, x-sas-reason)`.
     pub async fn get(&self, queue: &str) -> Option<(Vec<u8>, Option<String>)> {
         let taken = self.conn().broker().take(queue).await.expect("basic.get")?;
@@ -850,6 +888,23 @@ breaker_cooldown = "{cooldown}"
             })
             .await
             .expect("publish reply");
+    }
+
+    /// Publishes step replies to the schedulers' reply queue as one message
+    /// (a pack, as an agent sends the replies it has ready together).
+    pub async fn publish_pack(&self, replies: &[sas::messages::StepReply]) {
+        let bodies = sas::messages::encode_replies(replies);
+        assert_eq!(bodies.len(), 1, "the replies fit one message");
+        self.conn()
+            .publisher
+            .publish(&Outgoing {
+                routing_key: self.queues.replies(),
+                body: &bodies[0].0,
+                mandatory: true,
+                ..Outgoing::default()
+            })
+            .await
+            .expect("publish replies");
     }
 
     /// Submits one order of `workflow` with a fresh status queue and reads its

@@ -7,7 +7,7 @@
 use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context as _, bail};
-use sas::broker::{self, BrokerError, Outgoing, PublishError, Publisher, Received, SessionEnd};
+use sas::broker::{self, BrokerError, PublishError, Publisher, Received, SessionEnd};
 use sas::config::AgentSpec;
 use sas::messages::{Direction, StepOutcome, StepReply, StepRequest};
 use sas::metrics::labels;
@@ -20,6 +20,7 @@ use tracing::Instrument;
 
 use crate::breaker::{Breaker, State};
 use crate::remote::{self, CallEnd};
+use crate::replies::Replies;
 use crate::report;
 use crate::shared::{self, Shared};
 
@@ -110,11 +111,12 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
         &ctx.health,
         async |broker| {
             let publisher = broker.publisher().await?;
+            let replies = Replies::start(publisher.clone());
             // One loop per agent, all on this session's connection; the first
             // to lose the broker stops the others.
             let lost = CancellationToken::new();
             let loops = agents.iter().map(|agent| async {
-                let end = agent.serve(broker, &publisher, &lost, grace).await;
+                let end = agent.serve(broker, &publisher, &replies, &lost, grace).await;
                 if end.is_err() {
                     lost.cancel();
                 }
@@ -168,6 +170,7 @@ impl Agent {
         self: &Arc<Self>,
         broker: &sas::broker::Broker,
         publisher: &Publisher,
+        replies: &Replies,
         lost: &CancellationToken,
         grace: std::time::Duration,
     ) -> Result<SessionEnd, BrokerError> {
@@ -199,8 +202,8 @@ impl Agent {
                 .with_dead_letters(self.ctx.dead_letters(publisher, &queue));
             // In-flight calls stop on their own at the hard stop, so the loop's grace can be longer.
             let end = broker::consume(subscription, &stop, lost, grace * 2, |delivery| {
-                let (agent, publisher) = (self.clone(), publisher.clone());
-                async move { agent.handle(&publisher, delivery).await }
+                let (agent, replies) = (self.clone(), replies.clone());
+                async move { agent.handle(&replies, delivery).await }
             })
             .await;
             watcher.abort();
@@ -230,7 +233,7 @@ impl Agent {
     }
 
     /// Works on one request; an error means the broker is gone.
-    async fn handle(&self, publisher: &Publisher, delivery: Received) -> Result<(), BrokerError> {
+    async fn handle(&self, replies: &Replies, delivery: Received) -> Result<(), BrokerError> {
         // The step's time left counts from here (§6a).
         let arrived = tokio::time::Instant::now();
         sas::crash::panic_if_marked(delivery.body());
@@ -262,7 +265,7 @@ impl Agent {
         }
         let started = std::time::Instant::now();
         let outcome = self
-            .work(publisher, &delivery, &request, arrived, trace.as_ref())
+            .work(replies, &delivery, &request, arrived, trace.as_ref())
             .instrument(span)
             .await?;
         self.count(outcome);
@@ -276,7 +279,7 @@ impl Agent {
 
     async fn work(
         &self,
-        publisher: &Publisher,
+        replies: &Replies,
         delivery: &Received,
         request: &StepRequest,
         arrived: tokio::time::Instant,
@@ -301,7 +304,7 @@ impl Agent {
                     complete_by,
                     location,
                 };
-                if let Err(e) = answer(publisher, reply_to, request, trace, outcome).await {
+                if let Err(e) = answer(replies, reply_to, request, trace, outcome).await {
                     tracing::warn!(error = %e, "heartbeat not delivered");
                 }
             }
@@ -341,7 +344,7 @@ impl Agent {
             StepOutcome::Held => "held",
             StepOutcome::Accepted { .. } => "accepted",
         };
-        match answer(publisher, reply_to, request, trace, outcome).await {
+        match answer(replies, reply_to, request, trace, outcome).await {
             Ok(()) => {}
             // No such reply queue (or no name it could have): nobody to
             // answer; the supervisor re-dispatches once complete-by passes.
@@ -414,29 +417,17 @@ impl Agent {
 /// Sends the scheduler `outcome` for `request` on `reply_to`, continuing
 /// the request's trace.
 async fn answer(
-    publisher: &Publisher,
+    replies: &Replies,
     reply_to: &str,
     request: &StepRequest,
     trace: Option<&TraceContext>,
     outcome: StepOutcome,
 ) -> Result<(), PublishError> {
-    let reply = StepReply::to(request, outcome);
-    let body = serde_json::to_vec(&reply).unwrap_or_default();
-    let correlation = request.dispatch_id.to_string();
+    let mut reply = StepReply::to(request, outcome);
     // Sent from within the step's span: the reply continues it.
-    let next_hop = trace
+    reply.traceparent = trace
         .map(|t| sas::telemetry::hop(&tracing::Span::current(), Some(&t.trace_id)).to_string());
-    let headers = next_hop.as_deref().map(|t| [(sas::trace::HEADER, t)]);
-    publisher
-        .publish(&Outgoing {
-            routing_key: reply_to,
-            body: &body,
-            correlation_id: Some(&correlation),
-            headers: headers.as_ref().map_or(&[], |h| h.as_slice()),
-            mandatory: true,
-            ..Outgoing::default()
-        })
-        .await
+    replies.send(reply_to, reply).await
 }
 
 /// The agents' HTTP client: `https://` remotes verified against the system's

@@ -5,6 +5,7 @@ mod agent;
 mod breaker;
 mod deadline;
 mod remote;
+mod replies;
 mod report;
 mod shared;
 

@@ -13,13 +13,24 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use sas::broker::{self, BrokerError, Received};
-use sas::messages::{Quoted, StepReply};
+use sas::messages::{Quoted, StepReply, decode_replies};
 use sas::metrics::labels;
 use sas::outbox::Relay;
 use sas::service::Context;
 use sas::state_store::{Actor, ReplyOutcome, StoreError, Transitions};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
+
+/// What to do with a message of replies, by one of them; the greater wins.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Settle {
+    /// Applied, or stale: acknowledge.
+    Done,
+    /// Failed for a reason that may be the reply's own: retry, counted.
+    Failed(String),
+    /// The store is away: hand it back.
+    Again,
+}
 
 /// A reply to apply, and what became of it.
 type Batcher = sas::batch::Batcher<StepReply, Result<ReplyOutcome, Arc<StoreError>>>;
@@ -240,9 +251,13 @@ impl Scheduler {
         true
     }
 
-    /// Applies one reply; an error means the broker is gone.
+    /// Applies a message of replies (one, or an agent's pack); an error
+    /// means the broker is gone. The message is settled by its worst
+    /// reply: handed back if any could not be applied for now (those
+    /// applied are stale when it comes again), retried a bounded number of
+    /// times if any failed otherwise.
     async fn on_reply(&self, delivery: Received) -> Result<(), BrokerError> {
-        let mut reply: StepReply = match serde_json::from_slice(delivery.body()) {
+        let replies = match decode_replies(delivery.body()) {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "unreadable reply; dead-lettered");
@@ -251,9 +266,32 @@ impl Scheduler {
                 return broker::dead_letter_with(&delivery, &reason).await;
             }
         };
-        let sent = delivery
-            .header(sas::trace::HEADER)
-            .and_then(|t| sas::trace::TraceContext::parse(&t));
+        let header = delivery.header(sas::trace::HEADER);
+        let applied = futures_util::future::join_all(
+            replies
+                .into_iter()
+                .map(|reply| self.apply(reply, header.as_deref())),
+        )
+        .await;
+        match applied.into_iter().max() {
+            Some(Settle::Again) => {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                broker::requeue(&delivery).await
+            }
+            Some(Settle::Failed(reason)) => broker::retry_counted(&delivery, &reason).await,
+            // Their messages went to the relay with the commit.
+            Some(Settle::Done) | None => broker::ack(&delivery).await,
+        }
+    }
+
+    /// Applies one reply, in its order's span.
+    async fn apply(&self, mut reply: StepReply, header: Option<&str>) -> Settle {
+        let sent = reply
+            .traceparent
+            .take()
+            .as_deref()
+            .or(header)
+            .and_then(sas::trace::TraceContext::parse);
         let span = tracing::info_span!(
             "reply",
             order_id = %reply.order_id,
@@ -281,30 +319,28 @@ impl Scheduler {
                         self.ended_one();
                     }
                     self.count_reply("applied");
-                    // Its messages went to the relay with the commit.
-                    broker::ack(&delivery).await?;
+                    Settle::Done
                 }
                 Ok(ReplyOutcome::Stale(why)) => {
                     tracing::info!(%why, "stale reply ignored");
                     self.count_reply("stale");
-                    broker::ack(&delivery).await?;
+                    Settle::Done
                 }
                 Err(e) if e.is_transient() => {
                     tracing::warn!(error = %e, "could not apply the reply; handing it back");
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                    broker::requeue(&delivery).await?;
+                    Settle::Again
                 }
                 Err(e) => {
                     // Not the store being away: this reply may be what
                     // fails. Retried a bounded number of times.
                     tracing::warn!(error = %e, "could not apply the reply");
                     self.count_reply("failed");
-                    let reason =
-                        format!("could not apply the reply: {}", Quoted::new(&e.to_string()));
-                    broker::retry_counted(&delivery, &reason).await?;
+                    Settle::Failed(format!(
+                        "could not apply the reply: {}",
+                        Quoted::new(&e.to_string())
+                    ))
                 }
             }
-            Ok(())
         }
         .instrument(span)
         .await

@@ -9,7 +9,7 @@ use lapin::{BasicProperties, Channel};
 use super::BrokerError;
 
 /// Why a message was not accepted by the broker.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum PublishError {
     #[error("broker refused the message (nack)")]
     Nacked,

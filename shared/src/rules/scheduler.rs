@@ -580,6 +580,7 @@ mod tests {
             attempt: order.attempt(),
             dispatch_id: dispatch,
             locked_by: "s1".into(),
+            traceparent: None,
             outcome,
         }
     }

@@ -242,6 +242,7 @@ async fn duplicated_and_stray_requests_and_replies_change_nothing() {
         attempt: 1,
         dispatch_id,
         locked_by: locked_by.clone(),
+        traceparent: None,
         outcome: StepOutcome::Succeeded { result: json!({}) },
     };
     app.publish_reply(&reply(id, "a", 0, a_dispatch)).await;
@@ -270,7 +271,7 @@ async fn duplicated_and_stray_requests_and_replies_change_nothing() {
             .await
             .unwrap();
     }
-    app.collect(&replies, Duration::from_secs(10), |got| got.len() == 2)
+    app.collect_replies(&replies, Duration::from_secs(10), |got| got.len() == 2)
         .await;
     assert_eq!(app.stats().keys[&format!("{}:a", dup.order_id)].applied, 1);
     app.knobs("b", Knobs::default());

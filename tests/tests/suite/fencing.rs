@@ -58,10 +58,11 @@ async fn replies_up_to_a_marker(app: &TestApp, replies: &str) -> Vec<Value> {
     };
     send_request(app, &marker, replies).await;
     let marker = marker.order_id.to_string();
-    app.collect(replies, Duration::from_secs(20), |got| {
+    app.collect_replies(replies, Duration::from_secs(20), |got| {
         got.iter().any(|r| r["order_id"] == marker.as_str())
     })
     .await
+    .0
 }
 
 /// Whether any of `replies` answers `req`.
@@ -129,6 +130,66 @@ async fn an_agent_stays_silent_once_complete_by_passes_mid_call() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_packs_the_replies_ready_together_into_few_messages_each_reply_once() {
+    let app = TestApp::new().await;
+    // Every call takes as long, so the answers come back together.
+    app.knobs(
+        "a",
+        Knobs {
+            latency_ms: 300,
+            ..Knobs::default()
+        },
+    );
+    app.start("agent", "agent", &[]).await;
+    let replies = app.status_queue("replies").await;
+    let requests: Vec<StepRequest> = (0..40).map(|_| request(20_000)).collect();
+    // Sent at once (confirms awaited after), so that the calls overlap.
+    let publisher = app.publisher();
+    let mut confirms = Vec::new();
+    for req in &requests {
+        let body = serde_json::to_vec(req).unwrap();
+        let sent = publisher
+            .send(&Outgoing {
+                routing_key: &app.queues.agent_requests("a"),
+                body: &body,
+                reply_to: Some(&replies),
+                mandatory: true,
+                ..Outgoing::default()
+            })
+            .await
+            .unwrap();
+        confirms.push(sent);
+    }
+    for sent in confirms {
+        sent.wait().await.unwrap();
+    }
+    let (got, messages) = app
+        .collect_replies(&replies, Duration::from_secs(20), |g| g.len() >= 40)
+        .await;
+    let mut dispatches: Vec<Uuid> = got
+        .iter()
+        .map(|r| serde_json::from_value::<StepReply>(r.clone()).unwrap().dispatch_id)
+        .collect();
+    dispatches.sort_unstable();
+    let mut sent: Vec<Uuid> = requests.iter().map(|r| r.dispatch_id).collect();
+    sent.sort_unstable();
+    assert_eq!(dispatches, sent, "every request answered once");
+    // Seen: 3 to 15 messages (debug build); without packs, one each.
+    assert!(
+        messages <= 30,
+        "40 replies ready together went as {messages} messages"
+    );
+    // Each request is acknowledged once its pack is confirmed.
+    app.eventually("no request left", Duration::from_secs(10), || async {
+        app.metrics("agent")
+            .await
+            .contains(r#"sas_agent_requests_total{agent="a",outcome="succeeded"} 40"#)
+            && app.ready(&app.queues.agent_requests("a")).await == 0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_replies_a_permanent_error_at_once() {
     let app = TestApp::new().await;
     app.knobs(
@@ -142,8 +203,8 @@ async fn an_agent_replies_a_permanent_error_at_once() {
     let replies = app.status_queue("replies").await;
     let req = request(5000);
     send_request(&app, &req, &replies).await;
-    let got = app
-        .collect(&replies, Duration::from_secs(10), |g| !g.is_empty())
+    let (got, _) = app
+        .collect_replies(&replies, Duration::from_secs(10), |g| !g.is_empty())
         .await;
     let reply: StepReply = serde_json::from_value(got[0].clone()).unwrap();
     assert_eq!(reply.dispatch_id, req.dispatch_id);
@@ -179,17 +240,18 @@ async fn a_reply_to_a_superseded_dispatch_or_attempt_changes_nothing() {
         attempt,
         dispatch_id,
         locked_by: locked_by.into(),
+        traceparent: None,
         outcome: StepOutcome::Succeeded {
             result: json!({ "late": true }),
         },
     };
-    for stale in [
+    // Two in one message (an agent's pack), one alone.
+    app.publish_pack(&[
         reply(Uuid::new_v4(), 1, &locked_by),
         reply(dispatch, 7, &locked_by),
-        reply(dispatch, 1, "scheduler-gone"),
-    ] {
-        app.publish_reply(&stale).await;
-    }
+    ])
+    .await;
+    app.publish_reply(&reply(dispatch, 1, "scheduler-gone")).await;
     app.eventually(
         "three stale replies counted",
         Duration::from_secs(10),
@@ -205,15 +267,26 @@ async fn a_reply_to_a_superseded_dispatch_or_attempt_changes_nothing() {
         before,
         "a stale reply changed the order"
     );
-    // The reply the running dispatch is waiting for moves the order on.
+    // The reply the running dispatch is waiting for moves the order on,
+    // packed with a stale one.
     app.knobs("b", Knobs::default());
-    app.publish_reply(&reply(dispatch, 1, &locked_by)).await;
+    app.publish_pack(&[
+        reply(Uuid::new_v4(), 1, &locked_by),
+        reply(dispatch, 1, &locked_by),
+    ])
+    .await;
     app.eventually(
         "the order is processed",
         Duration::from_secs(20),
         || async { app.order(id).await.is_some_and(|(s, _)| s == "processed") },
     )
     .await;
+    assert!(
+        app.metrics("scheduler")
+            .await
+            .contains(r#"sas_replies_total{outcome="stale"} 4"#),
+        "the pack's stale reply counted, its live one applied"
+    );
 }
 
 async fn running_dispatch(app: &TestApp, id: Uuid) -> Option<(Uuid, String)> {
