@@ -122,7 +122,8 @@ pub struct LoadResult {
     /// idempotency held and nothing was lost).
     pub remote_applied: Option<u64>,
     /// Outbox messages per order by the path that published them
-    /// (`handoff`, `follow`, `relay`; see [`Suite::published`]).
+    /// (`handoff`, `follow`, `relay`), and the agents' messages of replies
+    /// (`agent replies`); see [`Suite::published`].
     pub outbox_paths: std::collections::BTreeMap<String, f64>,
 }
 

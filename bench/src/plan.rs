@@ -895,7 +895,7 @@ fn print_line(r: &load::LoadResult) {
     );
     if !r.outbox_paths.is_empty() {
         eprintln!(
-            "     outbox messages per order by path: {}",
+            "     messages per order by path: {}",
             r.outbox_paths_text()
         );
     }

@@ -387,7 +387,7 @@ impl Report {
         }
         out.push_str("#### sas: where an order's time goes (median ms between its events)\n\n");
         out.push_str(
-            "| deployment | workflow | load | stages (p50 ms) | outbox messages per order, by path |\n|---|---|---|---|---|\n",
+            "| deployment | workflow | load | stages (p50 ms) | messages per order, by path (outbox; agent replies) |\n|---|---|---|---|---|\n",
         );
         for r in &self.sas {
             let stages: Vec<String> = r

@@ -372,9 +372,11 @@ impl Suite {
     /// path (`handoff`: by the transition that wrote them, at once;
     /// `follow`: once the previous publisher of the order let go; `relay`:
     /// by a pass of the relay), summed over the running processes, from
-    /// their `sas_outbox_published_total`. A process killed between two
+    /// their `sas_outbox_published_total`; and the agents' messages of
+    /// replies (`agent replies`, a pack counting once). A process killed between two
     /// readings takes its counts with it: only the agents are killed (the
-    /// recovery run), and they publish nothing through an outbox.
+    /// recovery run), which publish nothing through an outbox, but whose
+    /// `agent replies` count is then short by the killed agent's.
     pub async fn published(&self) -> BTreeMap<String, f64> {
         let mut by_path = BTreeMap::new();
         for p in self.procs.values() {
@@ -544,10 +546,14 @@ impl PgCounters {
 }
 
 /// `sas_outbox_published_total{kind="…",path="…"} N` lines of a metrics
-/// text, as (path, N).
+/// text, as (path, N), and an agent's `sas_reply_messages_total N` as
+/// (`agent replies`, N).
 fn published_by_path(text: &str) -> Vec<(String, f64)> {
     text.lines()
         .filter_map(|l| {
+            if let Some(n) = l.strip_prefix("sas_reply_messages_total ") {
+                return Some(("agent replies".to_owned(), n.trim().parse().ok()?));
+            }
             let rest = l.strip_prefix("sas_outbox_published_total{")?;
             let (labels, value) = rest.split_once("} ")?;
             let path = labels.split(',').find_map(|kv| kv.strip_prefix("path="))?;
@@ -566,10 +572,15 @@ mod tests {
         let text = "# TYPE sas_outbox_published counter\n\
             sas_outbox_published_total{kind=\"request\",path=\"handoff\"} 7\n\
             sas_outbox_published_total{kind=\"status\",path=\"follow\"} 2\n\
-            sas_outbox_unroutable_total 0\n";
+            sas_outbox_unroutable_total 0\n\
+            sas_reply_messages_total 5\n";
         assert_eq!(
             super::published_by_path(text),
-            vec![("handoff".to_owned(), 7.0), ("follow".to_owned(), 2.0)]
+            vec![
+                ("handoff".to_owned(), 7.0),
+                ("follow".to_owned(), 2.0),
+                ("agent replies".to_owned(), 5.0)
+            ]
         );
     }
 }

@@ -52,6 +52,9 @@ pub struct Metrics {
     /// Requests an agent worked on, by `agent` and `outcome`
     /// (`succeeded`, `failed`, `expired`, `malformed`, `handed_back`).
     pub agent_requests: Family<Labels, Counter>,
+    /// Messages of replies an agent published: a pack of replies counts
+    /// once (so replies per message = requests answered / this).
+    pub reply_messages: Counter,
     /// Expired orders the supervisor recovered, by `action` (`requeued`, `gave_up`).
     pub supervisor_recoveries: Family<Labels, Counter>,
     /// Supervisor sweeps.
@@ -92,6 +95,7 @@ impl Default for Metrics {
             replies: Family::default(),
             agent_calls: Family::default(),
             agent_requests: Family::default(),
+            reply_messages: Counter::default(),
             supervisor_recoveries: Family::default(),
             supervisor_sweeps: Counter::default(),
             agent_breaker_state: Family::default(),
@@ -143,6 +147,11 @@ impl Default for Metrics {
             "agent_requests",
             "Step requests handled, by agent and outcome",
             m.agent_requests.clone(),
+        );
+        registry.register(
+            "reply_messages",
+            "Messages of replies an agent published (a pack counts once)",
+            m.reply_messages.clone(),
         );
         registry.register(
             "supervisor_recoveries",

@@ -111,7 +111,7 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
         &ctx.health,
         async |broker| {
             let publisher = broker.publisher().await?;
-            let replies = Replies::start(publisher.clone());
+            let replies = Replies::start(publisher.clone(), ctx.metrics.clone());
             // One loop per agent, all on this session's connection; the first
             // to lose the broker stops the others.
             let lost = CancellationToken::new();

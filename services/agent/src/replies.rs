@@ -8,8 +8,11 @@
 //! replies that became ready while the sender was busy go together, so the
 //! broker routes, stores and delivers one message for many steps.
 
+use std::sync::Arc;
+
 use sas::broker::{Outgoing, PublishError, Publisher};
 use sas::messages::{StepReply, encode_replies};
+use sas::metrics::Metrics;
 use tokio::sync::{mpsc, oneshot};
 
 /// Most replies the sender takes at once.
@@ -30,10 +33,11 @@ pub struct Replies {
 }
 
 impl Replies {
-    /// A sender publishing over `publisher`.
-    pub fn start(publisher: Publisher) -> Self {
+    /// A sender publishing over `publisher`, counting its messages in
+    /// `sas_reply_messages_total`.
+    pub fn start(publisher: Publisher, metrics: Arc<Metrics>) -> Self {
         let (queue, waiting) = mpsc::unbounded_channel();
-        tokio::spawn(run(publisher, waiting));
+        tokio::spawn(run(publisher, metrics, waiting));
         Self { queue }
     }
 
@@ -55,16 +59,20 @@ impl Replies {
 
 /// Takes what is waiting, publishes it, and leaves the confirms to tasks
 /// of their own, until every handle is gone.
-async fn run(publisher: Publisher, mut waiting: mpsc::UnboundedReceiver<Reply>) {
+async fn run(
+    publisher: Publisher,
+    metrics: Arc<Metrics>,
+    mut waiting: mpsc::UnboundedReceiver<Reply>,
+) {
     let mut taken = Vec::with_capacity(MAX_TAKE);
     while waiting.recv_many(&mut taken, MAX_TAKE).await > 0 {
-        send(&publisher, std::mem::take(&mut taken)).await;
+        send(&publisher, &metrics, std::mem::take(&mut taken)).await;
     }
 }
 
 /// Publishes `replies`, those for one queue packed together; each reply's
 /// waiter learns its message's confirm.
-async fn send(publisher: &Publisher, replies: Vec<Reply>) {
+async fn send(publisher: &Publisher, metrics: &Metrics, replies: Vec<Reply>) {
     // Almost always one queue (`<prefix>.scheduler.replies`); kept apart
     // when not, each in the order they came.
     let mut queues: Vec<(String, Vec<Reply>)> = Vec::new();
@@ -81,6 +89,9 @@ async fn send(publisher: &Publisher, replies: Vec<Reply>) {
         for (body, range) in bodies {
             let carried: Vec<Reply> = members.by_ref().take(range.len()).collect();
             let sent = publish(publisher, &queue, &body, &carried).await;
+            if sent.is_ok() {
+                metrics.reply_messages.inc();
+            }
             tokio::spawn(async move {
                 let outcome = match sent {
                     Ok(confirm) => confirm.wait().await,

@@ -187,6 +187,12 @@ async fn an_agent_packs_the_replies_ready_together_into_few_messages_each_reply_
             && app.ready(&app.queues.agent_requests("a")).await == 0
     })
     .await;
+    assert!(
+        app.metrics("agent")
+            .await
+            .contains(&format!("sas_reply_messages_total {messages}\n")),
+        "the agent counts each message of replies once"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
