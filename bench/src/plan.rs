@@ -894,10 +894,7 @@ fn print_line(r: &load::LoadResult) {
         r.cpu.machine_busy_share * 100.0
     );
     if !r.outbox_paths.is_empty() {
-        eprintln!(
-            "     messages per order by path: {}",
-            r.outbox_paths_text()
-        );
+        eprintln!("     messages per order by path: {}", r.outbox_paths_text());
     }
 }
 

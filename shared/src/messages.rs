@@ -877,7 +877,7 @@ pub fn encode_replies<R: std::borrow::Borrow<StepReply>>(
     while start < encoded.len() {
         let mut end = start + 1;
         let mut bytes = encoded[start].len() + 2;
-        while end < encoded.len() && bytes + encoded[end].len() + 1 <= MAX_PACK_BYTES {
+        while end < encoded.len() && bytes + encoded[end].len() < MAX_PACK_BYTES {
             bytes += encoded[end].len() + 1;
             end += 1;
         }
@@ -1548,7 +1548,11 @@ mod tests {
         }
         assert_eq!(decoded, replies, "every reply once, in order, trace kept");
         let small: Vec<StepReply> = (0..50).map(|_| reply_of(10)).collect();
-        assert_eq!(encode_replies(&small).len(), 1, "small replies share one message");
+        assert_eq!(
+            encode_replies(&small).len(),
+            1,
+            "small replies share one message"
+        );
     }
 
     #[test]
@@ -1562,7 +1566,10 @@ mod tests {
         let mut mixed = b"[".to_vec();
         mixed.extend_from_slice(&one);
         mixed.extend_from_slice(b",{}]");
-        assert!(decode_replies(&mixed).is_err(), "one bad reply makes the pack unreadable");
+        assert!(
+            decode_replies(&mixed).is_err(),
+            "one bad reply makes the pack unreadable"
+        );
         // A reply without a trace (an older agent's) reads as before.
         let mut old = serde_json::to_value(reply_of(1)).unwrap();
         old.as_object_mut().unwrap().remove("traceparent");

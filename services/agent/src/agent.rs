@@ -116,7 +116,9 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
             // to lose the broker stops the others.
             let lost = CancellationToken::new();
             let loops = agents.iter().map(|agent| async {
-                let end = agent.serve(broker, &publisher, &replies, &lost, grace).await;
+                let end = agent
+                    .serve(broker, &publisher, &replies, &lost, grace)
+                    .await;
                 if end.is_err() {
                     lost.cancel();
                 }

@@ -168,7 +168,11 @@ async fn an_agent_packs_the_replies_ready_together_into_few_messages_each_reply_
         .await;
     let mut dispatches: Vec<Uuid> = got
         .iter()
-        .map(|r| serde_json::from_value::<StepReply>(r.clone()).unwrap().dispatch_id)
+        .map(|r| {
+            serde_json::from_value::<StepReply>(r.clone())
+                .unwrap()
+                .dispatch_id
+        })
         .collect();
     dispatches.sort_unstable();
     let mut sent: Vec<Uuid> = requests.iter().map(|r| r.dispatch_id).collect();
@@ -257,7 +261,8 @@ async fn a_reply_to_a_superseded_dispatch_or_attempt_changes_nothing() {
         reply(dispatch, 7, &locked_by),
     ])
     .await;
-    app.publish_reply(&reply(dispatch, 1, "scheduler-gone")).await;
+    app.publish_reply(&reply(dispatch, 1, "scheduler-gone"))
+        .await;
     app.eventually(
         "three stale replies counted",
         Duration::from_secs(10),
