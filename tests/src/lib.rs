@@ -631,27 +631,12 @@ breaker_cooldown = "{cooldown}"
         timeout: Duration,
         done: impl Fn(&[Value]) -> bool,
     ) -> Vec<Value> {
-        let mut consumer = self.consumer(queue).await;
-        let mut got = Vec::new();
-        let deadline = tokio::time::Instant::now() + timeout;
-        while !done(&got) {
-            match tokio::time::timeout_at(deadline, consumer.next()).await {
-                Ok(Some(Ok(d))) => {
-                    got.push(serde_json::from_slice(d.body()).unwrap_or_else(|_| {
-                        json!({ "raw": String::from_utf8_lossy(d.body()), "delivery": format!("{d:?}") })
-                    }));
-                    d.ack().await.expect("ack");
-                }
-                Ok(_) => panic!("consumer of {queue} ended"),
-                Err(_) => panic!(
-                    "timed out on {queue} after {} messages; last: {:?}",
-                    got.len(),
-                    got.iter().rev().take(3).collect::<Vec<_>>()
-                ),
-            }
-        }
-        consumer.close("done").await;
-        got
+        let read = |d: &Delivery| {
+            vec![serde_json::from_slice(d.body()).unwrap_or_else(|_| {
+                json!({ "raw": String::from_utf8_lossy(d.body()), "delivery": format!("{d:?}") })
+            })]
+        };
+        self.collect_with(queue, timeout, done, read).await.0
     }
 
     /// Reads an agents' reply queue (acking) until `done` says so, each
@@ -664,6 +649,27 @@ breaker_cooldown = "{cooldown}"
         timeout: Duration,
         done: impl Fn(&[Value]) -> bool,
     ) -> (Vec<Value>, usize) {
+        let read = |d: &Delivery| {
+            let replies = sas::messages::decode_replies(d.body())
+                .unwrap_or_else(|e| panic!("unreadable reply ({e}): {d:?}"));
+            replies
+                .iter()
+                .map(|r| serde_json::to_value(r).expect("a reply as JSON"))
+                .collect()
+        };
+        self.collect_with(queue, timeout, done, read).await
+    }
+
+    /// Reads messages from `queue` (acking them), each into values by
+    /// `read`, until `done` says so: the values and how many messages
+    /// carried them. Panics after `timeout`.
+    async fn collect_with(
+        &self,
+        queue: &str,
+        timeout: Duration,
+        done: impl Fn(&[Value]) -> bool,
+        read: impl Fn(&Delivery) -> Vec<Value>,
+    ) -> (Vec<Value>, usize) {
         let mut consumer = self.consumer(queue).await;
         let (mut got, mut messages) = (Vec::new(), 0);
         let deadline = tokio::time::Instant::now() + timeout;
@@ -671,18 +677,12 @@ breaker_cooldown = "{cooldown}"
             match tokio::time::timeout_at(deadline, consumer.next()).await {
                 Ok(Some(Ok(d))) => {
                     messages += 1;
-                    let replies = sas::messages::decode_replies(d.body())
-                        .unwrap_or_else(|e| panic!("unreadable reply ({e}): {d:?}"));
-                    got.extend(
-                        replies
-                            .iter()
-                            .map(|r| serde_json::to_value(r).expect("a reply as JSON")),
-                    );
+                    got.extend(read(&d));
                     d.ack().await.expect("ack");
                 }
                 Ok(_) => panic!("consumer of {queue} ended"),
                 Err(_) => panic!(
-                    "timed out on {queue} after {} replies; last: {:?}",
+                    "timed out on {queue} after {} values in {messages} messages; last: {:?}",
                     got.len(),
                     got.iter().rev().take(3).collect::<Vec<_>>()
                 ),
@@ -888,6 +888,29 @@ breaker_cooldown = "{cooldown}"
             })
             .await
             .expect("publish reply");
+    }
+
+    /// Sends `request` to agent `agent`'s queue as a scheduler would, its
+    /// replies to go to `reply_to`; the broker's confirm is left to the
+    /// caller, so that several can be on their way at once.
+    pub async fn send_request(
+        &self,
+        agent: &str,
+        request: &sas::messages::StepRequest,
+        reply_to: &str,
+    ) -> sas::broker::PendingConfirm {
+        let body = serde_json::to_vec(request).expect("encode request");
+        self.conn()
+            .publisher
+            .send(&Outgoing {
+                routing_key: &self.queues.agent_requests(agent),
+                body: &body,
+                reply_to: Some(reply_to),
+                mandatory: true,
+                ..Outgoing::default()
+            })
+            .await
+            .expect("send request")
     }
 
     /// Publishes step replies to the schedulers' reply queue as one message

@@ -259,17 +259,8 @@ async fn duplicated_and_stray_requests_and_replies_change_nothing() {
     let dup = request(Uuid::new_v4(), 5000);
     let replies = app.status_queue("replies").await;
     for _ in 0..2 {
-        let body = serde_json::to_vec(&dup).unwrap();
-        app.publisher()
-            .publish(&Outgoing {
-                routing_key: &app.queues.agent_requests("a"),
-                body: &body,
-                reply_to: Some(&replies),
-                mandatory: true,
-                ..Outgoing::default()
-            })
-            .await
-            .unwrap();
+        let sent = app.send_request("a", &dup, &replies).await;
+        sent.wait().await.unwrap();
     }
     app.collect_replies(&replies, Duration::from_secs(10), |got| got.len() == 2)
         .await;

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use chrono::Utc;
 use remote_sim::Knobs;
-use sas::broker::Outgoing;
 use sas::messages::{Direction, StepOutcome, StepReply, StepRequest};
 use sas_tests::TestApp;
 use serde_json::{Map, Value, json};
@@ -35,17 +34,8 @@ fn request(complete_in_ms: i64) -> StepRequest {
 
 /// Sends `req` to the agent of its step (named alike in these workflows).
 async fn send_request(app: &TestApp, req: &StepRequest, reply_to: &str) {
-    let body = serde_json::to_vec(req).unwrap();
-    app.publisher()
-        .publish(&Outgoing {
-            routing_key: &app.queues.agent_requests(&req.step),
-            body: &body,
-            reply_to: Some(reply_to),
-            mandatory: true,
-            ..Outgoing::default()
-        })
-        .await
-        .unwrap();
+    let sent = app.send_request(&req.step, req, reply_to).await;
+    sent.wait().await.unwrap();
 }
 
 /// The replies on `replies` up to that of a marker: a request that agent
@@ -144,21 +134,9 @@ async fn an_agent_packs_the_replies_ready_together_into_few_messages_each_reply_
     let replies = app.status_queue("replies").await;
     let requests: Vec<StepRequest> = (0..40).map(|_| request(20_000)).collect();
     // Sent at once (confirms awaited after), so that the calls overlap.
-    let publisher = app.publisher();
     let mut confirms = Vec::new();
     for req in &requests {
-        let body = serde_json::to_vec(req).unwrap();
-        let sent = publisher
-            .send(&Outgoing {
-                routing_key: &app.queues.agent_requests("a"),
-                body: &body,
-                reply_to: Some(&replies),
-                mandatory: true,
-                ..Outgoing::default()
-            })
-            .await
-            .unwrap();
-        confirms.push(sent);
+        confirms.push(app.send_request("a", req, &replies).await);
     }
     for sent in confirms {
         sent.wait().await.unwrap();
