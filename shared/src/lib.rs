@@ -21,6 +21,7 @@
 //! - [`tls`]: the rustls crypto provider, the TLS files of the
 //!   configuration, and the redaction of passwords from connection URLs.
 //! - [`crash`]: crash points that let the fault suite stop a process at an exact spot.
+//! - [`memory`]: the allocator's arenas, few, so that a service's memory stays small.
 
 pub mod batch;
 pub mod broker;
@@ -29,6 +30,7 @@ pub mod crash;
 pub mod dead_letters;
 pub mod heartbeat;
 pub mod http;
+pub mod memory;
 pub mod messages;
 pub mod metrics;
 pub mod outbox;

@@ -96,6 +96,8 @@ where
     F: FnOnce(Arc<Context>) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
+    // Before the service starts threads (lapin's, blocking ones).
+    crate::memory::limit_arenas();
     // Before anything builds a TLS client (reqwest needs it).
     crate::tls::install_crypto_provider();
     let settings = match Settings::load(args.config.as_deref()) {
