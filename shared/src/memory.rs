@@ -4,9 +4,10 @@
 //! to eight per core) and keeps what each arena once held. A sas service
 //! does its work on one thread, beside lapin's I/O thread per broker
 //! connection and a few blocking ones, so more arenas only scatter its
-//! memory: under 20,000-order bursts the agent's peak RSS ranged from 43.6
-//! to 61.2 MiB with glibc's default and from 41.5 to 47.2 MiB with two
-//! arenas, at the same throughput (BENCHMARKS.md, "Memory").
+//! memory: under 20,000-order bursts the agent's peak RSS was 43.6 to
+//! 61.2 MiB with glibc's default (median 52.0, five runs) and 41.5 to 52.1
+//! MiB with two arenas (median 44.7), at the same throughput
+//! (BENCHMARKS.md, "Memory").
 
 /// Most malloc arenas a service's threads share.
 pub const ARENAS: i32 = 2;
