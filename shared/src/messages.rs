@@ -847,18 +847,27 @@ pub struct StepReply {
 /// larger than this alone goes alone.
 pub const MAX_PACK_BYTES: usize = 128 * 1024;
 
+/// A reply of a message of the reply queue, or why it could not be read.
+pub type ReadReply = Result<StepReply, serde_json::Error>;
+
 /// Reads a message of the reply queue: one reply (a JSON object), or a
-/// pack of replies an agent had ready together (a JSON array, never empty).
-pub fn decode_replies(body: &[u8]) -> Result<Vec<StepReply>, serde_json::Error> {
+/// pack of replies an agent had ready together (a JSON array, never
+/// empty). Each reply of a pack is read on its own, so that one that
+/// cannot be read does not keep the others from their orders; the message
+/// is unreadable as a whole only when it is not one of these two shapes.
+pub fn decode_replies(body: &[u8]) -> Result<Vec<ReadReply>, serde_json::Error> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     if first == Some(&b'[') {
-        let pack: Vec<StepReply> = serde_json::from_slice(body)?;
+        let pack: Vec<&serde_json::value::RawValue> = serde_json::from_slice(body)?;
         if pack.is_empty() {
             return Err(serde::de::Error::invalid_length(0, &"at least one reply"));
         }
-        Ok(pack)
+        Ok(pack
+            .into_iter()
+            .map(|one| serde_json::from_str(one.get()))
+            .collect())
     } else {
-        serde_json::from_slice(body).map(|one| vec![one])
+        serde_json::from_slice(body).map(|one| vec![Ok(one)])
     }
 }
 
@@ -1530,7 +1539,7 @@ mod tests {
         let bodies = encode_replies(std::slice::from_ref(&one));
         assert_eq!(bodies.len(), 1);
         assert_eq!(bodies[0].0[0], b'{', "alone, as before packs");
-        assert_eq!(decode_replies(&bodies[0].0).unwrap(), vec![one]);
+        assert_eq!(read_all(&bodies[0].0), vec![one]);
 
         // Three of a third of the limit fit two to a pack; one over the limit goes alone.
         let mut replies: Vec<StepReply> = (0..3).map(|_| reply_of(MAX_PACK_BYTES / 3)).collect();
@@ -1542,7 +1551,7 @@ mod tests {
         let mut decoded = Vec::new();
         for (body, range) in &bodies {
             assert!(body.len() <= MAX_PACK_BYTES || range.len() == 1);
-            let got = decode_replies(body).unwrap();
+            let got = read_all(body);
             assert_eq!(got.len(), range.len());
             decoded.extend(got);
         }
@@ -1555,25 +1564,38 @@ mod tests {
         );
     }
 
+    /// Every reply of a message that must read whole.
+    fn read_all(body: &[u8]) -> Vec<StepReply> {
+        decode_replies(body)
+            .unwrap()
+            .into_iter()
+            .map(Result::unwrap)
+            .collect()
+    }
+
     #[test]
-    fn a_pack_that_is_empty_or_holds_anything_but_replies_is_unreadable() {
+    fn a_message_of_neither_shape_is_unreadable_and_a_packs_bad_reply_is_its_own() {
         assert!(decode_replies(b"[]").is_err());
         assert!(decode_replies(b"  [ ]").is_err());
-        assert!(decode_replies(br#"[{"not":"a reply"}]"#).is_err());
-        assert!(decode_replies(b"[1,2]").is_err());
+        assert!(decode_replies(b"[1,2").is_err());
         assert!(decode_replies(b"").is_err());
-        let one = serde_json::to_vec(&reply_of(1)).unwrap();
+        assert!(decode_replies(br#"{"not":"a reply"}"#).is_err());
+        let got = decode_replies(br#"[{"not":"a reply"}, 2]"#).unwrap();
+        assert!(got.len() == 2 && got.iter().all(Result::is_err));
+        let good = reply_of(1);
         let mut mixed = b"[".to_vec();
-        mixed.extend_from_slice(&one);
+        mixed.extend_from_slice(&serde_json::to_vec(&good).unwrap());
         mixed.extend_from_slice(b",{}]");
-        assert!(
-            decode_replies(&mixed).is_err(),
-            "one bad reply makes the pack unreadable"
+        let got = decode_replies(&mixed).unwrap();
+        assert_eq!(
+            got[0].as_ref().ok(),
+            Some(&good),
+            "read despite its neighbour"
         );
+        assert!(got[1].is_err());
         // A reply without a trace (an older agent's) reads as before.
         let mut old = serde_json::to_value(reply_of(1)).unwrap();
         old.as_object_mut().unwrap().remove("traceparent");
-        let got = decode_replies(old.to_string().as_bytes()).unwrap();
-        assert_eq!(got[0].traceparent, None);
+        assert_eq!(read_all(old.to_string().as_bytes())[0].traceparent, None);
     }
 }

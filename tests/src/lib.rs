@@ -653,8 +653,11 @@ breaker_cooldown = "{cooldown}"
             let replies = sas::messages::decode_replies(d.body())
                 .unwrap_or_else(|e| panic!("unreadable reply ({e}): {d:?}"));
             replies
-                .iter()
-                .map(|r| serde_json::to_value(r).expect("a reply as JSON"))
+                .into_iter()
+                .map(|r| {
+                    let r = r.unwrap_or_else(|e| panic!("unreadable reply ({e}): {d:?}"));
+                    serde_json::to_value(r).expect("a reply as JSON")
+                })
                 .collect()
         };
         self.collect_with(queue, timeout, done, read).await
@@ -914,15 +917,25 @@ breaker_cooldown = "{cooldown}"
     }
 
     /// Publishes step replies to the schedulers' reply queue as one message
-    /// (a pack, as an agent sends the replies it has ready together).
-    pub async fn publish_pack(&self, replies: &[sas::messages::StepReply]) {
+    /// (a pack, as an agent sends the replies it has ready together),
+    /// followed in the pack by `unreadable` items as they are written.
+    pub async fn publish_pack(&self, replies: &[sas::messages::StepReply], unreadable: &[&str]) {
         let bodies = sas::messages::encode_replies(replies);
         assert_eq!(bodies.len(), 1, "the replies fit one message");
+        let mut body = bodies[0].0.clone();
+        if !unreadable.is_empty() {
+            assert_eq!(body.pop(), Some(b']'), "a pack of two replies or more");
+            for item in unreadable {
+                body.push(b',');
+                body.extend_from_slice(item.as_bytes());
+            }
+            body.push(b']');
+        }
         self.conn()
             .publisher
             .publish(&Outgoing {
                 routing_key: self.queues.replies(),
-                body: &bodies[0].0,
+                body: &body,
                 mandatory: true,
                 ..Outgoing::default()
             })

@@ -26,6 +26,9 @@ use tracing::Instrument;
 enum Settle {
     /// Applied, or stale: acknowledge.
     Done,
+    /// A reply of a pack that cannot be read, the others applied:
+    /// dead-letter the message with this reason.
+    Unreadable(String),
     /// Failed for a reason that may be the reply's own: retry, counted.
     Failed(String),
     /// The store is away: hand it back.
@@ -255,23 +258,23 @@ impl Scheduler {
     /// means the broker is gone. The message is settled by its worst
     /// reply: handed back if any could not be applied for now (those
     /// applied are stale when it comes again), retried a bounded number of
-    /// times if any failed otherwise.
+    /// times if any failed otherwise, dead-lettered if one cannot be read
+    /// (after the others are applied).
     async fn on_reply(&self, delivery: Received) -> Result<(), BrokerError> {
         let replies = match decode_replies(delivery.body()) {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(error = %e, "unreadable reply; dead-lettered");
-                self.count_reply("malformed");
-                let reason = format!("unreadable reply: {}", Quoted::new(&e.to_string()));
+                let reason = self.unreadable(&e);
                 return broker::dead_letter_with(&delivery, &reason).await;
             }
         };
         let header = delivery.header(sas::trace::HEADER);
-        let applied = futures_util::future::join_all(
-            replies
-                .into_iter()
-                .map(|reply| self.apply(reply, header.as_deref())),
-        )
+        let applied = futures_util::future::join_all(replies.into_iter().map(|read| async {
+            match read {
+                Ok(reply) => self.apply(reply, header.as_deref()).await,
+                Err(e) => Settle::Unreadable(self.unreadable(&e)),
+            }
+        }))
         .await;
         match applied.into_iter().max() {
             Some(Settle::Again) => {
@@ -279,9 +282,18 @@ impl Scheduler {
                 broker::requeue(&delivery).await
             }
             Some(Settle::Failed(reason)) => broker::retry_counted(&delivery, &reason).await,
+            Some(Settle::Unreadable(reason)) => broker::dead_letter_with(&delivery, &reason).await,
             // Their messages went to the relay with the commit.
             Some(Settle::Done) | None => broker::ack(&delivery).await,
         }
+    }
+
+    /// Logs and counts a reply that cannot be read; the reason to
+    /// dead-letter its message with.
+    fn unreadable(&self, e: &serde_json::Error) -> String {
+        tracing::warn!(error = %e, "unreadable reply; dead-lettered");
+        self.count_reply("malformed");
+        format!("unreadable reply: {}", Quoted::new(&e.to_string()))
     }
 
     /// Applies one reply, in its order's span.

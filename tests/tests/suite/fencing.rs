@@ -234,10 +234,13 @@ async fn a_reply_to_a_superseded_dispatch_or_attempt_changes_nothing() {
         },
     };
     // Two in one message (an agent's pack), one alone.
-    app.publish_pack(&[
-        reply(Uuid::new_v4(), 1, &locked_by),
-        reply(dispatch, 7, &locked_by),
-    ])
+    app.publish_pack(
+        &[
+            reply(Uuid::new_v4(), 1, &locked_by),
+            reply(dispatch, 7, &locked_by),
+        ],
+        &[],
+    )
     .await;
     app.publish_reply(&reply(dispatch, 1, "scheduler-gone"))
         .await;
@@ -257,12 +260,16 @@ async fn a_reply_to_a_superseded_dispatch_or_attempt_changes_nothing() {
         "a stale reply changed the order"
     );
     // The reply the running dispatch is waiting for moves the order on,
-    // packed with a stale one.
+    // packed with a stale one and one that cannot be read: that one is the
+    // message's own, dead-lettered, and keeps no other reply from its order.
     app.knobs("b", Knobs::default());
-    app.publish_pack(&[
-        reply(Uuid::new_v4(), 1, &locked_by),
-        reply(dispatch, 1, &locked_by),
-    ])
+    app.publish_pack(
+        &[
+            reply(Uuid::new_v4(), 1, &locked_by),
+            reply(dispatch, 1, &locked_by),
+        ],
+        &[r#"{"not":"a reply"}"#],
+    )
     .await;
     app.eventually(
         "the order is processed",
@@ -275,6 +282,20 @@ async fn a_reply_to_a_superseded_dispatch_or_attempt_changes_nothing() {
             .await
             .contains(r#"sas_replies_total{outcome="stale"} 4"#),
         "the pack's stale reply counted, its live one applied"
+    );
+    app.eventually(
+        "the pack dead-lettered",
+        Duration::from_secs(10),
+        || async { app.ready(app.queues.replies_dead()).await == 1 },
+    )
+    .await;
+    let dead = app.drain(app.queues.replies_dead()).await;
+    let reason = dead[0].1.as_deref().unwrap_or_default();
+    assert!(reason.starts_with("unreadable reply"), "{reason}");
+    assert!(
+        app.metrics("scheduler")
+            .await
+            .contains(r#"sas_replies_total{outcome="malformed"} 1"#)
     );
 }
 
