@@ -49,7 +49,9 @@ impl Replies {
             reply,
             confirmed,
         };
-        let stopped = Err(PublishError::Invalid("the reply sender has stopped"));
+        // Not `Invalid`, which the agent answers by acknowledging the
+        // request: a reply not sent for want of a sender is handed back.
+        let stopped = Err(PublishError::Stopped);
         if self.queue.send(reply).is_err() {
             return stopped;
         }
@@ -132,4 +134,30 @@ async fn publish(
             ..Outgoing::default()
         })
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sas::messages::{Direction, StepOutcome};
+
+    #[tokio::test]
+    async fn a_reply_without_a_sender_is_stopped_not_invalid() {
+        let (queue, waiting) = mpsc::unbounded_channel();
+        drop(waiting);
+        let replies = Replies { queue };
+        let reply = StepReply {
+            order_id: uuid::Uuid::new_v4(),
+            step: "a".into(),
+            step_index: 0,
+            direction: Direction::Forward,
+            attempt: 1,
+            dispatch_id: uuid::Uuid::new_v4(),
+            locked_by: "s1".into(),
+            traceparent: None,
+            outcome: StepOutcome::Held,
+        };
+        let sent = replies.send("q", reply).await;
+        assert!(matches!(sent, Err(PublishError::Stopped)), "{sent:?}");
+    }
 }

@@ -19,6 +19,10 @@ pub enum PublishError {
     /// longer than AMQP's short string): nothing was sent.
     #[error("cannot publish: {0}")]
     Invalid(&'static str),
+    /// The task that publishes for the caller is gone (it panicked):
+    /// nothing was sent, and the broker session should start again.
+    #[error("the publishing task has stopped: nothing was sent")]
+    Stopped,
     #[error(transparent)]
     Amqp(#[from] lapin::Error),
 }
