@@ -23,7 +23,7 @@
 #   SAS__BROKER__URL      AMQP URL (default amqp://guest:guest@127.0.0.1:5672/%2f)
 #   SAS_CONFIG            configuration file (default config/local.toml)
 #   DEMO_ORDERS           orders the demo submits (default 20)
-#   DEMO_QUEUE            the demo's status queue (default <prefix>.demo.status)
+#   DEMO_QUEUE            the demo's status queue (default <prefix>-demo.status)
 #   DEMO_WATCH_TIMEOUT    how long the demo watches for events (default 30s)
 #   SAS_SKIP_BUILD=1      use the binaries already in target/release
 #   SAS_KEEP_RUNNING=1    keep the suite running after the demo until Ctrl-C
@@ -42,7 +42,7 @@ remote_sim_port=8081
 
 export SAS_CONFIG="${SAS_CONFIG:-$root/config/local.toml}"
 export DEMO_ORDERS="${DEMO_ORDERS:-20}"
-export DEMO_QUEUE="${DEMO_QUEUE:-${SAS__BROKER__PREFIX:-sas}.demo.status}"
+export DEMO_QUEUE="${DEMO_QUEUE:-${SAS__BROKER__PREFIX:-sas}-demo.status}"
 export DEMO_WATCH_TIMEOUT="${DEMO_WATCH_TIMEOUT:-30s}"
 # Each service gets its own port below; a global one would make them collide.
 unset SAS__HTTP__PORT

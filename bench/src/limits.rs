@@ -312,7 +312,7 @@ async fn pg_limit(
             outlet: outlet.clone(),
         });
         let wf = Arc::new(workflow(name, steps)?);
-        let status = format!("{prefix}.app.status");
+        let status = format!("{prefix}-app.status");
         let new_orders = sas_testkit::fixtures::new_orders(name, orders, &status);
         let ids: Vec<Uuid> = new_orders.iter().map(|o| o.order_id).collect();
         let order_body = format!(

@@ -961,7 +961,7 @@ async fn cleanup(env: &Env) {
                 .into_iter()
                 .map(|q| q.name),
         );
-        queues.push(format!("{prefix}.app.status"));
+        queues.push(format!("{prefix}-app.status"));
     }
     for t in ["quorum", "classic"] {
         for lane in 0..crate::limits::LANES {

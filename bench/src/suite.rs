@@ -266,7 +266,7 @@ impl Suite {
         let broker = Broker::connect(&broker_settings, "sas-bench").await?;
         let publisher = broker.publisher().await?;
         let queues = sas_testkit::broker::declare(&broker, &broker_settings, &AGENTS).await?;
-        let status_queue = format!("{prefix}.app.status");
+        let status_queue = format!("{prefix}-app.status");
         broker.declare_status_queue(&status_queue).await?;
         Ok(Self {
             env: env.clone(),

@@ -242,7 +242,7 @@ impl Client {
         let body = order.to_json().to_string().into_bytes();
         // The submission's own validation, so that an order it would
         // reject is refused here, unsent (the workflow's existence aside).
-        Order::decode(&body, None, usize::MAX)
+        Order::decode(&body, None, usize::MAX, &self.queues)
             .map_err(|(reason, _)| Error::InvalidOrder(reason))?;
         let id = order_id.to_string();
         tracing::debug!(order_id = %id, workflow = %order.workflow, "submitting");

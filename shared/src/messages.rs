@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
+use crate::topology::QueueNames;
+
 /// Longest queue or workflow name sas accepts: AMQP's short string.
 pub const MAX_NAME_BYTES: usize = 255;
 
@@ -55,6 +57,16 @@ pub enum RejectReason {
     /// The queue a replay's events were to go to does not exist.
     #[error("no queue {0}: the events could not be delivered")]
     NoSuchQueue(Quoted),
+    /// A `reply_to` names one of sas's own queues or the broker's
+    /// (contract §1b): applications name queues of their own.
+    #[error(
+        "{field} names {queue}, a queue of sas (under its prefix) or of the broker (amq.): name a queue of your own"
+    )]
+    ReservedQueue { field: &'static str, queue: Quoted },
+    /// A field the message may not carry (a replay request is read
+    /// strictly, so that no other message is taken for one).
+    #[error("unknown field {0}")]
+    UnknownField(Quoted),
 }
 
 impl RejectReason {
@@ -72,6 +84,8 @@ impl RejectReason {
             Self::UnknownOrder(_) => "unknown_order",
             Self::NoReplyQueue => "no_reply_queue",
             Self::NoSuchQueue(_) => "no_such_queue",
+            Self::ReservedQueue { .. } => "reserved_queue",
+            Self::UnknownField(_) => "unknown_field",
         }
     }
 }
@@ -280,19 +294,24 @@ impl Submission {
         Value::Object(body)
     }
 
-    /// Decodes and validates a body. `reply_to_property` is the AMQP `reply_to`.
+    /// Decodes and validates a body. `reply_to_property` is the AMQP
+    /// `reply_to`; a queue of `names` (sas's own, contract §1b) in either
+    /// the property or the body is refused.
     ///
     /// On rejection also returns what could be read of the order id and the
-    /// reply queue, so the sender can be told.
+    /// reply queue, so the sender can be told: a reply queue only where
+    /// sas may publish (never one of its own).
     pub fn decode(
         body: &[u8],
         reply_to_property: Option<&str>,
         max_bytes: usize,
+        names: &QueueNames,
     ) -> Result<Self, (RejectReason, RejectedHints)> {
         let reply_to_property = reply_to_property.filter(|q| is_queue_name(q));
+        let usable = |q: &&str| !names.is_reserved(q);
         let mut hints = RejectedHints {
             order_id: None,
-            reply_to: reply_to_property.map(str::to_owned),
+            reply_to: reply_to_property.filter(usable).map(str::to_owned),
         };
         if body.len() > max_bytes {
             return Err((
@@ -317,7 +336,9 @@ impl Submission {
         // Only what can be routed and echoed: a queue name, an id of a
         // sensible size.
         match obj.get("reply_to") {
-            Some(Value::String(q)) if is_queue_name(q) => hints.reply_to = Some(q.clone()),
+            Some(Value::String(q)) if is_queue_name(q) && !names.is_reserved(q) => {
+                hints.reply_to = Some(q.clone());
+            }
             _ => {}
         }
         hints.order_id = match obj.get("order_id") {
@@ -326,6 +347,9 @@ impl Submission {
             _ => None,
         };
         let fail = |r: RejectReason| Err((r, hints.clone()));
+        if let Some(q) = reply_to_property.filter(|q| names.is_reserved(q)) {
+            return fail(reserved("the AMQP reply_to property", q));
+        }
 
         let order_id = match obj.remove("order_id") {
             None | Some(Value::Null) => None,
@@ -357,6 +381,9 @@ impl Submission {
         };
         let reply_to = match obj.remove("reply_to") {
             None | Some(Value::Null) => reply_to_property.map(str::to_owned),
+            Some(Value::String(s)) if names.is_reserved(&s) => {
+                return fail(reserved("`reply_to`", &s));
+            }
             Some(Value::String(s)) if is_queue_name(&s) => Some(s),
             Some(_) => {
                 return fail(wrong(
@@ -484,6 +511,13 @@ const EVENTS: &str = "\"all\" or \"terminal\"";
 
 fn wrong(field: &'static str, expected: &'static str) -> RejectReason {
     RejectReason::WrongType { field, expected }
+}
+
+fn reserved(field: &'static str, queue: &str) -> RejectReason {
+    RejectReason::ReservedQueue {
+        field,
+        queue: Quoted::new(queue),
+    }
 }
 
 /// The `state` of a status event (contract §2).
@@ -623,12 +657,18 @@ pub enum ReplayRequest {
     },
 }
 
+/// The fields a replay request may carry, of either form.
+const REPLAY_FIELDS: [&str; 4] = ["order_id", "from_seq", "reply_to", "since"];
+
 /// What `from_seq` must be.
 const FROM_SEQ: &str = "an integer from 0 to 2147483647";
 
 impl ReplayRequest {
-    /// Decodes and validates a replay request's body.
-    pub fn decode(body: &[u8], max_bytes: usize) -> Result<Self, RejectReason> {
+    /// Decodes and validates a replay request's body, strictly (contract
+    /// §1b): a field other than the two forms' is refused, so no other
+    /// message (a status event, an order) is ever read as a request, and
+    /// a `reply_to` naming a queue of `names` is refused.
+    pub fn decode(body: &[u8], max_bytes: usize, names: &QueueNames) -> Result<Self, RejectReason> {
         if body.len() > max_bytes {
             return Err(RejectReason::TooLarge {
                 size: body.len(),
@@ -641,6 +681,9 @@ impl ReplayRequest {
         let Value::Object(obj) = value else {
             return Err(RejectReason::NotAnObject);
         };
+        if let Some(unknown) = obj.keys().find(|k| !REPLAY_FIELDS.contains(&k.as_str())) {
+            return Err(RejectReason::UnknownField(Quoted::new(unknown)));
+        }
         let present = |k: &str| obj.get(k).is_some_and(|v| !v.is_null());
         if present("order_id") {
             if present("reply_to") || present("since") {
@@ -666,9 +709,15 @@ impl ReplayRequest {
             };
             return Ok(Self::Order { order_id, from_seq });
         }
+        if present("from_seq") {
+            return Err(RejectReason::MissingField("order_id"));
+        }
         let reply_to = match obj.get("reply_to") {
             None | Some(Value::Null) => {
                 return Err(RejectReason::MissingField("order_id` or `reply_to"));
+            }
+            Some(Value::String(q)) if names.is_reserved(q) => {
+                return Err(reserved("`reply_to`", q));
             }
             Some(Value::String(q)) if is_queue_name(q) => q.clone(),
             Some(_) => return Err(wrong("reply_to", "a queue name of 1 to 255 bytes")),
@@ -963,8 +1012,13 @@ pub mod rfc3339 {
 mod tests {
     use super::*;
 
+    /// The queues of the deployment the tests' messages come to.
+    fn names() -> QueueNames {
+        QueueNames::new("sas")
+    }
+
     fn decode(body: &str) -> Result<Submission, RejectReason> {
-        Submission::decode(body.as_bytes(), None, 1024).map_err(|(r, _)| r)
+        Submission::decode(body.as_bytes(), None, 1024, &names()).map_err(|(r, _)| r)
     }
 
     #[test]
@@ -1015,7 +1069,7 @@ mod tests {
             assert_eq!(s.events, events, "{body}");
             // What an application would publish reads back the same.
             let again = serde_json::to_vec(&s.to_json()).unwrap();
-            assert_eq!(Submission::decode(&again, None, 1024).unwrap(), s);
+            assert_eq!(Submission::decode(&again, None, 1024, &names()).unwrap(), s);
         }
         for body in [
             r#"{"workflow":"w","payload":{},"events":"some"}"#,
@@ -1093,8 +1147,13 @@ mod tests {
                 .label(),
             "wrong_type"
         );
-        let property =
-            Submission::decode(br#"{"workflow":"w","payload":{}}"#, Some("q\0"), 1024).unwrap();
+        let property = Submission::decode(
+            br#"{"workflow":"w","payload":{}}"#,
+            Some("q\0"),
+            1024,
+            &names(),
+        )
+        .unwrap();
         assert_eq!(
             property.reply_to, None,
             "a reply_to property with NUL is ignored"
@@ -1141,11 +1200,15 @@ mod tests {
             "wrong_type"
         );
         assert_eq!(
-            Submission::decode(&[0xff, 0xfe], None, 10).unwrap_err().0,
+            Submission::decode(&[0xff, 0xfe], None, 10, &names())
+                .unwrap_err()
+                .0,
             RejectReason::NotUtf8
         );
         assert!(matches!(
-            Submission::decode(&[b' '; 11], None, 10).unwrap_err().0,
+            Submission::decode(&[b' '; 11], None, 10, &names())
+                .unwrap_err()
+                .0,
             RejectReason::TooLarge {
                 size: 11,
                 limit: 10
@@ -1165,7 +1228,8 @@ mod tests {
             r#"{"workflow":"w","payload":{},"not_before":"0000-12-31T23:59:59Z"}"#.to_owned(),
             r#"{"workflow":"w","payload":{},"not_before":"2030-02-30T00:00:00Z"}"#.to_owned(),
         ] {
-            let (reason, hints) = Submission::decode(body.as_bytes(), None, 4096).unwrap_err();
+            let (reason, hints) =
+                Submission::decode(body.as_bytes(), None, 4096, &names()).unwrap_err();
             assert_eq!(reason.label(), "wrong_type", "{body}");
             assert!(
                 hints.reply_to.as_ref().is_none_or(|q| is_queue_name(q)),
@@ -1177,7 +1241,7 @@ mod tests {
             "q".repeat(255)
         );
         assert!(
-            Submission::decode(edge.as_bytes(), None, 4096).is_ok(),
+            Submission::decode(edge.as_bytes(), None, 4096, &names()).is_ok(),
             "255 bytes is a name"
         );
         // An unusable reply queue or order id in a rejected body is not echoed.
@@ -1186,6 +1250,7 @@ mod tests {
                 .as_bytes(),
             Some("prop"),
             4096,
+            &names(),
         )
         .unwrap_err();
         assert_eq!(hints.reply_to.as_deref(), Some("prop"));
@@ -1285,7 +1350,7 @@ mod tests {
         });
         runner
             .run(&(body, proptest::option::of(text)), |(body, property)| {
-                match Submission::decode(body.as_bytes(), property.as_deref(), 1 << 20) {
+                match Submission::decode(body.as_bytes(), property.as_deref(), 1 << 20, &names()) {
                     Ok(s) => {
                         prop_assert!(is_queue_name(&s.workflow));
                         prop_assert!(s.reply_to.as_deref().is_none_or(is_queue_name));
@@ -1360,7 +1425,7 @@ mod tests {
         order.not_before = parse_time("2030-01-01T00:00:00Z");
         let body = order.to_json().to_string();
         assert_eq!(
-            Submission::decode(body.as_bytes(), None, 1024).unwrap(),
+            Submission::decode(body.as_bytes(), None, 1024, &names()).unwrap(),
             order
         );
     }
@@ -1371,6 +1436,7 @@ mod tests {
         let one = ReplayRequest::decode(
             format!(r#"{{"order_id":"{id}","from_seq":3}}"#).as_bytes(),
             1024,
+            &names(),
         )
         .unwrap();
         assert_eq!(
@@ -1381,7 +1447,12 @@ mod tests {
             }
         );
         assert_eq!(
-            ReplayRequest::decode(format!(r#"{{"order_id":"{id}"}}"#).as_bytes(), 1024).unwrap(),
+            ReplayRequest::decode(
+                format!(r#"{{"order_id":"{id}"}}"#).as_bytes(),
+                1024,
+                &names()
+            )
+            .unwrap(),
             ReplayRequest::Order {
                 order_id: id,
                 from_seq: 1
@@ -1391,6 +1462,7 @@ mod tests {
         let queue = ReplayRequest::decode(
             br#"{"reply_to":"app","since":"2030-01-01T01:00:00+01:00"}"#,
             1024,
+            &names(),
         )
         .unwrap();
         assert_eq!(
@@ -1403,7 +1475,7 @@ mod tests {
         for request in [one, queue] {
             let body = request.to_json().to_string();
             assert_eq!(
-                ReplayRequest::decode(body.as_bytes(), 1024).unwrap(),
+                ReplayRequest::decode(body.as_bytes(), 1024, &names()).unwrap(),
                 request
             );
         }
@@ -1412,7 +1484,7 @@ mod tests {
     #[test]
     fn malformed_replay_requests_get_precise_reasons() {
         let label = |body: &str| {
-            ReplayRequest::decode(body.as_bytes(), 256)
+            ReplayRequest::decode(body.as_bytes(), 256, &names())
                 .unwrap_err()
                 .label()
         };
@@ -1436,7 +1508,7 @@ mod tests {
         }
         assert_eq!(label(&" ".repeat(257)), "too_large");
         assert!(
-            ReplayRequest::decode(b"{}", 10)
+            ReplayRequest::decode(b"{}", 10, &names())
                 .unwrap_err()
                 .to_string()
                 .contains("`order_id` or `reply_to`")
@@ -1470,12 +1542,96 @@ mod tests {
             br#"{"order_id":"nope","workflow":"w","payload":{},"reply_to":"mine"}"#,
             Some("prop"),
             1024,
+            &names(),
         )
         .unwrap_err();
         assert_eq!(hints.reply_to.as_deref(), Some("mine"));
         let ev = StatusEvent::rejected(&hints, &RejectReason::NotAnObject, Utc::now());
         assert_eq!(ev.seq, 0);
         assert_eq!(ev.order_id, "nope", "the id as given");
+    }
+
+    #[test]
+    fn a_reply_queue_of_sas_or_the_broker_is_refused_in_the_body_or_the_property() {
+        let id = Uuid::new_v4();
+        for queue in [
+            "sas.replay",
+            "sas.alerts",
+            "sas.orders.dead",
+            "sas.agent.a.requests",
+            "sas",
+            "amq.gen-x",
+        ] {
+            let body = format!(
+                r#"{{"order_id":"{id}","workflow":"w","payload":{{}},"reply_to":"{queue}"}}"#
+            );
+            let (reason, hints) =
+                Submission::decode(body.as_bytes(), None, 1024, &names()).unwrap_err();
+            assert_eq!(reason.label(), "reserved_queue", "{queue}");
+            assert_eq!(hints.reply_to, None, "no event goes to {queue}");
+            // A usable property is where the sender is told.
+            let (_, hints) =
+                Submission::decode(body.as_bytes(), Some("mine"), 1024, &names()).unwrap_err();
+            assert_eq!(hints.reply_to.as_deref(), Some("mine"));
+
+            let body = format!(r#"{{"workflow":"w","payload":{{}},"reply_to":"mine"}}"#);
+            let (reason, hints) =
+                Submission::decode(body.as_bytes(), Some(queue), 1024, &names()).unwrap_err();
+            assert_eq!(reason.label(), "reserved_queue", "property {queue}");
+            assert_eq!(hints.reply_to.as_deref(), Some("mine"));
+            let text = reason.to_string();
+            assert!(
+                text.contains("reply_to") && text.len() <= MAX_REASON_BYTES,
+                "{text}"
+            );
+        }
+        // Another deployment's prefix, or a name that merely starts alike, is the application's.
+        let ok = Submission::decode(
+            br#"{"workflow":"w","payload":{},"reply_to":"sasx.status"}"#,
+            Some("other.status"),
+            1024,
+            &names(),
+        )
+        .unwrap();
+        assert_eq!(ok.reply_to.as_deref(), Some("sasx.status"));
+    }
+
+    #[test]
+    fn a_replay_request_is_read_strictly_and_never_into_sas_queues() {
+        let id = Uuid::new_v4();
+        // A status event, an order, a request with one stray field: none is a replay request.
+        let event = serde_json::to_vec(&StatusEvent::logged(
+            id,
+            1,
+            EventKind::Received,
+            None,
+            1,
+            Utc::now(),
+            serde_json::json!({}),
+        ))
+        .unwrap();
+        let stray = format!(r#"{{"order_id":"{id}","from_seq":1,"x":1}}"#);
+        let order = format!(r#"{{"order_id":"{id}","workflow":"w","payload":{{}}}}"#);
+        for body in [event, stray.into_bytes(), order.into_bytes()] {
+            let reason = ReplayRequest::decode(&body, 1024, &names()).unwrap_err();
+            assert_eq!(
+                reason.label(),
+                "unknown_field",
+                "{}",
+                String::from_utf8_lossy(&body)
+            );
+        }
+        let body = br#"{"reply_to":"sas.replay","since":"2030-01-01T00:00:00Z"}"#;
+        assert_eq!(
+            ReplayRequest::decode(body, 1024, &names())
+                .unwrap_err()
+                .label(),
+            "reserved_queue"
+        );
+        assert_eq!(
+            ReplayRequest::decode(br#"{"from_seq":2}"#, 1024, &names()).unwrap_err(),
+            RejectReason::MissingField("order_id")
+        );
     }
 
     #[test]

@@ -37,6 +37,18 @@ impl QueueNames {
         &self.prefix
     }
 
+    /// Whether `queue` is not for applications to name (contract §1b): one
+    /// of sas's own (the prefix, or under `<prefix>.`) or the broker's
+    /// (`amq.`). An order or replay naming one as its `reply_to` would make
+    /// sas publish into its own queues (a replay request replaying into
+    /// the replay queue floods the broker) or fake an operator's alert.
+    pub fn is_reserved(&self, queue: &str) -> bool {
+        queue.starts_with("amq.")
+            || queue
+                .strip_prefix(self.prefix.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+    }
+
     /// Where applications publish orders.
     pub fn orders(&self) -> &str {
         &self.orders
@@ -142,5 +154,34 @@ mod tests {
         assert_eq!(q.replay(), "t1.replay");
         assert_eq!(q.replay_dead(), "t1.replay.dead");
         assert_eq!(q.all(["a"]).len(), 9);
+    }
+
+    #[test]
+    fn every_queue_of_the_deployment_and_the_brokers_own_are_reserved() {
+        let q = QueueNames::new("t1");
+        for queue in q.all(["a", "b"]) {
+            assert!(q.is_reserved(&queue.name), "{}", queue.name);
+        }
+        for reserved in [
+            "t1",
+            "t1.",
+            "t1.replay",
+            "t1.x.y",
+            "amq.gen-1",
+            "amq.rabbitmq.reply-to",
+        ] {
+            assert!(q.is_reserved(reserved), "{reserved}");
+        }
+        for free in [
+            "t10.orders",
+            "t1x",
+            "app.t1.replay",
+            "shop.status",
+            "amq",
+            "AMQ.x",
+            "T1.replay",
+        ] {
+            assert!(!q.is_reserved(free), "{free}");
+        }
     }
 }

@@ -532,7 +532,7 @@ breaker_cooldown = "{cooldown}"
 
     /// Declares an application status queue under this test's prefix.
     pub async fn status_queue(&self, name: &str) -> String {
-        let queue = format!("{}.app.{name}", self.prefix);
+        let queue = format!("{}-app.{name}", self.prefix);
         self.conn()
             .broker()
             .declare_status_queue(&queue)

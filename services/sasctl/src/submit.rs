@@ -647,9 +647,13 @@ mod tests {
                 events: Events::Terminal,
             },
         );
-        let decoded =
-            sas::messages::Submission::decode(body.to_string().as_bytes(), Some("app"), 1 << 20)
-                .unwrap();
+        let decoded = sas::messages::Submission::decode(
+            body.to_string().as_bytes(),
+            Some("app"),
+            1 << 20,
+            &sas::topology::QueueNames::new("sas"),
+        )
+        .unwrap();
         assert_eq!(decoded.order_id, Some(id));
         assert_eq!(decoded.workflow, "order");
         assert_eq!(decoded.payload["sku"], "A-1");

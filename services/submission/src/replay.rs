@@ -38,10 +38,12 @@ impl Replayer {
         delivery: Received,
     ) -> Result<(), BrokerError> {
         let settings = &self.ctx.settings.submission;
-        let request = match ReplayRequest::decode(delivery.body(), settings.max_body_bytes) {
-            Ok(request) => request,
-            Err(reason) => return self.reject(&delivery, &reason).await,
-        };
+        let request =
+            match ReplayRequest::decode(delivery.body(), settings.max_body_bytes, &self.ctx.queues)
+            {
+                Ok(request) => request,
+                Err(reason) => return self.reject(&delivery, &reason).await,
+            };
         let span = match &request {
             ReplayRequest::Order { order_id, from_seq } => {
                 tracing::info_span!("replay", %order_id, from_seq)
@@ -84,11 +86,20 @@ impl Replayer {
         let to = delivery
             .reply_to()
             .filter(|q| is_queue_name(q))
-            .map(str::to_owned)
-            .or(replay.reply_to);
-        let Some(to) = to else {
+            .map(|q| (q.to_owned(), "the AMQP reply_to property"))
+            .or(replay.reply_to.map(|q| (q, "the order's reply_to")));
+        let Some((to, named_by)) = to else {
             return self.reject(delivery, &RejectReason::NoReplyQueue).await;
         };
+        // Never into sas's own queues (contract §1b), whoever named it: a
+        // replay into the replay queue would feed itself for good.
+        if self.ctx.queues.is_reserved(&to) {
+            let reason = RejectReason::ReservedQueue {
+                field: named_by,
+                queue: Quoted::new(&to),
+            };
+            return self.reject(delivery, &reason).await;
+        }
         if replay.truncated {
             tracing::warn!(
                 limit,

@@ -158,6 +158,7 @@ impl Submitter {
             delivery.body(),
             delivery.reply_to(),
             settings.submission.max_body_bytes,
+            &self.ctx.queues,
         )
         .and_then(|s| match settings.workflow(&s.workflow) {
             Ok(wf) => Ok((s, wf)),

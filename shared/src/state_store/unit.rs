@@ -311,7 +311,7 @@ impl Unit {
         self.wake |= decision.wake;
         for effect in decision.effects {
             match effect {
-                Effect::Event(logged) => self.event(i, logged),
+                Effect::Event(logged) => self.event(i, logged, queues),
                 Effect::Request { agent, request } => {
                     if let Some(f) = self.flows.iter_mut().find(|f| f.agent == agent) {
                         f.dispatched();
@@ -345,11 +345,16 @@ impl Unit {
 
     /// Logs an event of order `i` and, when the order has a status queue
     /// and asked for events of its kind (contract §2a), queues the status
-    /// event (contract §2).
-    fn event(&mut self, i: usize, e: Logged) {
+    /// event (contract §2). Never into one of sas's own queues (contract
+    /// §1b): an order stored before they were refused may still name one.
+    fn event(&mut self, i: usize, e: Logged, queues: &QueueNames) {
         let now = self.now;
         let o = &self.orders[i].order.row;
-        if let Some(queue) = o.reply_to.as_ref().filter(|_| o.events.publishes(e.kind)) {
+        let announced = o
+            .reply_to
+            .as_ref()
+            .filter(|q| o.events.publishes(e.kind) && !queues.is_reserved(q));
+        if let Some(queue) = announced {
             // The same constructor as a replay's (contract §9), so a
             // replayed event is the event that was sent.
             let event = StatusEvent::logged(

@@ -133,7 +133,7 @@ async fn killing_the_orders_leader_node_then_another_loses_and_repeats_nothing_a
         .spawn()
         .await;
     // A quorum queue, so the events survive the node that hosts it.
-    let status = format!("{}.app.status", app.prefix);
+    let status = format!("{}-app.status", app.prefix);
     app.declare_queue(&status, None).await;
     let orders = app.queues.orders().to_string();
 

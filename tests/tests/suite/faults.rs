@@ -279,7 +279,7 @@ async fn poison_input_is_dead_lettered_and_never_stops_a_service() {
     let huge = vec![b'x'; 10 * 1024 * 1024];
     app.publish_raw(&huge, Some(&status), None).await;
     app.publish_raw(b"[]", None, None).await;
-    let missing = format!("{}.no-such-queue", app.prefix);
+    let missing = format!("{}-app.no-such-queue", app.prefix);
     app.publish_raw(br#"{"workflow":"nope","payload":{}}"#, Some(&missing), None)
         .await;
     let accepted_unknown_fields = Uuid::new_v4();

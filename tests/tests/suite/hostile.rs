@@ -477,3 +477,125 @@ async fn a_message_that_fails_every_time_is_dead_lettered_after_bounded_tries_on
     assert_eq!(runs, 4);
     assert_eq!(reason.as_deref(), Some("could not apply: always fails"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_or_replay_naming_a_queue_of_sas_as_its_reply_to_is_refused_and_publishes_nothing_there()
+ {
+    let app = TestApp::new().await;
+    start(&app).await;
+    let status = app.status_queue("status").await;
+    let q = &app.queues;
+    let agent_requests = q.agent_requests("a");
+    let own = [
+        q.replay(),
+        q.alerts(),
+        q.orders_dead(),
+        q.replay_dead(),
+        agent_requests.as_str(),
+        q.replies(),
+        // (RabbitMQ itself refuses a publish naming its direct reply-to
+        // without a consumer: a name of the broker's that it lets through.)
+        "amq.gen-forged",
+    ];
+    // Each of sas's queues named in the body, then as the AMQP property,
+    // with a good order before each.
+    let mut good = Vec::new();
+    let mut bad = Vec::new();
+    for queue in own {
+        good.push(app.submit("one", Some(&status)).await);
+        let body = json!({ "order_id": Uuid::new_v4(), "workflow": "one", "payload": {}, "reply_to": queue });
+        app.publish_raw(body.to_string().as_bytes(), Some(&status), None)
+            .await;
+        bad.push(body.to_string());
+        let body = json!({ "order_id": Uuid::new_v4(), "workflow": "one", "payload": {} });
+        app.publish_raw(body.to_string().as_bytes(), Some(queue), None)
+            .await;
+        bad.push(body.to_string());
+    }
+    let events = app
+        .collect(&status, Duration::from_secs(60), |got| {
+            ends(got).len() >= good.len()
+                && got.iter().filter(|e| e["state"] == "rejected").count() >= own.len()
+        })
+        .await;
+    let ended = ends(&events);
+    for id in &good {
+        assert_eq!(ended[&id.to_string()], "processed", "{id}");
+    }
+    // Only the body-named ones could be told (the property was the reply queue).
+    let rejected: Vec<&Value> = events.iter().filter(|e| e["state"] == "rejected").collect();
+    assert_eq!(rejected.len(), own.len(), "{rejected:?}");
+    let dead = app.drain(q.orders_dead()).await;
+    assert_eq!(dead.len(), bad.len(), "{dead:?}");
+    for (body, why) in &dead {
+        let why = why.as_deref().unwrap_or_default();
+        assert!(bad.iter().any(|b| b.as_bytes() == body), "{why}");
+        assert!(why.contains("a queue of sas"), "{why}");
+    }
+
+    // Replay requests into sas's queues, or a status event posing as one:
+    // refused, and nothing replays into the replay queue.
+    let first = good[0];
+    let publisher = app.publisher();
+    for to in [q.replay(), q.alerts(), agent_requests.as_str()] {
+        publisher
+            .publish(&Outgoing {
+                routing_key: q.replay(),
+                body: json!({ "order_id": first, "from_seq": 1 })
+                    .to_string()
+                    .as_bytes(),
+                reply_to: Some(to),
+                mandatory: true,
+                ..Outgoing::default()
+            })
+            .await
+            .expect("published");
+    }
+    let event = events
+        .iter()
+        .find(|e| e["order_id"] == first.to_string())
+        .expect("an event of the first order");
+    publisher
+        .publish(&Outgoing {
+            routing_key: q.replay(),
+            body: event.to_string().as_bytes(),
+            mandatory: true,
+            ..Outgoing::default()
+        })
+        .await
+        .expect("published");
+    app.eventually(
+        "four replay requests dead-lettered",
+        Duration::from_secs(20),
+        || async { app.ready(q.replay_dead()).await >= 4 },
+    )
+    .await;
+    let refused = app.drain(q.replay_dead()).await;
+    assert_eq!(refused.len(), 4, "{refused:?}");
+    let reasons: Vec<String> = refused.into_iter().filter_map(|(_, w)| w).collect();
+    assert_eq!(
+        reasons
+            .iter()
+            .filter(|w| w.contains("a queue of sas"))
+            .count(),
+        3,
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|w| w.contains("unknown field")),
+        "{reasons:?}"
+    );
+    // Nothing went where an application pointed: no alert, no stray
+    // request, no replay feeding itself.
+    assert_eq!(app.ready(q.alerts()).await, 0, "a forged alert");
+    assert_eq!(app.ready(q.replay()).await, 0);
+    assert_eq!(app.ready(q.orders_dead()).await, 0);
+    let replays = app.metrics("submission").await;
+    let served: u64 = replays
+        .lines()
+        .filter(|l| l.starts_with("sas_replays_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(served, 4, "{replays}");
+    assert_unharmed(&app).await;
+}

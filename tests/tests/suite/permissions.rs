@@ -33,11 +33,11 @@ struct AppUser {
 
 impl AppUser {
     /// The README's recipe: configure and read its own queues
-    /// (`<prefix>.app.…`), write only to the submission exchange.
+    /// (`<prefix>-app.…`, outside sas's own names), write only to the submission exchange.
     fn create(prefix: &str, password: &str) -> Self {
         let name = format!("{prefix}-app");
         rabbitmqctl(&["add_user", &name, password]);
-        let own = format!("^{prefix}\\.app\\..*");
+        let own = format!("^{prefix}-app\\..*");
         let submit = format!("^{prefix}\\.submit$");
         rabbitmqctl(&["set_permissions", "-p", "/", &name, &own, &submit, &own]);
         Self { name }
@@ -85,7 +85,7 @@ async fn an_application_user_submits_and_reads_its_status_but_cannot_forge_a_ste
     let broker = Broker::connect(&settings, "application")
         .await
         .expect("the application user connects");
-    let status = format!("{}.app.status", app.prefix);
+    let status = format!("{}-app.status", app.prefix);
     broker
         .declare_status_queue(&status)
         .await
