@@ -1574,7 +1574,7 @@ mod tests {
                 Submission::decode(body.as_bytes(), Some("mine"), 1024, &names()).unwrap_err();
             assert_eq!(hints.reply_to.as_deref(), Some("mine"));
 
-            let body = format!(r#"{{"workflow":"w","payload":{{}},"reply_to":"mine"}}"#);
+            let body = r#"{"workflow":"w","payload":{},"reply_to":"mine"}"#;
             let (reason, hints) =
                 Submission::decode(body.as_bytes(), Some(queue), 1024, &names()).unwrap_err();
             assert_eq!(reason.label(), "reserved_queue", "property {queue}");
