@@ -13,6 +13,7 @@ pub mod cli;
 pub mod dashboard;
 pub mod otlp;
 pub mod proxy;
+pub mod raw_amqp;
 pub mod tls;
 
 use std::collections::BTreeMap;

@@ -56,6 +56,13 @@ where
                         break Err(e);
                     }
                     let received = acks.received(delivery, dead_letters.clone());
+                    // Headers the parser could not read whole (contract
+                    // §1b): set aside before any handler sees the message.
+                    if let Some(reason) = received.headers_refusal() {
+                        tracing::warn!(%reason, %queue, "message refused unread; dead-lettered");
+                        tasks.spawn(async move { poison::dead_letter_with(&received, &reason).await });
+                        continue;
+                    }
                     let kept = received.share();
                     let work = AssertUnwindSafe(handler(received)).catch_unwind();
                     // A panic settles its own delivery (dead-lettered with

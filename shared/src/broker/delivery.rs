@@ -21,7 +21,17 @@ impl std::fmt::Debug for Delivery {
             .field("tag", &self.inner.delivery_tag)
             .field("redelivered", &self.inner.redelivered)
             .field("message_id", &self.message_id())
-            .field("headers", self.inner.properties.headers())
+            // Their size, not their content: a stranger's headers may fill
+            // a frame (and nest deep).
+            .field(
+                "header_bytes",
+                &self
+                    .inner
+                    .properties
+                    .headers()
+                    .as_ref()
+                    .map(super::headers::encoded_len),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -45,6 +55,12 @@ impl Delivery {
     /// without an acknowledgement.
     pub fn redelivered(&self) -> bool {
         self.inner.redelivered
+    }
+
+    /// Why the message's headers are refused unread, if they are
+    /// ([`super::headers::refusal`]).
+    pub fn headers_refusal(&self) -> Option<String> {
+        super::headers::refusal(self.inner.properties.headers().as_ref())
     }
 
     /// A header as text, if present and text.

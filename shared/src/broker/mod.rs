@@ -10,6 +10,7 @@
 mod acks;
 mod consumer;
 mod delivery;
+pub mod headers;
 mod poison;
 mod publisher;
 mod session;
@@ -164,8 +165,10 @@ pub struct Broker {
     channels: std::sync::Mutex<Vec<Channel>>,
 }
 
-/// The largest frame sas asks for unless the URL sets `frame_max`.
-pub const FRAME_MAX: u32 = 16 * 1024;
+/// The `frame_max` recommended for RabbitMQ (`rabbitmq.conf`): sas's
+/// messages are a few hundred bytes, a larger one goes as several frames,
+/// and it keeps lapin's buffers at 1 MiB per connection.
+pub const RECOMMENDED_FRAME_MAX: u32 = 16 * 1024;
 
 impl Broker {
     /// Connects, retrying with backoff until `connect_timeout`; over TLS
@@ -186,22 +189,24 @@ impl Broker {
                 let secs = settings.heartbeat.as_secs().clamp(1, u64::from(u16::MAX));
                 uri.query.heartbeat = Some(u16::try_from(secs).unwrap_or(u16::MAX));
             }
-            // lapin keeps two buffers of 32 frames per connection, so the
-            // server's 128 KiB frames make 8 MiB per connection; sas's
-            // messages are a few hundred bytes, and a larger one goes as
-            // several frames.
-            match uri.query.frame_max {
-                None => uri.query.frame_max = Some(FRAME_MAX),
-                Some(n) if n < lapin::protocol::constants::FRAME_MIN_SIZE => {
-                    return Err(BrokerError::BadUrl {
-                        url: crate::tls::redact_url(node),
-                        reason: format!(
-                            "frame_max={n} is below AMQP's smallest frame ({})",
-                            lapin::protocol::constants::FRAME_MIN_SIZE
-                        ),
-                    });
-                }
-                Some(_) => {}
+            // Unless the URL names one, take the server's frame_max: RabbitMQ
+            // forwards a publisher's content header as one frame, however
+            // small the consumer's frame_max, and lapin closes a connection
+            // that receives a frame over its own; with the server's value no
+            // header that the broker accepted can (contract §1b). lapin keeps
+            // two buffers of 32 frames per connection, so RabbitMQ's default
+            // 128 KiB makes 8 MiB per connection: `frame_max = 16384` in
+            // rabbitmq.conf (sas's deployment files set it) bounds both.
+            if let Some(n) = uri.query.frame_max
+                && n < lapin::protocol::constants::FRAME_MIN_SIZE
+            {
+                return Err(BrokerError::BadUrl {
+                    url: crate::tls::redact_url(node),
+                    reason: format!(
+                        "frame_max={n} is below AMQP's smallest frame ({})",
+                        lapin::protocol::constants::FRAME_MIN_SIZE
+                    ),
+                });
             }
             nodes.push(uri);
         }
@@ -241,6 +246,14 @@ impl Broker {
                     });
                 match attempt {
                     Ok(conn) => {
+                        let frame_max = conn.configuration().frame_max();
+                        if frame_max > RECOMMENDED_FRAME_MAX && uri.query.frame_max.is_none() {
+                            tracing::info!(
+                                frame_max,
+                                "RabbitMQ's frame_max is above {RECOMMENDED_FRAME_MAX}: each connection keeps {} KiB of frame buffers; set frame_max = {RECOMMENDED_FRAME_MAX} in rabbitmq.conf to lower it",
+                                frame_max / 16
+                            );
+                        }
                         return Ok(Self {
                             conn,
                             channels: std::sync::Mutex::new(Vec::new()),
@@ -298,7 +311,7 @@ impl Broker {
 
     /// A channel in confirm mode for publishing.
     pub async fn publisher(&self) -> Result<Publisher, BrokerError> {
-        Publisher::new(self.channel().await?).await
+        Publisher::new(self.channel().await?, self.frame_max()).await
     }
 
     /// Declares every queue of the deployment (idempotent): durable queues,

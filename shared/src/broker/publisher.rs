@@ -67,14 +67,16 @@ pub struct Outgoing<'a> {
 #[derive(Clone)]
 pub struct Publisher {
     channel: Channel,
+    /// The connection's largest frame: a copy's content header must fit one.
+    frame_max: u32,
 }
 
 impl Publisher {
-    pub(super) async fn new(channel: Channel) -> Result<Self, BrokerError> {
+    pub(super) async fn new(channel: Channel, frame_max: u32) -> Result<Self, BrokerError> {
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
-        Ok(Self { channel })
+        Ok(Self { channel, frame_max })
     }
 
     /// Sends a persistent JSON message; the returned future resolves on the broker's confirm.
@@ -130,7 +132,8 @@ impl Publisher {
 
     /// Publishes a copy of `delivery` (body and properties untouched, but
     /// for `headers`, set or replaced) to the queue `routing_key`, and waits
-    /// for the broker to take it.
+    /// for the broker to take it. Original headers too large to leave room
+    /// for sas's in one frame are left out ([`super::headers::carried_over`]).
     pub async fn republish(
         &self,
         routing_key: &str,
@@ -140,13 +143,12 @@ impl Publisher {
         if routing_key.len() > SHORT_STRING {
             return Err(PublishError::Invalid("routing key longer than 255 bytes"));
         }
-        let mut table = delivery
-            .inner
-            .properties
-            .headers()
-            .as_ref()
-            .map(|t| t.inner().clone())
-            .unwrap_or_default();
+        let mut table = super::headers::carried_over(
+            delivery.inner.properties.headers().as_ref(),
+            self.frame_max,
+        )
+        .inner()
+        .clone();
         for (k, v) in headers {
             let v = match v {
                 Header::Text(text) => AMQPValue::LongString(

@@ -599,3 +599,144 @@ async fn an_order_or_replay_naming_a_queue_of_sas_as_its_reply_to_is_refused_and
     assert_eq!(served, 4, "{replays}");
     assert_unharmed(&app).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_nested_thousands_deep_or_filling_a_frame_stop_no_service_and_delay_no_order() {
+    use sas_tests::raw_amqp::{Properties, RawPublisher, nested_arrays, wide_table};
+
+    let app = TestApp::new().await;
+    start(&app).await;
+    let status = app.status_queue("status").await;
+    let q = &app.queues;
+    let mut raw = RawPublisher::connect().await.expect("raw connection");
+    // Fills the largest frame a publisher may send, less the rest of the
+    // content header.
+    let frame = raw.frame_max() as usize;
+    let deep = nested_arrays("x-deep", 24_000);
+    let deep_table = {
+        // The same depth through tables: {"t": {"t": …}}.
+        let levels = 12_000;
+        let mut t = Vec::with_capacity(7 * levels);
+        for level in 1..=levels {
+            t.extend_from_slice(&[1, b't', b'F']);
+            t.extend_from_slice(&((7 * (levels - level)) as u32).to_be_bytes());
+        }
+        t
+    };
+    let good_body = |id: Uuid| {
+        json!({ "order_id": id, "workflow": "one", "payload": {} })
+            .to_string()
+            .into_bytes()
+    };
+    let mut good = Vec::new();
+    let mut refused = Vec::new();
+    // Deep headers on a good order: refused unread, with the reason.
+    for headers in [&deep, &deep_table] {
+        good.push(app.submit("one", Some(&status)).await);
+        let id = Uuid::new_v4();
+        refused.push(id);
+        raw.publish(
+            q.orders(),
+            &Properties::new(Some(&status), Some(headers)),
+            &good_body(id),
+        )
+        .await
+        .expect("the broker takes it");
+    }
+    // Headers that fill a frame on a good order: it is processed.
+    let mut wide_good = Vec::new();
+    for size in [20 * 1024, frame - 1024] {
+        good.push(app.submit("one", Some(&status)).await);
+        let id = Uuid::new_v4();
+        wide_good.push(id);
+        raw.publish(
+            q.orders(),
+            &Properties::new(Some(&status), Some(&wide_table(1, size))),
+            &good_body(id),
+        )
+        .await
+        .expect("the broker takes it");
+    }
+    // Headers that fill a frame on a bad order: its dead-letter copy
+    // (original headers and x-sas-reason) must still fit a frame.
+    for size in [16 * 1024 - 200, frame - 1024] {
+        good.push(app.submit("one", Some(&status)).await);
+        raw.publish(
+            q.orders(),
+            &Properties::new(Some(&status), Some(&wide_table(1, size))),
+            b"not json",
+        )
+        .await
+        .expect("the broker takes it");
+    }
+    // The same at every other queue sas consumes.
+    let agent_requests = q.agent_requests("a");
+    for queue in [q.replay(), q.replies(), agent_requests.as_str()] {
+        for headers in [&deep, &wide_table(1, frame - 1024)] {
+            raw.publish(queue, &Properties::new(None, Some(headers)), b"{}")
+                .await
+                .expect("the broker takes it");
+        }
+    }
+    good.push(app.submit("one", Some(&status)).await);
+    raw.close().await;
+
+    let all: Vec<Uuid> = good.iter().chain(&wide_good).copied().collect();
+    let events = app
+        .collect(&status, Duration::from_secs(60), |got| {
+            let ended = ends(got);
+            all.iter().all(|id| ended.contains_key(&id.to_string()))
+                && got.iter().filter(|e| e["state"] == "rejected").count() >= 2
+        })
+        .await;
+    let ended = ends(&events);
+    for id in &all {
+        assert_eq!(ended[&id.to_string()], "processed", "{id}");
+    }
+    for id in &refused {
+        assert!(
+            !events.iter().any(|e| e["order_id"] == id.to_string()),
+            "an order with unreadable headers got events"
+        );
+    }
+    app.eventually(
+        "every hostile message dead-lettered",
+        Duration::from_secs(30),
+        || async {
+            app.ready(q.orders_dead()).await == 4
+                && app.ready(q.replay_dead()).await == 2
+                && app.ready(q.replies_dead()).await == 2
+                && app.ready(&q.agent_requests_dead("a")).await == 2
+        },
+    )
+    .await;
+    let dead = app.drain(q.orders_dead()).await;
+    let nested = dead
+        .iter()
+        .filter(|(_, why)| {
+            why.as_deref()
+                .is_some_and(|w| w.contains("nested 64 levels"))
+        })
+        .count();
+    assert_eq!(
+        nested,
+        2,
+        "{:?}",
+        dead.iter().map(|d| &d.1).collect::<Vec<_>>()
+    );
+    for queue in [
+        q.replay_dead(),
+        q.replies_dead(),
+        &q.agent_requests_dead("a"),
+    ] {
+        let dead = app.drain(queue).await;
+        assert!(
+            dead.iter().any(|(_, why)| why
+                .as_deref()
+                .is_some_and(|w| w.contains("nested 64 levels"))),
+            "{queue}: {:?}",
+            dead.iter().map(|d| &d.1).collect::<Vec<_>>()
+        );
+    }
+    assert_unharmed(&app).await;
+}

@@ -253,12 +253,17 @@ async fn a_client_that_sends_headers_slowly_or_idles_is_disconnected() {
 }
 
 #[tokio::test]
-async fn a_broker_connection_asks_for_small_frames_unless_its_url_says_otherwise() {
-    // lapin buffers 32 frames each way per connection: at RabbitMQ's
-    // 128 KiB frames, 8 MiB of every service's memory.
+async fn a_broker_connection_takes_the_servers_frame_max_unless_its_url_says_otherwise() {
+    // Any content header a publisher may send then fits one of sas's
+    // frames (contract §1b); `frame_max` in rabbitmq.conf bounds both.
     use sas::config::BrokerSettings;
+    let raw = sas_tests::raw_amqp::RawPublisher::connect()
+        .await
+        .expect("raw connection");
+    let servers = raw.frame_max();
+    raw.close().await;
     for (url, frame_max) in [
-        (sas_tests::AMQP.to_owned(), sas::broker::FRAME_MAX),
+        (sas_tests::AMQP.to_owned(), servers),
         (format!("{}?frame_max=65536", sas_tests::AMQP), 65536),
     ] {
         let settings = BrokerSettings {
