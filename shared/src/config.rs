@@ -592,6 +592,63 @@ pub struct AgentSpec {
     /// (contract §4b), e.g. `"100/s"`, `"600/m"`, `"1000/h"`; unset: no limit.
     #[serde(default)]
     pub rate_limit: Option<String>,
+    /// Whether the remote's redirects are followed (contract §1b): a remote
+    /// must not send the agent, and the answer it publishes, to another host.
+    #[serde(default)]
+    pub follow_redirects: FollowRedirects,
+    /// Shortest time between two polls of a long-running operation
+    /// (contract §1b), whatever the remote's `Retry-After` says: a remote
+    /// cannot make the agent poll it, and tell of it, in a tight loop.
+    #[serde(with = "humantime_serde", default = "default_min_poll")]
+    pub min_poll: Duration,
+}
+
+/// Whether an agent follows its remote's redirects (`agents.<name>.follow_redirects`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
+#[serde(try_from = "String")]
+pub enum FollowRedirects {
+    /// `"none"`: a `3xx` answer is a permanent failure of the step.
+    #[default]
+    None,
+    /// `"same-origin"`: redirects on the origin (scheme, host, port) of the
+    /// agent's URL are followed; one to another origin is a permanent
+    /// failure of the step.
+    SameOrigin,
+}
+
+impl FollowRedirects {
+    /// The setting's value as written in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::SameOrigin => "same-origin",
+        }
+    }
+}
+
+/// A `follow_redirects` that is none of its values.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is neither \"none\" nor \"same-origin\"")]
+pub struct UnknownRedirectPolicy(String);
+
+impl TryFrom<String> for FollowRedirects {
+    type Error = UnknownRedirectPolicy;
+
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        match value.as_str() {
+            "none" => Ok(Self::None),
+            "same-origin" => Ok(Self::SameOrigin),
+            _ => Err(UnknownRedirectPolicy(value)),
+        }
+    }
+}
+
+/// The shortest `agents.<name>.min_poll` accepted: a floor that still
+/// bounds how often one step can poll (ten times a second).
+pub const MIN_POLL_FLOOR: Duration = Duration::from_millis(100);
+
+fn default_min_poll() -> Duration {
+    Duration::from_secs(1)
 }
 
 fn default_max_response_bytes() -> usize {
@@ -757,6 +814,12 @@ impl Settings {
             }
             if let Some(Err(e)) = agent.rate_limit.as_deref().map(parse_rate) {
                 return invalid(format!("agents.{name}.rate_limit: {e}"));
+            }
+            if agent.min_poll < MIN_POLL_FLOOR {
+                return invalid(format!(
+                    "agents.{name}.min_poll ({:?}) must be at least {MIN_POLL_FLOOR:?}",
+                    agent.min_poll
+                ));
             }
             if !(agent.url.starts_with("http://") || agent.url.starts_with("https://")) {
                 return invalid(format!(
@@ -986,6 +1049,40 @@ mod tests {
         assert_eq!(quorum.broker.step_queues.as_str(), "quorum");
         let err = load("stream").expect_err("stream");
         assert!(err.to_string().contains("stream"), "{err}");
+    }
+
+    #[test]
+    fn an_agent_follows_no_redirect_and_polls_at_most_once_a_second_unless_told() {
+        let load = |pairs: &[(&str, &str)]| {
+            let mut env: std::collections::HashMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (format!("SAS__AGENTS__X__{k}"), (*v).to_owned()))
+                .collect();
+            env.insert("SAS__AGENTS__X__URL".into(), "http://remote/x".into());
+            Settings::load_with(None, Some(env))
+        };
+        let x = load(&[]).expect("defaults").agents["x"].clone();
+        assert_eq!(x.follow_redirects, FollowRedirects::None);
+        assert_eq!(x.min_poll, Duration::from_secs(1));
+        let x = load(&[("FOLLOW_REDIRECTS", "same-origin"), ("MIN_POLL", "300ms")])
+            .expect("set")
+            .agents["x"]
+            .clone();
+        assert_eq!(x.follow_redirects, FollowRedirects::SameOrigin);
+        assert_eq!(x.follow_redirects.as_str(), "same-origin");
+        assert_eq!(x.min_poll, Duration::from_millis(300));
+        for (pairs, says) in [
+            (
+                ("FOLLOW_REDIRECTS", "any"),
+                "\"any\" is neither \"none\" nor \"same-origin\"",
+            ),
+            (("MIN_POLL", "0s"), "agents.x.min_poll"),
+            (("MIN_POLL", "10ms"), "at least 100ms"),
+        ] {
+            let err = load(&[pairs]).expect_err(says).to_string();
+            assert!(err.contains(says), "{err}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
     }
 
     #[test]

@@ -4,11 +4,13 @@
 //! request whose complete-by has passed and stays silent when complete-by
 //! passes mid-work: the supervisor takes over from there.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context as _, bail};
 use sas::broker::{self, BrokerError, PublishError, Publisher, Received, SessionEnd};
-use sas::config::AgentSpec;
+use sas::config::{AgentSpec, FollowRedirects};
 use sas::messages::{Direction, StepOutcome, StepReply, StepRequest};
 use sas::metrics::labels;
 use sas::service::Context;
@@ -48,7 +50,9 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
     if names.is_empty() {
         bail!("no agents to serve: configure [agents.<name>] with a url");
     }
-    let client = http_client(&ctx.settings.agent)?;
+    // One client (one connection pool) per redirect policy the agents use:
+    // the policy is the client's, and most deployments need only one.
+    let mut clients: HashMap<FollowRedirects, reqwest::Client> = HashMap::new();
     let hard_stop = CancellationToken::new();
     let instance = report::instance_name();
     let store = Arc::new(OnceLock::new());
@@ -57,10 +61,16 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
         let spec = ctx.settings.agents.get(name).with_context(|| {
             format!("agent {name:?} is not configured (no [agents.{name}] url)")
         })?;
+        let client = match clients.entry(spec.follow_redirects) {
+            Entry::Occupied(built) => built.get().clone(),
+            Entry::Vacant(slot) => slot
+                .insert(http_client(&ctx.settings.agent, spec.follow_redirects)?)
+                .clone(),
+        };
         agents.push(Arc::new(Agent {
             name: name.clone(),
             spec: spec.clone(),
-            client: client.clone(),
+            client,
             ctx: ctx.clone(),
             hard_stop: hard_stop.clone(),
             breaker: Arc::new(Breaker::new(
@@ -433,10 +443,15 @@ async fn answer(
 }
 
 /// The agents' HTTP client: `https://` remotes verified against the system's
-/// roots plus `agent.ca_file`.
-fn http_client(settings: &sas::config::AgentSettings) -> anyhow::Result<reqwest::Client> {
+/// roots plus `agent.ca_file`; redirects followed as `follow` says (§1b).
+fn http_client(
+    settings: &sas::config::AgentSettings,
+    follow: FollowRedirects,
+) -> anyhow::Result<reqwest::Client> {
     sas::tls::install_crypto_provider();
-    let mut builder = reqwest::Client::builder().connect_timeout(settings.connect_timeout);
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(settings.connect_timeout)
+        .redirect(remote::redirect_policy(follow));
     if let Some(path) = &settings.ca_file {
         let pem = sas::tls::read_pem("agent.ca_file", path, "CERTIFICATE")?;
         let certs = reqwest::Certificate::from_pem_bundle(&pem)

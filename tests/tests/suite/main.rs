@@ -23,6 +23,7 @@ mod parallel;
 mod partition;
 mod permissions;
 mod redrive;
+mod remote_origin;
 mod replay;
 mod resilience;
 mod restarts;
