@@ -1,8 +1,9 @@
 //! Recurring orders (contract §4b): at each of its passes the leading
 //! supervisor submits the due ticks' orders of every schedule
 //! ([`sas::rules::schedule::due`]) through the ordinary submission, then
-//! moves the schedule's mark on. The ids are the ticks' UUIDv5, so a pass
-//! run twice (a leader's hand-over) makes each order once.
+//! moves the schedule's mark on. The ids are the ticks' UUIDv5 in the
+//! deployment's secret namespace, so a pass run twice (a leader's
+//! hand-over) makes each order once, and no application can make it first.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use sas::config::Settings;
 use sas::outbox::Relay;
-use sas::rules::schedule::{self, Schedule};
+use sas::rules::schedule::{self, Schedule, ScheduleKey};
 use sas::state_store::{NewOrder, Submitted, Transitions};
 use sas::workflow::Workflow;
 use tracing::Instrument as _;
@@ -22,6 +23,8 @@ pub struct Schedules {
     /// two supervisor intervals, one for the pass and one for a leader's
     /// hand-over.
     late_after: Duration,
+    /// The deployment's namespace of the ticks' ids, read once.
+    key: tokio::sync::OnceCell<ScheduleKey>,
 }
 
 impl Schedules {
@@ -38,6 +41,7 @@ impl Schedules {
         Ok(Self {
             each,
             late_after: settings.supervisor.interval * 2,
+            key: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -64,14 +68,19 @@ impl Schedules {
         relay: &Arc<Relay>,
     ) -> anyhow::Result<()> {
         let store = transitions.store();
+        let key = *self
+            .key
+            .get_or_try_init(|| store.schedule_key())
+            .await
+            .context("reading the schedules' key")?;
         let (mark, now) = store.schedule_mark(&schedule.name).await?;
         let due = schedule::due(schedule, mark, now, self.late_after)?;
         let mut last_order = None;
         for &tick in &due.ticks {
-            let order_id = schedule::order_id(&schedule.name, tick);
+            let order_id = schedule::order_id(key, &schedule.name, tick);
             let span = tracing::info_span!("tick", %order_id, %tick);
             // The tick's span is the order's root, as a submission's is.
-            let order = NewOrder::scheduled(schedule, tick, &sas::telemetry::hop(&span, None));
+            let order = NewOrder::scheduled(key, schedule, tick, &sas::telemetry::hop(&span, None));
             let done = transitions
                 .submit(&order, workflow, relay.ready())
                 .instrument(span.clone())

@@ -4,8 +4,10 @@
 //!
 //! Invariants:
 //! - One order per tick however many supervisors run: its id is
-//!   [`order_id`], the UUIDv5 of the schedule's name and the tick, and a
-//!   second submission of an id is the same order (contract §1).
+//!   [`order_id`], the UUIDv5 of the schedule's name and the tick in the
+//!   deployment's secret namespace, and a second submission of an id is the
+//!   same order (contract §1). No application can compute it, so none can
+//!   submit a tick's order first (contract §1b).
 //! - The state store keeps one mark per schedule: every tick at or before it
 //!   has been dealt with (ordered or passed over). [`due`] returns the ticks
 //!   after the mark and up to `now` that get an order, and the new mark.
@@ -35,10 +37,11 @@ use crate::config::ScheduleSpec;
 /// year under a one-minute cron must not flood the workflow.
 pub const MAX_CATCH_UP: usize = 100;
 
-/// The UUIDv5 namespace of scheduled orders' ids: itself the UUIDv5 of
-/// `urn:sas:schedules` in the URL namespace (RFC 9562), so anyone can
-/// derive it.
-pub const NAMESPACE: Uuid = uuid::uuid!("d4df6b62-5b46-57bb-a3a4-36403979677d");
+/// The UUIDv5 namespace of a deployment's scheduled orders' ids: a random
+/// value the state store keeps (table `schedule_key`), which applications
+/// never see (contract §1b).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScheduleKey(pub Uuid);
 
 /// What the ticks missed while no supervisor ran get.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -243,12 +246,12 @@ impl Schedule {
     }
 }
 
-/// The id of the order of `schedule`'s tick at `tick`: the UUIDv5, in
-/// [`NAMESPACE`], of `<schedule>@<tick>`, the tick in RFC 3339, UTC, to the
-/// second (e.g. `nightly-report@2026-11-26T02:00:00Z`).
-pub fn order_id(schedule: &str, tick: DateTime<Utc>) -> Uuid {
+/// The id of the order of `schedule`'s tick at `tick`: the UUIDv5, in the
+/// deployment's namespace `key`, of `<schedule>@<tick>`, the tick in RFC
+/// 3339, UTC, to the second (e.g. `nightly-report@2026-11-26T02:00:00Z`).
+pub fn order_id(key: ScheduleKey, schedule: &str, tick: DateTime<Utc>) -> Uuid {
     let tick = tick.to_rfc3339_opts(SecondsFormat::Secs, true);
-    Uuid::new_v5(&NAMESPACE, format!("{schedule}@{tick}").as_bytes())
+    Uuid::new_v5(&key.0, format!("{schedule}@{tick}").as_bytes())
 }
 
 /// The ticks of `schedule` to order now, given its stored mark (`None`:
@@ -465,19 +468,25 @@ mod tests {
     }
 
     #[test]
-    fn the_order_id_is_the_uuidv5_of_name_and_tick_in_utc() {
-        assert_eq!(
-            NAMESPACE,
-            Uuid::new_v5(&Uuid::NAMESPACE_URL, b"urn:sas:schedules")
-        );
+    fn the_order_id_is_the_uuidv5_of_name_and_tick_in_utc_in_the_deployments_namespace() {
+        let key = ScheduleKey(uuid::uuid!("d4df6b62-5b46-57bb-a3a4-36403979677d"));
         let tick = at("2026-11-26T03:00:00+01:00");
-        let id = order_id("nightly-report", tick);
-        assert_eq!(id, order_id("nightly-report", at("2026-11-26T02:00:00Z")));
+        let id = order_id(key, "nightly-report", tick);
+        assert_eq!(
+            id,
+            order_id(key, "nightly-report", at("2026-11-26T02:00:00Z"))
+        );
         assert_eq!(id.get_version_num(), 5);
         // As any UUIDv5 library derives it.
         assert_eq!(id.to_string(), "691088b5-8102-50ab-bf44-f231b32209f0");
-        assert_ne!(id, order_id("nightly-report", at("2026-11-26T02:00:01Z")));
-        assert_ne!(id, order_id("weekly-report", tick));
+        assert_ne!(
+            id,
+            order_id(key, "nightly-report", at("2026-11-26T02:00:01Z"))
+        );
+        assert_ne!(id, order_id(key, "weekly-report", tick));
+        // Another deployment's (secret) namespace: another id.
+        let other = ScheduleKey(Uuid::new_v4());
+        assert_ne!(id, order_id(other, "nightly-report", tick));
     }
 
     #[test]

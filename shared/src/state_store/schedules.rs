@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::orders::NewOrder;
 use super::{StateStore, StoreError};
-use crate::rules::schedule::{self, Schedule};
+use crate::rules::schedule::{self, Schedule, ScheduleKey};
 
 /// A schedule's stored state as `sasctl schedules list` and the dashboard
 /// show it, beside its configuration.
@@ -32,14 +32,16 @@ pub struct ScheduleRow {
 
 impl NewOrder {
     /// The order of `schedule`'s tick at `tick`: its id is
-    /// [`schedule::order_id`], its trace `trace` (the tick's span).
+    /// [`schedule::order_id`] in the deployment's namespace `key`, its
+    /// trace `trace` (the tick's span).
     pub fn scheduled(
+        key: ScheduleKey,
         schedule: &Schedule,
         tick: DateTime<Utc>,
         trace: &crate::trace::TraceContext,
     ) -> Self {
         Self {
-            order_id: schedule::order_id(&schedule.name, tick),
+            order_id: schedule::order_id(key, &schedule.name, tick),
             workflow: schedule.workflow.clone(),
             payload: serde_json::Value::Object(schedule.payload.clone()),
             reply_to: schedule.reply_to.clone(),
@@ -53,6 +55,17 @@ impl NewOrder {
 }
 
 impl StateStore {
+    /// The deployment's namespace of scheduled orders' ids (contract §1b),
+    /// made at random by the migration that added it.
+    pub async fn schedule_key(&self) -> Result<ScheduleKey, StoreError> {
+        let key: Uuid = self
+            .conn()
+            .await?
+            .run(|c| sqlx::query_scalar("SELECT key FROM schedule_key").fetch_one(c))
+            .await?;
+        Ok(ScheduleKey(key))
+    }
+
     /// `name`'s mark (`None`: first seen) and the database's clock.
     pub async fn schedule_mark(
         &self,

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, SubsecRound as _, TimeDelta, Utc};
-use sas::rules::schedule::order_id;
+use sas::rules::schedule::{ScheduleKey, order_id};
 use sas_tests::TestApp;
 use sas_tests::cli::run;
 use uuid::Uuid;
@@ -35,6 +35,16 @@ fn ticks_between(from: DateTime<Utc>, to: DateTime<Utc>) -> Vec<DateTime<Utc>> {
     ticks
 }
 
+/// The test deployment's namespace of scheduled orders' ids.
+async fn key(app: &TestApp) -> ScheduleKey {
+    ScheduleKey(
+        sqlx::query_scalar("SELECT key FROM schedule_key")
+            .fetch_one(&app.db)
+            .await
+            .expect("the schedules' key"),
+    )
+}
+
 async fn db_now(app: &TestApp) -> DateTime<Utc> {
     sqlx::query_scalar("SELECT now()")
         .fetch_one(&app.db)
@@ -50,7 +60,8 @@ async fn ordered(
     to: DateTime<Utc>,
 ) -> Vec<DateTime<Utc>> {
     let ticks = ticks_between(from, to);
-    let ids: Vec<Uuid> = ticks.iter().map(|t| order_id(name, *t)).collect();
+    let key = key(app).await;
+    let ids: Vec<Uuid> = ticks.iter().map(|t| order_id(key, name, *t)).collect();
     let found: Vec<Uuid> =
         sqlx::query_scalar("SELECT order_id FROM orders WHERE order_id = ANY($1)")
             .bind(&ids)
@@ -59,7 +70,7 @@ async fn ordered(
             .expect("orders");
     ticks
         .into_iter()
-        .filter(|t| found.contains(&order_id(name, *t)))
+        .filter(|t| found.contains(&order_id(key, name, *t)))
         .collect()
 }
 
@@ -104,12 +115,13 @@ async fn three_supervisors_make_exactly_one_order_per_tick_and_each_is_processed
     let end = db_now(&app).await;
     // Every order is a tick's, and the ticks follow each other 2 s apart.
     let ticks = ticks_between(start - TimeDelta::seconds(2), end);
+    let key = key(&app).await;
     let mut got: Vec<DateTime<Utc>> = orders
         .iter()
         .map(|(id, _)| {
             *ticks
                 .iter()
-                .find(|t| order_id("every-2s", **t) == *id)
+                .find(|t| order_id(key, "every-2s", **t) == *id)
                 .unwrap_or_else(|| panic!("order {id} is no tick's"))
         })
         .collect();
@@ -143,6 +155,54 @@ async fn three_supervisors_make_exactly_one_order_per_tick_and_each_is_processed
         })
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_cannot_take_a_coming_ticks_order_by_submitting_its_id_first() {
+    let app = TestApp::builder()
+        .extra_config(schedule("nightly", "none"))
+        .build()
+        .await;
+    for name in ["submission", "scheduler", "agent"] {
+        app.start(name, name, &[]).await;
+    }
+    let status = app.status_queue("status").await;
+    // The ids anyone could derive before (a public namespace), and any
+    // other guess, for the coming ticks: submitted first, with the
+    // application's payload.
+    let public = Uuid::new_v5(&Uuid::NAMESPACE_URL, b"urn:sas:schedules");
+    let now = db_now(&app).await;
+    let coming = ticks_between(now, now + TimeDelta::seconds(12));
+    let mut squatted = Vec::new();
+    for tick in &coming {
+        for namespace in [public, Uuid::NAMESPACE_OID, Uuid::nil()] {
+            let id = order_id(ScheduleKey(namespace), "nightly", *tick);
+            let body = serde_json::json!({ "order_id": id, "workflow": "one", "payload": { "schedule": "squatter" } });
+            app.publish_raw(body.to_string().as_bytes(), Some(&status), None)
+                .await;
+            squatted.push(id);
+        }
+    }
+    app.eventually("the squatters stored", Duration::from_secs(20), || async {
+        orders_of(&app, "squatter").await.len() == squatted.len()
+    })
+    .await;
+    app.start("supervisor", "supervisor", &[]).await;
+    app.eventually(
+        "three ticks ordered with the schedule's payload",
+        Duration::from_secs(30),
+        || async { orders_of(&app, "nightly").await.len() >= 3 },
+    )
+    .await;
+    let ours = orders_of(&app, "nightly").await;
+    assert!(
+        ours.iter().all(|(id, _)| !squatted.contains(id)),
+        "a tick's order has a squatted id"
+    );
+    // Each is a tick's, in the deployment's own namespace.
+    let end = db_now(&app).await;
+    let ticks = ordered(&app, "nightly", now - TimeDelta::seconds(2), end).await;
+    assert_eq!(ticks.len(), ours.len(), "{ticks:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -280,7 +340,7 @@ async fn sasctl_and_the_dashboard_show_each_schedules_zone_next_tick_and_last_or
         .as_str()
         .and_then(|s| s.parse().ok())
         .expect("an order id");
-    assert_eq!(last_order, order_id("paris", last_tick));
+    assert_eq!(last_order, order_id(key(&app).await, "paris", last_tick));
     assert_eq!(
         app.order(last_order).await.map(|o| o.0).as_deref(),
         Some("pending")
