@@ -896,6 +896,22 @@ pub struct StepReply {
 /// larger than this alone goes alone.
 pub const MAX_PACK_BYTES: usize = 128 * 1024;
 
+/// Most replies in one pack: an agent's packs hold at most
+/// [`MAX_PACK_BYTES`], and a reply takes more than 200 bytes, so a pack of
+/// more was not sent by an agent (contract §1b: a pack's count is bounded).
+pub const MAX_PACK_REPLIES: usize = 1024;
+
+/// The largest message of replies an agent sends when its remotes' answers
+/// are at most `max_response_bytes`: the answer as JSON text, each byte
+/// escaped at worst (`\u00XX`), and room for the rest of the reply. A
+/// larger one is a stranger's, refused before it is read.
+pub fn max_reply_message_bytes(max_response_bytes: usize) -> usize {
+    max_response_bytes
+        .saturating_mul(6)
+        .saturating_add(64 * 1024)
+        .max(MAX_PACK_BYTES)
+}
+
 /// A reply of a message of the reply queue, or why it could not be read.
 pub type ReadReply = Result<StepReply, serde_json::Error>;
 
@@ -903,13 +919,28 @@ pub type ReadReply = Result<StepReply, serde_json::Error>;
 /// pack of replies an agent had ready together (a JSON array, never
 /// empty). Each reply of a pack is read on its own, so that one that
 /// cannot be read does not keep the others from their orders; the message
-/// is unreadable as a whole only when it is not one of these two shapes.
+/// is unreadable as a whole only when it is not one of these two shapes,
+/// or is a pack larger than an agent makes ([`MAX_PACK_BYTES`],
+/// [`MAX_PACK_REPLIES`]): a stranger's pack of 100,000 replies must not
+/// hold the scheduler's memory.
 pub fn decode_replies(body: &[u8]) -> Result<Vec<ReadReply>, serde_json::Error> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     if first == Some(&b'[') {
+        if body.len() > MAX_PACK_BYTES {
+            return Err(serde::de::Error::custom(format!(
+                "a pack of {} bytes: agents pack at most {MAX_PACK_BYTES}",
+                body.len()
+            )));
+        }
         let pack: Vec<&serde_json::value::RawValue> = serde_json::from_slice(body)?;
         if pack.is_empty() {
             return Err(serde::de::Error::invalid_length(0, &"at least one reply"));
+        }
+        if pack.len() > MAX_PACK_REPLIES {
+            return Err(serde::de::Error::invalid_length(
+                pack.len(),
+                &"at most 1024 replies in a pack",
+            ));
         }
         Ok(pack
             .into_iter()
@@ -1732,6 +1763,18 @@ mod tests {
     #[test]
     fn a_message_of_neither_shape_is_unreadable_and_a_packs_bad_reply_is_its_own() {
         assert!(decode_replies(b"[]").is_err());
+        // Packs no agent makes: too large, or too many (small) replies.
+        let many = format!("[{}]", vec!["{}"; MAX_PACK_REPLIES + 1].join(","));
+        let e = decode_replies(many.as_bytes()).unwrap_err().to_string();
+        assert!(e.contains("at most 1024 replies"), "{e}");
+        let large = format!("[{}]", vec!["{}"; MAX_PACK_BYTES].join(","));
+        let e = decode_replies(large.as_bytes()).unwrap_err().to_string();
+        assert!(e.contains("agents pack at most"), "{e}");
+        let fine = format!("[{}]", vec!["{}"; MAX_PACK_REPLIES].join(","));
+        assert_eq!(
+            decode_replies(fine.as_bytes()).unwrap().len(),
+            MAX_PACK_REPLIES
+        );
         assert!(decode_replies(b"  [ ]").is_err());
         assert!(decode_replies(b"[1,2").is_err());
         assert!(decode_replies(b"").is_err());

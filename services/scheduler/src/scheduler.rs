@@ -261,6 +261,18 @@ impl Scheduler {
     /// times if any failed otherwise, dead-lettered if one cannot be read
     /// (after the others are applied).
     async fn on_reply(&self, delivery: Received) -> Result<(), BrokerError> {
+        let limit = self.max_reply_bytes();
+        if delivery.body().len() > limit {
+            // Dead-lettered by the broker, not copied: a copy would hold
+            // the body twice (contract §1b: bounded memory per message).
+            tracing::warn!(
+                bytes = delivery.body().len(),
+                limit,
+                "a reply larger than any agent sends; dead-lettered by the broker"
+            );
+            self.count_reply("malformed");
+            return broker::dead_letter(&delivery).await;
+        }
         let replies = match decode_replies(delivery.body()) {
             Ok(r) => r,
             Err(e) => {
@@ -286,6 +298,19 @@ impl Scheduler {
             // Their messages went to the relay with the commit.
             Some(Settle::Done) | None => broker::ack(&delivery).await,
         }
+    }
+
+    /// The largest message of replies the configured agents send
+    /// ([`sas::messages::max_reply_message_bytes`]).
+    fn max_reply_bytes(&self) -> usize {
+        let settings = &self.ctx.settings;
+        let largest = settings
+            .agents
+            .values()
+            .map(|a| a.max_response_bytes)
+            .max()
+            .unwrap_or(1 << 20);
+        sas::messages::max_reply_message_bytes(largest)
     }
 
     /// Logs and counts a reply that cannot be read; the reason to

@@ -133,6 +133,10 @@ impl Replayer {
         let text = reason.to_string();
         tracing::warn!(reason = %text, "replay request rejected; dead-lettered");
         self.count(reason.label());
+        if matches!(reason, RejectReason::TooLarge { .. }) {
+            // Through the broker, not copied: a copy holds it twice.
+            return broker::dead_letter(delivery).await;
+        }
         broker::dead_letter_with(delivery, &text).await
     }
 

@@ -268,10 +268,17 @@ impl Submitter {
     ) -> Result<(), BrokerError> {
         let text = reason.to_string();
         tracing::warn!(reason = %text, reply_to = ?hints.reply_to, "order rejected; dead-lettered");
-        let why = (broker::REASON_HEADER, broker::Header::Text(&text));
-        publisher
-            .republish(self.ctx.queues.orders_dead(), delivery, &[why])
-            .await?;
+        // A body over the limit goes to the dead-letter queue through the
+        // broker (header x-death), not as a copy with the reason: a copy
+        // would hold it twice (contract §1b). Its reason is in the log,
+        // the counter and the `rejected` event.
+        let copied = !matches!(reason, RejectReason::TooLarge { .. });
+        if copied {
+            let why = (broker::REASON_HEADER, broker::Header::Text(&text));
+            publisher
+                .republish(self.ctx.queues.orders_dead(), delivery, &[why])
+                .await?;
+        }
         if let Some(queue) = &hints.reply_to {
             let event = StatusEvent::rejected(hints, reason, Utc::now());
             let body = serde_json::to_vec(&event).unwrap_or_default();
@@ -306,7 +313,11 @@ impl Submitter {
             .orders_rejected
             .get_or_create(&labels(&[("reason", reason.label())]))
             .inc();
-        broker::ack(delivery).await
+        if copied {
+            broker::ack(delivery).await
+        } else {
+            broker::dead_letter(delivery).await
+        }
     }
 
     /// The state store failed: hand the message back after a pause, so a

@@ -384,10 +384,13 @@ async fn five_thousand_generated_hostile_orders_among_a_thousand_good_ones_harm_
     }
     let dead = app.drain(app.queues.orders_dead()).await;
     assert_eq!(dead.len(), bad);
+    // Bodies over the limit are dead-lettered by the broker, not copied
+    // with a reason (a copy would hold them twice).
     assert!(
-        dead.iter().all(|(_, why)| why
-            .as_ref()
-            .is_some_and(|w| !w.is_empty() && w.len() <= 512)),
+        dead.iter().all(|(body, why)| match why {
+            Some(w) => !w.is_empty() && w.len() <= 512,
+            None => body.len() > 1 << 20,
+        }),
         "a dead letter without a bounded reason"
     );
     assert_unharmed(&app).await;
@@ -738,5 +741,81 @@ async fn headers_nested_thousands_deep_or_filling_a_frame_stop_no_service_and_de
             dead.iter().map(|d| &d.1).collect::<Vec<_>>()
         );
     }
+    assert_unharmed(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn packs_and_replies_larger_than_agents_send_are_set_aside_unread_and_orders_go_on() {
+    let app = TestApp::new().await;
+    start(&app).await;
+    let status = app.status_queue("status").await;
+    let q = &app.queues;
+    let reply = json!({
+        "order_id": Uuid::new_v4(), "step": "a", "attempt": 1, "direction": "forward",
+        "dispatch_id": Uuid::new_v4(), "locked_by": "nobody", "outcome": "succeeded", "result": {}
+    })
+    .to_string();
+    let hostile = [
+        // 100,000 replies in one pack (20 MB), far beyond any message of
+        // replies: dead-lettered by the broker, unread and uncopied.
+        format!("[{}]", vec![reply.as_str(); 100_000].join(",")).into_bytes(),
+        // A pack over an agent's 128 KiB, within a single reply's bound.
+        format!("[{}]", vec![reply.as_str(); 1000].join(",")).into_bytes(),
+        // More replies than any pack of an agent holds, in few bytes.
+        format!("[{}]", vec!["{}"; 5000].join(",")).into_bytes(),
+        // One reply far larger than any remote's answer may make it.
+        format!(r#"{{"pad":"{}"}}"#, "p".repeat(16 << 20)).into_bytes(),
+    ];
+    let publisher = app.publisher();
+    let mut good = Vec::new();
+    for body in &hostile {
+        good.push(app.submit("one", Some(&status)).await);
+        publisher
+            .publish(&Outgoing {
+                routing_key: q.replies(),
+                body,
+                mandatory: true,
+                ..Outgoing::default()
+            })
+            .await
+            .expect("published");
+    }
+    good.push(app.submit("one", Some(&status)).await);
+    let events = app
+        .collect(&status, Duration::from_secs(60), |got| {
+            ends(got).len() >= good.len()
+        })
+        .await;
+    let ended = ends(&events);
+    for id in &good {
+        assert_eq!(ended[&id.to_string()], "processed", "{id}");
+    }
+    app.eventually("the four set aside", Duration::from_secs(20), || async {
+        app.ready(q.replies_dead()).await == 4
+    })
+    .await;
+    let dead = app.drain(q.replies_dead()).await;
+    let reasons: Vec<Option<String>> = dead.into_iter().map(|(_, why)| why).collect();
+    assert!(
+        reasons
+            .iter()
+            .flatten()
+            .any(|w| w.contains("agents pack at most")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons
+            .iter()
+            .flatten()
+            .any(|w| w.contains("at most 1024 replies")),
+        "{reasons:?}"
+    );
+    // The 20 MB pack and the 16 MiB reply went through the broker's own
+    // dead-lettering, uncopied.
+    assert_eq!(
+        reasons.iter().filter(|w| w.is_none()).count(),
+        2,
+        "{reasons:?}"
+    );
     assert_unharmed(&app).await;
 }
