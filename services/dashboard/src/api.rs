@@ -1,7 +1,8 @@
 //! The dashboard's routes: the pages (see [`crate::assets`]), the login
-//! (see [`crate::login`]) and the JSON API the pages poll. Every one of them
-//! is behind the Host/Origin allow-list ([`crate::hosts`]); the pages and the
-//! API also need an identity ([`crate::auth`]).
+//! (see [`crate::login`]) and the JSON API the pages poll. Every one of them,
+//! and every unknown path, is behind the Host/Origin allow-list
+//! ([`crate::hosts`]); the pages and the API also need an identity
+//! ([`crate::auth`]).
 //!
 //! - `GET  /api/me`: `{"name", "role", "auth"}`: who the caller is, so the page
 //!   shows a viewer no action buttons.
@@ -83,7 +84,10 @@ pub fn routes(ctx: Arc<Context>) -> Router {
         .route_layer(middleware::from_fn_with_state(auth.clone(), auth::require))
         .merge(crate::assets::files())
         .merge(crate::login::routes(auth))
-        .route_layer(middleware::from_fn_with_state(hosts, hosts::guard))
+        // Unknown paths too: the host guard answers every request that is
+        // not a health or metrics probe.
+        .fallback(|| async { StatusCode::NOT_FOUND })
+        .layer(middleware::from_fn_with_state(hosts, hosts::guard))
 }
 
 /// An API failure, answered as `{"error": …}` with its status.

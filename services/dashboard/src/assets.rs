@@ -40,15 +40,33 @@ pub fn files() -> Router {
         .route("/assets/find.js", get(|| async { script(FIND_JS) }))
 }
 
-/// The login page, saying that the last token was not valid when `failed`.
-pub fn login_page(failed: bool) -> Response {
-    let body = if failed {
-        LOGIN_HTML.replace(
+/// What the login page says above its form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoginNotice {
+    /// Nothing: the first visit.
+    None,
+    /// The last token was not valid.
+    Invalid,
+    /// Too many failed logins: try again in this many seconds.
+    Throttled(u64),
+}
+
+/// The login page, with `notice` above its form.
+pub fn login_page(notice: LoginNotice) -> Response {
+    let message = match notice {
+        LoginNotice::None => None,
+        LoginNotice::Invalid => Some("That token is not valid.".to_owned()),
+        LoginNotice::Throttled(secs) => {
+            Some(format!("Too many failed logins: try again in {secs} s."))
+        }
+    };
+    let body = match message {
+        // The message is ours (no caller's text in it): nothing to escape.
+        Some(message) => LOGIN_HTML.replace(
             "<!--error-->",
-            r#"<p id="login-error" class="message" data-kind="error">That token is not valid.</p>"#,
-        )
-    } else {
-        LOGIN_HTML.to_owned()
+            &format!(r#"<p id="login-error" class="message" data-kind="error">{message}</p>"#),
+        ),
+        None => LOGIN_HTML.to_owned(),
     };
     let mut response = asset_owned("text/html; charset=utf-8", body);
     // Its one form posts here; nothing else runs, nothing frames it.

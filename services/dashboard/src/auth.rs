@@ -9,6 +9,13 @@
 //! page set, and, in `proxy` mode only, the identity header of a request whose
 //! TCP peer is a trusted proxy. Nothing else: a `X-Forwarded-User` from
 //! anyone else names nobody. Secrets are never logged.
+//!
+//! Every check of a secret (a bearer token, a Basic password, the login
+//! form's token) goes through the login throttle ([`crate::throttle`]):
+//! a client that failed too often, or all clients together, are answered
+//! 429 with `Retry-After` before their secret is looked at. A session
+//! cookie is not a secret anyone can guess (256 random bits) and is not
+//! throttled, so an attack does not log out those already logged in.
 
 use std::net::IpAddr;
 
@@ -25,6 +32,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::sessions::Sessions;
+use crate::throttle::{self, Attempt, Limits, Throttle};
 
 /// The session cookie's name.
 pub const SESSION_COOKIE: &str = "sas_session";
@@ -81,9 +89,13 @@ pub struct Auth {
     user_header: HeaderName,
     role_header: Option<HeaderName>,
     proxy_role: Role,
+    /// `dashboard.secure_cookie`: `Secure` even when the request does not
+    /// say it came over HTTPS.
     secure_cookie: bool,
     /// `token` mode's logins.
     pub sessions: Sessions,
+    /// Failed secrets per client and in all.
+    throttle: Throttle,
 }
 
 impl Auth {
@@ -126,6 +138,11 @@ impl Auth {
             proxy_role: settings.proxy_role,
             secure_cookie: settings.secure_cookie,
             sessions: Sessions::new(settings.session_ttl),
+            throttle: Throttle::new(Limits {
+                per_client: settings.login_failures_per_client,
+                total: settings.login_failures_total,
+                window: settings.login_failure_window,
+            }),
         }
     }
 
@@ -184,6 +201,52 @@ impl Auth {
         find(&self.tokens, token, None)
     }
 
+    /// [`Auth::identify`] through the login throttle when the request
+    /// carries a secret to check (an `Authorization` header in `token` or
+    /// `basic` mode): a wrong one counts against the client.
+    pub fn identify_throttled(
+        &self,
+        peer: Option<IpAddr>,
+        headers: &HeaderMap,
+    ) -> Attempt<Result<Identity, Refusal>> {
+        let checks_secret = matches!(self.mode, DashboardAuth::Token | DashboardAuth::Basic)
+            && headers.contains_key(header::AUTHORIZATION);
+        if !checks_secret {
+            return Attempt::Checked(self.identify(peer, headers));
+        }
+        self.throttle.attempt(
+            self.client(peer, headers),
+            || self.identify(peer, headers),
+            |result| *result == Err(Refusal::Wrong),
+        )
+    }
+
+    /// [`Auth::token_identity`] through the login throttle (the login form).
+    pub fn login(
+        &self,
+        peer: Option<IpAddr>,
+        headers: &HeaderMap,
+        token: &str,
+    ) -> Attempt<Option<Identity>> {
+        self.throttle.attempt(
+            self.client(peer, headers),
+            || self.token_identity(token),
+            Option::is_none,
+        )
+    }
+
+    /// Whom the throttle counts a request against (see [`crate::forwarded`]).
+    pub fn client(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> IpAddr {
+        crate::forwarded::client_address(peer, headers, &self.trusted_proxies)
+    }
+
+    /// Whether the session cookie of this request's answer is `Secure`:
+    /// always with `dashboard.secure_cookie`, else when the request came
+    /// over HTTPS (see [`crate::forwarded::over_https`]).
+    pub fn secure(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> bool {
+        self.secure_cookie || crate::forwarded::over_https(peer, headers, &self.trusted_proxies)
+    }
+
     fn proxy_identity(
         &self,
         peer: Option<IpAddr>,
@@ -210,20 +273,21 @@ impl Auth {
         })
     }
 
-    /// The `Set-Cookie` value that carries a new session.
-    pub fn session_cookie(&self, id: &str) -> String {
+    /// The `Set-Cookie` value that carries a new session, `Secure` when
+    /// `secure` (see [`Auth::secure`]).
+    pub fn session_cookie(&self, id: &str, secure: bool) -> String {
         format!(
             "{SESSION_COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{}",
             self.sessions.ttl().as_secs(),
-            if self.secure_cookie { "; Secure" } else { "" }
+            if secure { "; Secure" } else { "" }
         )
     }
 
     /// The `Set-Cookie` value that removes the session cookie.
-    pub fn expired_cookie(&self) -> String {
+    pub fn expired_cookie(&self, secure: bool) -> String {
         format!(
             "{SESSION_COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{}",
-            if self.secure_cookie { "; Secure" } else { "" }
+            if secure { "; Secure" } else { "" }
         )
     }
 
@@ -270,7 +334,18 @@ pub async fn require(State(auth): State<Arc<Auth>>, mut request: Request, next: 
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip());
-    match auth.identify(peer, request.headers()) {
+    let identified = match auth.identify_throttled(peer, request.headers()) {
+        Attempt::Checked(identified) => identified,
+        Attempt::Throttled(wait) => {
+            tracing::warn!(
+                ?peer,
+                path = request.uri().path(),
+                "dashboard: too many failed logins; refused unread"
+            );
+            return too_many(wait);
+        }
+    };
+    match identified {
         Ok(identity) => {
             request.extensions_mut().insert(identity);
             next.run(request).await
@@ -284,6 +359,20 @@ pub async fn require(State(auth): State<Arc<Auth>>, mut request: Request, next: 
             auth.refuse(refusal, request.method(), path)
         }
     }
+}
+
+/// The answer to a throttled request: 429 with `Retry-After`.
+pub fn too_many(wait: std::time::Duration) -> Response {
+    let secs = throttle::retry_after_secs(wait);
+    let mut response = (
+        StatusCode::TOO_MANY_REQUESTS,
+        axum::Json(json!({ "error": format!("too many failed logins: try again in {secs} s") })),
+    )
+        .into_response();
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    response
 }
 
 /// An operator's request: extracting it refuses a viewer with 403.
@@ -473,7 +562,7 @@ mod tests {
             Err(Refusal::Missing)
         );
         assert!(
-            auth.session_cookie(&id)
+            auth.session_cookie(&id, false)
                 .contains("HttpOnly; SameSite=Strict")
         );
     }
@@ -551,6 +640,74 @@ mod tests {
         assert_eq!(
             auth.identify(None, &forged).map(|i| i.actor().name),
             Ok("operator:dashboard".to_owned())
+        );
+    }
+
+    #[test]
+    fn the_cookie_is_secure_over_https_and_keeps_its_other_attributes() {
+        let auth = Auth::new(&settings(DashboardAuth::Token));
+        let local = Some("127.0.0.1".parse().unwrap());
+        let plain = headers(&[("origin", "http://127.0.0.1:9105")]);
+        let tls = headers(&[("origin", "https://sas.example.com")]);
+        assert!(!auth.secure(local, &plain));
+        assert!(auth.secure(local, &tls));
+        let proxied = headers(&[("x-forwarded-proto", "https")]);
+        assert!(auth.secure(Some("10.0.0.9".parse().unwrap()), &proxied));
+        assert!(!auth.secure(local, &proxied), "an untrusted peer's word");
+        for secure in [false, true] {
+            for cookie in [
+                auth.session_cookie("id", secure),
+                auth.expired_cookie(secure),
+            ] {
+                assert!(cookie.contains("; HttpOnly; SameSite=Strict;"), "{cookie}");
+                assert_eq!(cookie.ends_with("; Secure"), secure, "{cookie}");
+            }
+        }
+        let always = Auth::new(&DashboardSettings {
+            secure_cookie: true,
+            ..settings(DashboardAuth::Token)
+        });
+        assert!(always.secure(local, &plain));
+    }
+
+    #[test]
+    fn wrong_secrets_are_throttled_and_a_throttled_right_one_is_refused_unread() {
+        let auth = Auth::new(&DashboardSettings {
+            login_failures_per_client: 2,
+            ..settings(DashboardAuth::Token)
+        });
+        let eve = Some("192.0.2.1".parse().unwrap());
+        let alice = Some("198.51.100.7".parse().unwrap());
+        let bearer = |t: &str| headers(&[("authorization", &format!("Bearer {t}"))]);
+        let wrong = bearer("not-the-token-not-the-token");
+        let right = bearer("operator-token-0123456789");
+        for _ in 0..2 {
+            assert_eq!(
+                auth.identify_throttled(eve, &wrong),
+                Attempt::Checked(Err(Refusal::Wrong))
+            );
+        }
+        assert!(matches!(
+            auth.identify_throttled(eve, &right),
+            Attempt::Throttled(_)
+        ));
+        assert!(matches!(
+            auth.login(eve, &HeaderMap::new(), "operator-token-0123456789"),
+            Attempt::Throttled(_)
+        ));
+        assert_eq!(
+            auth.identify_throttled(alice, &right),
+            Attempt::Checked(who("alice", Role::Operator))
+        );
+        // A session cookie is not a guessable secret: never throttled.
+        let id = auth.sessions.open(Identity {
+            name: "alice".into(),
+            role: Role::Operator,
+        });
+        let cookie = headers(&[("cookie", &format!("{SESSION_COOKIE}={id}"))]);
+        assert_eq!(
+            auth.identify_throttled(eve, &cookie),
+            Attempt::Checked(who("alice", Role::Operator))
         );
     }
 

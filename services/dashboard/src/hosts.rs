@@ -3,9 +3,15 @@
 //! dashboard's address still sends its own name as `Host`, and a cross-site
 //! request carries its own `Origin`.
 //!
-//! - Every request to the dashboard's pages and API must name an allowed host
-//!   (any port): `localhost`, `127.0.0.1`, `[::1]`, `http.host` and
-//!   `dashboard.allowed_hosts`. Anything else is answered 421.
+//! - Every request to the dashboard must carry exactly one `Host` header, a
+//!   host name or address with an optional port, and a request target in
+//!   absolute form (`GET http://host/ …`) must name that same host: anything
+//!   else is answered 400, as RFC 9112 §3.2 asks, before any handler runs
+//!   (two `Host`s are how a request is made to mean one host to a proxy
+//!   and another to us).
+//! - It must name an allowed host (any port): `localhost`, `127.0.0.1`,
+//!   `[::1]`, `http.host` and `dashboard.allowed_hosts`. Anything else is
+//!   answered 421.
 //! - A request that may change something (any method but GET, HEAD and
 //!   OPTIONS) whose `Origin` is present must come from the origin it is sent
 //!   to: the `Origin`'s host and port equal `Host`. Anything else, `null`
@@ -14,7 +20,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -60,7 +66,8 @@ fn normalize(name: &str) -> String {
 }
 
 /// The name part of `name[:port]` or `[v6][:port]`, normalized; `None` when
-/// the value is not of that shape.
+/// the value is not of that shape (a name is letters, digits, `.`, `-` and
+/// `_`; a bracketed address must be an IPv6 address).
 fn host_name(authority: &str) -> Option<String> {
     let authority = authority.trim();
     let (name, port) = match authority.strip_prefix('[') {
@@ -81,7 +88,16 @@ fn host_name(authority: &str) -> Option<String> {
         return None;
     }
     let name = normalize(&name);
-    (!name.is_empty()).then_some(name)
+    let well_formed = match name.strip_prefix('[').and_then(|n| n.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => {
+            !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+        }
+    };
+    well_formed.then_some(name)
 }
 
 /// Whether `origin` (`scheme://host[:port]`) is the origin of a request to `host`.
@@ -101,16 +117,34 @@ fn same_origin(origin: &str, host: &str) -> bool {
     !authority.contains('/') && strip(authority) == strip(host.trim())
 }
 
+/// The request's one `Host` header, if it has exactly one and it parses;
+/// a request target in absolute form must name the same host.
+fn single_host<'h>(uri: &Uri, headers: &'h HeaderMap) -> Option<&'h str> {
+    let mut sent = headers.get_all(header::HOST).iter();
+    let (Some(host), None) = (sent.next(), sent.next()) else {
+        return None;
+    };
+    let host = host.to_str().ok()?;
+    host_name(host)?;
+    match uri.authority() {
+        Some(target) if !target.as_str().eq_ignore_ascii_case(host.trim()) => None,
+        _ => Some(host),
+    }
+}
+
 /// Why a request is refused, if it is: the status and the reason.
 fn check(
     hosts: &AllowedHosts,
     method: &Method,
+    uri: &Uri,
     headers: &HeaderMap,
 ) -> Result<(), (StatusCode, &'static str)> {
-    let host = headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
+    let Some(host) = single_host(uri, headers) else {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            "a request must carry exactly one Host header: a host name with an optional port",
+        ));
+    };
     if !hosts.allows(host) {
         return Err((
             StatusCode::MISDIRECTED_REQUEST,
@@ -141,14 +175,15 @@ pub async fn guard(
     request: Request,
     next: Next,
 ) -> Response {
-    match check(&hosts, request.method(), request.headers()) {
+    match check(&hosts, request.method(), request.uri(), request.headers()) {
         Ok(()) => next.run(request).await,
         Err((status, message)) => {
             tracing::warn!(
-                host = ?request.headers().get(header::HOST),
+                %status,
+                host = ?request.headers().get_all(header::HOST).iter().collect::<Vec<_>>(),
                 origin = ?request.headers().get(header::ORIGIN),
                 path = request.uri().path(),
-                "dashboard: request for another host or from another site refused"
+                "dashboard: request without one allowed host, or from another site, refused"
             );
             (status, axum::Json(json!({ "error": message }))).into_response()
         }
@@ -159,6 +194,39 @@ pub async fn guard(
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
+
+    #[test]
+    fn a_request_must_carry_one_host_that_parses() {
+        let uri = Uri::from_static("/login");
+        let refused = |headers: &HeaderMap, uri: &Uri| {
+            check(&hosts(), &Method::GET, uri, headers).map_err(|(status, _)| status)
+        };
+        let mut two = HeaderMap::new();
+        two.append(header::HOST, HeaderValue::from_static("127.0.0.1:9105"));
+        two.append(header::HOST, HeaderValue::from_static("127.0.0.1:9105"));
+        assert_eq!(refused(&two, &uri), Err(StatusCode::BAD_REQUEST), "twice");
+        for bad in [
+            "",
+            "localhost, evil.example",
+            "localhost:9105/x",
+            "user@localhost",
+            "[not-v6]:9105",
+            "localhost:99x",
+            "local host",
+        ] {
+            let mut one = HeaderMap::new();
+            one.insert(header::HOST, HeaderValue::from_static(bad));
+            assert_eq!(refused(&one, &uri), Err(StatusCode::BAD_REQUEST), "{bad:?}");
+        }
+        let mut one = HeaderMap::new();
+        one.insert(header::HOST, HeaderValue::from_static("127.0.0.1:9105"));
+        assert_eq!(refused(&one, &uri), Ok(()));
+        // An absolute-form target must name the same host as `Host`.
+        let same = Uri::from_static("http://127.0.0.1:9105/login");
+        assert_eq!(refused(&one, &same), Ok(()));
+        let other = Uri::from_static("http://evil.example/login");
+        assert_eq!(refused(&one, &other), Err(StatusCode::BAD_REQUEST));
+    }
 
     fn hosts() -> AllowedHosts {
         AllowedHosts::new("10.0.0.7", &["Sas.Example.com".to_owned()])
@@ -203,7 +271,7 @@ mod tests {
         for (k, v) in pairs {
             headers.insert(*k, HeaderValue::from_static(v));
         }
-        check(&hosts(), &method, &headers).map_err(|(status, _)| status)
+        check(&hosts(), &method, &Uri::from_static("/"), &headers).map_err(|(status, _)| status)
     }
 
     #[test]
@@ -230,7 +298,8 @@ mod tests {
             map.insert(header::HOST, HeaderValue::from_static("127.0.0.1:9105"));
             map.insert(header::ORIGIN, headers);
             assert_eq!(
-                check(&hosts(), &Method::POST, &map).map_err(|(status, _)| status),
+                check(&hosts(), &Method::POST, &Uri::from_static("/"), &map)
+                    .map_err(|(status, _)| status),
                 Err(StatusCode::FORBIDDEN),
                 "{origin}"
             );
@@ -246,7 +315,8 @@ mod tests {
             HeaderValue::from_static("http://evil.example"),
         );
         assert_eq!(
-            check(&hosts(), &Method::POST, &two).map_err(|(status, _)| status),
+            check(&hosts(), &Method::POST, &Uri::from_static("/"), &two)
+                .map_err(|(status, _)| status),
             Err(StatusCode::FORBIDDEN),
             "a second, foreign Origin"
         );
@@ -261,7 +331,8 @@ mod tests {
         );
         assert_eq!(
             request(Method::GET, &[]),
-            Err(StatusCode::MISDIRECTED_REQUEST)
+            Err(StatusCode::BAD_REQUEST),
+            "no Host at all"
         );
         assert_eq!(
             request(

@@ -2,6 +2,10 @@
 //! trades a valid token (form field `token`) for a session cookie and goes to
 //! the overview, `GET|POST /logout` ends the session. In the other modes
 //! these go to the overview: the browser or the proxy does the logging in.
+//! Failed logins are throttled per client and in all ([`crate::throttle`]):
+//! past the limits `POST /login` answers 429 with `Retry-After`, right
+//! token or not. The session cookie is `Secure` whenever the login came
+//! over HTTPS ([`Auth::secure`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,8 +19,9 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use sas::config::DashboardAuth;
 
-use crate::assets::login_page;
+use crate::assets::{LoginNotice, login_page};
 use crate::auth::{Auth, session_id};
+use crate::throttle::{Attempt, retry_after_secs};
 
 /// Longest login form read: a token field and some room.
 const MAX_FORM_BYTES: usize = 8 * 1024;
@@ -34,33 +39,54 @@ async fn page(State(auth): State<Arc<Auth>>) -> Response {
     if auth.mode() != DashboardAuth::Token {
         return Redirect::to("/").into_response();
     }
-    login_page(false)
+    login_page(LoginNotice::None)
 }
 
 async fn login(
     State(auth): State<Arc<Auth>>,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     if auth.mode() != DashboardAuth::Token {
         return Redirect::to("/").into_response();
     }
+    let peer = peer.map(|p| p.0.0.ip());
     let token = form_urlencoded::parse(&body)
         .find(|(key, _)| key == "token")
         .map(|(_, value)| value.trim().to_owned())
         .unwrap_or_default();
-    let Some(identity) = auth.token_identity(&token) else {
-        tracing::warn!(peer = ?peer.map(|p| p.0.0), "dashboard: login with a token that is not valid");
-        let mut response = login_page(true);
+    let identity = match auth.login(peer, &headers, &token) {
+        Attempt::Checked(identity) => identity,
+        Attempt::Throttled(wait) => {
+            let client = auth.client(peer, &headers);
+            tracing::warn!(?peer, %client, "dashboard: too many failed logins; login refused unread");
+            let secs = retry_after_secs(wait);
+            let mut response = login_page(LoginNotice::Throttled(secs));
+            *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            return response;
+        }
+    };
+    let Some(identity) = identity else {
+        tracing::warn!(?peer, "dashboard: login with a token that is not valid");
+        let mut response = login_page(LoginNotice::Invalid);
         *response.status_mut() = StatusCode::UNAUTHORIZED;
         return response;
     };
     tracing::info!(user = %identity.name, role = identity.role.as_str(), "dashboard: logged in");
     let id = auth.sessions.open(identity);
-    with_cookie(Redirect::to("/"), &auth.session_cookie(&id))
+    let secure = auth.secure(peer, &headers);
+    with_cookie(Redirect::to("/"), &auth.session_cookie(&id, secure))
 }
 
-async fn logout(State(auth): State<Arc<Auth>>, headers: HeaderMap) -> Response {
+async fn logout(
+    State(auth): State<Arc<Auth>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    headers: HeaderMap,
+) -> Response {
     if let Some(id) = session_id(&headers) {
         auth.sessions.close(id);
     }
@@ -69,7 +95,8 @@ async fn logout(State(auth): State<Arc<Auth>>, headers: HeaderMap) -> Response {
     } else {
         "/"
     };
-    with_cookie(Redirect::to(to), &auth.expired_cookie())
+    let secure = auth.secure(peer.map(|p| p.0.0.ip()), &headers);
+    with_cookie(Redirect::to(to), &auth.expired_cookie(secure))
 }
 
 fn with_cookie(redirect: Redirect, cookie: &str) -> Response {

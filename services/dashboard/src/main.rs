@@ -11,10 +11,12 @@ mod api;
 mod assets;
 mod auth;
 mod dead_letters;
+mod forwarded;
 mod hosts;
 mod login;
 mod search;
 mod sessions;
+mod throttle;
 
 use std::process::ExitCode;
 

@@ -10,7 +10,8 @@
 //!   safe on a loopback address (the default `http.host`).
 //!
 //! Every identity has a [`Role`]: a `viewer` reads, an `operator` also acts.
-//! Secrets are [`Secret`]s, which never print.
+//! Secrets are [`Secret`]s, which never print. Guessing them is bounded by
+//! the `login_failures_*` limits, per client and over all clients.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -28,6 +29,9 @@ pub const MIN_TOKEN_BYTES: usize = 16;
 /// Longest identity name: the event log's actor is `operator:<name>`.
 pub const MAX_NAME_BYTES: usize = 64;
 
+/// Shortest `login_failure_window`: shorter would make the limits no limit.
+pub const MIN_LOGIN_FAILURE_WINDOW: Duration = Duration::from_millis(100);
+
 /// `[dashboard]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default)]
@@ -44,7 +48,10 @@ pub struct DashboardSettings {
     /// `basic` mode: users with their passwords and roles.
     pub users: Vec<DashboardUser>,
     /// `proxy` mode: the peers (IP addresses or CIDR ranges) whose identity
-    /// header is believed. Anyone else is refused.
+    /// header is believed. Anyone else is refused. In every mode, what these
+    /// peers append to `X-Forwarded-For` and say in `X-Forwarded-Proto` is
+    /// believed (the login limits' client, the cookie's `Secure`); what
+    /// anyone else sends there is ignored.
     pub trusted_proxies: Vec<Cidr>,
     /// `proxy` mode: the header that names the user.
     pub user_header: String,
@@ -60,9 +67,29 @@ pub struct DashboardSettings {
     /// How long a login (the session cookie) lasts.
     #[serde(with = "humantime_serde")]
     pub session_ttl: Duration,
-    /// Marks the session cookie `Secure` (sent over HTTPS only): set it when
-    /// the dashboard is reached through an HTTPS proxy.
+    /// Marks the session cookie `Secure` (sent over HTTPS only) always. Without
+    /// it the cookie is still `Secure` whenever the request came over HTTPS:
+    /// the login form's `Origin` is `https://…`, or a peer in
+    /// `trusted_proxies` sent `X-Forwarded-Proto: https`. Set it when the
+    /// dashboard is reached through an HTTPS proxy that sends neither.
     pub secure_cookie: bool,
+    /// Failed logins (the login form, a wrong bearer token or Basic
+    /// password) one client may make per `login_failure_window`; past it,
+    /// its logins, right or wrong, are answered 429 with `Retry-After` until
+    /// the window has let one more through. A client is its IP address (an
+    /// IPv6 client its /64), or, from a peer in `trusted_proxies`, the
+    /// address that peer appended to `X-Forwarded-For`.
+    pub login_failures_per_client: u32,
+    /// Failed logins of all clients together per `login_failure_window`:
+    /// the bound on guessing from many addresses at once. Past it, every
+    /// login is answered 429 (sessions already open and proxy mode are not
+    /// affected).
+    pub login_failures_total: u32,
+    /// The window the two limits above count in: failures are forgotten
+    /// evenly over it (a token bucket), so after a burst one more attempt
+    /// is allowed every `login_failure_window / limit`.
+    #[serde(with = "humantime_serde")]
+    pub login_failure_window: Duration,
 }
 
 impl Default for DashboardSettings {
@@ -80,6 +107,9 @@ impl Default for DashboardSettings {
             allowed_hosts: Vec::new(),
             session_ttl: Duration::from_secs(12 * 3600),
             secure_cookie: false,
+            login_failures_per_client: 10,
+            login_failures_total: 100,
+            login_failure_window: Duration::from_secs(60),
         }
     }
 }
@@ -371,6 +401,18 @@ impl DashboardSettings {
         if self.session_ttl.is_zero() {
             return invalid("dashboard.session_ttl must be more than 0".into());
         }
+        if self.login_failures_per_client == 0 || self.login_failures_total == 0 {
+            return invalid(
+                "dashboard.login_failures_per_client and dashboard.login_failures_total must \
+                 be more than 0 (a client that may never fail could never log in)"
+                    .into(),
+            );
+        }
+        if self.login_failure_window < MIN_LOGIN_FAILURE_WINDOW {
+            return invalid(format!(
+                "dashboard.login_failure_window must be at least {MIN_LOGIN_FAILURE_WINDOW:?}"
+            ));
+        }
         match self.auth {
             DashboardAuth::Token if tokens.is_empty() => invalid(
                 "dashboard.auth = \"token\" needs dashboard.tokens or dashboard.token \
@@ -512,6 +554,30 @@ mod tests {
         for bad in ["10.0.0.0/33", "nope", "10.0.0.0/x", "::/129"] {
             assert!(bad.parse::<Cidr>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn login_limits_have_defaults_and_must_let_someone_in() {
+        let d = Settings::default().dashboard;
+        assert_eq!(
+            (
+                d.login_failures_per_client,
+                d.login_failures_total,
+                d.login_failure_window
+            ),
+            (10, 100, Duration::from_secs(60))
+        );
+        let s = load(&[
+            ("SAS__DASHBOARD__LOGIN_FAILURES_PER_CLIENT", "3"),
+            ("SAS__DASHBOARD__LOGIN_FAILURE_WINDOW", "2s"),
+        ])
+        .expect("loads");
+        assert_eq!(s.dashboard.login_failures_per_client, 3);
+        assert_eq!(s.dashboard.login_failure_window, Duration::from_secs(2));
+        let err = load(&[("SAS__DASHBOARD__LOGIN_FAILURES_TOTAL", "0")]).expect_err("zero");
+        assert!(err.to_string().contains("login_failures_total"), "{err}");
+        let err = load(&[("SAS__DASHBOARD__LOGIN_FAILURE_WINDOW", "1ms")]).expect_err("short");
+        assert!(err.to_string().contains("login_failure_window"), "{err}");
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod cluster;
 mod core;
 mod costs;
 mod dashboard;
+mod dashboard_hardening;
 mod dashboard_search;
 mod failover;
 mod faults;
