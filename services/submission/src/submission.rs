@@ -280,7 +280,8 @@ impl Submitter {
                 .await?;
         }
         if let Some(queue) = &hints.reply_to {
-            let event = StatusEvent::rejected(hints, reason, Utc::now());
+            let hints = self.unechoed(hints).await;
+            let event = StatusEvent::rejected(&hints, reason, Utc::now());
             let body = serde_json::to_vec(&event).unwrap_or_default();
             // The hints hold only ids and queues of a routable size.
             let correlation = match &event.order_id {
@@ -318,6 +319,29 @@ impl Submitter {
         } else {
             broker::dead_letter(delivery).await
         }
+    }
+
+    /// `hints` without an order id that names an existing order (contract
+    /// §1b): a rejection of a stranger's message carrying a live order's id
+    /// must not reach that order's application as if its order had been
+    /// refused. When the store cannot say, the id is left out too.
+    async fn unechoed(&self, hints: &RejectedHints) -> RejectedHints {
+        let mut hints = hints.clone();
+        let id = hints
+            .order_id
+            .as_ref()
+            .and_then(|v| v.as_str())
+            .and_then(|s| Uuid::parse_str(s).ok());
+        if let Some(id) = id {
+            let exists = match self.ctx.store() {
+                Ok(store) => store.order_exists(id).await.unwrap_or(true),
+                Err(_) => true,
+            };
+            if exists {
+                hints.order_id = None;
+            }
+        }
+        hints
     }
 
     /// The state store failed: hand the message back after a pause, so a

@@ -375,6 +375,19 @@ impl StateStore {
         .await
     }
 
+    /// Whether an order of this id exists (any state): a rejection must not
+    /// echo it (contract §1b).
+    pub async fn order_exists(&self, order_id: uuid::Uuid) -> Result<bool, StoreError> {
+        self.conn()
+            .await?
+            .run(|c| {
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM orders WHERE order_id = $1)")
+                    .bind(order_id)
+                    .fetch_one(c)
+            })
+            .await
+    }
+
     /// One order with its steps and event log, for operators.
     pub async fn order_details(
         &self,

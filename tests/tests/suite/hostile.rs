@@ -819,3 +819,58 @@ async fn packs_and_replies_larger_than_agents_send_are_set_aside_unread_and_orde
     );
     assert_unharmed(&app).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_message_carrying_a_live_orders_id_never_reaches_its_application_as_a_rejection() {
+    let app = TestApp::new().await;
+    start(&app).await;
+    let status = app.status_queue("status").await;
+    let live = app.submit("three", Some(&status)).await;
+    app.eventually("the live order stored", Duration::from_secs(20), || async {
+        app.order(live).await.is_some()
+    })
+    .await;
+    // A stranger's bad messages with the live order's id, naming its
+    // status queue: an unknown workflow, a missing payload, a wrong type.
+    let forged = [
+        json!({ "order_id": live, "workflow": "no-such-workflow", "payload": {} }),
+        json!({ "order_id": live, "workflow": "one" }),
+        json!({ "order_id": live, "workflow": "one", "payload": {}, "priority": 99 }),
+    ];
+    for body in &forged {
+        app.publish_raw(body.to_string().as_bytes(), Some(&status), None)
+            .await;
+    }
+    // And one with an id no order has: that one is echoed as given.
+    let unknown = Uuid::new_v4();
+    let body = json!({ "order_id": unknown, "workflow": "one" });
+    app.publish_raw(body.to_string().as_bytes(), Some(&status), None)
+        .await;
+    let events = app
+        .collect(&status, Duration::from_secs(60), |got| {
+            ends(got).contains_key(&live.to_string())
+                && got.iter().filter(|e| e["state"] == "rejected").count() >= forged.len() + 1
+        })
+        .await;
+    assert_eq!(ends(&events)[&live.to_string()], "processed");
+    let rejected: Vec<&Value> = events.iter().filter(|e| e["state"] == "rejected").collect();
+    assert!(
+        rejected.iter().all(|e| e["order_id"] != live.to_string()),
+        "a rejection echoed the live order's id: {rejected:?}"
+    );
+    assert_eq!(
+        rejected.iter().filter(|e| e["order_id"].is_null()).count(),
+        forged.len(),
+        "{rejected:?}"
+    );
+    assert!(
+        rejected
+            .iter()
+            .any(|e| e["order_id"] == unknown.to_string()),
+        "{rejected:?}"
+    );
+    assert_eq!(
+        app.drain(app.queues.orders_dead()).await.len(),
+        forged.len() + 1
+    );
+}
