@@ -22,6 +22,12 @@ pub use dashboard::{
 };
 pub use schedules::ScheduleSpec;
 
+/// Whether `t` is a token kept hashed: `sha256:` and 64 hex digits.
+fn is_token_hash(t: &str) -> bool {
+    t.strip_prefix("sha256:")
+        .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 /// Why the configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -62,6 +68,28 @@ pub struct Settings {
     pub agents: BTreeMap<String, AgentSpec>,
     /// Recurring orders by name (contract §4b).
     pub schedules: BTreeMap<String, ScheduleSpec>,
+    /// Application identities by name (contract §1b); none: anyone who can
+    /// publish to the orders queue submits, as before.
+    pub applications: BTreeMap<String, ApplicationSpec>,
+}
+
+/// `[applications.<name>]` (contract §1b): who may submit, and where its
+/// events may go.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApplicationSpec {
+    /// Its RabbitMQ user, checked through the AMQP `user_id` property
+    /// (which RabbitMQ refuses when it is not the connection's user).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Patterns of the queues it may name as `reply_to` (`*`: any run of
+    /// characters).
+    #[serde(default)]
+    pub reply_to: Vec<String>,
+    /// Bearer tokens of the HTTP API (contract §9a), as `sha256:<hex>` of
+    /// the token: read, not yet used (no HTTP API yet).
+    #[serde(default)]
+    pub tokens: Vec<String>,
 }
 
 /// `[database]`: the state store.
@@ -848,8 +876,52 @@ impl Settings {
             }
         }
         self.compiled_schedules(chrono::Utc::now())?;
+        self.validate_applications()?;
         self.dashboard.validate()?;
         self.validate_database()?;
+        Ok(())
+    }
+
+    /// Refuses applications that cannot be told apart or used: a name or
+    /// user that is no AMQP short string, a user two applications share, a
+    /// reply-queue pattern inside sas's or the broker's own names.
+    fn validate_applications(&self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        let names = crate::topology::QueueNames::new(&self.broker.prefix);
+        let mut users = std::collections::BTreeSet::new();
+        for (name, app) in &self.applications {
+            if !crate::messages::is_queue_name(name) {
+                return invalid(
+                    "applications: a name must be 1 to 255 bytes without control characters".into(),
+                );
+            }
+            if let Some(user) = &app.user {
+                if !crate::messages::is_queue_name(user) {
+                    return invalid(format!(
+                        "applications.{name}.user must be 1 to 255 bytes without control characters"
+                    ));
+                }
+                if !users.insert(user.as_str()) {
+                    return invalid(format!(
+                        "applications.{name}.user {user:?} is another application's too"
+                    ));
+                }
+            }
+            for pattern in &app.reply_to {
+                let literal = pattern.split('*').next().unwrap_or_default();
+                if pattern.is_empty() || names.is_reserved(literal) && !literal.is_empty() {
+                    return invalid(format!(
+                        "applications.{name}.reply_to {pattern:?} names queues of sas or of the broker; name the application's own"
+                    ));
+                }
+            }
+            if let Some(bad) = app.tokens.iter().find(|t| !is_token_hash(t)) {
+                return invalid(format!(
+                    "applications.{name}.tokens: {:?} is not sha256:<64 hex digits> (tokens are kept hashed)",
+                    crate::messages::truncate_bytes(bad, 16)
+                ));
+            }
+        }
         Ok(())
     }
 

@@ -9,6 +9,8 @@
 //! - [`rules`]: the pattern's rules as pure functions (so far what the
 //!   supervisor decides at a deadline). Pure.
 //! - [`topology`]: the queue names of a deployment. Pure.
+//! - [`applications`]: application identities: who sent a message, where
+//!   its events may go, which order its ids mean. Pure.
 //! - [`trace`]: W3C trace context carried from hop to hop. Pure.
 //! - [`state_store`]: every SQL statement, and the guarded transitions.
 //! - [`broker`]: every lapin call: connect, topology, confirmed publish, consume.
@@ -23,6 +25,7 @@
 //! - [`crash`]: crash points that let the fault suite stop a process at an exact spot.
 //! - [`memory`]: the allocator's arenas, few, so that a service's memory stays small.
 
+pub mod applications;
 pub mod batch;
 pub mod broker;
 pub mod config;

@@ -63,6 +63,17 @@ pub enum RejectReason {
         "{field} names {queue}, a queue of sas (under its prefix) or of the broker (amq.): name a queue of your own"
     )]
     ReservedQueue { field: &'static str, queue: Quoted },
+    /// With applications configured (contract §1b), the message is no
+    /// known application's.
+    #[error("{0}")]
+    UnknownApplication(crate::applications::Unknown),
+    /// A `reply_to` outside the sending application's queues (§1b).
+    #[error("{field} names {queue}, which is not among application {application}'s queues")]
+    NotTheApplicationsQueue {
+        field: &'static str,
+        queue: Quoted,
+        application: Quoted,
+    },
     /// A field the message may not carry (a replay request is read
     /// strictly, so that no other message is taken for one).
     #[error("unknown field {0}")]
@@ -85,6 +96,8 @@ impl RejectReason {
             Self::NoReplyQueue => "no_reply_queue",
             Self::NoSuchQueue(_) => "no_such_queue",
             Self::ReservedQueue { .. } => "reserved_queue",
+            Self::UnknownApplication(_) => "unknown_application",
+            Self::NotTheApplicationsQueue { .. } => "not_the_applications_queue",
             Self::UnknownField(_) => "unknown_field",
         }
     }

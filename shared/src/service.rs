@@ -30,6 +30,8 @@ pub struct Context {
     pub name: &'static str,
     pub settings: Settings,
     pub queues: QueueNames,
+    /// Who may submit and where their events may go (contract §1b).
+    pub applications: crate::applications::Applications,
     /// `None` for services that do not use the state store (the agent).
     pub store: Option<StateStore>,
     pub metrics: Arc<Metrics>,
@@ -164,6 +166,7 @@ where
     let ctx = Arc::new(Context {
         name,
         queues: QueueNames::new(&settings.broker.prefix),
+        applications: crate::applications::Applications::new(&settings.applications),
         settings,
         store: store.clone(),
         metrics: metrics.clone(),

@@ -17,6 +17,8 @@ pub fn new_orders(workflow: &str, n: usize, reply_to: &str) -> Vec<NewOrder> {
             trace_id: Some(sas::trace::TraceContext::new_root().trace_id),
             trace_span: None,
             events: sas::messages::Events::All,
+            application: None,
+            app_order_id: None,
         })
         .collect()
 }

@@ -8,6 +8,7 @@
 //! [`browser`] drives a headless Chromium for the dashboard's test; [`tls`]
 //! starts the servers of the TLS tests (a Postgres of their own, stunnel).
 
+pub mod broker_users;
 pub mod browser;
 pub mod cli;
 pub mod dashboard;

@@ -676,6 +676,8 @@ mod tests {
             trace_span: None,
             redrives: 0,
             events: sas::messages::Events::All,
+            application: None,
+            app_order_id: None,
         };
         let step = |idx: i32, name: &str, state, result: Option<Value>| StepRow {
             order_id: id,

@@ -11,6 +11,7 @@
 
 use std::sync::Arc;
 
+use sas::applications::Application;
 use sas::broker::{self, BrokerError, Outgoing, PublishError, Publisher, Received};
 use sas::messages::{Quoted, RejectReason, ReplayRequest, is_queue_name};
 use sas::metrics::labels;
@@ -38,6 +39,16 @@ impl Replayer {
         delivery: Received,
     ) -> Result<(), BrokerError> {
         let settings = &self.ctx.settings.submission;
+        // With applications configured (contract §1b), only an
+        // application's, and only of its own orders, to its own queues.
+        let sender = match self.ctx.applications.identify(delivery.user_id()) {
+            Ok(sender) => sender,
+            Err(unknown) => {
+                return self
+                    .reject(&delivery, &RejectReason::UnknownApplication(unknown))
+                    .await;
+            }
+        };
         let request =
             match ReplayRequest::decode(delivery.body(), settings.max_body_bytes, &self.ctx.queues)
             {
@@ -52,7 +63,13 @@ impl Replayer {
                 tracing::info_span!("replay", queue = %reply_to, %since)
             }
         };
-        self.serve(publisher, &delivery, &request)
+        if let (Some(app), ReplayRequest::Queue { reply_to, .. }) = (sender, &request)
+            && !app.may_reply_to(reply_to)
+        {
+            let reason = not_its_queue(app, "`reply_to`", reply_to.as_str());
+            return self.reject(&delivery, &reason).await;
+        }
+        self.serve(publisher, &delivery, &request, sender)
             .instrument(span)
             .await
     }
@@ -62,9 +79,19 @@ impl Replayer {
         publisher: &Publisher,
         delivery: &Received,
         request: &ReplayRequest,
+        sender: Option<&Application>,
     ) -> Result<(), BrokerError> {
         let limit = self.ctx.settings.submission.max_replay_events;
-        let replay = match self.store.replay(request, limit).await {
+        // An application names its orders by the ids it gave them.
+        let stored = match (sender, request) {
+            (Some(app), ReplayRequest::Order { order_id, from_seq }) => ReplayRequest::Order {
+                order_id: app.order_id(*order_id),
+                from_seq: *from_seq,
+            },
+            _ => request.clone(),
+        };
+        let application = sender.map(|app| app.name.as_str());
+        let replay = match self.store.replay(&stored, application, limit).await {
             Ok(Some(replay)) => replay,
             Ok(None) => {
                 let ReplayRequest::Order { order_id, .. } = request else {
@@ -99,6 +126,13 @@ impl Replayer {
                 queue: Quoted::new(&to),
             };
             return self.reject(delivery, &reason).await;
+        }
+        if let Some(app) = sender
+            && !app.may_reply_to(&to)
+        {
+            return self
+                .reject(delivery, &not_its_queue(app, named_by, &to))
+                .await;
         }
         if replay.truncated {
             tracing::warn!(
@@ -157,6 +191,15 @@ impl Replayer {
             .replays
             .get_or_create(&labels(&[("outcome", outcome)]))
             .inc();
+    }
+}
+
+/// Why a replay may not go to `queue`: not among `app`'s queues (§1b).
+fn not_its_queue(app: &Application, field: &'static str, queue: &str) -> RejectReason {
+    RejectReason::NotTheApplicationsQueue {
+        field,
+        queue: Quoted::new(queue),
+        application: Quoted::new(&app.name),
     }
 }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use chrono::Utc;
+use sas::applications::Application;
 use sas::broker::{self, BrokerError, Outgoing, Publisher, Received};
 use sas::messages::{Quoted, RejectReason, RejectedHints, StatusEvent, Submission};
 use sas::metrics::labels;
@@ -154,37 +155,68 @@ impl Submitter {
     async fn handle(&self, publisher: &Publisher, delivery: Received) -> Result<(), BrokerError> {
         sas::crash::panic_if_marked(delivery.body());
         let settings = &self.ctx.settings;
+        // Who sent it (contract §1b): with applications configured, only
+        // one of them, and its events only to its own queues.
+        let sender = match self.ctx.applications.identify(delivery.user_id()) {
+            Ok(sender) => sender,
+            Err(unknown) => {
+                let reason = RejectReason::UnknownApplication(unknown);
+                return self
+                    .reject(
+                        publisher,
+                        &delivery,
+                        &reason,
+                        &RejectedHints::default(),
+                        None,
+                    )
+                    .await;
+            }
+        };
         let decoded = Submission::decode(
             delivery.body(),
             delivery.reply_to(),
             settings.submission.max_body_bytes,
             &self.ctx.queues,
         )
-        .and_then(|s| match settings.workflow(&s.workflow) {
-            Ok(wf) => Ok((s, wf)),
-            Err(_) => {
-                let hints = RejectedHints {
-                    order_id: s
-                        .order_id
-                        .map(|id| serde_json::Value::String(id.to_string())),
-                    reply_to: s.reply_to.clone(),
+        .and_then(|s| {
+            let hints = || RejectedHints {
+                order_id: s
+                    .order_id
+                    .map(|id| serde_json::Value::String(id.to_string())),
+                reply_to: s.reply_to.clone(),
+            };
+            if let (Some(app), Some(queue)) = (sender, &s.reply_to)
+                && !app.may_reply_to(queue)
+            {
+                let reason = RejectReason::NotTheApplicationsQueue {
+                    field: "reply_to",
+                    queue: Quoted::new(queue),
+                    application: Quoted::new(&app.name),
                 };
-                Err((
-                    RejectReason::UnknownWorkflow(Quoted::new(&s.workflow)),
-                    hints,
-                ))
+                return Err((reason, hints()));
+            }
+            match settings.workflow(&s.workflow) {
+                Ok(wf) => Ok((s, wf)),
+                Err(_) => {
+                    let reason = RejectReason::UnknownWorkflow(Quoted::new(&s.workflow));
+                    Err((reason, hints()))
+                }
             }
         });
         let (order, workflow) = match decoded {
             Ok(ok) => ok,
             Err((reason, hints)) => {
-                return self.reject(publisher, &delivery, &reason, &hints).await;
+                return self
+                    .reject(publisher, &delivery, &reason, &hints, sender)
+                    .await;
             }
         };
-        let order_id = order
+        let given = order
             .order_id
             .or_else(|| delivery.message_id().and_then(|m| Uuid::parse_str(m).ok()))
             .unwrap_or_else(Uuid::new_v4);
+        // An application's ids are its own: stored in its namespace.
+        let order_id = sender.map_or(given, |app| app.order_id(given));
         // Continue the application's trace when it sent one; this span is
         // the order's root in sas (its transitions' spans nest under it).
         let sent = delivery
@@ -213,6 +245,8 @@ impl Submitter {
                 trace_id: Some(trace.trace_id.clone()),
                 trace_span: Some(trace.span_id.clone()),
                 events: order.events,
+                application: sender.map(|app| app.name.clone()),
+                app_order_id: sender.map(|_| given),
             };
             let stored = self
                 .batcher
@@ -239,10 +273,11 @@ impl Submitter {
                         "the state store refused the order: {e}"
                     )));
                     let hints = RejectedHints {
-                        order_id: Some(serde_json::Value::String(order_id.to_string())),
+                        order_id: Some(serde_json::Value::String(given.to_string())),
                         reply_to: new_reply_to,
                     };
-                    self.reject(publisher, &delivery, &reason, &hints).await?;
+                    self.reject(publisher, &delivery, &reason, &hints, sender)
+                        .await?;
                 }
                 Err(e) if e.is_transient() => self.retry_later(&delivery, &e).await?,
                 Err(e) => {
@@ -258,13 +293,15 @@ impl Submitter {
     }
 
     /// Copies the message to the dead-letter queue with the reason, tells the
-    /// sender, then acknowledges the original.
+    /// sender (`sender`, with applications configured: only on one of its
+    /// own queues), then acknowledges the original.
     async fn reject(
         &self,
         publisher: &Publisher,
         delivery: &Received,
         reason: &RejectReason,
         hints: &RejectedHints,
+        sender: Option<&Application>,
     ) -> Result<(), BrokerError> {
         let text = reason.to_string();
         tracing::warn!(reason = %text, reply_to = ?hints.reply_to, "order rejected; dead-lettered");
@@ -279,8 +316,11 @@ impl Submitter {
                 .republish(self.ctx.queues.orders_dead(), delivery, &[why])
                 .await?;
         }
-        if let Some(queue) = &hints.reply_to {
-            let hints = self.unechoed(hints).await;
+        let told = hints.reply_to.as_ref().filter(|q| {
+            !self.ctx.applications.configured() || sender.is_some_and(|app| app.may_reply_to(q))
+        });
+        if let Some(queue) = told {
+            let hints = self.unechoed(hints, sender).await;
             let event = StatusEvent::rejected(&hints, reason, Utc::now());
             let body = serde_json::to_vec(&event).unwrap_or_default();
             // The hints hold only ids and queues of a routable size.
@@ -325,13 +365,14 @@ impl Submitter {
     /// §1b): a rejection of a stranger's message carrying a live order's id
     /// must not reach that order's application as if its order had been
     /// refused. When the store cannot say, the id is left out too.
-    async fn unechoed(&self, hints: &RejectedHints) -> RejectedHints {
+    async fn unechoed(&self, hints: &RejectedHints, sender: Option<&Application>) -> RejectedHints {
         let mut hints = hints.clone();
         let id = hints
             .order_id
             .as_ref()
             .and_then(|v| v.as_str())
-            .and_then(|s| Uuid::parse_str(s).ok());
+            .and_then(|s| Uuid::parse_str(s).ok())
+            .map(|given| sender.map_or(given, |app| app.order_id(given)));
         if let Some(id) = id {
             let exists = match self.ctx.store() {
                 Ok(store) => store.order_exists(id).await.unwrap_or(true),

@@ -82,6 +82,12 @@ impl Delivery {
             .map(|s| s.as_str())
     }
 
+    /// The AMQP `user_id`: the sender's RabbitMQ user, which RabbitMQ
+    /// checks against the connection's (contract §1b).
+    pub fn user_id(&self) -> Option<&str> {
+        self.inner.properties.user_id().as_ref().map(|s| s.as_str())
+    }
+
     /// The AMQP `message_id`.
     pub fn message_id(&self) -> Option<&str> {
         self.inner

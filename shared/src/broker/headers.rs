@@ -22,6 +22,10 @@ pub const MAX_NESTING: usize = 64;
 /// [`super::MAX_HEADER_BYTES`]).
 const FRAME_ROOM: usize = 8 * 1024;
 
+/// The header of a copy that says which RabbitMQ user sent the original
+/// (its `user_id`, which a copy cannot carry).
+pub const USER_ID_HEADER: &str = "x-sas-user-id";
+
 /// The header that says a copy left the original headers out.
 pub const DROPPED_HEADER: &str = "x-sas-headers-dropped";
 

@@ -43,6 +43,50 @@ pub enum Header<'a> {
     Remove,
 }
 
+/// The properties of a copy of a message that sas publishes: the
+/// original's but for `user_id`, which RabbitMQ refuses from a connection
+/// of another user (a copy of an application's message would close sas's
+/// channel, again at every redelivery), and `expiration`, which would let
+/// a dead letter expire before an operator sees it. Headers are set by
+/// the caller.
+fn copied(original: &BasicProperties) -> BasicProperties {
+    let mut props = BasicProperties::default();
+    if let Some(v) = original.content_type() {
+        props = props.with_content_type(v.clone());
+    }
+    if let Some(v) = original.content_encoding() {
+        props = props.with_content_encoding(v.clone());
+    }
+    if let Some(v) = original.delivery_mode() {
+        props = props.with_delivery_mode(*v);
+    }
+    if let Some(v) = original.priority() {
+        props = props.with_priority(*v);
+    }
+    if let Some(v) = original.correlation_id() {
+        props = props.with_correlation_id(v.clone());
+    }
+    if let Some(v) = original.reply_to() {
+        props = props.with_reply_to(v.clone());
+    }
+    if let Some(v) = original.message_id() {
+        props = props.with_message_id(v.clone());
+    }
+    if let Some(v) = original.timestamp() {
+        props = props.with_timestamp(*v);
+    }
+    if let Some(v) = original.kind() {
+        props = props.with_type(v.clone());
+    }
+    if let Some(v) = original.app_id() {
+        props = props.with_app_id(v.clone());
+    }
+    if let Some(v) = original.cluster_id() {
+        props = props.with_cluster_id(v.clone());
+    }
+    props
+}
+
 /// Longest AMQP short string (routing keys, `reply_to`, ids).
 const SHORT_STRING: usize = 255;
 
@@ -162,11 +206,15 @@ impl Publisher {
             };
             table.insert((*k).into(), v);
         }
-        let props = delivery
-            .inner
-            .properties
-            .clone()
-            .with_headers(FieldTable::from(table));
+        let original = &delivery.inner.properties;
+        if let Some(user) = original.user_id() {
+            // Kept for operators: who sent it (see [`copied`]).
+            table.insert(
+                super::headers::USER_ID_HEADER.into(),
+                AMQPValue::LongString(user.as_str().into()),
+            );
+        }
+        let props = copied(original).with_headers(FieldTable::from(table));
         let confirm = self
             .channel
             .basic_publish(

@@ -422,6 +422,8 @@ pub(crate) mod fixture {
             trace_span: None,
             redrives: 0,
             events: crate::messages::Events::All,
+            application: None,
+            app_order_id: None,
         };
         let steps = (0..n)
             .map(|idx| {

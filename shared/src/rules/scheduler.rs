@@ -546,6 +546,8 @@ mod tests {
             trace_span: None,
             redrives: 0,
             events: crate::messages::Events::All,
+            application: None,
+            app_order_id: None,
         }
     }
 

@@ -82,32 +82,39 @@ pub struct Replay {
     pub truncated: bool,
 }
 
-/// The stored events a replay request asks for, at most `limit`; `None`
-/// when it names an order that does not exist.
+/// The stored events a replay request of `application` (contract §1b:
+/// `None` when none is configured) asks for, at most `limit`, of its own
+/// orders only; `None` when it names an order that does not exist, or is
+/// another application's. Each event says the id its application gave.
 pub async fn replay(
     conn: &mut PgConnection,
     request: &ReplayRequest,
+    application: Option<&str>,
     limit: u32,
 ) -> Result<Option<Replay>, sqlx::Error> {
     // One more than the limit, to know whether there were more.
     let fetch = i64::from(limit) + 1;
     let (rows, reply_to) = match request {
         ReplayRequest::Order { order_id, from_seq } => {
-            let order: Option<(Option<String>,)> =
-                sqlx::query_as("SELECT reply_to FROM orders WHERE order_id = $1")
-                    .bind(order_id)
-                    .fetch_optional(&mut *conn)
-                    .await?;
-            let Some((reply_to,)) = order else {
+            let order: Option<(Option<String>, Option<Uuid>)> = sqlx::query_as(
+                "SELECT reply_to, app_order_id FROM orders \
+                 WHERE order_id = $1 AND application IS NOT DISTINCT FROM $2",
+            )
+            .bind(order_id)
+            .bind(application)
+            .fetch_optional(&mut *conn)
+            .await?;
+            let Some((reply_to, public)) = order else {
                 return Ok(None);
             };
             let rows = sqlx::query_as::<_, Logged>(
-                "SELECT order_id, seq, event, step, attempt, detail, at FROM order_events \
-                 WHERE order_id = $1 AND seq >= $2 ORDER BY seq LIMIT $3",
+                "SELECT coalesce($4, order_id) AS order_id, seq, event, step, attempt, detail, at \
+                 FROM order_events WHERE order_id = $1 AND seq >= $2 ORDER BY seq LIMIT $3",
             )
             .bind(order_id)
             .bind(from_seq)
             .bind(fetch)
+            .bind(public)
             .fetch_all(&mut *conn)
             .await?;
             (rows, reply_to)
@@ -117,9 +124,11 @@ pub async fn replay(
             // order even were two transitions' clocks out of step: the
             // sort key is the latest `at` so far in the order's sequence.
             let rows = sqlx::query_as::<_, Logged>(
-                "SELECT e.order_id, e.seq, e.event, e.step, e.attempt, e.detail, e.at \
+                "SELECT coalesce(o.app_order_id, e.order_id) AS order_id, e.seq, e.event, e.step, \
+                   e.attempt, e.detail, e.at \
                  FROM order_events e JOIN orders o ON o.order_id = e.order_id \
                  WHERE o.reply_to = $1 AND e.at >= $2 \
+                   AND o.application IS NOT DISTINCT FROM $4 \
                  ORDER BY max(e.at) OVER (PARTITION BY e.order_id ORDER BY e.seq), \
                    e.order_id, e.seq \
                  LIMIT $3",
@@ -127,6 +136,7 @@ pub async fn replay(
             .bind(reply_to)
             .bind(since)
             .bind(fetch)
+            .bind(application)
             .fetch_all(&mut *conn)
             .await?;
             (rows, Some(reply_to.clone()))

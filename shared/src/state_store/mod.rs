@@ -405,15 +405,18 @@ impl StateStore {
         .await
     }
 
-    /// The stored status events a replay request (contract §9) asks for, at
-    /// most `limit`; `None` when it names an unknown order.
+    /// The stored status events a replay request (contract §9) of
+    /// `application` (§1b) asks for, of its own orders, at most `limit`;
+    /// `None` when it names an unknown order (or another application's).
     pub async fn replay(
         &self,
         request: &crate::messages::ReplayRequest,
+        application: Option<&str>,
         limit: u32,
     ) -> Result<Option<Replay>, StoreError> {
         let mut conn = self.conn().await?;
-        conn.run(|c| events::replay(c, request, limit)).await
+        conn.run(|c| events::replay(c, request, application, limit))
+            .await
     }
 
     /// Orders, newest first, optionally of one state and one workflow.

@@ -48,9 +48,20 @@ pub struct OrderRow {
     /// Which status events it is sent (contract §2a).
     #[sqlx(try_from = "String")]
     pub events: Events,
+    /// The application that submitted it (contract §1b), if applications
+    /// are configured.
+    pub application: Option<String>,
+    /// The id the application gave it, which its status events say; the
+    /// stored id is in the application's namespace.
+    pub app_order_id: Option<Uuid>,
 }
 
 impl OrderRow {
+    /// The id its status events carry: the application's own (contract §1b).
+    pub fn public_id(&self) -> Uuid {
+        self.app_order_id.unwrap_or(self.order_id)
+    }
+
     /// The attempt now running or coming: 1 + failure count.
     pub fn attempt(&self) -> i32 {
         self.failure_count + 1
@@ -130,10 +141,14 @@ pub struct NewOrder {
     pub trace_span: Option<String>,
     /// Which status events it is sent (contract §2a).
     pub events: Events,
+    /// See [`OrderRow::application`].
+    pub application: Option<String>,
+    /// See [`OrderRow::app_order_id`].
+    pub app_order_id: Option<Uuid>,
 }
 
 const COLUMNS: &str = "order_id, workflow, payload, reply_to, priority, not_before, process_state, \
-     locked_by, complete_by, failure_count, compensation_failures, last_seq, last_error, created_at, updated_at, trace_id, trace_span, held_for, held_since, hold_until, held_reason, redrives, events";
+     locked_by, complete_by, failure_count, compensation_failures, last_seq, last_error, created_at, updated_at, trace_id, trace_span, held_for, held_since, hold_until, held_reason, redrives, events, application, app_order_id";
 
 /// The order, without locking it.
 pub async fn get(conn: &mut PgConnection, order_id: Uuid) -> Result<Option<OrderRow>, sqlx::Error> {

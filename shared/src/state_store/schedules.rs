@@ -50,6 +50,8 @@ impl NewOrder {
             trace_id: Some(trace.trace_id.clone()),
             trace_span: Some(trace.span_id.clone()),
             events: crate::messages::Events::All,
+            application: None,
+            app_order_id: None,
         }
     }
 }

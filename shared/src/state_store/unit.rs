@@ -102,6 +102,8 @@ struct OrderInsert<'a> {
     trace_span: Option<&'a str>,
     last_seq: i32,
     events: &'static str,
+    application: Option<&'a str>,
+    app_order_id: Option<Uuid>,
 }
 
 /// A new `steps` row.
@@ -262,6 +264,8 @@ impl Unit {
             trace_span: order.trace_span.clone(),
             redrives: 0,
             events: order.events,
+            application: order.application.clone(),
+            app_order_id: order.app_order_id,
         };
         let steps = steps
             .iter()
@@ -358,7 +362,7 @@ impl Unit {
             // The same constructor as a replay's (contract §9), so a
             // replayed event is the event that was sent.
             let event = StatusEvent::logged(
-                o.order_id,
+                o.public_id(),
                 e.seq,
                 e.kind,
                 e.step.clone(),
@@ -370,7 +374,7 @@ impl Unit {
             let body = serde_json::to_vec(&event).unwrap_or_default();
             let message = self.message(i, "status", queue.clone(), body);
             self.messages.push(NewMessage {
-                correlation_id: Some(o.order_id.to_string()),
+                correlation_id: Some(o.public_id().to_string()),
                 ..message
             });
         }
@@ -577,6 +581,8 @@ fn order_insert(o: &OrderRow) -> OrderInsert<'_> {
         trace_span: o.trace_span.as_deref(),
         last_seq: o.last_seq,
         events: o.events.as_str(),
+        application: o.application.as_deref(),
+        app_order_id: o.app_order_id,
     }
 }
 
@@ -745,12 +751,12 @@ pub(super) static FLUSH: LazyLock<String> = LazyLock::new(|| {
 WITH new AS (SELECT order_id FROM jsonb_to_recordset($1) AS i(order_id uuid)), \
 n AS ( \
   INSERT INTO orders (order_id, workflow, payload, reply_to, priority, not_before, trace_id, \
-    trace_span, last_seq, events, created_at, updated_at) \
+    trace_span, last_seq, events, application, app_order_id, created_at, updated_at) \
   SELECT order_id, workflow, payload::jsonb, reply_to, priority, not_before, trace_id, trace_span, \
-    last_seq, events, $8, $8 \
+    last_seq, events, application, app_order_id, $8, $8 \
   FROM jsonb_to_recordset($1) AS u(order_id uuid, workflow text, payload text, reply_to text, \
     priority smallint, not_before timestamptz, trace_id text, trace_span text, last_seq int, \
-    events text) \
+    events text, application text, app_order_id uuid) \
   ON CONFLICT (order_id) DO NOTHING \
   RETURNING order_id, CASE WHEN $9 \
       AND order_id IN (SELECT order_id FROM jsonb_to_recordset($6) AS mo(order_id uuid)) \

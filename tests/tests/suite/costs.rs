@@ -277,6 +277,8 @@ fn one_step_order(reply_to: String) -> NewOrder {
         trace_id: None,
         trace_span: None,
         events: sas::messages::Events::All,
+        application: None,
+        app_order_id: None,
     }
 }
 
@@ -710,6 +712,8 @@ async fn a_submit_locks_only_the_new_orders_it_has_messages_for() {
     let every = one_step_order(status.clone());
     let terminal = NewOrder {
         events: Events::Terminal,
+        application: None,
+        app_order_id: None,
         ..one_step_order(status)
     };
     let store = StateStore::from_pool(pool(&app.db_url).await);

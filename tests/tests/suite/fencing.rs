@@ -345,6 +345,8 @@ async fn a_reply_that_waited_for_the_orders_lock_sees_the_steps_as_they_were_lef
         trace_id: None,
         trace_span: None,
         events: sas::messages::Events::All,
+        application: None,
+        app_order_id: None,
     };
     t.submit(&order, &wf, false).await.expect("submit");
     let me = Actor::new_instance("scheduler");

@@ -3,6 +3,7 @@
 //! RabbitMQ through `sas_tests::TestApp`. Tests that restart a server live in
 //! `restarts` (and `cluster`, which starts RabbitMQ nodes of its own) and run alone, after the rest (`scripts/test.sh`).
 
+mod applications;
 mod chaos;
 mod client;
 mod clocks;

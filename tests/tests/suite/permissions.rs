@@ -3,54 +3,22 @@
 //! `<prefix>.submit` and reads its own status queue, while the broker
 //! refuses its forged step requests, replies and alerts.
 
-use std::process::Command;
 use std::time::Duration;
 
 use sas::broker::{Broker, Outgoing, PublishError, Publisher};
 use sas::config::BrokerSettings;
 use sas_tests::TestApp;
+use sas_tests::broker_users::BrokerUser;
 use serde_json::json;
 use uuid::Uuid;
 
-/// Runs `rabbitmqctl` with `args`; panics if it fails.
-fn rabbitmqctl(args: &[&str]) {
-    let out = Command::new("rabbitmqctl")
-        .arg("-q")
-        .args(args)
-        .output()
-        .expect("rabbitmqctl runs");
-    assert!(
-        out.status.success(),
-        "rabbitmqctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A RabbitMQ user for one test, deleted on drop.
-struct AppUser {
-    name: String,
-}
-
-impl AppUser {
-    /// The README's recipe: configure and read its own queues
-    /// (`<prefix>-app.…`, outside sas's own names), write only to the submission exchange.
-    fn create(prefix: &str, password: &str) -> Self {
-        let name = format!("{prefix}-app");
-        rabbitmqctl(&["add_user", &name, password]);
-        let own = format!("^{prefix}-app\\..*");
-        let submit = format!("^{prefix}\\.submit$");
-        rabbitmqctl(&["set_permissions", "-p", "/", &name, &own, &submit, &own]);
-        Self { name }
-    }
-}
-
-impl Drop for AppUser {
-    fn drop(&mut self) {
-        Command::new("rabbitmqctl")
-            .args(["-q", "delete_user", &self.name])
-            .output()
-            .ok();
-    }
+/// The README's recipe for an application's user: configure and read its
+/// own queues (`<prefix>-app.…`, outside sas's own names), write only to
+/// the submission exchange.
+fn app_user(prefix: &str) -> BrokerUser {
+    let own = format!("^{prefix}-app\\..*");
+    let submit = format!("^{prefix}\\.submit$");
+    BrokerUser::create(&format!("{prefix}-app"), &own, &submit, &own)
 }
 
 /// Publishes as the application: `Ok` when the broker took the message.
@@ -74,10 +42,9 @@ async fn publish(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_application_user_submits_and_reads_its_status_but_cannot_forge_a_step_request() {
     let app = TestApp::spawn().await;
-    let password = Uuid::new_v4().simple().to_string();
-    let user = AppUser::create(&app.prefix, &password);
+    let user = app_user(&app.prefix);
     let settings = BrokerSettings {
-        url: format!("amqp://{}:{password}@127.0.0.1:5672/%2f", user.name),
+        url: user.url(),
         prefix: app.prefix.clone(),
         connect_timeout: Duration::from_secs(5),
         ..BrokerSettings::default()
