@@ -269,6 +269,9 @@ impl Client {
             body,
             reply_to,
             message_id,
+            // Who sends it, as RabbitMQ checks it: how sas tells
+            // applications apart when identities are configured (§1b).
+            user_id: self.broker.user(),
             // Returned when no queue takes it, so an absent submission
             // service is noticed.
             mandatory: true,
@@ -356,6 +359,7 @@ impl Client {
                 routing_key: self.queues.replay(),
                 body: body.as_bytes(),
                 reply_to: to,
+                user_id: self.broker.user(),
                 // No submission service has declared the queue: an error.
                 mandatory: true,
                 ..Outgoing::default()

@@ -163,6 +163,10 @@ pub struct Broker {
     /// close them in order before the connection (a dropped lapin channel
     /// closes itself in the background, racing the connection's close).
     channels: std::sync::Mutex<Vec<Channel>>,
+    /// The RabbitMQ user the connection logged in as, when the URL says
+    /// (not with EXTERNAL or ANONYMOUS authentication, where the broker
+    /// names it).
+    user: Option<String>,
 }
 
 /// The `frame_max` recommended for RabbitMQ (`rabbitmq.conf`): sas's
@@ -257,6 +261,11 @@ impl Broker {
                         return Ok(Self {
                             conn,
                             channels: std::sync::Mutex::new(Vec::new()),
+                            user: match uri.query.auth_mechanism.unwrap_or_default() {
+                                lapin::uri::SASLMechanism::External
+                                | lapin::uri::SASLMechanism::Anonymous => None,
+                                _ => Some(uri.authority.userinfo.username.clone()),
+                            },
                         });
                     }
                     Err(e) if is_tls_failure(&e) => return Err(BrokerError::Tls(e)),
@@ -279,6 +288,13 @@ impl Broker {
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(Duration::from_secs(2));
         }
+    }
+
+    /// The RabbitMQ user the connection logged in as, when its URL names
+    /// it: what an application's messages carry as `user_id` (contract
+    /// §1b).
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref()
     }
 
     /// The largest frame the connection's peers agreed on.

@@ -101,6 +101,9 @@ pub struct Outgoing<'a> {
     pub correlation_id: Option<&'a str>,
     pub reply_to: Option<&'a str>,
     pub message_id: Option<&'a str>,
+    /// The AMQP `user_id`: the connection's own user, or the broker
+    /// refuses the message (contract §1b: how an application is known).
+    pub user_id: Option<&'a str>,
     /// Extra headers, as text.
     pub headers: &'a [(&'a str, &'a str)],
     /// Return the message (a failure) when no queue takes it.
@@ -132,7 +135,11 @@ impl Publisher {
             return Err(PublishError::Invalid("routing key longer than 255 bytes"));
         }
         let too_long = |v: Option<&str>| v.is_some_and(|v| v.len() > SHORT_STRING);
-        if too_long(msg.correlation_id) || too_long(msg.reply_to) || too_long(msg.message_id) {
+        if too_long(msg.correlation_id)
+            || too_long(msg.reply_to)
+            || too_long(msg.message_id)
+            || too_long(msg.user_id)
+        {
             return Err(PublishError::Invalid("a property longer than 255 bytes"));
         }
         let mut props = BasicProperties::default()
@@ -146,6 +153,9 @@ impl Publisher {
         }
         if let Some(m) = msg.message_id {
             props = props.with_message_id(m.into());
+        }
+        if let Some(u) = msg.user_id {
+            props = props.with_user_id(u.into());
         }
         if !msg.headers.is_empty() {
             let mut table = FieldTable::default();

@@ -297,3 +297,43 @@ async fn a_bad_message_sent_with_its_users_user_id_is_dead_lettered_without_cost
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_on_the_rust_client_is_known_by_its_user_without_a_word_of_code() {
+    use sas_client::{Client, Order};
+
+    let run = format!("c{}", &Uuid::new_v4().simple().to_string()[..10]);
+    let user = BrokerUser::create(&format!("{run}-shop"), ".*", ".*", ".*");
+    let config = format!(
+        "[applications.shop]\nuser = \"{}\"\nreply_to = [\"{run}-shop.*\"]\n",
+        user.name
+    );
+    let app = TestApp::builder().extra_config(config).build().await;
+    app.start_all().await;
+    let queue = format!("{run}-shop.status");
+    app.declare_queue(&queue, None).await;
+    let client = Client::connect(&user.url(), &app.prefix)
+        .await
+        .expect("connect")
+        .with_status_queue(&queue)
+        .await
+        .expect("status queue");
+    let id = client
+        .submit(Order::new("one", serde_json::Map::new()))
+        .await
+        .expect("submit");
+    let terminal = client
+        .wait(id, Duration::from_secs(30))
+        .await
+        .expect("terminal");
+    assert!(terminal.succeeded(), "{terminal:?}");
+    assert_eq!(terminal.event.order_id, json!(id.to_string()));
+    let application: Option<String> =
+        sqlx::query_scalar("SELECT application FROM orders WHERE app_order_id = $1")
+            .bind(id)
+            .fetch_one(&app.db)
+            .await
+            .expect("the order");
+    assert_eq!(application.as_deref(), Some("shop"));
+    client.close().await;
+}
