@@ -19,6 +19,9 @@ use crate::state::{ProcessState, StepState};
 use crate::state_store::{OrderRow, StepRow};
 use crate::workflow::{self, StepView};
 
+/// The longest `Location` a heartbeat event quotes (contract §1b).
+pub const MAX_LOCATION_BYTES: usize = 512;
+
 /// `ctx.actor` claims `order` (a `pending` one, which starts `processing`, or
 /// a `compensating` one that nobody drives) and dispatches its next steps,
 /// or finishes it when nothing is left to run.
@@ -284,7 +287,9 @@ impl<'c> Deciding<'c> {
             detail: json!({
                 "step": name,
                 "complete_by": crate::messages::rfc3339::format(&moved),
-                "location": location,
+                // Bounded here too (contract §1b): the agent cuts it, but
+                // the event log must not trust the reply for that.
+                "location": crate::messages::truncate_bytes(location, MAX_LOCATION_BYTES),
             }),
         });
     }
@@ -1197,6 +1202,18 @@ mod parallel {
             (EventKind::Heartbeat, Some("s0"))
         );
         assert_eq!(d.requests().count(), 0);
+        // A Location of any length is logged at most 512 bytes long.
+        let long = StepOutcome::Accepted {
+            complete_by: now() + Duration::milliseconds(1600),
+            location: "/".repeat(10_000),
+        };
+        let later = Context {
+            now: now() + Duration::milliseconds(600),
+            ..ctx("s2")
+        };
+        let logged = applied(&d.order, &StepReply::to(&first, long), later);
+        let e = logged.events().next().expect("logged");
+        assert_eq!(e.detail["location"].as_str().map(str::len), Some(512));
         // Asking past now + timeout or past max_duration gets the bound.
         let d = applied(
             &d.order,
