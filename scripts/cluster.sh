@@ -114,6 +114,9 @@ prepare() {
 listeners.tcp.local = 127.0.0.1:$(amqp_port "$n")
 # guest logs in from loopback only, which is where every client is.
 loopback_users.guest = true
+# What sas relies on (contract §1b; deploy/rabbitmq/rabbitmq.conf).
+frame_max = 16384
+max_message_size = 16777216
 EOF
     done
 }
