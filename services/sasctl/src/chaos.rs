@@ -5,23 +5,36 @@
 //! terminal event, effects applied twice. Exit code 0 only when none was lost
 //! or doubled.
 //!
+//! With `--hostile SHARE`, that share of the messages sent are hostile
+//! ([`hostile`]: bodies sas must refuse, its own queue names as reply
+//! queues, good orders' ids with other payloads, garbage on its internal
+//! queues, large headers), sent among the good orders. The verdict then
+//! also says what became of each hostile message (dead-lettered, rejected,
+//! ignored as a duplicate: [`letters`] takes the run's own out of the
+//! dead-letter queues) and how many good orders were harmed, which must be
+//! none.
+//!
 //! It runs against the configured deployment like every sasctl command, or
 //! starts the services itself (`--spawn`). Three things run side by side:
 //! the submitter, the reader of the run's status queue and the killer. They
 //! share one task, so they share state through `Cell`s without locks.
 
 mod faults;
+mod hostile;
+mod letters;
 mod processes;
 mod report;
 
 use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::value_parser;
-use sas::broker::{Broker, PublishError};
+use sas::broker::{Broker, Outgoing, PublishError, Publisher};
 use sas::config::Settings;
+use sas::state_store::StateStore;
 use sas::topology::QueueNames;
 use serde_json::Map;
 use tokio::sync::watch;
@@ -32,8 +45,9 @@ use crate::Exit;
 use crate::submit::{CHUNK, no_orders_queue_hint, order_body, publish_batch};
 use crate::watch::{Handled, ReadEnd, read_queue};
 use faults::Sim;
+use hostile::{Aim, Fate, Planned, Sent};
 use processes::{Fleet, SERVICES, run_kill_command};
-use report::{RunFacts, Tally};
+use report::{HostileFacts, RunFacts, Tally};
 
 /// Unacknowledged status events the reader holds: it only counts them.
 const EVENT_PREFETCH: u16 = 500;
@@ -49,6 +63,14 @@ const SETTLE_MAX: Duration = Duration::from_secs(10);
 /// How often progress goes to stderr.
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
+/// How long, after every good order ended, the run waits for its hostile
+/// messages to reach the dead-letter queues.
+const HOSTILE_SETTLE_MAX: Duration = Duration::from_secs(60);
+
+/// What a sas service logs when it lost its RabbitMQ connection
+/// (`sas::broker::run_sessions`); a killed service logs nothing of the kind.
+const CONNECTION_LOST: &str = "lost RabbitMQ; reconnecting";
+
 /// Options of `sasctl chaos`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
@@ -59,9 +81,13 @@ Examples:
   # Your own deployment (docker compose), killing a random service every 10 s:
   sasctl chaos --workflow order --orders 1000 --sim http://127.0.0.1:8081 --kill-every 10s \\
       --kill-cmd 'docker compose kill -s KILL {service} && docker compose up -d {service}'
+  # One message in five hostile, repeatably:
+  sasctl chaos --spawn target/release --workflow order --orders 1000 --hostile 0.2 --seed 7
 
 Exit code 0 when no order was lost, none has a gap in its seq or two terminal
-events, and no effect was applied twice; 1 otherwise.")]
+events, and no effect was applied twice; with --hostile, also when no good
+order was harmed, every hostile message is accounted for, and no spawned
+service exited or lost its connection; 1 otherwise.")]
 pub struct Args {
     /// How many orders to submit.
     #[arg(long, value_name = "N", value_parser = value_parser!(u32).range(1..))]
@@ -108,6 +134,17 @@ pub struct Args {
     /// Print the report as one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Share of all the messages sent that are hostile, from 0 (none, the
+    /// default) up to but not including 1: 0.2 sends one hostile message
+    /// for every four good orders. They are dead-lettered, rejected or
+    /// ignored by sas, and taken out of the dead-letter queues at the end.
+    #[arg(long, value_name = "SHARE", default_value_t = 0.0, value_parser = parse_share)]
+    hostile: f64,
+    /// Seed of the hostile messages: the same seed sends the same messages
+    /// (the good orders they aim at are picked as the run goes). Printed
+    /// when drawn.
+    #[arg(long, value_name = "N", requires = "hostile")]
+    seed: Option<u64>,
 }
 
 impl Args {
@@ -142,6 +179,17 @@ fn parse_probability(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
         _ => Err("a probability from 0 to 1 (e.g. 0.05)".into()),
+    }
+}
+
+/// `--hostile`: a share of the messages, at least 0 and below 1 (at 1
+/// there would be no good order to harm).
+fn parse_share(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if (0.0..1.0).contains(&s) => Ok(s),
+        _ => Err(
+            "a share of the messages sent, at least 0 and below 1 (e.g. 0.2: one in five)".into(),
+        ),
     }
 }
 
@@ -196,8 +244,21 @@ pub async fn run(args: Args, settings: &Settings, config: Option<&Path>) -> anyh
     }
     let shutdown = sas::shutdown::on_signal().context("installing the signal handlers")?;
     let run_id = Uuid::new_v4().simple().to_string()[..8].to_owned();
-    let status_queue = format!("{}.chaos.{run_id}", settings.broker.prefix);
+    // Beside the prefix, not under it: names under `<prefix>.` are sas's own
+    // and refused as a reply queue (contract §1b).
+    let status_queue = format!("{}-chaos.{run_id}", settings.broker.prefix);
     let faults = (args.transient.unwrap_or(0.0), args.permanent.unwrap_or(0.0));
+    let hostile = if args.hostile > 0.0 {
+        Some(Hostile::new(
+            &args,
+            settings,
+            args.hostile,
+            &run_id,
+            &status_queue,
+        )?)
+    } else {
+        None
+    };
 
     let mut sim = None;
     if let Some(base) = &args.sim {
@@ -250,9 +311,37 @@ pub async fn run(args: Args, settings: &Settings, config: Option<&Path>) -> anyh
             );
             fleet = Some(started);
         }
-        soak(&args, settings, &status_queue, fleet.as_mut(), &shutdown).await
+        soak(
+            &args,
+            settings,
+            &status_queue,
+            fleet.as_mut(),
+            hostile.as_ref(),
+            &shutdown,
+        )
+        .await
     }
     .await;
+
+    // While the services still run: the hostile messages still on their way
+    // reach the dead-letter queues.
+    let mut hostile_facts = None;
+    if let (Some(h), Ok(soak)) = (&hostile, &soaked) {
+        // A service killed last may still be down (the killer stops with
+        // the reader): its messages would wait for it.
+        if let Some(fleet) = &mut fleet
+            && let Err(e) = fleet.restart_missing()
+        {
+            eprintln!("chaos: {}", crate::chain(&e));
+        }
+        hostile_facts = Some(settle_hostile(settings, h, soak, fleet.as_ref(), &shutdown).await);
+        if let Some(fleet) = &mut fleet {
+            for (name, status) in fleet.exited() {
+                eprintln!("chaos: {name} exited by itself ({status})");
+                bump(&soak.kills.unexpected_exits);
+            }
+        }
+    }
 
     // Stop the services first: an effect applied twice would be applied by them.
     if let Some(fleet) = &mut fleet {
@@ -290,6 +379,7 @@ pub async fn run(args: Args, settings: &Settings, config: Option<&Path>) -> anyh
         interrupted: soak.interrupted,
         logs: fleet.as_ref().map(|f| f.log_dir().display().to_string()),
         queue: status_queue,
+        hostile: hostile_facts,
     });
     if args.json {
         println!("{}", report.json());
@@ -315,6 +405,76 @@ struct Soak {
     started: Instant,
     elapsed: Duration,
     interrupted: bool,
+    /// The hostile messages the broker took.
+    sent: Vec<Sent>,
+    /// Hostile messages that could not be published.
+    unsent: u64,
+    /// Ready messages in each dead-letter queue before the run sent anything.
+    dead_baseline: HashMap<String, u32>,
+}
+
+/// The hostile traffic of a run (`--hostile`).
+struct Hostile {
+    share: f64,
+    seed: u64,
+    aim: Aim,
+    /// The messages, in sending order.
+    plan: Vec<Planned>,
+    /// Where they may be dead-lettered.
+    dead_queues: Vec<String>,
+}
+
+impl Hostile {
+    /// The plan for `share` of hostile messages among the run's orders,
+    /// from `--seed` or a drawn one (printed, so the run can be repeated).
+    fn new(
+        args: &Args,
+        settings: &Settings,
+        share: f64,
+        run_id: &str,
+        status_queue: &str,
+    ) -> anyhow::Result<Self> {
+        let agent = settings
+            .workflows
+            .get(&args.workflow)
+            .and_then(|w| {
+                w.steps
+                    .iter()
+                    .map(|s| s.agent.clone())
+                    .find(|a| !a.is_empty())
+            })
+            .ok_or_else(|| Exit {
+                code: 2,
+                message: format!(
+                    "--hostile: workflow {:?} has no step with an agent to send garbage to",
+                    args.workflow
+                ),
+            })?;
+        let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
+        let queues = QueueNames::new(&settings.broker.prefix);
+        let aim = Aim {
+            queues: queues.clone(),
+            workflow: args.workflow.clone(),
+            agent: agent.clone(),
+            status_queue: status_queue.to_owned(),
+            max_body_bytes: settings.submission.max_body_bytes,
+            run_id: run_id.to_owned(),
+        };
+        let plan = hostile::plan(seed, args.orders, share);
+        eprintln!(
+            "chaos: {} hostile messages among the {} orders ({}%), seed {seed} (--seed {seed} sends them again)",
+            plan.len(),
+            args.orders,
+            report::round(share * 100.0, 3)
+        );
+        Ok(Self {
+            share,
+            seed,
+            dead_queues: letters::dead_queues(&queues, &agent),
+            aim,
+            plan,
+        })
+    }
 }
 
 /// Submits the orders, reads their events and kills services, side by side,
@@ -324,6 +484,7 @@ async fn soak(
     settings: &Settings,
     status_queue: &str,
     fleet: Option<&mut Fleet>,
+    hostile: Option<&Hostile>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Soak> {
     // The status queue first: events for a queue that does not exist are dropped.
@@ -331,8 +492,14 @@ async fn soak(
         .await
         .context("connecting to RabbitMQ")?;
     let declared = broker.declare_status_queue(status_queue).await;
+    // What the dead-letter queues hold before the run adds to them.
+    let dead_baseline = match (&declared, hostile) {
+        (Ok(()), Some(h)) => letters::ready(&broker, &h.dead_queues).await,
+        _ => Ok(HashMap::new()),
+    };
     broker.close().await;
     declared.with_context(|| format!("declaring the status queue {status_queue}"))?;
+    let dead_baseline = dead_baseline?;
 
     let ids: Vec<Uuid> = (0..args.orders).map(|_| Uuid::new_v4()).collect();
     let tally = RefCell::new(Tally::new(&ids));
@@ -346,8 +513,18 @@ async fn soak(
         args.orders, args.workflow
     );
 
+    let mut sender = hostile.map(HostileSender::new);
     let submitter = async {
-        let outcome = submit_orders(args, settings, status_queue, &ids, &tally, shutdown).await;
+        let outcome = submit_orders(
+            args,
+            settings,
+            status_queue,
+            &ids,
+            &tally,
+            sender.as_mut(),
+            shutdown,
+        )
+        .await;
         if let Err(e) = &outcome {
             eprintln!("chaos: submitting stopped: {}", crate::chain(e));
         }
@@ -380,12 +557,16 @@ async fn soak(
         ),
         ReadStop::Interrupted => eprintln!("chaos: interrupted"),
     }
+    let (sent, unsent) = sender.map_or((Vec::new(), 0), |s| (s.sent, s.unsent));
     Ok(Soak {
         tally: tally.into_inner(),
         kills,
         started,
         elapsed,
         interrupted: end == ReadStop::Interrupted,
+        sent,
+        unsent,
+        dead_baseline,
     })
 }
 
@@ -399,6 +580,7 @@ async fn submit_orders(
     status_queue: &str,
     ids: &[Uuid],
     tally: &RefCell<Tally>,
+    mut hostile: Option<&mut HostileSender<'_>>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let queues = QueueNames::new(&settings.broker.prefix);
@@ -418,6 +600,8 @@ async fn submit_orders(
                     () = shutdown.cancelled() => anyhow::bail!("interrupted"),
                 }
             }
+            let before = u32::try_from(n * chunk).unwrap_or(u32::MAX);
+            send_hostile(hostile.as_deref_mut(), &mut conn, settings, before, tally).await;
             let mut pending: Vec<Uuid> = chunk_ids.to_vec();
             let mut backoff = Duration::from_millis(250);
             let mut stuck_since: Option<Instant> = None;
@@ -489,6 +673,11 @@ async fn submit_orders(
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
+        if let Some(sender) = hostile {
+            sender
+                .finish(&mut conn, settings, tally, args.timeout, shutdown)
+                .await?;
+        }
         Ok(())
     }
     .await;
@@ -496,6 +685,326 @@ async fn submit_orders(
         client.close().await;
     }
     outcome
+}
+
+/// The open connection, or a new one when there is none or it is down.
+async fn connected<'c>(
+    conn: &'c mut Option<sas_client::Client>,
+    settings: &Settings,
+) -> anyhow::Result<&'c sas_client::Client> {
+    if !conn.as_ref().is_some_and(sas_client::Client::is_connected) {
+        if let Some(client) = conn.take() {
+            client.close().await;
+        }
+        let client = sas_client::Client::connect_with(&settings.broker, "sasctl-chaos")
+            .await
+            .context("connecting to RabbitMQ")?;
+        *conn = Some(client);
+    }
+    // Set just above when it was not.
+    conn.as_ref().context("no connection to RabbitMQ")
+}
+
+/// Sends the hostile messages due once `confirmed` good orders are in; a
+/// failure is told, and what was not sent goes with the next chunk.
+async fn send_hostile(
+    sender: Option<&mut HostileSender<'_>>,
+    conn: &mut Option<sas_client::Client>,
+    settings: &Settings,
+    confirmed: u32,
+    tally: &RefCell<Tally>,
+) {
+    let Some(sender) = sender else { return };
+    let sent = async {
+        let client = connected(conn, settings).await?;
+        sender.send_due(client, confirmed, tally).await
+    }
+    .await;
+    if let Err(e) = sent {
+        eprintln!(
+            "chaos: sending hostile messages: {}; trying again later",
+            crate::chain(&e)
+        );
+    }
+}
+
+/// Sends a run's hostile messages as their turn comes, between the chunks
+/// of good orders, through sas's own publisher.
+struct HostileSender<'h> {
+    hostile: &'h Hostile,
+    /// The first planned message not yet due.
+    next: usize,
+    /// Due messages not sent yet: waiting for a good order to aim at, or
+    /// for a connection.
+    waiting: VecDeque<&'h Planned>,
+    /// Picks the good orders aimed at; seeded, though which orders run at
+    /// a given moment is up to timing.
+    rng: fastrand::Rng,
+    /// A confirm channel on the submitter's connection.
+    publisher: Option<Publisher>,
+    sent: Vec<Sent>,
+    unsent: u64,
+}
+
+impl<'h> HostileSender<'h> {
+    fn new(hostile: &'h Hostile) -> Self {
+        Self {
+            hostile,
+            next: 0,
+            waiting: VecDeque::new(),
+            rng: fastrand::Rng::with_seed(hostile.seed.wrapping_add(1)),
+            publisher: None,
+            sent: Vec::new(),
+            unsent: 0,
+        }
+    }
+
+    /// Whether every planned message was sent or given up.
+    fn done(&self) -> bool {
+        self.next == self.hostile.plan.len() && self.waiting.is_empty()
+    }
+
+    /// Publishes, with confirms, the messages due once `confirmed` good
+    /// orders are in, except those that need a good order to aim at while
+    /// none has started. A message the broker did not take waits for the
+    /// next call, but for one it can never take (counted unsent).
+    async fn send_due(
+        &mut self,
+        client: &sas_client::Client,
+        confirmed: u32,
+        tally: &RefCell<Tally>,
+    ) -> anyhow::Result<()> {
+        while let Some(p) = self.hostile.plan.get(self.next)
+            && p.after <= confirmed
+        {
+            self.waiting.push_back(p);
+            self.next += 1;
+        }
+        if self.waiting.is_empty() {
+            return Ok(());
+        }
+        let publisher = match &self.publisher {
+            Some(open) if open.is_open() => open.clone(),
+            _ => {
+                let publisher = client
+                    .broker()
+                    .publisher()
+                    .await
+                    .context("opening a channel")?;
+                self.publisher.insert(publisher).clone()
+            }
+        };
+        let frame_max = client.broker().frame_max();
+        let mut batch = Vec::new();
+        for _ in 0..self.waiting.len() {
+            let Some(p) = self.waiting.pop_front() else {
+                break;
+            };
+            let target = if p.class.needs_target() {
+                let picked = tally.borrow().pick_started(&mut self.rng);
+                let Some(target) = picked else {
+                    self.waiting.push_back(p);
+                    continue;
+                };
+                Some(target)
+            } else {
+                None
+            };
+            let message = p.make(&self.hostile.aim, target, frame_max);
+            // Known to the reader before any answer can come.
+            let mut tally = tally.borrow_mut();
+            if let Some(id) = message.hostile_id {
+                tally.hostile(id);
+            }
+            if let Some(id) = target {
+                tally.targeted(id);
+            }
+            batch.push((p, message));
+        }
+        // All sent, then all confirms read: one round trip, not one each.
+        let mut pending = Vec::with_capacity(batch.len());
+        for (_, m) in &batch {
+            let headers: Vec<(&str, &str)> = m
+                .headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let outgoing = Outgoing {
+                exchange: &m.exchange,
+                routing_key: &m.routing_key,
+                body: &m.body,
+                reply_to: m.reply_to.as_deref(),
+                message_id: Some(&m.message_id),
+                headers: &headers,
+                mandatory: true,
+                ..Outgoing::default()
+            };
+            pending.push(publisher.send(&outgoing).await);
+        }
+        let mut failure = None;
+        for ((p, m), sent) in batch.into_iter().zip(pending) {
+            let confirmed = match sent {
+                Ok(confirm) => confirm.wait().await,
+                Err(e) => Err(e),
+            };
+            match confirmed {
+                Ok(()) => self.sent.push(m.sent()),
+                Err(e @ (PublishError::Unroutable(_) | PublishError::Invalid(_))) => {
+                    eprintln!(
+                        "chaos: hostile message {} ({}) not sent: {e}",
+                        m.n,
+                        m.class.as_str()
+                    );
+                    self.unsent += 1;
+                }
+                Err(e) => {
+                    // Maybe taken, maybe not: sent again, and found once.
+                    self.waiting.push_back(p);
+                    failure = Some(e);
+                }
+            }
+        }
+        match failure {
+            Some(e) => {
+                self.publisher = None;
+                Err(anyhow::Error::new(e).context("publishing hostile messages"))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Sends what is left once the good orders are all in, waiting (up to
+    /// `timeout`) for a good order to aim at; what is still not sent then
+    /// is counted unsent.
+    async fn finish(
+        &mut self,
+        conn: &mut Option<sas_client::Client>,
+        settings: &Settings,
+        tally: &RefCell<Tally>,
+        timeout: Duration,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            send_hostile(Some(self), conn, settings, u32::MAX, tally).await;
+            if self.done() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let left = self.waiting.len() + self.hostile.plan.len() - self.next;
+                eprintln!(
+                    "chaos: {left} hostile messages not sent within {}",
+                    humantime::format_duration(timeout)
+                );
+                self.unsent += left as u64;
+                return Ok(());
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                () = shutdown.cancelled() => anyhow::bail!("interrupted"),
+            }
+        }
+    }
+}
+
+/// What became of the hostile messages: waits (a bounded time) for the
+/// orders queue to empty and for the messages to reach the dead-letter
+/// queues, takes the run's out of them, reads the targeted good orders'
+/// payloads from the state store, and counts the spawned services' lost
+/// connections. A failure is told and leaves its part unknown.
+async fn settle_hostile(
+    settings: &Settings,
+    hostile: &Hostile,
+    soak: &Soak,
+    fleet: Option<&Fleet>,
+    shutdown: &CancellationToken,
+) -> HostileFacts {
+    let deadline = Instant::now() + HOSTILE_SETTLE_MAX;
+    let mut seen = hostile::Seen::default();
+    eprintln!("chaos: accounting for the hostile messages");
+    match letters::emptied(settings, hostile.aim.queues.orders(), deadline, shutdown).await {
+        Ok(emptied) => seen.orders_drained = emptied,
+        Err(e) => eprintln!("chaos: watching the orders queue: {}", crate::chain(&e)),
+    }
+    let expected: HashSet<u32> = soak
+        .sent
+        .iter()
+        .filter(|s| matches!(s.fate, Fate::DeadLetter(_)))
+        .map(|s| s.n)
+        .collect();
+    let found = letters::take_out(
+        settings,
+        &hostile.aim.run_id,
+        &hostile.dead_queues,
+        &soak.dead_baseline,
+        &expected,
+        deadline,
+        shutdown,
+    )
+    .await;
+    match found {
+        Ok(taken) => {
+            eprintln!(
+                "chaos: took {} hostile messages ({} copies) out of the dead-letter queues",
+                taken.found.len(),
+                taken.copies
+            );
+            seen.dead_lettered = taken.found;
+        }
+        Err(e) => eprintln!(
+            "chaos: taking the hostile messages out of the dead-letter queues: {}",
+            crate::chain(&e)
+        ),
+    }
+    let mut payload_check_error = None;
+    match foreign_payloads(settings, soak.tally.targeted_ids()).await {
+        Ok(foreign) => {
+            seen.foreign_payload = foreign;
+            seen.payloads_checked = true;
+        }
+        Err(e) => payload_check_error = Some(crate::chain(&e)),
+    }
+    HostileFacts {
+        share: hostile.share,
+        seed: hostile.seed,
+        sent: soak.sent.clone(),
+        unsent: soak.unsent,
+        seen,
+        payload_check_error,
+        connections_lost: fleet.map(|f| f.count_in_logs(CONNECTION_LOST)),
+    }
+}
+
+/// The good orders among `targets` whose stored payload is not their own:
+/// a hostile copy's (it carries [`hostile::MARKER`]), or none at all.
+async fn foreign_payloads(
+    settings: &Settings,
+    targets: &HashSet<Uuid>,
+) -> anyhow::Result<HashSet<Uuid>> {
+    if targets.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let store = StateStore::connect(&settings.database, "sasctl-chaos")
+        .await
+        .context("connecting to Postgres")?;
+    let mut foreign = HashSet::new();
+    let checked = async {
+        for id in targets {
+            let details = store
+                .order_details(*id)
+                .await
+                .with_context(|| format!("reading order {id}"))?;
+            let own =
+                details.is_some_and(|(order, _, _)| order.payload.get(hostile::MARKER).is_none());
+            if !own {
+                foreign.insert(*id);
+            }
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    store.close().await;
+    checked.map(|()| foreign)
 }
 
 /// Publishes `ids` as orders on the open connection, opening one first when
@@ -508,18 +1017,7 @@ async fn publish_orders(
     status_queue: &str,
     ids: &[Uuid],
 ) -> anyhow::Result<Vec<Result<(), sas_client::Error>>> {
-    let client = match conn {
-        Some(open) if open.is_connected() => open,
-        _ => {
-            if let Some(client) = conn.take() {
-                client.close().await;
-            }
-            let client = sas_client::Client::connect_with(&settings.broker, "sasctl-chaos")
-                .await
-                .context("connecting to RabbitMQ")?;
-            conn.insert(client)
-        }
-    };
+    let client = connected(conn, settings).await?;
     let batch: Vec<(Option<Uuid>, Vec<u8>)> = ids
         .iter()
         .map(|id| {
@@ -841,6 +1339,28 @@ mod tests {
         let args = parse(&["--orders", "1", "--workflow", "w"]).unwrap();
         assert_eq!(args.timeout, Duration::from_secs(600));
         assert!(args.check().is_ok());
+    }
+
+    #[test]
+    fn hostile_traffic_is_a_share_below_one_with_an_optional_seed() {
+        let base = ["--orders", "4", "--workflow", "w"];
+        let with = |extra: &[&str]| parse(&[&base[..], extra].concat());
+        let args = with(&[]).unwrap();
+        assert_eq!(args.hostile, 0.0);
+        assert_eq!(args.seed, None);
+        let args = with(&["--hostile", "0.2", "--seed", "7"]).unwrap();
+        assert_eq!(args.hostile, 0.2);
+        assert_eq!(args.seed, Some(7));
+        assert_eq!(with(&["--hostile", "0"]).unwrap().hostile, 0.0);
+        for bad in ["1", "1.5", "-0.1", "NaN", "a fifth"] {
+            let e = with(&[&format!("--hostile={bad}")])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("at least 0 and below 1"), "{bad}: {e}");
+        }
+        // A seed says which hostile messages: none without --hostile.
+        assert!(with(&["--seed", "7"]).is_err());
+        assert!(with(&["--hostile", "0.1", "--seed", "x"]).is_err());
     }
 
     #[test]

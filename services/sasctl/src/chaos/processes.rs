@@ -248,6 +248,19 @@ impl Fleet {
         }
     }
 
+    /// How many lines of the services' logs (every start of each) hold
+    /// `needle`.
+    pub fn count_in_logs(&self, needle: &str) -> u64 {
+        SERVICES
+            .iter()
+            .map(|name| {
+                let text = std::fs::read_to_string(self.log_dir.join(format!("{name}.log")))
+                    .unwrap_or_default();
+                text.lines().filter(|l| l.contains(needle)).count() as u64
+            })
+            .sum()
+    }
+
     /// The last lines of a service's log.
     fn log_tail(&self, name: &str) -> String {
         let text =

@@ -2,7 +2,8 @@
 //! (`order_id`, `seq`) as the contract tells consumers to, and the verdict
 //! drawn from them ([`Report`]): orders per terminal state, orders lost,
 //! sequence gaps, orders with more than one terminal event, effects applied
-//! twice.
+//! twice; with hostile traffic, also what became of the hostile messages and
+//! which good orders they harmed ([`Harms`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -11,6 +12,8 @@ use std::time::{Duration, Instant};
 use sas::messages::EventKind;
 use serde_json::{Value, json};
 use uuid::Uuid;
+
+use super::hostile::{self, Accounting, Counts, MARKER};
 
 /// The terminal states, in the order the report lists them.
 const TERMINAL_STATES: [&str; 4] = ["processed", "compensated", "failed", "rejected"];
@@ -47,6 +50,9 @@ struct Event {
     order_id: Option<Uuid>,
     seq: i64,
     state: EventKind,
+    /// Carries a hostile message's marker: a stranger's content, not an
+    /// event sas made for the order.
+    marked: bool,
 }
 
 /// A status event's fields, or `None` for a body that is not one. Read
@@ -60,6 +66,7 @@ fn decode(body: &[u8]) -> Option<Event> {
             .and_then(|s| Uuid::parse_str(s).ok()),
         seq: value["seq"].as_i64()?,
         state: value["state"].as_str()?.parse().ok()?,
+        marked: value["detail"].get(MARKER).is_some(),
     })
 }
 
@@ -87,6 +94,22 @@ pub struct Tally {
     foreign: u64,
     /// When the last confirmed order ended.
     last_end: Option<Instant>,
+    /// Good orders whose id hostile messages carry: a `rejected` event
+    /// with that id is a forgery, not the order's end.
+    targeted: HashSet<Uuid>,
+    /// The made-up order ids of hostile messages.
+    hostile_ids: HashSet<Uuid>,
+    /// Hostile ids answered with `rejected`.
+    hostile_rejected: HashSet<Uuid>,
+    /// `rejected` events without a usable id (answers to hostile messages
+    /// whose id is not echoed).
+    anonymous_rejections: u64,
+    /// Forged rejections of targeted good orders, by order: whether the
+    /// first came before the order's own terminal event (an application
+    /// would have taken it for the end).
+    forged: HashMap<Uuid, bool>,
+    /// Good orders that were sent an event carrying a hostile marker.
+    marked: HashSet<Uuid>,
 }
 
 impl Tally {
@@ -104,7 +127,50 @@ impl Tally {
             malformed: 0,
             foreign: 0,
             last_end: None,
+            targeted: HashSet::new(),
+            hostile_ids: HashSet::new(),
+            hostile_rejected: HashSet::new(),
+            anonymous_rejections: 0,
+            forged: HashMap::new(),
+            marked: HashSet::new(),
         }
+    }
+
+    /// A hostile message is about to carry the id of the good order `id`.
+    pub fn targeted(&mut self, id: Uuid) {
+        self.targeted.insert(id);
+    }
+
+    /// A hostile message is about to carry the made-up order id `id`.
+    pub fn hostile(&mut self, id: Uuid) {
+        self.hostile_ids.insert(id);
+    }
+
+    /// The targeted good orders.
+    pub fn targeted_ids(&self) -> &HashSet<Uuid> {
+        &self.targeted
+    }
+
+    /// A good order for a hostile message to carry the id of: a random one
+    /// of those running (received, not ended), else of those with any
+    /// event; `None` while no good order has an event.
+    pub fn pick_started(&self, rng: &mut fastrand::Rng) -> Option<Uuid> {
+        let mut running = Vec::new();
+        let mut started = Vec::new();
+        for (id, story) in &self.stories {
+            if !self.confirmed.contains(id) || story.events.is_empty() {
+                continue;
+            }
+            if story.end().is_none() {
+                running.push(*id);
+            } else {
+                started.push(*id);
+            }
+        }
+        let mut from = if running.is_empty() { started } else { running };
+        // Sorted, so that the seeded choice does not depend on hashing.
+        from.sort_unstable();
+        (!from.is_empty()).then(|| from[rng.usize(..from.len())])
     }
 
     /// The broker took this order: from now on it must end.
@@ -146,10 +212,32 @@ impl Tally {
             self.malformed += 1;
             return;
         };
+        if event.state == EventKind::Rejected
+            && let Some(id) = event.order_id.filter(|id| self.hostile_ids.contains(id))
+        {
+            self.hostile_rejected.insert(id);
+            return;
+        }
+        if event.state == EventKind::Rejected && event.order_id.is_none() {
+            self.anonymous_rejections += 1;
+            return;
+        }
         let Some(id) = event.order_id.filter(|id| self.known.contains(id)) else {
             self.foreign += 1;
             return;
         };
+        if event.marked {
+            // Not the order's story: a hostile message's content came back.
+            self.marked.insert(id);
+            return;
+        }
+        if event.state == EventKind::Rejected && event.seq == 0 && self.targeted.contains(&id) {
+            // The order was stored (it had an event when it was targeted):
+            // sas cannot reject it any more, so this answers a stranger.
+            let ended = self.stories.get(&id).is_some_and(|s| s.end().is_some());
+            self.forged.entry(id).or_insert(!ended);
+            return;
+        }
         let story = self.stories.entry(id).or_default();
         let ended_before = story.end().is_some();
         match story.events.get(&event.seq) {
@@ -163,6 +251,49 @@ impl Tally {
             self.ended += 1;
             self.last_end = Some(Instant::now());
         }
+    }
+
+    /// The good orders that did not come through as a good order must:
+    /// not ended, ended `rejected`, ended twice, ended other than
+    /// `processed` when the run set no faults (with faults, `compensated`
+    /// and `failed` are the fault mix's doing), took a forged rejection
+    /// before their own end (what an application reading the first
+    /// terminal event sees), were sent a hostile message's event, or hold
+    /// a hostile payload (`foreign_payload`, from the state store).
+    pub fn harms(&self, faults_set: bool, foreign_payload: &HashSet<Uuid>) -> Harms {
+        let mut harms = Harms::default();
+        for id in &self.confirmed {
+            let story = self.stories.get(id);
+            let end = story.and_then(Story::end);
+            let reasons = [
+                (end.is_none(), &mut harms.not_ended),
+                (
+                    end.is_some_and(|e| {
+                        e == EventKind::Rejected || (!faults_set && e != EventKind::Processed)
+                    }),
+                    &mut harms.not_processed,
+                ),
+                (
+                    story.is_some_and(|s| s.terminals().count() > 1),
+                    &mut harms.ended_twice,
+                ),
+                (
+                    self.forged.get(id).copied().unwrap_or(false),
+                    &mut harms.forged_end,
+                ),
+                (self.marked.contains(id), &mut harms.foreign_event),
+                (foreign_payload.contains(id), &mut harms.foreign_payload),
+            ];
+            let mut harmed = false;
+            for (hit, count) in reasons {
+                if hit {
+                    *count += 1;
+                    harmed = true;
+                }
+            }
+            harms.orders += u64::from(harmed);
+        }
+        harms
     }
 
     /// The verdict, with what the run adds: kills, duplicates, times.
@@ -186,6 +317,22 @@ impl Tally {
                 multiple += 1;
             }
         }
+        let hostile = run.hostile.map(|h| {
+            let mut seen = h.seen;
+            seen.rejected.clone_from(&self.hostile_rejected);
+            let faults_set = run.faults.is_some_and(|(t, p)| t > 0.0 || p > 0.0);
+            HostileReport {
+                share: h.share,
+                seed: h.seed,
+                accounting: hostile::account(&h.sent, &seen),
+                unsent: h.unsent,
+                rejections: self.hostile_rejected.len() as u64 + self.anonymous_rejections,
+                harms: self.harms(faults_set, &seen.foreign_payload),
+                forged: self.forged.len() as u64,
+                payload_check_error: h.payload_check_error,
+                connections_lost: h.connections_lost,
+            }
+        });
         let ended = self.ended as u64;
         // Throughput counts up to the last order's end, not the settling after it.
         let busy = match self.last_end {
@@ -220,7 +367,230 @@ impl Tally {
             interrupted: run.interrupted,
             logs: run.logs,
             queue: run.queue,
+            hostile,
         }
+    }
+}
+
+/// Good orders harmed, in all and by how (an order may count under several).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Harms {
+    /// Good orders harmed in any way.
+    pub orders: u64,
+    pub not_ended: u64,
+    /// Ended `rejected`, or other than `processed` in a run without faults.
+    pub not_processed: u64,
+    pub ended_twice: u64,
+    /// A forged `rejected` came before their own terminal event.
+    pub forged_end: u64,
+    /// Sent an event that carries a hostile marker.
+    pub foreign_event: u64,
+    /// Stored with a hostile message's payload.
+    pub foreign_payload: u64,
+}
+
+impl Harms {
+    /// The non-zero reasons, for people.
+    fn reasons(&self) -> Vec<String> {
+        [
+            (self.not_ended, "not ended"),
+            (self.not_processed, "not processed"),
+            (self.ended_twice, "ended twice"),
+            (self.forged_end, "a forged rejection first"),
+            (self.foreign_event, "a hostile event"),
+            (self.foreign_payload, "a hostile payload"),
+        ]
+        .into_iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect()
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "not_ended": self.not_ended,
+            "not_processed": self.not_processed,
+            "ended_twice": self.ended_twice,
+            "forged_end": self.forged_end,
+            "foreign_event": self.foreign_event,
+            "foreign_payload": self.foreign_payload,
+        })
+    }
+}
+
+/// What the run knows of its hostile traffic, beside the events.
+#[derive(Debug, Clone, Default)]
+pub struct HostileFacts {
+    /// `--hostile`.
+    pub share: f64,
+    /// `--seed`, given or drawn.
+    pub seed: u64,
+    /// The hostile messages the broker took.
+    pub sent: Vec<hostile::Sent>,
+    /// Hostile messages that could not be published.
+    pub unsent: u64,
+    /// What became of them (its `rejected` is the tally's, filled in by
+    /// [`Tally::report`]).
+    pub seen: hostile::Seen,
+    /// Why the targeted orders' payloads could not be read, if they could not.
+    pub payload_check_error: Option<String>,
+    /// "lost RabbitMQ" lines in the spawned services' logs; `None` without `--spawn`.
+    pub connections_lost: Option<u64>,
+}
+
+/// The hostile side of a run's outcome.
+#[derive(Debug, Clone)]
+pub struct HostileReport {
+    pub share: f64,
+    pub seed: u64,
+    pub accounting: Accounting,
+    pub unsent: u64,
+    /// `rejected` events that answered hostile messages.
+    pub rejections: u64,
+    pub harms: Harms,
+    /// Targeted good orders sent a forged `rejected` (first or not).
+    pub forged: u64,
+    pub payload_check_error: Option<String>,
+    pub connections_lost: Option<u64>,
+}
+
+impl HostileReport {
+    fn json(&self) -> Value {
+        let counts = |c: &Counts| {
+            json!({
+                "sent": c.sent,
+                "dead_lettered": c.dead_lettered,
+                "rejected": c.rejected,
+                "ignored": c.ignored,
+                "unaccounted": c.unaccounted,
+            })
+        };
+        let total = &self.accounting.total;
+        let classes: serde_json::Map<String, Value> = self
+            .accounting
+            .classes
+            .iter()
+            .map(|(class, c)| (class.as_str().to_owned(), counts(c)))
+            .collect();
+        json!({
+            "share": self.share,
+            "seed": self.seed,
+            "sent": total.sent,
+            "unsent": self.unsent,
+            "accounted": total.accounted(),
+            "dead_lettered": total.dead_lettered,
+            "rejected": total.rejected,
+            "ignored": total.ignored,
+            "unaccounted": total.unaccounted,
+            "classes": classes,
+            "rejections_seen": self.rejections,
+            "forged_rejections": self.forged,
+            "harm": self.harms.json(),
+            "payload_check_error": self.payload_check_error,
+            "connections_lost": self.connections_lost,
+        })
+    }
+
+    /// The table's rows about hostile traffic.
+    fn rows(&self, unexpected_exits: u64) -> Vec<(String, String)> {
+        let total = &self.accounting.total;
+        let mut sent = format!(
+            "{} ({}% of the messages; seed {})",
+            total.sent,
+            round(self.share * 100.0, 3),
+            self.seed
+        );
+        if self.unsent > 0 {
+            let _ = write!(sent, "; {} could not be published", self.unsent);
+        }
+        let mut rows = vec![("hostile messages sent".to_owned(), sent)];
+        for (class, c) in &self.accounting.classes {
+            rows.push((format!("  {}", class.as_str()), outcomes(c)));
+        }
+        rows.push((
+            "hostile accounted for".into(),
+            format!(
+                "{} of {} (must be all): {}",
+                total.accounted(),
+                total.sent,
+                outcomes(total)
+            ),
+        ));
+        rows.push((
+            "rejected events seen".into(),
+            format!("{} (answers to hostile messages)", self.rejections),
+        ));
+        let mut harmed = format!("{} (must be 0)", self.harms.orders);
+        let reasons = self.harms.reasons();
+        if !reasons.is_empty() {
+            let _ = write!(harmed, ": {}", reasons.join(", "));
+        }
+        rows.push(("harmed good orders".into(), harmed));
+        rows.push((
+            "forged rejections seen".into(),
+            format!(
+                "{} ({} before the order's own end)",
+                self.forged, self.harms.forged_end
+            ),
+        ));
+        if let Some(e) = &self.payload_check_error {
+            rows.push(("payloads checked".into(), format!("no: {e}")));
+        }
+        rows.push((
+            "connections lost".into(),
+            self.connections_lost
+                .map_or_else(|| "n/a (no --spawn)".into(), |n| format!("{n} (must be 0)")),
+        ));
+        rows.push((
+            "unexpected exits".into(),
+            format!("{unexpected_exits} (must be 0)"),
+        ));
+        rows
+    }
+
+    fn failures(&self, unexpected_exits: u64) -> Vec<String> {
+        let mut failures = Vec::new();
+        if self.harms.orders > 0 {
+            failures.push(format!(
+                "{} good orders harmed by hostile traffic",
+                self.harms.orders
+            ));
+        }
+        let unaccounted = self.accounting.total.unaccounted;
+        if unaccounted > 0 {
+            failures.push(format!("{unaccounted} hostile messages not accounted for"));
+        }
+        if let Some(e) = &self.payload_check_error {
+            failures.push(format!(
+                "the targeted orders' payloads were not checked: {e}"
+            ));
+        }
+        if let Some(n) = self.connections_lost.filter(|n| *n > 0) {
+            failures.push(format!("{n} RabbitMQ connections lost by the services"));
+        }
+        if unexpected_exits > 0 {
+            failures.push(format!("{unexpected_exits} services exited by themselves"));
+        }
+        failures
+    }
+}
+
+/// A class's outcomes, for people: "5 dead-lettered, 1 unaccounted".
+fn outcomes(c: &Counts) -> String {
+    let parts: Vec<String> = [
+        (c.dead_lettered, "dead-lettered"),
+        (c.rejected, "rejected"),
+        (c.ignored, "ignored as duplicates"),
+        (c.unaccounted, "unaccounted"),
+    ]
+    .into_iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, what)| format!("{n} {what}"))
+    .collect();
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(", ")
     }
 }
 
@@ -250,6 +620,8 @@ pub struct RunFacts {
     pub logs: Option<String>,
     /// The run's status queue.
     pub queue: String,
+    /// With `--hostile`.
+    pub hostile: Option<HostileFacts>,
 }
 
 /// The outcome of a chaos run.
@@ -283,6 +655,8 @@ pub struct Report {
     pub interrupted: bool,
     pub logs: Option<String>,
     pub queue: String,
+    /// With `--hostile`.
+    pub hostile: Option<HostileReport>,
 }
 
 impl Report {
@@ -313,6 +687,9 @@ impl Report {
         }
         if let Some(d) = self.duplicates.filter(|d| *d > 0) {
             failures.push(format!("{d} idempotency keys applied more than once"));
+        }
+        if let Some(h) = &self.hostile {
+            failures.extend(h.failures(self.unexpected_exits));
         }
         failures
     }
@@ -356,6 +733,8 @@ impl Report {
             "interrupted": self.interrupted,
             "logs": self.logs,
             "queue": self.queue,
+            "hostile": self.hostile.as_ref().map(HostileReport::json),
+            "harmed": self.hostile.as_ref().map(|h| h.harms.orders),
             "failures": self.failures(),
         })
     }
@@ -391,7 +770,9 @@ impl Report {
             let _ = write!(kills, " ({} kill commands failed)", self.kill_failures);
         }
         rows.push(("kills".into(), kills));
-        if self.unexpected_exits > 0 {
+        if let Some(h) = &self.hostile {
+            rows.extend(h.rows(self.unexpected_exits));
+        } else if self.unexpected_exits > 0 {
             rows.push((
                 "unexpected exits".into(),
                 format!("{} (restarted)", self.unexpected_exits),
@@ -474,6 +855,7 @@ mod tests {
             interrupted: false,
             logs: None,
             queue: "q".into(),
+            hostile: None,
         }
     }
 
@@ -579,5 +961,226 @@ mod tests {
         assert!(report.failures().is_empty());
         assert_eq!(report.json()["duplicates"], Value::Null);
         assert!(report.table().contains("n/a"));
+    }
+
+    fn rejected(id: Option<Uuid>) -> Vec<u8> {
+        json!({"order_id": id, "seq": 0, "state": "rejected", "at": "2030-01-01T00:00:00Z"})
+            .to_string()
+            .into_bytes()
+    }
+
+    fn hostile_facts(sent: Vec<hostile::Sent>, seen: hostile::Seen) -> HostileFacts {
+        HostileFacts {
+            share: 0.2,
+            seed: 38,
+            sent,
+            unsent: 0,
+            seen,
+            payload_check_error: None,
+            connections_lost: Some(0),
+        }
+    }
+
+    /// Four good orders, all confirmed, the submitter done.
+    fn good_tally() -> (Vec<Uuid>, Tally) {
+        let ids: Vec<Uuid> = (0..4).map(|_| Uuid::new_v4()).collect();
+        let mut tally = Tally::new(&ids);
+        for id in &ids {
+            tally.confirmed(*id);
+        }
+        tally.submission_done();
+        (ids, tally)
+    }
+
+    #[test]
+    fn a_forged_rejection_is_harm_only_when_it_comes_before_the_order_s_end() {
+        let (ids, mut tally) = good_tally();
+        for id in &ids[..2] {
+            tally.targeted(*id);
+        }
+        // ids[0]: forged after its end; ids[1]: forged while it runs.
+        run(&mut tally, ids[0], &["received", "processing", "processed"]);
+        tally.record(&rejected(Some(ids[0])));
+        tally.record(&event(ids[1], 1, "received"));
+        tally.record(&rejected(Some(ids[1])));
+        assert_eq!(tally.ended_count(), 1, "a forgery does not end an order");
+        tally.record(&event(ids[1], 2, "processed"));
+        run(&mut tally, ids[2], &["received", "processed"]);
+        run(&mut tally, ids[3], &["received", "processed"]);
+        assert!(tally.complete());
+        let mut facts = facts();
+        facts.orders = 4;
+        facts.faults = None;
+        facts.hostile = Some(hostile_facts(Vec::new(), hostile::Seen::default()));
+        let report = tally.report(facts);
+        // Forgeries are not a second terminal event of the order.
+        assert_eq!(report.multiple_terminal, 0);
+        let h = report.hostile.as_ref().unwrap();
+        assert_eq!(h.forged, 2);
+        assert_eq!(h.harms.forged_end, 1);
+        assert_eq!(h.harms.orders, 1);
+        assert_eq!(report.json()["harmed"], 1);
+        let table = report.table();
+        assert!(
+            table.contains("forged rejections seen    2 (1 before the order's own end)"),
+            "{table}"
+        );
+        assert!(
+            table.contains("harmed good orders        1 (must be 0): 1 a forged rejection first"),
+            "{table}"
+        );
+        assert!(
+            report
+                .failures()
+                .iter()
+                .any(|f| f.contains("1 good orders harmed"))
+        );
+    }
+
+    #[test]
+    fn harm_is_an_order_not_processed_doubled_or_given_a_stranger_s_content() {
+        let (ids, mut tally) = good_tally();
+        let fresh = Uuid::new_v4();
+        tally.hostile(fresh);
+        run(&mut tally, ids[0], &["received", "processing", "processed"]);
+        // A hostile status event came back for ids[1].
+        run(&mut tally, ids[1], &["received", "processed"]);
+        tally.record(
+            &json!({"order_id": ids[1], "seq": 1_000_007, "state": "failed", "detail": {MARKER: 7}})
+                .to_string()
+                .into_bytes(),
+        );
+        run(
+            &mut tally,
+            ids[2],
+            &["received", "processing", "compensating", "compensated"],
+        );
+        // ids[3] never ends. The answers to hostile messages are counted apart.
+        tally.record(&event(ids[3], 1, "received"));
+        tally.record(&rejected(Some(fresh)));
+        tally.record(&rejected(None));
+        let foreign_payload = HashSet::from([ids[0]]);
+        let harms = tally.harms(false, &foreign_payload);
+        assert_eq!(
+            harms,
+            Harms {
+                orders: 4,
+                not_ended: 1,
+                not_processed: 1,
+                ended_twice: 0,
+                forged_end: 0,
+                foreign_event: 1,
+                foreign_payload: 1,
+            }
+        );
+        // With faults set, compensated is the fault mix's doing.
+        assert_eq!(tally.harms(true, &foreign_payload).orders, 3);
+        let mut facts = facts();
+        facts.faults = Some((0.0, 0.0));
+        facts.orders = 4;
+        let seen = hostile::Seen {
+            foreign_payload,
+            payloads_checked: true,
+            orders_drained: true,
+            ..hostile::Seen::default()
+        };
+        let sent = vec![hostile::Sent {
+            n: 0,
+            class: hostile::Class::WrongType,
+            hostile_id: Some(fresh),
+            fate: hostile::Fate::DeadLetter("t.orders.dead".into()),
+        }];
+        facts.hostile = Some(hostile_facts(sent, seen));
+        let report = tally.report(facts);
+        let h = report.hostile.as_ref().unwrap();
+        assert_eq!(h.rejections, 2);
+        // Found nowhere, but answered with a rejection: accounted for.
+        assert_eq!(h.accounting.total.rejected, 1);
+        assert_eq!(h.accounting.total.unaccounted, 0);
+        assert_eq!(report.foreign, 0);
+        let table = report.table();
+        assert!(
+            table.contains("4 (must be 0): 1 not ended, 1 not processed, 1 a hostile event, 1 a hostile payload"),
+            "{table}"
+        );
+        assert!(
+            table.contains("  wrong_type              1 rejected"),
+            "{table}"
+        );
+        assert!(
+            table.contains("hostile accounted for     1 of 1 (must be all): 1 rejected"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn a_clean_hostile_run_passes_and_any_exit_or_lost_connection_fails_it() {
+        let (ids, mut tally) = good_tally();
+        for id in &ids {
+            run(&mut tally, *id, &["received", "processed"]);
+        }
+        let target = ids[0];
+        tally.targeted(target);
+        let sent = vec![
+            hostile::Sent {
+                n: 0,
+                class: hostile::Class::DuplicateId,
+                hostile_id: None,
+                fate: hostile::Fate::Duplicate { target },
+            },
+            hostile::Sent {
+                n: 1,
+                class: hostile::Class::GarbageReply,
+                hostile_id: None,
+                fate: hostile::Fate::DeadLetter("t.scheduler.replies.dead".into()),
+            },
+        ];
+        let seen = hostile::Seen {
+            dead_lettered: HashMap::from([(1, "t.scheduler.replies.dead".into())]),
+            payloads_checked: true,
+            orders_drained: true,
+            ..hostile::Seen::default()
+        };
+        let mut facts = facts();
+        facts.orders = 4;
+        facts.faults = None;
+        facts.hostile = Some(hostile_facts(sent, seen));
+        let report = tally.report(facts.clone());
+        assert!(report.failures().is_empty(), "{:?}", report.failures());
+        let table = report.table();
+        println!("{table}");
+        for line in [
+            "hostile messages sent     2 (20% of the messages; seed 38)",
+            "  duplicate_id            1 ignored as duplicates",
+            "  garbage_reply           1 dead-lettered",
+            "hostile accounted for     2 of 2 (must be all): 1 dead-lettered, 1 ignored as duplicates",
+            "harmed good orders        0 (must be 0)",
+            "forged rejections seen    0 (0 before the order's own end)",
+            "connections lost          0 (must be 0)",
+            "unexpected exits          0 (must be 0)",
+            "PASS",
+        ] {
+            assert!(table.contains(line), "{line:?} in\n{table}");
+        }
+        let j = report.json();
+        assert_eq!(j["harmed"], 0);
+        assert_eq!(j["hostile"]["sent"], 2);
+        assert_eq!(j["hostile"]["accounted"], 2);
+        assert_eq!(j["hostile"]["classes"]["garbage_reply"]["dead_lettered"], 1);
+
+        facts.unexpected_exits = 1;
+        let mut hostile = facts.hostile.take().unwrap();
+        hostile.connections_lost = Some(2);
+        hostile.seen.orders_drained = false;
+        facts.hostile = Some(hostile);
+        let failures = tally.report(facts).failures();
+        assert_eq!(
+            failures,
+            [
+                "1 hostile messages not accounted for",
+                "2 RabbitMQ connections lost by the services",
+                "1 services exited by themselves",
+            ]
+        );
     }
 }
