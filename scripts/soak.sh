@@ -83,16 +83,17 @@ stop_sim() {
     sim_pid=""
 }
 
-# Deletes every queue named under the prefix.
+# Deletes every queue named under the prefix, and the run's status queues
+# (`<prefix>-…`: applications' queues may not be under the prefix).
 # shellcheck disable=SC2317  # reached through the EXIT trap
 delete_queues() {
     local queues q
     if ! queues=$("${rabbitmqctl[@]}" -q list_queues name --no-table-headers 2>/dev/null); then
-        log "could not list the queues with ${rabbitmqctl[*]}; delete the queues named $prefix.* yourself"
+        log "could not list the queues with ${rabbitmqctl[*]}; delete the queues named $prefix.* and $prefix-* yourself"
         return 0
     fi
     while IFS= read -r q; do
-        if [[ $q == "$prefix".* ]]; then
+        if [[ $q == "$prefix".* || $q == "$prefix"-* ]]; then
             # </dev/null: rabbitmqctl would read the rest of the list otherwise.
             "${rabbitmqctl[@]}" -q delete_queue "$q" </dev/null >/dev/null 2>&1 ||
                 log "could not delete the queue $q"
