@@ -12,6 +12,7 @@ pub mod broker_users;
 pub mod browser;
 pub mod cli;
 pub mod dashboard;
+pub mod hostile;
 pub mod otlp;
 pub mod proxy;
 pub mod raw_amqp;

@@ -265,14 +265,33 @@ pub struct PendingConfirm {
 
 impl PendingConfirm {
     /// Waits for the broker: `Ok` only for an ack of a message a queue took.
+    ///
+    /// A `basic.return` names no delivery tag: lapin hands it to whichever
+    /// confirm completes next, and when one ack covers several publishes
+    /// (`multiple`), that may be another publish's of the channel. A return
+    /// for another routing key is therefore not this message's: taking it
+    /// as ours made a confirmed dead-letter copy look unroutable and ended
+    /// the session, again and again (found by the attack suite). The
+    /// return's own publish then sees a plain ack, which costs at most a
+    /// warning about a queue that does not exist.
     pub async fn wait(self) -> Result<(), PublishError> {
         let confirmation = self.confirm.await?;
         if confirmation.is_nack() {
             return Err(PublishError::Nacked);
         }
-        if confirmation.take_message().is_some() {
-            return Err(PublishError::Unroutable(self.routing_key));
+        match confirmation.take_message() {
+            Some(returned) if returned.delivery.routing_key.as_str() == self.routing_key => {
+                Err(PublishError::Unroutable(self.routing_key))
+            }
+            Some(returned) => {
+                tracing::debug!(
+                    ours = %self.routing_key,
+                    returned = %returned.delivery.routing_key,
+                    "a return paired with another publish's confirm; not ours"
+                );
+                Ok(())
+            }
+            None => Ok(()),
         }
-        Ok(())
     }
 }

@@ -4,11 +4,11 @@
 //! Each refusal of the contract, and the same order id from two
 //! applications being two orders, each application seeing only its own.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use sas_tests::TestApp;
 use sas_tests::broker_users::BrokerUser;
+use sas_tests::hostile::ends;
 use sas_tests::raw_amqp::{Properties, RawError, RawPublisher, flag, short_string};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -52,20 +52,6 @@ impl AppClient {
             .await
             .expect("the broker takes it");
     }
-}
-
-/// The terminal events of `events` by order id.
-fn ends(events: &[Value]) -> BTreeMap<String, String> {
-    events
-        .iter()
-        .filter(|e| sas_tests::is_terminal(e) && e["seq"] != 0)
-        .map(|e| {
-            (
-                e["order_id"].as_str().unwrap_or_default().to_owned(),
-                e["state"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

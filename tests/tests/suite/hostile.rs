@@ -5,15 +5,14 @@
 //! or dead-lettered with `x-sas-reason`, no service restarts and the broker
 //! closes no connection.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use proptest::strategy::ValueTree;
-use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use remote_sim::Knobs;
 use sas::broker::Outgoing;
-use sas_tests::{TestApp, is_terminal};
+use sas_tests::TestApp;
+use sas_tests::hostile::{assert_unharmed, draw, ends, seeded};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -35,36 +34,6 @@ async fn start(app: &TestApp) {
     app.start_with_env("agent", "agent", &[], &[("SAS_PANIC_ON", AGENT_PANICS)])
         .await;
     app.start("supervisor", "supervisor", &[]).await;
-}
-
-/// No service restarted its broker session (the broker closed no
-/// connection) and every one still answers.
-async fn assert_unharmed(app: &TestApp) {
-    for name in ["submission", "scheduler", "agent", "supervisor"] {
-        let log = app.log(name);
-        assert!(
-            !log.contains("lost RabbitMQ"),
-            "{name} lost its connection:\n{log}"
-        );
-        assert!(
-            !app.metrics(name).await.is_empty(),
-            "{name} no longer answers"
-        );
-    }
-}
-
-/// The terminal state of each order in `events`.
-fn ends(events: &[Value]) -> BTreeMap<String, String> {
-    events
-        .iter()
-        .filter(|e| is_terminal(e) && e["seq"] != 0)
-        .map(|e| {
-            (
-                e["order_id"].as_str().unwrap_or_default().to_owned(),
-                e["state"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -304,14 +273,6 @@ fn good_order(id: Uuid) -> impl Strategy<Value = Vec<u8>> {
     })
 }
 
-/// Draws one value of `strategy`.
-fn draw<T: std::fmt::Debug>(runner: &mut TestRunner, strategy: impl Strategy<Value = T>) -> T {
-    strategy
-        .new_tree(runner)
-        .map(|tree| tree.current())
-        .unwrap_or_else(|e| panic!("cannot draw: {e}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_thousand_generated_hostile_orders_among_a_thousand_good_ones_harm_none() {
     const BAD: usize = 5000;
@@ -320,10 +281,7 @@ async fn five_thousand_generated_hostile_orders_among_a_thousand_good_ones_harm_
     start(&app).await;
     let status = app.status_queue("status").await;
     // A fixed seed: a failure can be replayed.
-    let mut runner = TestRunner::new_with_rng(
-        Config::default(),
-        TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]),
-    );
+    let mut runner = seeded(7);
     let mut good = BTreeSet::new();
     let mut messages = Vec::with_capacity(BAD + GOOD);
     for i in 0..BAD + GOOD {

@@ -4,6 +4,7 @@
 //! `restarts` (and `cluster`, which starts RabbitMQ nodes of its own) and run alone, after the rest (`scripts/test.sh`).
 
 mod applications;
+mod attacks;
 mod chaos;
 mod client;
 mod clocks;

@@ -260,8 +260,16 @@ pub fn parse_decimal_value<I: ParsableInput>(i: I) -> ParserResult<I, DecimalVal
     .parse(i)
 }
 
+// sas patch: a short string that is not UTF-8 (RabbitMQ forwards one in a
+// property or a header name as it came) is read with its bad bytes replaced
+// by U+FFFD, rather than failing the whole frame: a failed frame closes the
+// connection, and the message comes back to every reconnection.
 fn make_str<I: Input<Item = u8>>(i: I) -> Result<String, std::string::FromUtf8Error> {
-    String::from_utf8(i.iter_elements().collect())
+    let bytes: Vec<u8> = i.iter_elements().collect();
+    Ok(match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
 }
 
 /// Parse a [ShortString](../type.ShortString.html)
@@ -689,5 +697,19 @@ mod test {
         let (depth, bottom) = depth_of(table.inner().get("h").expect("the header"));
         assert_eq!(depth, 10);
         assert!(matches!(bottom, AMQPValue::FieldArray(_)));
+    }
+
+    #[test]
+    fn test_parse_short_string_not_utf8_is_read_lossily() {
+        let bytes = [3u8, 0xff, 0xfe, b'q'];
+        assert_eq!(
+            parse_short_string(&bytes[..]),
+            Ok((EMPTY, ShortString::from("\u{fffd}\u{fffd}q".to_owned())))
+        );
+        // In a header name too: the table still parses.
+        let mut table = vec![0, 0, 0, 6, 2, 0xff, b'k', b't', 1];
+        table[3] = (table.len() - 4) as u8;
+        let (_, parsed) = parse_field_table(&table[..]).expect("parses");
+        assert!(parsed.inner().contains_key("\u{fffd}k"));
     }
 }
