@@ -261,6 +261,22 @@ impl Agent {
                 return broker::dead_letter_with(&delivery, &reason).await;
             }
         };
+        // Answers go to the schedulers' reply queue, or to a queue outside
+        // sas's own names (a test's, an operator's): never into another of
+        // sas's queues (contract §1b), and the remote is not called for a
+        // request whose answer would go there.
+        if let Some(queue) = delivery
+            .reply_to()
+            .filter(|q| self.ctx.queues.is_reserved(q) && *q != self.ctx.queues.replies())
+        {
+            tracing::warn!(agent = %self.name, reply_to = %sas::messages::Quoted::new(queue), "request answering into a queue of sas; dead-lettered");
+            self.count("malformed");
+            let reason = sas::messages::RejectReason::ReservedQueue {
+                field: "the AMQP reply_to property",
+                queue: sas::messages::Quoted::new(queue),
+            };
+            return broker::dead_letter_with(&delivery, &reason.to_string()).await;
+        }
         let trace = delivery
             .header(sas::trace::HEADER)
             .and_then(|t| sas::trace::TraceContext::parse(&t));

@@ -422,3 +422,38 @@ async fn a_reply_that_waited_for_the_orders_lock_sees_the_steps_as_they_were_lef
             .expect("events");
     assert_eq!(events, ["received", "processing"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_answering_into_a_queue_of_sas_is_dead_lettered_and_calls_no_remote() {
+    let app = TestApp::new().await;
+    app.start("agent", "agent", &[]).await;
+    let q = app.queues.clone();
+    let agent_requests = q.agent_requests("b");
+    for reply_to in [q.replay(), q.alerts(), q.orders(), agent_requests.as_str()] {
+        send_request(&app, &request(10_000), reply_to).await;
+    }
+    let dead = q.agent_requests_dead("a");
+    app.eventually("four requests dead-lettered", Duration::from_secs(20), || async {
+        app.ready(&dead).await == 4
+    })
+    .await;
+    let refused = app.drain(&dead).await;
+    assert!(
+        refused
+            .iter()
+            .all(|(_, why)| why.as_deref().is_some_and(|w| w.contains("a queue of sas"))),
+        "{refused:?}"
+    );
+    // The schedulers' own reply queue (and one outside sas's names) is answered.
+    let replies = app.status_queue("replies").await;
+    send_request(&app, &request(10_000), &replies).await;
+    send_request(&app, &request(10_000), q.replies()).await;
+    app.eventually("both answered", Duration::from_secs(20), || async {
+        app.ready(&replies).await == 1 && app.ready(q.replies()).await == 1
+    })
+    .await;
+    assert_eq!(app.stats().total_calls, 2, "only the two answerable requests reached the remote");
+    for queue in [q.replay(), q.alerts(), q.orders()] {
+        assert_eq!(app.ready(queue).await, 0, "{queue}");
+    }
+}
