@@ -433,9 +433,11 @@ async fn a_request_answering_into_a_queue_of_sas_is_dead_lettered_and_calls_no_r
         send_request(&app, &request(10_000), reply_to).await;
     }
     let dead = q.agent_requests_dead("a");
-    app.eventually("four requests dead-lettered", Duration::from_secs(20), || async {
-        app.ready(&dead).await == 4
-    })
+    app.eventually(
+        "four requests dead-lettered",
+        Duration::from_secs(20),
+        || async { app.ready(&dead).await == 4 },
+    )
     .await;
     let refused = app.drain(&dead).await;
     assert!(
@@ -452,7 +454,11 @@ async fn a_request_answering_into_a_queue_of_sas_is_dead_lettered_and_calls_no_r
         app.ready(&replies).await == 1 && app.ready(q.replies()).await == 1
     })
     .await;
-    assert_eq!(app.stats().total_calls, 2, "only the two answerable requests reached the remote");
+    assert_eq!(
+        app.stats().total_calls,
+        2,
+        "only the two answerable requests reached the remote"
+    );
     for queue in [q.replay(), q.alerts(), q.orders()] {
         assert_eq!(app.ready(queue).await, 0, "{queue}");
     }
