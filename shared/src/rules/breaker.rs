@@ -392,6 +392,68 @@ mod tests {
     }
 
     #[test]
+    fn a_hold_is_announced_once_whatever_its_failed_probes_and_ends_once_answered() {
+        use super::super::order::fixture::{ctx, pending};
+        use super::super::scheduler::{Replied, apply_reply, claim};
+        use super::super::supervisor::expire;
+        use crate::config::SupervisorSettings;
+        use crate::messages::{StepOutcome, StepReply};
+        let open = [gate("a0", State::Open, None)];
+        let with = |gates| Context { gates, ..ctx("s1") };
+        let mut order = claim(&pending(1, |_| true), with(&open)).unwrap().order;
+        let since = order.row.held_since;
+        let until = order.row.hold_until;
+        let id = order.row.order_id;
+        let half = [gate("a0", State::HalfOpen, Some(id))];
+        let settings = SupervisorSettings::default();
+        for _ in 0..3 {
+            // Out as the probe: no `resumed`, the hold goes on.
+            let probe = claim(&order, with(&half)).unwrap();
+            assert_eq!(kinds(&probe), Vec::<&str>::new());
+            assert_eq!(probe.requests().count(), 1);
+            // The probe fails (its step late behind the breaker, open
+            // again): held again, silently, from when the hold began.
+            let (late, _) = expire(&probe.order, &settings, with(&open));
+            assert_eq!(kinds(&late), Vec::<&str>::new());
+            assert_eq!(late.order.row.held_for.as_deref(), Some("a0"));
+            assert_eq!(
+                (late.order.row.held_since, late.order.row.hold_until),
+                (since, until)
+            );
+            assert_eq!(late.order.row.failure_count, 0);
+            order = late.order;
+        }
+        // A probe the agent answers `held` (the breaker open when it came):
+        // still held, silently.
+        let probe = claim(&order, with(&half)).unwrap();
+        let (_, request) = probe.requests().next().unwrap();
+        let Replied::Applied(held) = apply_reply(
+            &probe.order,
+            &StepReply::to(request, StepOutcome::Held),
+            with(&open),
+        )
+        .unwrap() else {
+            panic!("counts");
+        };
+        assert_eq!(kinds(&held), Vec::<&str>::new());
+        assert_eq!(held.order.row.held_since, since);
+        // A probe the remote answers: the hold ends, once.
+        let probe = claim(&held.order, with(&half)).unwrap();
+        let (_, request) = probe.requests().next().unwrap();
+        let done = StepOutcome::Succeeded {
+            result: serde_json::json!({}),
+        };
+        let Replied::Applied(answered) =
+            apply_reply(&probe.order, &StepReply::to(request, done), with(&[])).unwrap()
+        else {
+            panic!("counts");
+        };
+        assert_eq!(kinds(&answered)[..2], ["resumed", "step_succeeded"]);
+        assert_eq!(answered.order.row.held_since, None);
+        assert_eq!(answered.order.row.hold_until, None);
+    }
+
+    #[test]
     fn an_agents_held_answer_holds_without_a_failure_and_a_late_step_behind_a_breaker_too() {
         use super::super::order::fixture::{ctx, pending};
         use super::super::scheduler::{Replied, apply_reply, claim};

@@ -239,13 +239,24 @@ impl<'c> Deciding<'c> {
             ),
             Hold::Flow(agent) => (agent, "rate_limited", now, None),
         };
+        // Its breaker's probe (this order's step) failed: the hold it was
+        // in goes on, from when it began, and was announced then
+        // (contract §4c: a hold is announced once, whatever the probes).
+        let ongoing = self.probing();
         self.set_state(to, None, None);
         let o = &mut self.order.row;
         o.not_before = None;
         o.held_for = Some(agent.to_owned());
+        o.held_reason = Some(reason.to_owned());
+        if let Some((since, was_until)) = ongoing {
+            o.held_since = Some(since);
+            // A breaker's hold ends at max_hold from its start; a wait for
+            // room has no end.
+            o.hold_until = until.and(was_until.or(until));
+            return;
+        }
         o.held_since = Some(now);
         o.hold_until = until;
-        o.held_reason = Some(reason.to_owned());
         let attempt = o.attempt();
         self.log(Event {
             kind: EventKind::Held,
@@ -258,6 +269,47 @@ impl<'c> Deciding<'c> {
                 "agent": agent,
                 "reason": reason,
                 "since": crate::messages::rfc3339::format(&since),
+            }),
+        });
+    }
+
+    /// When the order is out as its breaker's probe, in the middle of a
+    /// hold: when that hold began, and until when it may last. A probe keeps
+    /// its hold's `held_since` and `hold_until` (not `held_for`: it is not
+    /// held while out), so that a failed probe holds it again silently and
+    /// an answered one announces `resumed` ([`Self::probe_answered`]).
+    pub(super) fn probing(&self) -> Option<(DateTime<Utc>, Option<DateTime<Utc>>)> {
+        let o = self.row();
+        match (&o.held_for, o.held_since) {
+            (None, Some(since)) => Some((since, o.hold_until)),
+            _ => None,
+        }
+    }
+
+    /// Keeps the hold going while the order is out as its breaker's probe
+    /// (see [`Self::probing`]): after [`Self::set_state`], which ends it.
+    pub(super) fn keep_hold(&mut self, since: DateTime<Utc>, until: Option<DateTime<Utc>>) {
+        let o = &mut self.order.row;
+        o.held_since = Some(since);
+        o.hold_until = until;
+    }
+
+    /// The remote answered the order's probe: its hold is over, announced
+    /// once with `resumed` (contract §4c).
+    pub(super) fn probe_answered(&mut self, agent: &str, since: DateTime<Utc>) {
+        let (state, attempt) = (self.row().process_state, self.row().attempt());
+        let actor = self.ctx.actor.to_owned();
+        self.log(Event {
+            kind: EventKind::Resumed,
+            from: Some(state),
+            to: state,
+            step: None,
+            attempt,
+            reason: None,
+            detail: serde_json::json!({
+                "agent": agent,
+                "held_since": crate::messages::rfc3339::format(&since),
+                "locked_by": actor,
             }),
         });
     }

@@ -71,6 +71,8 @@ struct World {
     gates: Vec<Gate>,
     /// `held` and `resumed` events logged.
     holds: (usize, usize),
+    /// Whether a `held` was the order's last event of a hold.
+    in_hold: bool,
     /// The agents with no room under flow control.
     full: Vec<Flow>,
 }
@@ -220,10 +222,21 @@ impl World {
         for e in &d.effects {
             if let Effect::Event(e) = e {
                 self.seqs.push(e.seq);
+                // A hold is announced once, whatever its probes, and ends
+                // once (contract §4c): no `held` within a hold, no
+                // `resumed` outside one; any other event ends it.
                 match e.kind {
-                    EventKind::Held => self.holds.0 += 1,
-                    EventKind::Resumed => self.holds.1 += 1,
-                    _ => {}
+                    EventKind::Held => {
+                        prop_assert!(!self.in_hold, "held again within a hold");
+                        self.holds.0 += 1;
+                        self.in_hold = true;
+                    }
+                    EventKind::Resumed => {
+                        prop_assert!(self.in_hold, "resumed outside a hold");
+                        self.holds.1 += 1;
+                        self.in_hold = false;
+                    }
+                    _ => self.in_hold = false,
                 }
             }
         }
@@ -283,6 +296,7 @@ fn run(
         ended: false,
         gates: Vec::new(),
         holds: (0, 0),
+        in_hold: false,
         full: Vec::new(),
     };
     world.take(received, false)?;

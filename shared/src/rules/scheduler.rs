@@ -64,10 +64,21 @@ pub fn claim(order: &Order, ctx: Context<'_>) -> Result<Decision, RuleError> {
         }
     }
     let held = d.row().held_for.clone().map(|a| (a, d.row().held_since));
+    let hold_until = d.row().hold_until;
     d.set_state(to, Some(ctx.actor), None);
     d.order.row.not_before = None;
     let attempt = d.row().attempt();
-    if let Some((agent, since)) = held {
+    // Out as its breaker's probe, it is still in its hold: nothing is
+    // announced until the remote answers (contract §4c).
+    let probe = held.as_ref().and_then(|(agent, since)| {
+        let probe = breaker::admit(ctx.gates, agent, d.row().order_id) == Admit::Probe;
+        probe
+            .then_some((*since)?)
+            .map(|since| (since, agent.clone()))
+    });
+    if let Some((since, _)) = probe {
+        d.keep_hold(since, hold_until);
+    } else if let Some((agent, since)) = held {
         // Claimable again: its breaker closed, or it is the probe.
         d.log(Event {
             kind: EventKind::Resumed,
@@ -146,7 +157,21 @@ pub fn apply_reply(
         step.finished_at = Some(ctx.now);
     }
     let holder = d.holder();
+    let probing = d.probing();
     d.set_state(change.order_state, Some(&holder), None);
+    if let Some((since, until)) = probing {
+        if reply.outcome == StepOutcome::Held {
+            // Its agent found the breaker open after all: still held.
+            d.keep_hold(since, until);
+        } else {
+            let step = &d.order.steps[change.pos];
+            let agent = match reply.direction {
+                Direction::Forward => step.agent.clone(),
+                Direction::Compensate => step.compensate.clone().unwrap_or_default(),
+            };
+            d.probe_answered(&agent, since);
+        }
+    }
     match (&reply.outcome, reply.direction) {
         (StepOutcome::Succeeded { result }, Direction::Forward) => {
             let attempt = d.row().attempt();

@@ -271,6 +271,14 @@ async fn a_long_outage_holds_orders_without_counting_failures_and_each_ends_proc
             matches!((first_held, resumed), (Some(h), Some(r)) if h < r),
             "{id}: held, then resumed: {states:?}"
         );
+        // One hold, announced once and ended once, whatever the number of
+        // probes (one a second for twenty seconds; contract §4c).
+        let count = |state: &str| states.iter().filter(|s| **s == state).count();
+        assert_eq!(
+            (count("held"), count("resumed")),
+            (1, 1),
+            "{id}: {states:?}"
+        );
         let (_, failures) = app.order(*id).await.expect("stored");
         assert!(failures <= 1, "{id}: {failures} failures: {states:?}");
         assert_eq!(stats.keys[&format!("{id}:a")].applied, 1);
