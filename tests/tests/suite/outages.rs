@@ -6,6 +6,8 @@ use std::time::Duration;
 use remote_sim::Knobs;
 use sas_tests::TestApp;
 use sas_tests::cli::{run, wait_state};
+use serde_json::json;
+use uuid::Uuid;
 
 /// The `state` of each status event, with the rung of a `deadline_warning`.
 fn story(events: &[serde_json::Value]) -> Vec<String> {
@@ -627,4 +629,82 @@ async fn an_order_held_longer_than_max_hold_counts_a_failure_each_time_and_is_gi
     );
     assert_eq!(app.order(id).await, Some(("error".into(), 2)));
     assert_eq!(app.stats().keys.get(&format!("{id}:a")), None, "never sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_orders_resume_highest_priority_first_then_oldest() {
+    let app = TestApp::builder().breaker(3, "1s").build().await;
+    for name in ["submission", "agent", "supervisor"] {
+        app.start(name, name, &[]).await;
+    }
+    // One order a claim, so the claims' order is the order they resume in.
+    app.start_with_env(
+        "scheduler",
+        "scheduler",
+        &[],
+        &[("SAS__SCHEDULER__CLAIM_BATCH", "1")],
+    )
+    .await;
+    app.eventually(
+        "the agent declared its breakers",
+        Duration::from_secs(15),
+        || async {
+            let list = run(&app, &["agents", "list", "--json"])
+                .await
+                .expect_code(0);
+            list.json()
+                .as_array()
+                .is_some_and(|all| all.iter().any(|b| b["agent"] == "a"))
+        },
+    )
+    .await;
+    run(&app, &["agents", "force-open", "a"])
+        .await
+        .expect_code(0);
+    let status = app.status_queue("held").await;
+    // Each stored before the next is sent: distinct creation times.
+    let priorities = [0, 5, 9, 5, 0, 9, 3, 5, 0, 9];
+    let mut submitted = Vec::new();
+    for priority in priorities {
+        let id = Uuid::new_v4();
+        let body =
+            json!({ "order_id": id, "workflow": "one", "payload": {}, "priority": priority });
+        app.publish_raw(body.to_string().as_bytes(), Some(&status), None)
+            .await;
+        app.eventually("the order stored", Duration::from_secs(10), || async {
+            app.order(id).await.is_some()
+        })
+        .await;
+        submitted.push((priority, id));
+    }
+    app.eventually("every order held", Duration::from_secs(20), || async {
+        held(&app).await == priorities.len() as i64
+    })
+    .await;
+    run(&app, &["agents", "force-closed", "a"])
+        .await
+        .expect_code(0);
+    let ids: Vec<Uuid> = submitted.iter().map(|(_, id)| *id).collect();
+    let events = app
+        .collect(&status, Duration::from_secs(60), |got| {
+            got.iter().filter(|e| e["state"] == "processed").count() == ids.len()
+        })
+        .await;
+    let resumed: Vec<String> = events
+        .iter()
+        .filter(|e| e["state"] == "resumed")
+        .filter_map(|e| e["order_id"].as_str().map(str::to_owned))
+        .collect();
+    // Highest priority first; among equals, the oldest first.
+    let mut expected: Vec<(i32, usize, Uuid)> = submitted
+        .iter()
+        .enumerate()
+        .map(|(i, (p, id))| (-p, i, *id))
+        .collect();
+    expected.sort();
+    let expected: Vec<String> = expected
+        .into_iter()
+        .map(|(_, _, id)| id.to_string())
+        .collect();
+    assert_eq!(resumed, expected);
 }
