@@ -405,3 +405,67 @@ async fn an_agent_that_dies_mid_poll_is_replaced_and_the_new_dispatch_polls_the_
     // The new dispatch's POST found the job the first one started.
     assert_eq!(stats.endpoints["/svc/a"].accepted, 2);
 }
+
+/// When the first event of `events` with state `state` was logged.
+fn at_state(events: &[serde_json::Value], state: &str) -> chrono::DateTime<chrono::Utc> {
+    let e = events
+        .iter()
+        .find(|e| e["state"] == state)
+        .unwrap_or_else(|| panic!("no {state}: {events:?}"));
+    chrono::DateTime::parse_from_rfc3339(e["at"].as_str().unwrap_or_default())
+        .map(|t| t.to_utc())
+        .expect("an RFC 3339 time")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remotes_retry_after_is_waited_for_and_one_past_complete_by_means_silence() {
+    // (An audit gap of #39: `Retry-After` end to end.)
+    let app = TestApp::builder()
+        .step_timeout("5s")
+        .max_failures(1)
+        .build()
+        .await;
+    app.start_all().await;
+    // 503 with `Retry-After: 2` once, then success: the agent calls again
+    // two seconds later, not after its own short backoff.
+    app.knobs(
+        "a",
+        Knobs {
+            fail_first: 1,
+            retry_after: Some(2),
+            ..Knobs::default()
+        },
+    );
+    let (id, events) = app.run_one("one").await;
+    assert_eq!(sas_tests::states(&events).last(), Some(&"processed"));
+    let waited = at_state(&events, "step_succeeded") - at_state(&events, "processing");
+    assert!(
+        waited >= chrono::Duration::milliseconds(1900),
+        "called again after {waited}"
+    );
+    assert_eq!(app.stats().keys[&format!("{id}:a")].calls, 2);
+
+    // `Retry-After: 60` against a 5 s complete-by: one call, then the
+    // agent stays silent; the supervisor ends the dispatch at complete-by.
+    app.knobs(
+        "a",
+        Knobs {
+            fail_first: 1,
+            retry_after: Some(60),
+            ..Knobs::default()
+        },
+    );
+    let (id, events) = app.run_one("one").await;
+    let states = sas_tests::states(&events);
+    assert_eq!(states.last(), Some(&"failed"), "{states:?}");
+    let timed_out = at_state(&events, "failed") - at_state(&events, "processing");
+    assert!(
+        timed_out >= chrono::Duration::milliseconds(4900),
+        "ended after {timed_out}: {states:?}"
+    );
+    assert_eq!(
+        app.stats().keys[&format!("{id}:a")].calls,
+        1,
+        "no call before the remote's Retry-After"
+    );
+}
