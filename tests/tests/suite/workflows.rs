@@ -469,3 +469,50 @@ async fn a_remotes_retry_after_is_waited_for_and_one_past_complete_by_means_sile
         "no call before the remote's Retry-After"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflows_own_retry_schedule_paces_its_reattempts() {
+    // (An audit gap of #39: a workflow's `retry_schedule`, by its timing.)
+    let app = TestApp::builder()
+        .retry_schedule(r#"["100ms"]"#)
+        .supervisor_interval("100ms")
+        .extra_config(
+            r#"[workflows.paced]
+retry_schedule = ["2s"]
+max_failures = 3
+steps = [ { name = "a", agent = "a", timeout = "700ms" } ]
+"#,
+        )
+        .build()
+        .await;
+    // The first call hangs past complete-by: one re-attempt, two seconds on.
+    app.knobs(
+        "a",
+        Knobs {
+            hang_first: 1,
+            ..Knobs::default()
+        },
+    );
+    app.start_all().await;
+    let (_, events) = app.run_one("paced").await;
+    let states = sas_tests::states(&events);
+    assert_eq!(states.last(), Some(&"processed"), "{states:?}");
+    let retried = at_state(&events, "retry_scheduled");
+    let again = events
+        .iter()
+        .filter(|e| e["state"] == "processing")
+        .nth(1)
+        .and_then(|e| e["at"].as_str())
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .map(|t| t.to_utc())
+        .unwrap_or_else(|| panic!("no second processing: {states:?}"));
+    let waited = again - retried;
+    assert!(
+        waited >= chrono::Duration::milliseconds(1900),
+        "re-attempted {waited} after the failure, not after the workflow's 2s"
+    );
+    assert!(
+        waited < chrono::Duration::seconds(10),
+        "re-attempted only {waited} after the failure"
+    );
+}
