@@ -367,6 +367,15 @@ breaker_cooldown = "{cooldown}"
         }
     }
 
+    /// Starts the four services, `service` with `env` (a setting of its
+    /// own, e.g. `SAS__SCHEDULER__CLAIM_BATCH`), and waits for each.
+    pub async fn start_all_with_env(&self, service: &str, env: &[(&str, &str)]) {
+        for name in ["submission", "scheduler", "agent", "supervisor"] {
+            let env = if name == service { env } else { &[] };
+            self.start_with_env(name, name, &[], env).await;
+        }
+    }
+
     /// Starts `binary` as process `name` with `args` and waits for `/readyz`.
     pub async fn start(&self, name: &str, binary: &str, args: &[&str]) {
         self.start_with_env(name, binary, args, &[]).await;

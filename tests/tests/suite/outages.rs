@@ -634,17 +634,9 @@ async fn an_order_held_longer_than_max_hold_counts_a_failure_each_time_and_is_gi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_orders_resume_highest_priority_first_then_oldest() {
     let app = TestApp::builder().breaker(3, "1s").build().await;
-    for name in ["submission", "agent", "supervisor"] {
-        app.start(name, name, &[]).await;
-    }
     // One order a claim, so the claims' order is the order they resume in.
-    app.start_with_env(
-        "scheduler",
-        "scheduler",
-        &[],
-        &[("SAS__SCHEDULER__CLAIM_BATCH", "1")],
-    )
-    .await;
+    app.start_all_with_env("scheduler", &[("SAS__SCHEDULER__CLAIM_BATCH", "1")])
+        .await;
     app.eventually(
         "the agent declared its breakers",
         Duration::from_secs(15),

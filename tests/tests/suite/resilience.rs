@@ -460,16 +460,8 @@ async fn a_scheduler_holds_no_more_than_max_in_flight_orders_and_claims_more_as_
             ..Knobs::default()
         },
     );
-    for name in ["submission", "agent", "supervisor"] {
-        app.start(name, name, &[]).await;
-    }
-    app.start_with_env(
-        "scheduler",
-        "scheduler",
-        &[],
-        &[("SAS__SCHEDULER__MAX_IN_FLIGHT", "3")],
-    )
-    .await;
+    app.start_all_with_env("scheduler", &[("SAS__SCHEDULER__MAX_IN_FLIGHT", "3")])
+        .await;
     app.submit_many("one", 12, None).await;
     let mut most_held = 0;
     let started = std::time::Instant::now();
