@@ -80,8 +80,8 @@ fn a_zero_attempt_retry_or_an_empty_schedule_is_refused_at_start_up() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn max_in_flight_bounds_an_agents_calls_across_three_instances_and_orders_wait_rate_limited()
-{
+async fn max_in_flight_bounds_an_agents_calls_across_two_schedulers_and_three_agents_and_orders_wait_rate_limited()
+ {
     let app = TestApp::builder().step_timeout("20s").build().await;
     // Agent b (the second step of `three`) takes 800 ms a call: orders
     // wait for it seconds on end.
@@ -95,13 +95,16 @@ async fn max_in_flight_bounds_an_agents_calls_across_three_instances_and_orders_
     for name in ["submission", "supervisor"] {
         app.start(name, name, &[]).await;
     }
-    app.start_with_env(
-        "scheduler",
-        "scheduler",
-        &[],
-        &[("SAS__AGENTS__B__MAX_IN_FLIGHT", "3")],
-    )
-    .await;
+    // Two schedulers share the limit (it is counted in the state store).
+    for name in ["scheduler-1", "scheduler-2"] {
+        app.start_with_env(
+            name,
+            "scheduler",
+            &[],
+            &[("SAS__AGENTS__B__MAX_IN_FLIGHT", "3")],
+        )
+        .await;
+    }
     for name in ["agent-1", "agent-2", "agent-3"] {
         app.start(name, "agent", &[]).await;
     }
@@ -169,18 +172,26 @@ async fn max_in_flight_bounds_an_agents_calls_across_three_instances_and_orders_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rate_limit_spreads_two_hundred_dispatches_over_ten_seconds() {
+async fn a_rate_limit_spreads_two_hundred_dispatches_over_ten_seconds_across_two_schedulers_and_two_agents()
+ {
     let app = TestApp::builder().step_timeout("60s").build().await;
-    for name in ["submission", "supervisor", "agent"] {
+    for name in ["submission", "supervisor"] {
         app.start(name, name, &[]).await;
     }
-    app.start_with_env(
-        "scheduler",
-        "scheduler",
-        &[],
-        &[("SAS__AGENTS__A__RATE_LIMIT", "20/s")],
-    )
-    .await;
+    // Two schedulers and two agents share the rate (one token bucket in
+    // the state store).
+    for name in ["scheduler-1", "scheduler-2"] {
+        app.start_with_env(
+            name,
+            "scheduler",
+            &[],
+            &[("SAS__AGENTS__A__RATE_LIMIT", "20/s")],
+        )
+        .await;
+    }
+    for name in ["agent-1", "agent-2"] {
+        app.start(name, "agent", &[]).await;
+    }
     app.submit_many("one", 200, None).await;
     app.wait_for_state("processed", 200, Duration::from_secs(60))
         .await;
