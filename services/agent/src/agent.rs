@@ -176,6 +176,24 @@ async fn keep_breakers(
 }
 
 impl Agent {
+    /// The state store's clock, read for a request delivered again (whose
+    /// wait since its dispatch is unknown: its `complete_by` must be
+    /// compared with the store's clock, not this host's, which may be
+    /// off by minutes, §6a); `None` when not needed or not readable.
+    async fn store_now(&self, redelivered: bool) -> Option<chrono::DateTime<chrono::Utc>> {
+        if !redelivered {
+            return None;
+        }
+        let store = self.shared.store()?;
+        match store.clock().await {
+            Ok(now) => Some(now),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the state store's clock; using this host's");
+                None
+            }
+        }
+    }
+
     /// Consumes this agent's requests until shutdown, pausing the consumer
     /// while the breaker is open and probing with one request when it half-opens.
     async fn serve(
@@ -314,7 +332,12 @@ impl Agent {
         trace: Option<&TraceContext>,
     ) -> Result<&'static str, BrokerError> {
         tracing::debug!(complete_by = %request.complete_by, "request taken");
-        let deadline = Deadline::of(request, arrived, delivery.redelivered());
+        let deadline = Deadline::of(
+            request,
+            arrived,
+            delivery.redelivered(),
+            self.store_now(delivery.redelivered()).await,
+        );
         if deadline.remaining().is_none() {
             tracing::info!("complete-by already passed; request dropped");
             broker::ack(delivery).await?;

@@ -23,11 +23,19 @@ impl Deadline {
     /// The deadline of `request`, which arrived at `arrived`. A request
     /// delivered again (its first agent died, or gave it back) may have
     /// waited any time since its dispatch, and one from an older scheduler
-    /// carries no time left: for those the wall clocks are compared.
-    pub fn of(request: &StepRequest, arrived: Instant, redelivered: bool) -> Self {
+    /// carries no time left: for those `complete_by` is compared with
+    /// `now` on the state store's clock when the agent could read it (an
+    /// agent whose own clock is off keeps such a request), else with this
+    /// host's.
+    pub fn of(
+        request: &StepRequest,
+        arrived: Instant,
+        redelivered: bool,
+        store_now: Option<DateTime<Utc>>,
+    ) -> Self {
         let left = match request.time_left_ms {
             Some(ms) if !redelivered => Duration::from_millis(u64::try_from(ms).unwrap_or(0)),
-            _ => (request.complete_by - Utc::now())
+            _ => (request.complete_by - store_now.unwrap_or_else(Utc::now))
                 .to_std()
                 .unwrap_or_default(),
         };
@@ -103,7 +111,12 @@ mod tests {
         // the wall clocks the step expired long ago, but it has 2 s left.
         let store_now = Utc::now() - chrono::Duration::minutes(5);
         let complete_by = store_now + chrono::Duration::seconds(2);
-        let d = Deadline::of(&request(complete_by, Some(2000)), Instant::now(), false);
+        let d = Deadline::of(
+            &request(complete_by, Some(2000)),
+            Instant::now(),
+            false,
+            None,
+        );
         assert_eq!(d.remaining(), Some(Duration::from_secs(2)));
         assert_eq!(d.wall(), complete_by);
         tokio::time::advance(Duration::from_millis(1500)).await;
@@ -112,14 +125,32 @@ mod tests {
         assert_eq!(d.remaining(), None);
         // Delivered again, it may have waited since its dispatch: by the
         // wall clock, long expired.
-        let again = Deadline::of(&request(complete_by, Some(2000)), Instant::now(), true);
+        let again = Deadline::of(
+            &request(complete_by, Some(2000)),
+            Instant::now(),
+            true,
+            None,
+        );
         assert_eq!(again.remaining(), None);
+        // By the state store's clock, read when it came again: 2 s left.
+        let by_store = Deadline::of(
+            &request(complete_by, Some(2000)),
+            Instant::now(),
+            true,
+            Some(store_now),
+        );
+        assert_eq!(by_store.remaining(), Some(Duration::from_secs(2)));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_heartbeat_moves_it_by_the_timeout_within_max_on_both_clocks() {
         let complete_by = Utc::now() + chrono::Duration::seconds(2);
-        let d = Deadline::of(&request(complete_by, Some(2000)), Instant::now(), false);
+        let d = Deadline::of(
+            &request(complete_by, Some(2000)),
+            Instant::now(),
+            false,
+            None,
+        );
         tokio::time::advance(Duration::from_secs(1)).await;
         let max = complete_by + chrono::Duration::seconds(2);
         let moved = d.extended(Duration::from_secs(2), max).expect("moved");

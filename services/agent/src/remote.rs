@@ -768,7 +768,7 @@ mod tests {
             time_left_ms: Some(2000),
             redrive: 0,
         };
-        let d = Deadline::of(&request, Instant::now(), false);
+        let d = Deadline::of(&request, Instant::now(), false, None);
         tokio::time::advance(Duration::from_millis(100)).await;
         let now = Instant::now();
         let first = heartbeat(&request, d, None, now).expect("the first 202 is told");

@@ -135,6 +135,11 @@ impl Shared {
     }
 
     /// Reads the breaker, starting its probe when one is due.
+    /// The state store, once connected.
+    pub fn store(&self) -> Option<&StateStore> {
+        self.store.get()
+    }
+
     async fn sync(&self, store: &StateStore) {
         match store.sync_breaker(&self.agent, &self.instance).await {
             Ok(found) => {

@@ -375,6 +375,15 @@ impl StateStore {
         .await
     }
 
+    /// The state store's clock now: deadlines are on it (contract §6a),
+    /// whatever the clock of the host asking.
+    pub async fn clock(&self) -> Result<chrono::DateTime<chrono::Utc>, StoreError> {
+        self.conn()
+            .await?
+            .run(|c| sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(c))
+            .await
+    }
+
     /// Whether an order of this id exists (any state): a rejection must not
     /// echo it (contract §1b).
     pub async fn order_exists(&self, order_id: uuid::Uuid) -> Result<bool, StoreError> {
