@@ -238,7 +238,9 @@ pub async fn claimable(
 }
 
 /// Orders whose step deadline has passed, or held longer than their
-/// agent's `max_hold`, oldest deadline first, of the
+/// agent's `max_hold` (held now: a breaker's probe out keeps its hold's
+/// `hold_until` but is judged by its step's deadline, so that a probe whose
+/// answer is on its way is not cut at `max_hold`), oldest deadline first, of the
 /// `partitions` (out of `count`, [`super::partitions`]) the caller sweeps.
 /// Orders another supervisor's sweep has locked are passed by. With
 /// `outbox_locks`, also takes their outbox locks.
@@ -256,7 +258,7 @@ pub async fn expired(
                  SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders, relaxed \
                  WHERE ((locked_by IS NOT NULL AND complete_by < now() \
                          AND process_state IN ('processing', 'compensating')) \
-                        OR hold_until < now()) \
+                        OR (hold_until < now() AND held_for IS NOT NULL)) \
                    AND {partition} = ANY($3::int[]) \
                  ORDER BY coalesce(complete_by, hold_until) LIMIT $1 \
                  FOR UPDATE OF orders SKIP LOCKED",
