@@ -813,6 +813,11 @@ pub struct StepRequest {
     /// older scheduler) before any.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub redrive: i32,
+    /// An undo of a step in doubt (contract §4c): dispatched, and no answer
+    /// decided whether its remote applied it. The agent says so in
+    /// [`OUTCOME_HEADER`]: `unknown` (else `completed`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_doubt: bool,
 }
 
 fn is_zero(n: &i32) -> bool {
@@ -821,6 +826,10 @@ fn is_zero(n: &i32) -> bool {
 
 /// The header that carries [`StepRequest::fencing_token`] to the remote.
 pub const FENCING_TOKEN_HEADER: &str = "X-Sas-Fencing-Token";
+
+/// The header of a compensating call that says what sas knows of the
+/// forward step it undoes (contract §4c): [`StepRequest::outcome`].
+pub const OUTCOME_HEADER: &str = "X-Sas-Outcome";
 
 impl StepRequest {
     /// The `Idempotency-Key` of this call: the same on every retry and
@@ -834,6 +843,16 @@ impl StepRequest {
             (Direction::Forward, _) => format!("{id}:{step}:r{n}"),
             (Direction::Compensate, 0) => format!("{id}:{step}:compensate"),
             (Direction::Compensate, _) => format!("{id}:{step}:compensate:r{n}"),
+        }
+    }
+
+    /// The [`OUTCOME_HEADER`] of this call: `unknown` or `completed` for an
+    /// undo, `None` for a forward call.
+    pub fn outcome(&self) -> Option<&'static str> {
+        match (self.direction, self.in_doubt) {
+            (Direction::Forward, _) => None,
+            (Direction::Compensate, true) => Some("unknown"),
+            (Direction::Compensate, false) => Some("completed"),
         }
     }
 
@@ -858,8 +877,14 @@ pub enum StepOutcome {
     /// The remote answered a permanent error: no retry will help.
     Failed { error: String },
     /// Not sent: the agent's breaker is open (contract §8). The order is
-    /// held, and no failure counts.
-    Held,
+    /// held, and no failure counts. `tried`: this request may have reached
+    /// the remote all the same (the breaker opened on its own transient
+    /// failures, or it came again after an agent died with it), so the step
+    /// is in doubt (contract §4c). Absent (an older agent): false.
+    Held {
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        tried: bool,
+    },
     /// Not an end: the remote answered `202 Accepted` with `location` to
     /// poll, and the agent polls on until `complete_by`, the step's new
     /// deadline (contract §4b), which this heartbeat asks to store.
@@ -879,7 +904,7 @@ impl StepOutcome {
         match self {
             Self::Succeeded { result } => replace_nul(result),
             Self::Failed { error } => replace_nul_in(error),
-            Self::Held => false,
+            Self::Held { .. } => false,
             Self::Accepted { location, .. } => replace_nul_in(location),
         }
     }
@@ -1697,6 +1722,7 @@ mod tests {
             max_complete_by: None,
             time_left_ms: None,
             redrive: 0,
+            in_doubt: false,
         };
         assert!(req.idempotency_key().ends_with(":charge:compensate"));
         let reply = StepReply::to(&req, StepOutcome::Failed { error: "no".into() });

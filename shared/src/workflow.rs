@@ -197,8 +197,11 @@ pub struct StepView<'a> {
     /// The steps it starts after; `None` (steps stored before `after`
     /// existed): the step before it.
     pub after: Option<&'a [i32]>,
-    /// When it last finished: for a completed step, when it completed.
+    /// When it last finished: for a completed step, when it completed; for
+    /// a step in doubt, when its outcome became unknown.
     pub finished_at: Option<DateTime<Utc>>,
+    /// Dispatched with no answer that decided it (contract §4c).
+    pub in_doubt: bool,
 }
 
 impl StepView<'_> {
@@ -213,6 +216,19 @@ impl StepView<'_> {
     /// Whether the step is out with an agent (forward or undo).
     pub fn is_out(&self) -> bool {
         matches!(self.state, StepState::Running | StepState::Compensating)
+    }
+
+    /// Whether the step is to be undone when its order gives up (contract
+    /// §4c): it has a compensation and it completed, or it is in doubt and
+    /// not out (a remote may have applied it). A step that failed
+    /// permanently at its only dispatches, or never went out, is left alone.
+    pub fn undoable(&self) -> bool {
+        self.compensate.is_some()
+            && match self.state {
+                StepState::Completed => true,
+                StepState::NotStarted | StepState::Failed => self.in_doubt,
+                _ => false,
+            }
     }
 }
 
@@ -259,15 +275,18 @@ pub fn next_forward(steps: &[StepView<'_>]) -> Next {
 }
 
 /// The next step to undo: none while any step is still out (siblings of a
-/// failed step are let finish or time out first); then the newest completed
-/// step that has a compensation, newest by completion (then by index).
+/// failed step are let finish or time out first); then the newest step
+/// completed or in doubt ([`StepView::undoable`]), newest by when it
+/// completed or its outcome became unknown (then by index). A step starts
+/// only after the steps it waits for completed, so this undoes every path
+/// of the graph in the reverse of its dispatch order.
 pub fn next_compensation(steps: &[StepView<'_>]) -> Next {
     if steps.iter().any(StepView::is_out) {
         return Next::Wait;
     }
     steps
         .iter()
-        .filter(|s| s.compensate.is_some() && s.state == StepState::Completed)
+        .filter(|s| s.undoable())
         .max_by_key(|s| (s.finished_at, s.idx))
         .map_or(Next::Finished, |s| Next::Run(vec![s.idx]))
 }
@@ -305,15 +324,13 @@ pub fn stages(steps: &[StepView<'_>]) -> Vec<Vec<i32>> {
     out
 }
 
-/// Whether anything completed is left to undo, now or once the steps still
-/// out have answered.
+/// Whether anything completed or in doubt is left to undo, now or once
+/// the steps still out have answered.
 pub fn anything_to_undo(steps: &[StepView<'_>]) -> bool {
     steps.iter().any(|s| {
-        s.compensate.is_some()
-            && matches!(
-                s.state,
-                StepState::Completed | StepState::Compensating | StepState::Running
-            )
+        s.undoable()
+            || (s.compensate.is_some()
+                && matches!(s.state, StepState::Compensating | StepState::Running))
     })
 }
 
@@ -429,6 +446,7 @@ mod tests {
                     compensate: Some("undo"),
                     after: Some(after),
                     finished_at: None,
+                    in_doubt: false,
                 })
                 .collect()
         };
@@ -457,6 +475,7 @@ mod tests {
                 compensate: None,
                 after: Some(after),
                 finished_at: None,
+                in_doubt: false,
             })
             .collect();
         assert_eq!(stages(&steps), [vec![0], vec![1, 2], vec![3]]);
@@ -474,6 +493,7 @@ mod tests {
             compensate: comp.then_some("undo"),
             after: None,
             finished_at: None,
+            in_doubt: false,
         }
     }
 

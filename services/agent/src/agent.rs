@@ -364,13 +364,17 @@ impl Agent {
             // The channel closes when the call ends, and so does `tell`.
             tokio::join!(self.call(request, deadline, trace, beats), tell).0
         } else {
-            CallEnd::Held
+            // Not sent now; but a request that comes again may have been
+            // sent by the agent that had it before.
+            CallEnd::Held {
+                tried: delivery.redelivered(),
+            }
         };
         let outcome = match end {
             CallEnd::Answer(outcome) => outcome,
-            CallEnd::Held => {
-                tracing::info!("shared breaker open: not sent; the order is held");
-                StepOutcome::Held
+            CallEnd::Held { tried } => {
+                tracing::info!(tried, "shared breaker open: not sent; the order is held");
+                StepOutcome::Held { tried }
             }
             CallEnd::Expired => {
                 tracing::info!("complete-by passed; staying silent");
@@ -392,7 +396,7 @@ impl Agent {
         let label = match outcome {
             StepOutcome::Succeeded { .. } => "succeeded",
             StepOutcome::Failed { .. } => "failed",
-            StepOutcome::Held => "held",
+            StepOutcome::Held { .. } => "held",
             StepOutcome::Accepted { .. } => "accepted",
         };
         match answer(replies, reply_to, request, trace, outcome).await {

@@ -102,6 +102,7 @@ mod tests {
             max_complete_by: None,
             time_left_ms,
             redrive: 0,
+            in_doubt: false,
         }
     }
 

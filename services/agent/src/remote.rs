@@ -19,7 +19,9 @@ use chrono::{DateTime, Utc};
 use reqwest::header::{HeaderMap, LOCATION, RETRY_AFTER};
 use reqwest::{StatusCode, Url};
 use sas::config::{AgentSettings, AgentSpec, FollowRedirects, RetrySpec};
-use sas::messages::{FENCING_TOKEN_HEADER, Quoted, StepOutcome, StepRequest, rfc3339};
+use sas::messages::{
+    FENCING_TOKEN_HEADER, OUTCOME_HEADER, Quoted, StepOutcome, StepRequest, rfc3339,
+};
 use sas::trace::TraceContext;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -40,7 +42,9 @@ pub enum CallEnd {
     /// the request back (another instance may reach the remote).
     Interrupted,
     /// The shared breaker is open: answer `held`, the order waits for it.
-    Held,
+    /// `tried`: the remote was called (its transient failures opened the
+    /// breaker), so it may have applied the step (contract §4c).
+    Held { tried: bool },
 }
 
 /// One attempt's verdict.
@@ -175,6 +179,9 @@ pub async fn call(
             let hop = sas::telemetry::hop(&call_span, Some(&t.trace_id));
             http = http.header(sas::trace::HEADER, hop.to_string());
         }
+        if let Some(outcome) = request.outcome() {
+            http = http.header(OUTCOME_HEADER, outcome);
+        }
         let send = http
             .header("Idempotency-Key", &key)
             .header("X-Complete-By", rfc3339::format(&deadline.wall()))
@@ -239,7 +246,7 @@ pub async fn call(
                 on_attempt("transient");
                 if shared.failed().await {
                     tracing::info!(%error, "transient failure and the shared breaker is open");
-                    return CallEnd::Held;
+                    return CallEnd::Held { tried: true };
                 }
                 (error, retry_after)
             }
@@ -767,6 +774,7 @@ mod tests {
             max_complete_by: Some(complete_by + chrono::Duration::hours(1)),
             time_left_ms: Some(2000),
             redrive: 0,
+            in_doubt: false,
         };
         let d = Deadline::of(&request, Instant::now(), false, None);
         tokio::time::advance(Duration::from_millis(100)).await;

@@ -155,7 +155,7 @@ mod tests {
             dispatch_id: uuid::Uuid::new_v4(),
             locked_by: "s1".into(),
             traceparent: None,
-            outcome: StepOutcome::Held,
+            outcome: StepOutcome::Held { tried: false },
         };
         let sent = replies.send("q", reply).await;
         assert!(matches!(sent, Err(PublishError::Stopped)), "{sent:?}");

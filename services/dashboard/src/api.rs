@@ -41,8 +41,8 @@ use sas::rules::Order;
 use sas::service::Context;
 use sas::state::ProcessState;
 use sas::state_store::{
-    EventRow, Operated, OrderRow, Overview, ScheduleView, StepRow, Transitions, any_undone,
-    cancel_refusal, redrive_refusal, retry_refusal,
+    EventRow, Operated, OrderRow, Overview, ScheduleView, StepRow, Transitions, any_undo_in_doubt,
+    any_undone, cancel_refusal, redrive_refusal, retry_refusal,
 };
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -302,7 +302,7 @@ fn order_json(
     // The rules `Transitions::retry` and `Transitions::cancel` enforce.
     let retryable = retry_refusal(order.process_state, any_undone(steps)).is_none();
     let cancellable = cancel_refusal(order.process_state).is_none();
-    let redrivable = redrive_refusal(order.process_state).is_none();
+    let redrivable = redrive_refusal(order.process_state, any_undo_in_doubt(steps)).is_none();
     let mut previous = Some(order.created_at);
     let events: Vec<Value> = events
         .iter()

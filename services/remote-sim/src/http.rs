@@ -22,6 +22,13 @@ pub const BODY_LIMIT: usize = 1024 * 1024;
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 /// The fencing token an agent sends with each call (contract §8).
 pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("x-sas-fencing-token");
+/// What sas knew of the forward step a compensating call undoes: `unknown`
+/// (it may or may not have been applied) or `completed`.
+pub const SAS_OUTCOME: HeaderName = HeaderName::from_static("x-sas-outcome");
+
+/// Longest `X-Sas-Outcome` value recorded, in bytes; longer ones are cut
+/// (on a character boundary), so a hostile header cannot bloat the stats.
+pub const OUTCOME_LIMIT: usize = 32;
 
 /// Header set to `true` on answers replayed from the deduplication store.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -157,7 +164,12 @@ async fn simulated_endpoint(
         .get(&FENCING_TOKEN)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.trim().parse::<i64>().ok());
-    let reply = sim.call(endpoint, key, token, &body).await;
+    let outcome = headers
+        .get(&SAS_OUTCOME)
+        .map(|value| outcome(value.as_bytes()));
+    let reply = sim
+        .call(endpoint, key, token, outcome.as_deref(), &body)
+        .await;
     tracing::info!(
         endpoint,
         key = key.unwrap_or("-"),
@@ -166,4 +178,35 @@ async fn simulated_endpoint(
         "call"
     );
     reply.into_response()
+}
+
+/// An `X-Sas-Outcome` value as recorded: trimmed, at most [`OUTCOME_LIMIT`]
+/// bytes, bytes that are not UTF-8 replaced (header values may be any bytes).
+fn outcome(value: &[u8]) -> String {
+    let value = String::from_utf8_lossy(value);
+    let value = value.trim();
+    let mut end = value.len().min(OUTCOME_LIMIT);
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    value[..end].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcome_values_are_recorded_as_given_but_bounded() {
+        assert_eq!(outcome(b"unknown"), "unknown");
+        assert_eq!(outcome(b" completed "), "completed");
+        assert_eq!(outcome(b"Maybe"), "Maybe");
+        assert_eq!(outcome(b""), "");
+        assert_eq!(outcome(&[b'x'; 100]).len(), OUTCOME_LIMIT);
+        assert_eq!(outcome(b"a\xff"), "a\u{fffd}");
+        // 31 ASCII bytes then a 3-byte replacement character: cut before it.
+        let mut odd = vec![b'y'; 31];
+        odd.push(0xff);
+        assert_eq!(outcome(&odd), "y".repeat(31));
+    }
 }

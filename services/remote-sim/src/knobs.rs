@@ -16,10 +16,12 @@ pub const CONTROL_PREFIX: &str = "/_sim";
 
 /// Fault knobs for one endpoint path.
 ///
-/// Evaluation order per call (see the crate docs): count the call → `permanent`
-/// → `status` → `hang` / `hang_first` → `fail_first` → `transient_rate` →
-/// replay when already applied (if `idempotent`) → `permanent_rate` →
-/// `long_ms` (202 Accepted) → `latency_ms` → apply.
+/// Evaluation order per call (see the crate docs): count the call →
+/// `fencing` → `permanent` → `status` → `hang` / `hang_first` →
+/// `fail_first` → `transient_rate` → replay when already applied (if
+/// `idempotent`) → `permanent_rate` → `long_ms` (202 Accepted) →
+/// `latency_ms` → apply → `late_answer_ms` (the effect stands, the answer
+/// comes late).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Knobs {
@@ -52,8 +54,10 @@ pub struct Knobs {
     /// bytes (to try a client's answer-size limit).
     pub pad_bytes: usize,
     /// Refuses (409, without applying) a call whose `X-Sas-Fencing-Token`
-    /// is lower than the highest its key has seen, as a remote that honours
-    /// fencing tokens would: a call from a dispatch that was superseded.
+    /// is lower than the highest its key has seen, or than the highest of a
+    /// call undoing the key (`<key>:compensate`, on any endpoint), as a
+    /// remote that honours fencing tokens would: a call from a dispatch that
+    /// was superseded.
     pub fencing: bool,
     /// Long-running operations (contract §4b): a call that would be applied
     /// answers `202 Accepted` with a `Location` to poll instead, and the job
@@ -61,6 +65,13 @@ pub struct Knobs {
     /// of its key; a repeated call while it runs answers 202 with the same
     /// `Location`. 0: off.
     pub long_ms: u64,
+    /// A call that is applied has its effect applied (and stored for
+    /// replay) at once, and its answer is sent this many milliseconds
+    /// later: a remote that acts, then answers after the client's deadline.
+    /// A retry of the key meanwhile finds the effect applied. If the
+    /// simulator shuts down meanwhile, the call answers 503, but its effect
+    /// stands. Not applied to polls of long-running operations. 0: off.
+    pub late_answer_ms: u64,
 }
 
 impl Default for Knobs {
@@ -80,6 +91,7 @@ impl Default for Knobs {
             pad_bytes: 0,
             fencing: false,
             long_ms: 0,
+            late_answer_ms: 0,
         }
     }
 }

@@ -7,8 +7,11 @@
 //!
 //! Agents call `POST <path>` with a JSON body
 //! `{"order_id","step","attempt","payload","results"}` and the headers
-//! `Idempotency-Key: <order_id>:<step>[:compensate]`, `X-Complete-By` and
-//! `X-Sas-Fencing-Token` (recorded per key, in order, in the stats).
+//! `Idempotency-Key: <order_id>:<step>[:compensate][:r<N>]`, `X-Complete-By`
+//! and `X-Sas-Fencing-Token` (recorded per key, in order, in the stats).
+//! Compensating calls also carry `X-Sas-Outcome: unknown` (sas does not
+//! know whether the forward step was applied) or `completed`; each value is
+//! recorded per key, in order, as given (cut to [`OUTCOME_LIMIT`] bytes).
 //! An applied call answers 200 with
 //! `{"ok":true,"endpoint","idempotency_key","effect_id","order_id","step"}`
 //! (`order_id` and `step` copied from the body when present).
@@ -19,12 +22,17 @@
 //!
 //! Each endpoint has [`Knobs`], evaluated per call in this order:
 //! count the call → `fencing` (409 for a token lower than the highest the
-//! key has seen) → `permanent` (422) → `status` (that status) →
+//! key has seen, or than the highest of an undo of the key, see below) →
+//! `permanent` (422) → `status` (that status) →
 //! `hang` / `hang_first` (sleep `hang_ms`, then 504) → `fail_first` (503) →
 //! `transient_rate` (503) → if `idempotent` and the key was already applied:
 //! replay the stored response (200, `Idempotent-Replayed: true`) →
 //! `permanent_rate` (422) → `long_ms` (202 Accepted with a `Location`, see
-//! below) → `latency_ms` → apply. Only the last step applies an effect.
+//! below) → `latency_ms` → apply → `late_answer_ms` (sleep, then answer).
+//! Only the apply step applies an effect; with `late_answer_ms` the effect
+//! is applied and stored first and the answer comes late (503 if the
+//! simulator shuts down meanwhile; the effect stands either way), as a
+//! remote that acts but answers after the client's deadline.
 //!
 //! With `long_ms`, a call starts a long-running operation (contract §4b) and
 //! answers `202 Accepted`, `Location: <endpoint>/jobs/<id>` (and
@@ -34,8 +42,28 @@
 //! repeat replays it); an unknown job answers 404. Polls are counted.
 //! `hang_first` and `fail_first` both count calls per key from the first call,
 //! so `hang_first: 1, fail_first: 2` hangs call 1, fails call 2, applies call 3.
-//! Calls on one key are serialised from the replay check on, so concurrent
-//! calls with the same key apply at most once.
+//! Calls on one key are serialised from the replay check on (up to the
+//! apply; not during a late answer), so concurrent calls with the same key
+//! apply at most once.
+//!
+//! # Net effects
+//!
+//! An undo key `<base>:compensate` or `<base>:compensate:r<N>` (the
+//! `compensate` segment last, or followed by a redrive segment `r<digits>`)
+//! undoes the forward key `<base>` or `<base>:r<N>`, whatever endpoints
+//! they are used on; any other key is a forward key. Its order id is its
+//! part before the first `:` (the whole key when it has none). Per forward
+//! key the stats tell whether its effect stands: an applied call with it
+//! sets [`KeyStats::standing`], an applied undo clears it and sets
+//! [`KeyStats::undone`] (an undo of a key never applied answers as any
+//! applied call and leaves nothing standing), and a forward call applied
+//! after its undo stands again (the hazard fencing guards against). A
+//! replayed answer is not a new apply. [`Stats::standing`] lists, per order
+//! id, the forward keys that stand now.
+//!
+//! The fencing token of an undo call counts as seen by its forward key too
+//! (not in that key's `tokens`): with `fencing` on the forward endpoint, a
+//! later forward call with a lower token answers 409 without applying.
 //!
 //! # Control API
 //!
@@ -64,7 +92,10 @@ mod tls;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-pub use http::{BODY_LIMIT, FENCING_TOKEN, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, router};
+pub use http::{
+    BODY_LIMIT, FENCING_TOKEN, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, OUTCOME_LIMIT, SAS_OUTCOME,
+    router,
+};
 pub use knobs::{DEFAULT_HANG_MS, Knobs, parse_knobs_map};
 /// Installs the process's TLS crypto provider (sas's own, shared by every
 /// binary): a reqwest client in this crate's tests needs one.

@@ -14,7 +14,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::{Mutex as AsyncMutex, watch};
 
 use crate::knobs::{Knobs, validate_endpoint_path};
-use crate::stats::{Outcome, Stats};
+use crate::stats::{Outcome, Stats, undone_key};
 
 /// Stored response of an applied call; `None` until the key is applied.
 type Slot = Arc<AsyncMutex<Option<Value>>>;
@@ -36,6 +36,10 @@ struct Inner {
     jobs: HashMap<String, Job>,
     /// The job of each idempotency key that has one.
     job_of_key: HashMap<String, String>,
+    /// Forward key → the highest fencing token of a call undoing it: with
+    /// `fencing`, a forward call older than its undo is refused. Kept apart
+    /// from the key's own `tokens`, which list only calls carrying the key.
+    undo_tokens: HashMap<String, i64>,
 }
 
 /// A long-running operation (knob `long_ms`).
@@ -169,12 +173,14 @@ impl RemoteSim {
     /// Handles one call on the simulated `endpoint`.
     ///
     /// `key` is the `Idempotency-Key` header, `token` the
-    /// `X-Sas-Fencing-Token`, `body` the raw request body.
+    /// `X-Sas-Fencing-Token`, `outcome` the `X-Sas-Outcome` (recorded as
+    /// given), `body` the raw request body.
     pub(crate) async fn call(
         &self,
         endpoint: &str,
         key: Option<&str>,
         token: Option<i64>,
+        outcome: Option<&str>,
         body: &[u8],
     ) -> Reply {
         /// Counts the call in progress until it ends, answered or dropped.
@@ -186,7 +192,7 @@ impl RemoteSim {
         }
         self.lock_inner().stats.in_progress(endpoint, true);
         let _counted = InProgress(self, endpoint);
-        self.answer(endpoint, key, token, body).await
+        self.answer(endpoint, key, token, outcome, body).await
     }
 
     async fn answer(
@@ -194,6 +200,7 @@ impl RemoteSim {
         endpoint: &str,
         key: Option<&str>,
         token: Option<i64>,
+        outcome: Option<&str>,
         body: &[u8],
     ) -> Reply {
         let knobs = self.knobs(endpoint);
@@ -234,13 +241,35 @@ impl RemoteSim {
                 );
             }
             let calls = inner.stats.count_key_call(key, endpoint);
+            if let Some(outcome) = outcome {
+                inner.stats.note_outcome(key, endpoint, outcome);
+            }
             let newest = token.and_then(|t| inner.stats.note_token(key, endpoint, t));
-            if let (true, Some(token), Some(newest)) = (knobs.fencing, token, newest)
-                && token < newest
-            {
-                inner.stats.record(endpoint, Some(key), Outcome::Permanent);
-                let error = format!("fencing token {token} is older than {newest}");
-                return Reply::error(StatusCode::CONFLICT, endpoint, Some(key), &error);
+            let undone = undone_key(key);
+            // An undo supersedes every dispatch of its forward key, whichever
+            // endpoint it arrives on, applied or not.
+            if let (Some(forward), Some(token)) = (&undone, token) {
+                let highest = inner.undo_tokens.entry(forward.clone()).or_insert(token);
+                *highest = (*highest).max(token);
+            }
+            let undo = match undone {
+                None => inner.undo_tokens.get(key).copied(),
+                Some(_) => None,
+            };
+            if let (true, Some(token)) = (knobs.fencing, token) {
+                let error = match (undo, newest) {
+                    (Some(undo), _) if token < undo => Some(format!(
+                        "fencing token {token} is older than the undo's {undo}"
+                    )),
+                    (_, Some(newest)) if token < newest => {
+                        Some(format!("fencing token {token} is older than {newest}"))
+                    }
+                    _ => None,
+                };
+                if let Some(error) = error {
+                    inner.stats.record(endpoint, Some(key), Outcome::Permanent);
+                    return Reply::error(StatusCode::CONFLICT, endpoint, Some(key), &error);
+                }
             }
             let slot = inner.slots.entry(key.to_owned()).or_default().clone();
             (key, calls, slot)
@@ -311,6 +340,14 @@ impl RemoteSim {
         }
         *stored = Some(response.clone());
         record(Outcome::Applied);
+        if knobs.late_answer_ms > 0 {
+            // Applied already: a retry of the key meanwhile replays it.
+            drop(stored);
+            if !self.sleep_unless_shutdown(knobs.late_answer_ms).await {
+                // Counted as applied only: the effect stands, whatever the answer.
+                return self.shutting_down(endpoint, key);
+            }
+        }
         Reply::ok(response, false)
     }
 
@@ -454,7 +491,7 @@ mod tests {
         };
         let sim = RemoteSim::new(HashMap::from([("/report".to_owned(), knobs)])).expect("sim");
         let body = br#"{"order_id": "o", "step": "s"}"#;
-        let started = sim.call("/report", Some("o:s"), Some(1), body).await;
+        let started = sim.call("/report", Some("o:s"), Some(1), None, body).await;
         assert_eq!(started.status, StatusCode::ACCEPTED);
         assert_eq!(started.retry_after, Some(1));
         let location = started.location.clone().expect("a Location");
@@ -464,7 +501,7 @@ mod tests {
             .map(|(_, j)| j.to_owned())
             .unwrap();
         // The remote remembers the key: a repeated call finds the same job.
-        let again = sim.call("/report", Some("o:s"), Some(2), body).await;
+        let again = sim.call("/report", Some("o:s"), Some(2), None, body).await;
         assert_eq!(again.location, Some(location.clone()));
         assert_eq!(sim.poll(&job).await.status, StatusCode::ACCEPTED);
         tokio::time::advance(Duration::from_secs(10)).await;
@@ -475,7 +512,7 @@ mod tests {
             sim.poll(&job).await.replayed,
             "polled again: the same answer"
         );
-        let after = sim.call("/report", Some("o:s"), Some(3), body).await;
+        let after = sim.call("/report", Some("o:s"), Some(3), None, body).await;
         assert_eq!((after.status, after.replayed), (StatusCode::OK, true));
         let stats = sim.stats();
         let endpoint = &stats.endpoints["/report"];
@@ -495,7 +532,7 @@ mod tests {
             ..Knobs::default()
         };
         let sim = RemoteSim::new(HashMap::from([("/pay".to_owned(), knobs)])).expect("sim");
-        let call = |token| sim.call("/pay", Some("o:s"), token, b"{}");
+        let call = |token| sim.call("/pay", Some("o:s"), token, None, b"{}");
         assert_eq!(call(Some(2)).await.status, StatusCode::OK);
         assert_eq!(call(Some(2)).await.status, StatusCode::OK, "a retry");
         assert_eq!(
@@ -518,9 +555,275 @@ mod tests {
     async fn without_fencing_tokens_are_recorded_and_nothing_is_refused() {
         let sim = RemoteSim::new(HashMap::new()).expect("sim");
         for token in [5, 1] {
-            let reply = sim.call("/pay", Some("o:t"), Some(token), b"{}").await;
+            let reply = sim
+                .call("/pay", Some("o:t"), Some(token), None, b"{}")
+                .await;
             assert_eq!(reply.status, StatusCode::OK);
         }
         assert_eq!(sim.stats().keys["o:t"].tokens, [5, 1]);
+    }
+
+    fn sim_with<const N: usize>(knobs: [(&str, Knobs); N]) -> RemoteSim {
+        let knobs = knobs.map(|(path, knobs)| (path.to_owned(), knobs));
+        RemoteSim::new(HashMap::from(knobs)).expect("sim")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_answer_comes_after_the_effect_is_applied() {
+        let late = Knobs {
+            late_answer_ms: 1_000,
+            ..Knobs::default()
+        };
+        let sim = Arc::new(sim_with([("/pay", late)]));
+        let body = br#"{"order_id": "o", "step": "s"}"#;
+        let first = tokio::spawn({
+            let sim = Arc::clone(&sim);
+            async move { sim.call("/pay", Some("o:s"), Some(1), None, body).await }
+        });
+        // The call runs up to its late sleep before this wakes.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(!first.is_finished(), "still answering late");
+        let stats = sim.stats();
+        assert_eq!(stats.keys["o:s"].applied, 1);
+        assert!(stats.keys["o:s"].standing);
+        assert_eq!(stats.standing_for("o"), 1);
+        assert_eq!(stats.in_progress, 1);
+        // A retry meanwhile finds the effect: the key is not held while late.
+        let retry = sim.call("/pay", Some("o:s"), Some(1), None, body).await;
+        assert_eq!((retry.status, retry.replayed), (StatusCode::OK, true));
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let first = first.await.expect("the late call");
+        assert_eq!((first.status, first.replayed), (StatusCode::OK, false));
+        assert_eq!(first.body["effect_id"], retry.body["effect_id"]);
+        let stats = sim.stats();
+        assert_eq!((stats.total_applied, stats.in_progress), (1, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_answer_cut_short_by_shutdown_leaves_the_effect_applied() {
+        let late = Knobs {
+            late_answer_ms: 60_000,
+            ..Knobs::default()
+        };
+        let sim = Arc::new(sim_with([("/pay", late)]));
+        let call = tokio::spawn({
+            let sim = Arc::clone(&sim);
+            async move { sim.call("/pay", Some("o:s"), None, None, b"{}").await }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        sim.shutdown();
+        let reply = call.await.expect("the late call");
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+        let stats = sim.stats();
+        assert_eq!(stats.keys["o:s"].applied, 1);
+        assert_eq!(stats.endpoints["/pay"].transient, 0, "counted as applied");
+        assert_eq!(stats.standing["o"], ["o:s"]);
+    }
+
+    #[tokio::test]
+    async fn an_applied_undo_clears_its_forward_effect() {
+        let sim = sim_with([]);
+        let forward = sim.call("/charge", Some("o:s"), Some(1), None, b"{}").await;
+        assert_eq!(forward.status, StatusCode::OK);
+        sim.call("/reserve", Some("o:t"), Some(1), None, b"{}")
+            .await;
+        assert_eq!(sim.stats().standing["o"], ["o:s", "o:t"]);
+        let undo = sim.call(
+            "/refund",
+            Some("o:s:compensate"),
+            Some(2),
+            Some("completed"),
+            b"{}",
+        );
+        assert_eq!(undo.await.status, StatusCode::OK);
+        // A replayed undo is not a new apply, and changes nothing.
+        let again = sim.call(
+            "/refund",
+            Some("o:s:compensate"),
+            Some(2),
+            Some("completed"),
+            b"{}",
+        );
+        assert!(again.await.replayed);
+        let stats = sim.stats();
+        let key = &stats.keys["o:s"];
+        assert!(!key.standing && key.undone);
+        assert_eq!(key.tokens, [1], "the undo's token is not the key's");
+        let undo = &stats.keys["o:s:compensate"];
+        assert!(!undo.standing && !undo.undone);
+        assert_eq!(undo.outcomes, ["completed", "completed"]);
+        assert_eq!(stats.standing["o"], ["o:t"]);
+        sim.call(
+            "/release",
+            Some("o:t:compensate"),
+            None,
+            Some("unknown"),
+            b"{}",
+        )
+        .await;
+        let stats = sim.stats();
+        assert!(stats.standing.is_empty());
+        assert_eq!(stats.standing_for("o"), 0);
+        assert_eq!(stats.keys["o:t:compensate"].outcomes, ["unknown"]);
+        assert!(stats.keys["o:t"].outcomes.is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_undo_of_a_key_never_applied_succeeds_and_leaves_nothing_standing() {
+        let sim = sim_with([(
+            "/charge",
+            Knobs {
+                permanent: true,
+                ..Knobs::default()
+            },
+        )]);
+        let failed = sim.call("/charge", Some("o:s"), None, None, b"{}").await;
+        assert_eq!(failed.status, StatusCode::UNPROCESSABLE_ENTITY);
+        let undo = sim.call(
+            "/refund",
+            Some("o:s:compensate"),
+            None,
+            Some("unknown"),
+            b"{}",
+        );
+        assert_eq!(undo.await.status, StatusCode::OK);
+        // Never called at all: the undo answers the same.
+        let undo = sim.call(
+            "/refund",
+            Some("o:u:compensate"),
+            None,
+            Some("unknown"),
+            b"{}",
+        );
+        assert_eq!(undo.await.status, StatusCode::OK);
+        let stats = sim.stats();
+        assert!(stats.standing.is_empty());
+        assert!(stats.keys["o:s"].undone && !stats.keys["o:s"].standing);
+        assert_eq!(stats.keys["o:s"].applied, 0);
+        let never = &stats.keys["o:u"];
+        assert_eq!((never.calls, never.endpoint.as_str()), (0, ""));
+        assert!(never.undone && !never.standing);
+        // Its first call still takes the key on its own endpoint.
+        let late = sim.call("/ship", Some("o:u"), None, None, b"{}").await;
+        assert_eq!(late.status, StatusCode::OK);
+        assert_eq!(sim.stats().keys["o:u"].endpoint, "/ship");
+    }
+
+    #[tokio::test]
+    async fn without_fencing_a_forward_call_after_its_undo_stands_again() {
+        let sim = sim_with([]);
+        let undo = sim.call(
+            "/refund",
+            Some("o:s:compensate"),
+            Some(3),
+            Some("unknown"),
+            b"{}",
+        );
+        assert_eq!(undo.await.status, StatusCode::OK);
+        // The forward call was in flight all along, and lands after the undo.
+        let zombie = sim.call("/charge", Some("o:s"), Some(2), None, b"{}").await;
+        assert_eq!(zombie.status, StatusCode::OK);
+        let stats = sim.stats();
+        assert!(stats.keys["o:s"].standing && stats.keys["o:s"].undone);
+        assert_eq!(stats.standing["o"], ["o:s"]);
+        assert_eq!(stats.standing_for("o"), 1);
+    }
+
+    #[tokio::test]
+    async fn with_fencing_a_forward_call_older_than_its_undo_is_refused() {
+        let fencing = Knobs {
+            fencing: true,
+            ..Knobs::default()
+        };
+        let sim = sim_with([("/charge", fencing)]);
+        let undo = sim.call(
+            "/refund",
+            Some("o:s:compensate"),
+            Some(5),
+            Some("unknown"),
+            b"{}",
+        );
+        assert_eq!(undo.await.status, StatusCode::OK);
+        let zombie = sim.call("/charge", Some("o:s"), Some(4), None, b"{}").await;
+        assert_eq!(zombie.status, StatusCode::CONFLICT);
+        let error = zombie.body["error"].as_str().unwrap_or_default();
+        assert!(error.contains("older than the undo"), "{error}");
+        let stats = sim.stats();
+        assert!(stats.standing.is_empty());
+        let key = &stats.keys["o:s"];
+        assert_eq!((key.applied, key.tokens.as_slice()), (0, &[4][..]));
+        assert!(!key.standing && key.undone);
+        // No token: not fenced, as for any call.
+        let untokened = sim.call("/charge", Some("o:s"), None, None, b"{}").await;
+        assert_eq!(untokened.status, StatusCode::OK);
+        assert_eq!(sim.stats().standing_for("o"), 1);
+    }
+
+    #[tokio::test]
+    async fn an_undo_fences_its_forward_key_even_before_it_is_applied() {
+        let sim = sim_with([
+            (
+                "/charge",
+                Knobs {
+                    fencing: true,
+                    ..Knobs::default()
+                },
+            ),
+            (
+                "/refund",
+                Knobs {
+                    fail_first: 1,
+                    ..Knobs::default()
+                },
+            ),
+        ]);
+        let undo = sim.call(
+            "/refund",
+            Some("o:s:compensate"),
+            Some(7),
+            Some("unknown"),
+            b"{}",
+        );
+        assert_eq!(undo.await.status, StatusCode::SERVICE_UNAVAILABLE);
+        let zombie = sim.call("/charge", Some("o:s"), Some(6), None, b"{}").await;
+        assert_eq!(zombie.status, StatusCode::CONFLICT);
+        let newer = sim.call("/charge", Some("o:s"), Some(7), None, b"{}").await;
+        assert_eq!(newer.status, StatusCode::OK, "as new as the undo");
+        let stats = sim.stats();
+        assert!(stats.keys["o:s"].standing && !stats.keys["o:s"].undone);
+    }
+
+    #[tokio::test]
+    async fn redrive_keys_pair_with_their_own_undo() {
+        let fencing = Knobs {
+            fencing: true,
+            ..Knobs::default()
+        };
+        let sim = sim_with([("/charge", fencing)]);
+        for key in ["o:s", "o:s:r1", "o:s:r2"] {
+            let reply = sim.call("/charge", Some(key), Some(1), None, b"{}").await;
+            assert_eq!(reply.status, StatusCode::OK, "{key}");
+        }
+        let undo = sim.call(
+            "/refund",
+            Some("o:s:compensate:r1"),
+            Some(9),
+            Some("unknown"),
+            b"{}",
+        );
+        assert_eq!(undo.await.status, StatusCode::OK);
+        let stats = sim.stats();
+        assert_eq!(stats.standing["o"], ["o:s", "o:s:r2"]);
+        assert!(stats.keys["o:s:r1"].undone && !stats.keys["o:s:r1"].standing);
+        assert!(!stats.keys["o:s"].undone && !stats.keys["o:s:r2"].undone);
+        // The undo's token fences its own forward key only.
+        let older = sim
+            .call("/charge", Some("o:s:r2"), Some(2), None, b"{}")
+            .await;
+        assert_eq!(older.status, StatusCode::OK);
+        let zombie = sim
+            .call("/charge", Some("o:s:r1"), Some(2), None, b"{}")
+            .await;
+        assert_eq!(zombie.status, StatusCode::CONFLICT);
     }
 }

@@ -588,3 +588,37 @@ async fn a_long_operation_is_accepted_with_a_location_that_answers_once_it_is_do
         .unwrap();
     assert_eq!(unknown.status(), 404);
 }
+
+#[tokio::test]
+async fn outcome_header_is_recorded_and_the_undo_clears_the_effect() {
+    let sim = start(HashMap::new()).await;
+    assert_eq!(
+        sim.call("/payments/charge", Some("o-1:charge"))
+            .await
+            .status(),
+        200
+    );
+    let send = |outcome: reqwest::header::HeaderValue| {
+        sim.client
+            .post(format!("{}/payments/refund", sim.base))
+            .header("Idempotency-Key", "o-1:charge:compensate")
+            .header(remote_sim::SAS_OUTCOME, outcome)
+            .json(&json!({"order_id": "o-1", "step": "charge"}))
+            .send()
+    };
+    let odd = [
+        reqwest::header::HeaderValue::from_static("unknown"),
+        reqwest::header::HeaderValue::from_bytes(b"caf\xe9").unwrap(),
+        reqwest::header::HeaderValue::from_str(&"z".repeat(100)).unwrap(),
+    ];
+    for outcome in odd {
+        assert_eq!(send(outcome).await.unwrap().status(), 200);
+    }
+    let stats = sim.stats().await;
+    let undo = &stats.keys["o-1:charge:compensate"];
+    assert_eq!(undo.outcomes[0], "unknown");
+    assert_eq!(undo.outcomes[1], "caf\u{fffd}");
+    assert_eq!(undo.outcomes[2], "z".repeat(remote_sim::OUTCOME_LIMIT));
+    assert!(stats.keys["o-1:charge"].undone && !stats.keys["o-1:charge"].standing);
+    assert!(stats.standing.is_empty());
+}

@@ -348,11 +348,22 @@ pub async fn run(args: Args, settings: &Settings, config: Option<&Path>) -> anyh
         eprintln!("chaos: stopping the services");
         fleet.stop().await;
     }
-    let mut duplicates = None;
+    let mut effects = None;
     let mut sim_error = None;
     if let (Some(sim), Ok(soak)) = (&sim, &soaked) {
-        match sim.duplicates(soak.tally.confirmed_ids()).await {
-            Ok(n) => duplicates = Some(n),
+        let undoable: Vec<String> = settings
+            .workflows
+            .get(&args.workflow)
+            .map(|w| {
+                w.steps
+                    .iter()
+                    .filter(|s| s.compensate.is_some())
+                    .map(|s| s.name.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        match sim.effects(soak.tally.confirmed_ids(), &undoable).await {
+            Ok(found) => effects = Some(found),
             Err(e) => sim_error = Some(e),
         }
     }
@@ -368,7 +379,7 @@ pub async fn run(args: Args, settings: &Settings, config: Option<&Path>) -> anyh
     let report = soak.tally.report(RunFacts {
         workflow: args.workflow.clone(),
         orders: u64::from(args.orders),
-        duplicates,
+        effects,
         kills: soak.kills.done.get(),
         kill_failures: soak.kills.failed.get(),
         unexpected_exits: soak.kills.unexpected_exits.get(),

@@ -697,6 +697,8 @@ mod tests {
             warned: 0,
             after_steps: None,
             max_duration_ms: None,
+            in_doubt: false,
+            undo_in_doubt: false,
         };
         let steps = vec![
             step(

@@ -429,7 +429,7 @@ mod tests {
         let (_, request) = probe.requests().next().unwrap();
         let Replied::Applied(held) = apply_reply(
             &probe.order,
-            &StepReply::to(request, StepOutcome::Held),
+            &StepReply::to(request, StepOutcome::Held { tried: false }),
             with(&open),
         )
         .unwrap() else {
@@ -463,7 +463,7 @@ mod tests {
         use crate::state::{ProcessState, StepState};
         let claimed = claim(&pending(1, |_| true), ctx("s1")).unwrap();
         let (_, request) = claimed.requests().next().unwrap();
-        let reply = StepReply::to(request, StepOutcome::Held);
+        let reply = StepReply::to(request, StepOutcome::Held { tried: false });
         let running = claimed.order.clone();
         let open = [gate("a0", State::Open, None)];
         let Replied::Applied(d) = apply_reply(

@@ -18,6 +18,8 @@ pub mod submission;
 pub mod supervisor;
 
 #[cfg(test)]
+mod net_effect;
+#[cfg(test)]
 mod properties;
 
 pub use order::{Context, Decision, Effect, Logged, Order, RuleError};

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use super::order::{Context, Deciding, Decision, Event, Order};
 use crate::messages::{EventKind, RejectReason, payload_refusal, rfc3339};
 use crate::state::{ProcessState, StepState};
+use crate::state_store::StepRow;
 use crate::workflow;
 
 /// An operator's retry of an `error` order: back to `pending` with its
@@ -19,7 +20,7 @@ use crate::workflow;
 /// the old answer instead of doing the step again; `cancel` finishes its
 /// undo instead.
 pub fn retry(order: &Order, ctx: Context<'_>) -> Result<Decision, &'static str> {
-    let undone = any_undone(order.steps.iter().map(|s| s.state));
+    let undone = any_undone(&order.steps);
     if let Some(why) = retry_refusal(order.row.process_state, undone) {
         return Err(why);
     }
@@ -47,40 +48,71 @@ pub fn retry(order: &Order, ctx: Context<'_>) -> Result<Decision, &'static str> 
     Ok(d.done())
 }
 
-/// An operator's cancel of a `pending`, `processing` or `error` order: the
-/// running step (if any) is withdrawn and the completed steps are undone,
-/// newest first, by the schedulers. With nothing to undo the order ends
-/// `compensated` at once. Refused (why) in any other state.
+/// Why an order ended when an operator cancelled it.
+pub const CANCELLED: &str = "cancelled by an operator";
+
+/// An operator's cancel of a `pending`, `processing` or `error` order
+/// (contract §4c): it is being undone from now on. Steps still running are
+/// let finish or time out first (under the claim they were sent under, so
+/// that a late success counts and is then undone); then every step that
+/// completed or is in doubt is undone, newest first, by the schedulers.
+/// With nothing to undo and nothing out, the order ends `compensated` at
+/// once. Refused (why) in any other state.
 pub fn cancel(order: &Order, ctx: Context<'_>) -> Result<Decision, &'static str> {
     let from = order.row.process_state;
     if let Some(why) = cancel_refusal(from) {
         return Err(why);
     }
     let mut d = Deciding::new(order, ctx);
-    d.withdraw_running();
-    let undo = workflow::next_compensation(&d.order.views()) != workflow::Next::Finished;
+    // A step out whose undo does not exist needs no waiting for.
+    let (undoable_out, other_out): (Vec<_>, Vec<_>) = d
+        .order
+        .steps
+        .iter()
+        .filter(|s| s.state == StepState::Running)
+        .partition(|s| s.compensate.is_some());
+    if undoable_out.is_empty() && !other_out.is_empty() {
+        d.withdraw_running();
+    }
+    let running: Vec<String> = d
+        .order
+        .steps
+        .iter()
+        .filter(|s| s.state == StepState::Running)
+        .map(|s| s.name.clone())
+        .collect();
+    let undo = workflow::anything_to_undo(&d.order.views());
     let (to, kind) = if undo {
         (ProcessState::Compensating, EventKind::Compensating)
     } else {
         (ProcessState::Compensated, EventKind::Compensated)
     };
     let attempt = d.row().attempt();
-    d.set_state(to, None, None);
-    let reason = "cancelled by an operator";
-    d.order.row.last_error = Some(reason.into());
+    // While steps are out, the claim they went under stays, so that their
+    // answers count; the order's complete-by is theirs.
+    let holder = d.row().locked_by.clone().filter(|_| d.any_out());
+    let deadline = d.out_deadline();
+    d.set_state(to, holder.as_deref(), deadline);
+    d.order.row.last_error = Some(CANCELLED.into());
+    let in_doubt = d.in_doubt_steps();
     d.log(Event {
         kind,
         from: Some(from),
         to,
         step: None,
         attempt,
-        reason: Some(reason),
-        detail: json!({ "cancelled": true }),
+        reason: Some(CANCELLED),
+        detail: json!({
+            "cancelled": true,
+            "running": running,
+            "in_doubt": !in_doubt.is_empty(),
+            "in_doubt_steps": in_doubt,
+        }),
     });
-    if undo {
-        d.wake = true;
-    } else {
+    if !undo {
         d.end(to);
+    } else if !d.any_out() {
+        d.wake = true;
     }
     Ok(d.done())
 }
@@ -121,7 +153,7 @@ pub fn redrive(
     ctx: Context<'_>,
 ) -> Result<Decision, RedriveError> {
     let from = order.row.process_state;
-    if let Some(why) = redrive_refusal(from) {
+    if let Some(why) = redrive_refusal(from, any_undo_in_doubt(&order.steps)) {
         return Err(RedriveError::NotAllowed(why));
     }
     let before = &order.row.payload;
@@ -150,6 +182,8 @@ pub fn redrive(
         s.started_at = None;
         s.finished_at = None;
         s.warned = 0;
+        // Its new key starts with nothing known of it.
+        s.in_doubt = false;
         // `dispatches` stays: it is the fencing token, which only climbs.
     }
     let o = &mut d.order.row;
@@ -195,9 +229,14 @@ impl Deciding<'_> {
 
 /// Why an operator may not redrive an order in `state`, or `None` when a
 /// redrive is allowed: only an order that ended without completing
-/// (`error`, whose terminal event is `failed`, or `compensated`).
-pub fn redrive_refusal(state: ProcessState) -> Option<&'static str> {
+/// (`error`, whose terminal event is `failed`, or `compensated`), and none
+/// of whose undos has an unknown outcome (`undo_in_doubt`; a redrive would
+/// keep a step whose effect may be gone).
+pub fn redrive_refusal(state: ProcessState, undo_in_doubt: bool) -> Option<&'static str> {
     match state {
+        ProcessState::Error | ProcessState::Compensated if undo_in_doubt => {
+            Some("an undo of one of its steps has an unknown outcome; cancel it to finish the undo")
+        }
         ProcessState::Error | ProcessState::Compensated => None,
         _ => Some("only ended orders that did not complete (error or compensated) can be redriven"),
     }
@@ -249,17 +288,25 @@ pub fn cancel_refusal(state: ProcessState) -> Option<&'static str> {
     }
 }
 
-/// Whether any of these steps was undone or is being undone: their
-/// idempotency keys are spent, so the order cannot go forward again.
-pub fn any_undone(steps: impl IntoIterator<Item = StepState>) -> bool {
-    steps
-        .into_iter()
-        .any(|s| matches!(s, StepState::Compensated | StepState::Compensating))
+/// Whether any of these steps was undone, is being undone, or may have
+/// been (its undo's outcome is unknown): their idempotency keys are spent,
+/// so the order cannot go forward again.
+pub fn any_undone<'a>(steps: impl IntoIterator<Item = &'a StepRow>) -> bool {
+    steps.into_iter().any(|s| {
+        matches!(s.state, StepState::Compensated | StepState::Compensating) || s.undo_in_doubt
+    })
+}
+
+/// Whether an undo of any of these steps went out with no answer that
+/// decided it.
+pub fn any_undo_in_doubt<'a>(steps: impl IntoIterator<Item = &'a StepRow>) -> bool {
+    steps.into_iter().any(|s| s.undo_in_doubt)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rules::order::fixture::pending;
 
     #[test]
     fn only_error_orders_with_nothing_undone_can_be_retried() {
@@ -277,10 +324,26 @@ mod tests {
     }
 
     #[test]
-    fn an_order_with_a_step_undone_or_being_undone_counts_as_undone() {
-        assert!(!any_undone([StepState::Completed, StepState::NotStarted]));
-        assert!(any_undone([StepState::Completed, StepState::Compensating]));
-        assert!(any_undone([StepState::Compensated]));
+    fn an_order_with_a_step_undone_being_undone_or_maybe_undone_counts_as_undone() {
+        let with = |states: &[StepState]| {
+            let mut order = pending(states.len() as i32, |_| true);
+            for (s, state) in order.steps.iter_mut().zip(states) {
+                s.state = *state;
+            }
+            order.steps
+        };
+        assert!(!any_undone(&with(&[
+            StepState::Completed,
+            StepState::NotStarted
+        ])));
+        assert!(any_undone(&with(&[
+            StepState::Completed,
+            StepState::Compensating
+        ])));
+        assert!(any_undone(&with(&[StepState::Compensated])));
+        let mut maybe = with(&[StepState::Completed]);
+        maybe[0].undo_in_doubt = true;
+        assert!(any_undone(&maybe) && any_undo_in_doubt(&maybe));
     }
 
     #[test]
@@ -308,7 +371,7 @@ mod decisions {
 
     use super::*;
     use crate::rules::order::fixture::{ctx, pending};
-    use crate::rules::scheduler::claim;
+    use crate::rules::scheduler::{Replied, apply_reply, claim};
 
     fn failed(n: i32, done: usize) -> Order {
         let mut order = pending(n, |_| true);
@@ -351,19 +414,83 @@ mod decisions {
         assert!(retry(&order, ctx("op")).is_err());
     }
 
+    /// Undoes `d`'s order to the end, answering each undo with success:
+    /// the steps undone, in order, and whether each was in doubt.
+    fn undo_all(mut d: Decision) -> (Vec<(i32, bool)>, Decision) {
+        let mut undone = Vec::new();
+        loop {
+            let next = d.requests().next().map(|(_, r)| r.clone());
+            let Some(undo) = next else { break };
+            assert_eq!(undo.direction, crate::messages::Direction::Compensate);
+            undone.push((undo.step_index, undo.in_doubt));
+            let ok = crate::messages::StepOutcome::Succeeded { result: json!({}) };
+            let reply = crate::messages::StepReply::to(&undo, ok);
+            d = match apply_reply(&d.order, &reply, ctx("s1")).expect("reply") {
+                Replied::Applied(d) => *d,
+                Replied::Stale(why) => panic!("stale: {why}"),
+            };
+        }
+        (undone, d)
+    }
+
     #[test]
-    fn a_cancel_withdraws_the_running_step_and_undoes_the_completed_ones() {
+    fn a_cancel_lets_the_running_step_finish_then_undoes_it_and_the_completed_ones() {
+        let mut order = pending(3, |_| true);
+        order.steps[0].state = StepState::Completed;
+        let running = claim(&order, ctx("s1")).expect("claim");
+        let call = running.requests().next().expect("step 1 out").1.clone();
+        let d = cancel(&running.order, ctx("op")).expect("allowed");
+        assert_eq!(d.order.row.process_state, ProcessState::Compensating);
+        assert_eq!(
+            d.order.row.locked_by.as_deref(),
+            Some("s1"),
+            "its answer still counts"
+        );
+        assert_eq!(d.order.steps[1].state, StepState::Running);
+        assert_eq!(d.order.row.complete_by, Some(call.complete_by));
+        assert!(!d.wake, "nothing to undo before it answers");
+        assert_eq!(d.ended, None);
+        // Its remote applied it and answers: accepted, then undone first.
+        let ok = crate::messages::StepOutcome::Succeeded { result: json!({}) };
+        let late = crate::messages::StepReply::to(&call, ok);
+        let Replied::Applied(d) = apply_reply(&d.order, &late, ctx("s1")).expect("reply") else {
+            panic!("the late success counts");
+        };
+        let (undone, d) = undo_all(*d);
+        assert_eq!(undone, [(1, false), (0, false)]);
+        assert_eq!(d.ended, Some(ProcessState::Compensated));
+    }
+
+    #[test]
+    fn a_cancelled_step_that_never_answers_is_undone_in_doubt() {
         let mut order = pending(3, |_| true);
         order.steps[0].state = StepState::Completed;
         let running = claim(&order, ctx("s1")).expect("claim").order;
         let d = cancel(&running, ctx("op")).expect("allowed");
-        assert_eq!(d.order.row.process_state, ProcessState::Compensating);
-        assert_eq!(d.order.row.locked_by, None);
-        assert_eq!(d.order.steps[1].state, StepState::NotStarted);
-        assert!(d.wake);
-        assert_eq!(d.ended, None);
-        let undo = claim(&d.order, ctx("s1")).expect("claim");
-        assert_eq!(undo.requests().next().map(|(_, r)| r.step_index), Some(0));
+        let settings = crate::config::SupervisorSettings::default();
+        let (d, _) = crate::rules::supervisor::expire(&d.order, &settings, ctx("sup"));
+        assert_eq!(
+            (d.order.steps[1].state, d.order.steps[1].in_doubt),
+            (StepState::NotStarted, true)
+        );
+        assert_eq!(d.order.row.failure_count, 0, "no failure of an undo");
+        let d = claim(&d.order, ctx("s1")).expect("claim");
+        let (undone, d) = undo_all(d);
+        assert_eq!(undone, [(1, true), (0, false)]);
+        let done = d.events().last().expect("compensated");
+        assert_eq!(done.kind, EventKind::Compensated);
+        assert_eq!(done.detail["in_doubt"], json!(true));
+        assert_eq!(done.detail["in_doubt_steps"], json!(["s1"]));
+    }
+
+    #[test]
+    fn a_cancel_with_only_steps_without_undo_out_ends_at_once() {
+        let mut order = pending(2, |_| false);
+        order.steps[0].state = StepState::Completed;
+        let running = claim(&order, ctx("s1")).expect("claim").order;
+        assert_eq!(running.steps[1].state, StepState::Running);
+        let d = cancel(&running, ctx("op")).expect("allowed");
+        assert_eq!(d.ended, Some(ProcessState::Compensated));
     }
 
     #[test]
@@ -520,7 +647,8 @@ mod redrives {
     #[test]
     fn only_orders_that_ended_without_completing_can_be_redriven() {
         for state in [ProcessState::Error, ProcessState::Compensated] {
-            assert_eq!(redrive_refusal(state), None, "{state}");
+            assert_eq!(redrive_refusal(state, false), None, "{state}");
+            assert!(redrive_refusal(state, true).is_some_and(|why| why.contains("cancel")));
             assert!(
                 redrive(&ended(state), None, LIMIT, ctx("op")).is_ok(),
                 "{state}"
@@ -532,7 +660,7 @@ mod redrives {
             ProcessState::Processed,
             ProcessState::Compensating,
         ] {
-            assert!(redrive_refusal(state).is_some(), "{state}");
+            assert!(redrive_refusal(state, false).is_some(), "{state}");
             let refused = redrive(&ended(state), None, LIMIT, ctx("op"));
             assert!(
                 matches!(refused, Err(RedriveError::NotAllowed(why)) if why.contains("error or compensated")),

@@ -397,21 +397,51 @@ impl<'c> Deciding<'c> {
         }
     }
 
-    /// Withdraws the order's running dispatch (its deadline passed, or an
-    /// operator cancelled): a forward step goes back to `not_started`, an
-    /// undo back to `completed`, and a late reply to the old dispatch is
-    /// stale.
+    /// Withdraws the order's running dispatches (a deadline passed, or the
+    /// order ended while they ran): a late reply to them is stale. A
+    /// forward step goes back to `not_started` **in doubt** (contract §4c):
+    /// its remote may have applied it, so it is undone if the order gives
+    /// up. An undo goes back to what it undid (`completed`, or in doubt),
+    /// its own outcome in doubt: it is sent again before anything else.
     pub(super) fn withdraw_running(&mut self) {
+        let now = self.ctx.now;
         for s in &mut self.order.steps {
-            let back = match s.state {
-                StepState::Running => StepState::NotStarted,
-                StepState::Compensating => StepState::Completed,
+            match s.state {
+                StepState::Running => {
+                    s.state = StepState::NotStarted;
+                    s.in_doubt = true;
+                    // When its outcome became unknown: its place in the undo order.
+                    s.finished_at = Some(now);
+                }
+                StepState::Compensating => {
+                    s.state = undo_withdrawn(s.in_doubt);
+                    s.undo_in_doubt = true;
+                }
                 _ => continue,
-            };
-            s.state = back;
+            }
             s.dispatch_id = None;
             s.complete_by = None;
         }
+    }
+
+    /// The names of the steps in doubt that are undone or to be undone.
+    pub(super) fn in_doubt_steps(&self) -> Vec<String> {
+        self.order
+            .steps
+            .iter()
+            .filter(|s| s.in_doubt && s.compensate.is_some())
+            .map(|s| s.name.clone())
+            .collect()
+    }
+}
+
+/// The state of a step whose undo was withdrawn or did not happen: back
+/// to what the undo was for, `completed`, or (`in_doubt`) not started.
+pub fn undo_withdrawn(in_doubt: bool) -> StepState {
+    if in_doubt {
+        StepState::NotStarted
+    } else {
+        StepState::Completed
     }
 }
 

@@ -180,8 +180,9 @@ impl World {
                         d.order.steps
                     );
                 }
-                // Undo only completed steps (or one whose undo was out and
-                // is sent again, after a `held` answer), newest first.
+                // Undo only completed steps and steps in doubt (or one whose
+                // undo was out and is sent again, after a `held` answer),
+                // newest first; the call says which (contract §4c).
                 Direction::Compensate => {
                     let now = &d.order.steps;
                     // (A branch let finish may complete in this very decision.)
@@ -190,18 +191,22 @@ impl World {
                     });
                     prop_assert!(
                         matches!(step.state, StepState::Completed | StepState::Compensating)
-                            || completes_now,
-                        "undo of a step that did not complete: {:?}",
-                        step.state
+                            || completes_now
+                            || step.in_doubt,
+                        "undo of a step neither completed nor in doubt: {:?}",
+                        step
+                    );
+                    let undoing = &now[r.step_index as usize];
+                    prop_assert_eq!(r.in_doubt, undoing.in_doubt);
+                    prop_assert!(
+                        r.fencing_token > i64::from(step.dispatches),
+                        "an undo's token is not above the forward calls'"
                     );
                     prop_assert!(
                         now.iter()
-                            .filter(|s| s.idx > r.step_index && s.compensate.is_some())
-                            .all(|s| !matches!(
-                                s.state,
-                                StepState::Completed | StepState::Compensating
-                            )),
-                        "a newer completed step is left undone: {:?}",
+                            .filter(|s| s.view().undoable())
+                            .all(|s| (s.finished_at, s.idx) < (undoing.finished_at, undoing.idx)),
+                        "a newer step is left undone: {:?}",
                         now
                     );
                     prop_assert_eq!(Some(agent), step.compensate.as_deref());
@@ -373,7 +378,7 @@ fn run(
                 let pick = i.index(world.sent.len() * 5);
                 let request = &world.sent[pick / 5];
                 let outcome = if pick % 5 == 0 {
-                    StepOutcome::Held
+                    StepOutcome::Held { tried: false }
                 } else if ok {
                     StepOutcome::Succeeded {
                         result: json!({ "step": request.step_index }),

@@ -13,7 +13,9 @@ use serde_json::{Value, json};
 
 use super::breaker::{self, Admit};
 use super::flow;
-use super::order::{Context, Deciding, Decision, Effect, Event, Hold, Order, RuleError};
+use super::order::{
+    Context, Deciding, Decision, Effect, Event, Hold, Order, RuleError, undo_withdrawn,
+};
 use crate::messages::{Direction, EventKind, StepOutcome, StepReply, StepRequest};
 use crate::state::{ProcessState, StepState};
 use crate::state_store::{OrderRow, StepRow};
@@ -144,14 +146,31 @@ pub fn apply_reply(
     let step = &mut d.order.steps[change.pos];
     step.state = change.to;
     step.complete_by = None;
-    if reply.outcome == StepOutcome::Held {
+    if let StepOutcome::Held { tried } = reply.outcome {
         // The agent found its breaker open and sent nothing: the step is as
         // before its dispatch, and is dispatched again, which holds the
-        // order while the breaker is open (as this load saw it).
+        // order while the breaker is open (as this load saw it). If the
+        // request may have reached the remote, its outcome is unknown.
         step.dispatch_id = None;
+        match reply.direction {
+            Direction::Forward if tried => {
+                step.in_doubt = true;
+                step.finished_at = Some(ctx.now);
+            }
+            Direction::Compensate if tried => step.undo_in_doubt = true,
+            _ => {}
+        }
     } else {
         if let Some(r) = change.result {
             step.result = Some(r.clone());
+            // Its remote answered: it is done, no longer in doubt. (A
+            // permanent failure after a dispatch in doubt leaves it in
+            // doubt: the earlier call may have been applied.)
+            step.in_doubt = false;
+        }
+        if reply.direction == Direction::Compensate {
+            // Its remote answered the undo (done, or nothing done).
+            step.undo_in_doubt = false;
         }
         step.error = change.error.map(str::to_owned);
         step.finished_at = Some(ctx.now);
@@ -160,7 +179,7 @@ pub fn apply_reply(
     let probing = d.probing();
     d.set_state(change.order_state, Some(&holder), None);
     if let Some((since, until)) = probing {
-        if reply.outcome == StepOutcome::Held {
+        if matches!(reply.outcome, StepOutcome::Held { .. }) {
             // Its agent found the breaker open after all: still held.
             d.keep_hold(since, until);
         } else {
@@ -186,7 +205,7 @@ pub fn apply_reply(
             });
             d.drive()?;
         }
-        (StepOutcome::Succeeded { .. }, Direction::Compensate) | (StepOutcome::Held, _) => {
+        (StepOutcome::Succeeded { .. }, Direction::Compensate) | (StepOutcome::Held { .. }, _) => {
             d.drive()?;
         }
         // A heartbeat returned above: nothing ends, nothing is driven.
@@ -246,6 +265,14 @@ impl<'c> Deciding<'c> {
                 self.order.row.complete_by = self.out_deadline();
             }
             Advance::Wait => self.order.row.complete_by = self.out_deadline(),
+            // Cancelled, and its steps out answered with nothing to undo:
+            // it ends as a cancel with nothing to undo does at once.
+            Advance::Finish {
+                state: ProcessState::Error,
+                ..
+            } if self.row().last_error.as_deref() == Some(super::operator::CANCELLED) => {
+                self.finish(from, ProcessState::Compensated, EventKind::Compensated);
+            }
             Advance::Finish {
                 state: ProcessState::Error,
                 ..
@@ -258,23 +285,32 @@ impl<'c> Deciding<'c> {
                     .unwrap_or_else(|| "given up with nothing to undo".into());
                 self.fail(&reason);
             }
-            Advance::Finish { state, event } => {
-                let attempt = self.row().attempt();
-                let detail = json!({ "results": self.order.results() });
-                self.set_state(state, None, None);
-                self.log(Event {
-                    kind: event,
-                    from: Some(from),
-                    to: state,
-                    step: None,
-                    attempt,
-                    reason: None,
-                    detail,
-                });
-                self.end(state);
-            }
+            Advance::Finish { state, event } => self.finish(from, state, event),
         }
         Ok(())
+    }
+
+    /// Ends the order in `state`, told by `event` with the results; an
+    /// undone order's event also says which steps were undone in doubt.
+    fn finish(&mut self, from: ProcessState, state: ProcessState, event: EventKind) {
+        let attempt = self.row().attempt();
+        let mut detail = json!({ "results": self.order.results() });
+        if state == ProcessState::Compensated {
+            let in_doubt = self.in_doubt_steps();
+            detail["in_doubt"] = json!(!in_doubt.is_empty());
+            detail["in_doubt_steps"] = json!(in_doubt);
+        }
+        self.set_state(state, None, None);
+        self.log(Event {
+            kind: event,
+            from: Some(from),
+            to: state,
+            step: None,
+            attempt,
+            reason: None,
+            detail,
+        });
+        self.end(state);
     }
 
     /// A long-running remote operation of the step at `pos` answered `202`
@@ -383,6 +419,7 @@ impl<'c> Deciding<'c> {
             max_complete_by: self.order.steps[pos].max_complete_by(),
             time_left_ms: Some(self.order.steps[pos].timeout_ms),
             redrive: o.redrives,
+            in_doubt: direction == Direction::Compensate && self.order.steps[pos].in_doubt,
         };
         self.effects.push(Effect::Request { agent, request });
         Ok(None)
@@ -523,13 +560,15 @@ pub fn judge_reply<'r>(
         (StepOutcome::Failed { error }, Direction::Forward) => {
             (StepState::Failed, None, Some(error.as_str()))
         }
-        // An undo that failed leaves the step done and not undone.
+        // An undo that failed leaves the step done (or in doubt), not undone.
         (StepOutcome::Failed { error }, Direction::Compensate) => {
-            (StepState::Completed, None, Some(error.as_str()))
+            (undo_withdrawn(step.in_doubt), None, Some(error.as_str()))
         }
         // Not sent: the step is as it was before its dispatch.
-        (StepOutcome::Held, Direction::Forward) => (StepState::NotStarted, None, None),
-        (StepOutcome::Held, Direction::Compensate) => (StepState::Completed, None, None),
+        (StepOutcome::Held { .. }, Direction::Forward) => (StepState::NotStarted, None, None),
+        (StepOutcome::Held { .. }, Direction::Compensate) => {
+            (undo_withdrawn(step.in_doubt), None, None)
+        }
         // A heartbeat: still out.
         (StepOutcome::Accepted { .. }, _) => (running, None, None),
     };
@@ -600,6 +639,8 @@ mod tests {
             warned: 0,
             after_steps: None,
             max_duration_ms: None,
+            in_doubt: false,
+            undo_in_doubt: false,
         }
     }
 
@@ -631,6 +672,7 @@ mod tests {
             compensate: undo,
             after: None,
             finished_at: None,
+            in_doubt: false,
         };
         let steps = [
             view(0, StepState::Completed, Some("u0")),
@@ -1143,13 +1185,16 @@ mod parallel {
         assert_eq!(d.order.row.process_state, ProcessState::Compensating);
         assert_eq!(d.order.row.compensation_failures, 0);
         assert_eq!((d.order.row.locked_by.as_ref(), d.wake), (None, true));
-        // The next claim undoes what completed: s0 only.
+        // The next claim undoes the sibling, in doubt and newest, then s0.
         let d = claim(&d.order, at("s2", 61)).expect("claim");
         let (_, undo) = d.requests().next().expect("undo");
         assert_eq!(
-            (undo.step_index, undo.direction),
-            (0, Direction::Compensate)
+            (undo.step_index, undo.direction, undo.in_doubt),
+            (2, Direction::Compensate, true)
         );
+        let d = applied(&d.order, &StepReply::to(undo, ok(2)), at("s2", 62));
+        let (_, undo) = d.requests().next().expect("undo");
+        assert_eq!((undo.step_index, undo.in_doubt), (0, false));
     }
 
     #[test]

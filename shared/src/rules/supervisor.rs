@@ -186,8 +186,9 @@ pub fn warn(order: &Order, settings: &SupervisorSettings, ctx: Context<'_>) -> O
 }
 
 impl Deciding<'_> {
-    /// Gives the order up (contract §4a): alerts, then compensates the
-    /// completed steps, or fails it when there is nothing to undo. With
+    /// Gives the order up (contract §4a, §4c): alerts, then compensates the
+    /// completed steps and those in doubt, or fails it when there is
+    /// nothing to undo. With
     /// `drive`, the actor holds the order and dispatches the first
     /// compensation at once; without, any scheduler may claim it.
     pub(super) fn give_up(&mut self, reason: &str, drive: bool) -> Result<(), super::RuleError> {
@@ -208,6 +209,7 @@ impl Deciding<'_> {
         };
         let deadline = self.out_deadline();
         self.set_state(ProcessState::Compensating, holder.as_deref(), deadline);
+        let in_doubt = self.in_doubt_steps();
         self.log(Event {
             kind: EventKind::Compensating,
             from: Some(from),
@@ -215,7 +217,11 @@ impl Deciding<'_> {
             step: None,
             attempt,
             reason: Some(reason),
-            detail: json!({ "error": reason }),
+            detail: json!({
+                "error": reason,
+                "in_doubt": !in_doubt.is_empty(),
+                "in_doubt_steps": in_doubt,
+            }),
         });
         if drive {
             self.drive()?;
@@ -541,11 +547,33 @@ mod decisions {
 
     #[test]
     fn out_of_tries_with_nothing_to_undo_the_order_fails() {
-        let mut order = running(2, 0);
+        let mut order = pending(2, |_| false);
+        order = claim(&order, ctx("s1")).expect("claim").order;
         order.row.failure_count = 2;
         let (d, _) = expire(&order, &settings(3), ctx("sup"));
         assert_eq!(d.ended, Some(ProcessState::Error));
         assert_eq!(d.order.row.failure_count, 3);
+    }
+
+    #[test]
+    fn out_of_tries_a_step_that_timed_out_is_in_doubt_and_undone() {
+        // Its remote may have applied it and answered too late (contract §4c).
+        let mut order = running(2, 0);
+        order.row.failure_count = 2;
+        let (d, _) = expire(&order, &settings(3), ctx("sup"));
+        let step = &d.order.steps[0];
+        assert_eq!((step.state, step.in_doubt), (StepState::NotStarted, true));
+        assert_eq!(d.order.row.process_state, ProcessState::Compensating);
+        let given_up = d.events().last().expect("compensating");
+        assert_eq!(given_up.detail["in_doubt"], serde_json::json!(true));
+        let undo = claim(&d.order, ctx("s2")).expect("claim");
+        let (_, request) = undo.requests().next().expect("an undo");
+        assert_eq!((request.step_index, request.in_doubt), (0, true));
+        assert_eq!(request.outcome(), Some("unknown"));
+        assert!(
+            request.fencing_token > order.steps[0].dispatches.into(),
+            "greater than every forward call's"
+        );
     }
 
     /// The context at `ms` milliseconds after the fixture's clock.

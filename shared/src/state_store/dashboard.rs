@@ -262,7 +262,7 @@ async fn failed(conn: &mut PgConnection, limit: i64) -> Result<Vec<FailedOrder>,
         "SELECT o.order_id, o.workflow, o.process_state, o.failure_count, o.last_error AS reason, \
            o.process_state = 'error' AS alert_open, \
            EXISTS (SELECT 1 FROM steps s WHERE s.order_id = o.order_id \
-             AND s.state IN ('compensated', 'compensating')) AS undone, \
+             AND (s.state IN ('compensated', 'compensating') OR s.undo_in_doubt)) AS undone, \
            o.created_at, o.updated_at \
          FROM orders o WHERE o.process_state IN ('error', 'compensated') \
          ORDER BY o.process_state = 'error' DESC, o.updated_at DESC LIMIT $1",

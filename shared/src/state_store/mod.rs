@@ -31,7 +31,9 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
-pub use crate::rules::operator::{cancel_refusal, redrive_refusal, retry_refusal};
+pub use crate::rules::operator::{
+    any_undo_in_doubt, cancel_refusal, redrive_refusal, retry_refusal,
+};
 pub use breaker_reports::{
     BREAKER_FORGET_AFTER, BREAKER_HEARTBEAT, BREAKER_STALE_AFTER, BreakerReport, BreakerRow,
 };

@@ -36,6 +36,14 @@ pub struct StepRow {
     /// dispatch (§4b); `None` for steps stored before: [`DEFAULT_MAX_DURATION_MS`].
     #[serde(default)]
     pub max_duration_ms: Option<i64>,
+    /// Dispatched, and no answer decided it (contract §4c): a remote may
+    /// have applied it, so it is undone with the completed steps.
+    #[serde(default)]
+    pub in_doubt: bool,
+    /// Its undo went out and no answer decided it: the remote may have
+    /// undone it. It is undone again before a retry or redrive may go on.
+    #[serde(default)]
+    pub undo_in_doubt: bool,
 }
 
 /// A step's `max_duration` when its row has none: an hour.
@@ -62,6 +70,8 @@ impl StepRow {
             warned: 0,
             after_steps: Some(step.after.clone()),
             max_duration_ms: Some(i64::try_from(step.max_duration.as_millis()).unwrap_or(i64::MAX)),
+            in_doubt: false,
+            undo_in_doubt: false,
         }
     }
 
@@ -108,6 +118,7 @@ impl StepRow {
             compensate: self.compensate.as_deref(),
             after: self.after_steps.as_deref(),
             finished_at: self.finished_at,
+            in_doubt: self.in_doubt,
         }
     }
 }
@@ -130,7 +141,7 @@ pub fn stage_names(steps: &[StepRow]) -> Vec<Vec<String>> {
 
 /// The columns of a [`StepRow`].
 pub(super) const COLUMNS: &str = "order_id, idx, name, agent, compensate, timeout_ms, state, \
-     dispatches, dispatch_id, complete_by, result, error, started_at, finished_at, warned, after_steps, max_duration_ms";
+     dispatches, dispatch_id, complete_by, result, error, started_at, finished_at, warned, after_steps, max_duration_ms, in_doubt, undo_in_doubt";
 
 /// The steps of these orders, ordered by order and index.
 pub async fn for_orders(

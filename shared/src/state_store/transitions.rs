@@ -587,7 +587,7 @@ fn committed<T>(
 /// Whether any of these steps was undone or is being undone (see
 /// [`rules::operator::any_undone`]).
 pub fn any_undone(steps: &[StepRow]) -> bool {
-    rules::operator::any_undone(steps.iter().map(|s| s.state))
+    rules::operator::any_undone(steps)
 }
 
 /// The context of the rules for `actor` in `unit`'s transition.

@@ -158,6 +158,8 @@ struct StepUpdate<'a> {
     started_at: Option<DateTime<Utc>>,
     finished_at: Option<DateTime<Utc>>,
     warned: i16,
+    in_doubt: bool,
+    undo_in_doubt: bool,
     was_state: &'static str,
     was_dispatch: Option<Uuid>,
 }
@@ -634,6 +636,8 @@ fn step_update<'a>(s: &'a StepRow, read: &StepRow) -> StepUpdate<'a> {
         started_at: s.started_at,
         finished_at: s.finished_at,
         warned: s.warned,
+        in_doubt: s.in_doubt,
+        undo_in_doubt: s.undo_in_doubt,
         was_state: read.state.as_str(),
         was_dispatch: read.dispatch_id,
     }
@@ -786,10 +790,11 @@ o AS ( \
 s AS ( \
   UPDATE steps s SET state = u.state, dispatches = u.dispatches, dispatch_id = u.dispatch_id, \
     complete_by = u.complete_by, result = u.result::jsonb, error = u.error, \
-    started_at = u.started_at, finished_at = u.finished_at, warned = u.warned \
+    started_at = u.started_at, finished_at = u.finished_at, warned = u.warned, \
+    in_doubt = u.in_doubt, undo_in_doubt = u.undo_in_doubt \
   FROM jsonb_to_recordset($4) AS u(order_id uuid, idx int, state text, dispatches int, \
     dispatch_id uuid, complete_by timestamptz, result text, error text, started_at timestamptz, \
-    finished_at timestamptz, warned smallint, was_state text, was_dispatch uuid) \
+    finished_at timestamptz, warned smallint, in_doubt boolean, undo_in_doubt boolean, was_state text, was_dispatch uuid) \
   WHERE s.order_id = ANY($15::uuid[]) AND s.order_id = u.order_id AND s.idx = u.idx \
     AND s.state = u.was_state \
     AND s.dispatch_id IS NOT DISTINCT FROM u.was_dispatch \

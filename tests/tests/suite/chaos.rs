@@ -62,6 +62,7 @@ async fn chaos_soak_of_three_hundred_orders_with_kills_loses_and_doubles_nothing
     assert_eq!(report["submitted"], 300, "{context}");
     assert_eq!(report["lost"], 0, "{context}");
     assert_eq!(report["duplicates"], 0, "{context}");
+    assert_eq!(report["half_done"], 0, "{context}");
     assert_eq!(report["gaps"], 0, "{context}");
     assert_eq!(report["multiple_terminal"], 0, "{context}");
     assert!(report["kills"].as_u64().unwrap_or(0) >= 1, "{context}");

@@ -198,6 +198,7 @@ fn request(order_id: Uuid, complete_in_ms: i64) -> StepRequest {
         max_complete_by: None,
         time_left_ms: None,
         redrive: 0,
+        in_doubt: false,
     }
 }
 

@@ -29,6 +29,7 @@ fn request(complete_in_ms: i64) -> StepRequest {
         max_complete_by: None,
         time_left_ms: None,
         redrive: 0,
+        in_doubt: false,
     }
 }
 

@@ -18,6 +18,7 @@ mod failover;
 mod faults;
 mod fencing;
 mod hostile;
+mod in_doubt;
 mod metrics;
 mod nodes;
 mod outages;

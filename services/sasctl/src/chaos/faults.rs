@@ -150,9 +150,16 @@ impl Sim {
         Ok(())
     }
 
-    /// Idempotency keys of `orders` (`<order_id>:<step>[:compensate]`) the
-    /// simulator applied more than once, from `GET /stats`.
-    pub async fn duplicates(&self, orders: &HashSet<Uuid>) -> anyhow::Result<u64> {
+    /// What the simulator's counts say of `orders`, from `GET /stats`: the
+    /// idempotency keys (`<order_id>:<step>[:compensate]`) it applied more
+    /// than once, and the orders with an effect of one of the `undoable`
+    /// steps that stands (applied and not undone; a step with no undo
+    /// cannot be taken back).
+    pub async fn effects(
+        &self,
+        orders: &HashSet<Uuid>,
+        undoable: &[String],
+    ) -> anyhow::Result<Effects> {
         let url = format!("{}/stats", self.base);
         let stats: Value = self
             .client
@@ -167,7 +174,13 @@ impl Sim {
         let keys = stats["keys"]
             .as_object()
             .with_context(|| format!("GET {url}: no \"keys\" object"))?;
-        Ok(duplicate_keys(keys, orders))
+        let standing = stats["standing"]
+            .as_object()
+            .with_context(|| format!("GET {url}: no \"standing\" object (an older remote-sim?)"))?;
+        Ok(Effects {
+            duplicates: duplicate_keys(keys, orders),
+            standing: standing_orders(standing, orders, undoable),
+        })
     }
 
     /// Puts the knobs this run set back to the defaults; failures are reported, not fatal.
@@ -185,6 +198,39 @@ impl Sim {
             }
         }
     }
+}
+
+/// What the simulator's counts say of a run's orders.
+#[derive(Debug, Clone, Default)]
+pub struct Effects {
+    /// Idempotency keys applied more than once.
+    pub duplicates: u64,
+    /// Orders with an effect that stands (applied, not undone).
+    pub standing: HashSet<Uuid>,
+}
+
+/// The orders among `orders` with a standing forward key
+/// (`<order_id>:<step>[:r<N>]`) of one of the `undoable` steps, from the
+/// simulator's `standing` (order id → keys).
+fn standing_orders(
+    standing: &serde_json::Map<String, Value>,
+    orders: &HashSet<Uuid>,
+    undoable: &[String],
+) -> HashSet<Uuid> {
+    standing
+        .iter()
+        .filter(|(_, keys)| {
+            keys.as_array().is_some_and(|keys| {
+                keys.iter().filter_map(Value::as_str).any(|key| {
+                    key.split(':')
+                        .nth(1)
+                        .is_some_and(|step| undoable.iter().any(|u| u == step))
+                })
+            })
+        })
+        .filter_map(|(id, _)| Uuid::parse_str(id).ok())
+        .filter(|id| orders.contains(id))
+        .collect()
 }
 
 /// Counts the keys of `orders` with `applied` above 1.
@@ -269,6 +315,20 @@ url = "http://127.0.0.1:8081/elsewhere"
         assert_eq!(path_on(base, "http://sim:8081/a#x").as_deref(), Some("/a"));
         assert_eq!(path_on(base, "http://sim:80810/a"), None);
         assert_eq!(path_on(base, "http://other:8081/a"), None);
+    }
+
+    #[test]
+    fn an_order_stands_half_done_only_by_the_effect_of_a_step_with_an_undo() {
+        let (mine, done, other) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        let standing = json!({
+            mine.to_string(): [format!("{mine}:charge:r1")],
+            done.to_string(): [format!("{done}:notify")],
+            other.to_string(): [format!("{other}:charge")],
+        });
+        let orders: HashSet<Uuid> = [mine, done].into_iter().collect();
+        let undoable = ["reserve".to_owned(), "charge".to_owned()];
+        let found = standing_orders(standing.as_object().unwrap(), &orders, &undoable);
+        assert_eq!(found, [mine].into_iter().collect());
     }
 
     #[test]

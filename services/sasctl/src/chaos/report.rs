@@ -333,6 +333,25 @@ impl Tally {
                 connections_lost: h.connections_lost,
             }
         });
+        // Ended other than processed, with an effect still applied at a
+        // remote (contract §4c). Undos stay healthy in a run, so a `failed`
+        // order (nothing could be undone) counts too.
+        let half_done: Option<Vec<Uuid>> = run.effects.as_ref().map(|e| {
+            let mut ids: Vec<Uuid> = self
+                .confirmed
+                .iter()
+                .filter(|id| e.standing.contains(id))
+                .filter(|id| {
+                    self.stories
+                        .get(id)
+                        .and_then(Story::end)
+                        .is_some_and(|end| end != EventKind::Processed)
+                })
+                .copied()
+                .collect();
+            ids.sort_unstable();
+            ids
+        });
         let ended = self.ended as u64;
         // Throughput counts up to the last order's end, not the settling after it.
         let busy = match self.last_end {
@@ -348,7 +367,9 @@ impl Tally {
             gaps,
             multiple_terminal: multiple,
             conflicts: self.conflicts,
-            duplicates: run.duplicates,
+            duplicates: run.effects.as_ref().map(|e| e.duplicates),
+            half_done: half_done.as_ref().map(|ids| ids.len() as u64),
+            half_done_ids: half_done.unwrap_or_default().into_iter().take(10).collect(),
             kills: run.kills,
             kill_failures: run.kill_failures,
             unexpected_exits: run.unexpected_exits,
@@ -600,9 +621,9 @@ pub struct RunFacts {
     pub workflow: String,
     /// Orders asked for.
     pub orders: u64,
-    /// Idempotency keys of the run's orders the sim applied more than once;
-    /// `None` without a sim.
-    pub duplicates: Option<u64>,
+    /// What the sim's counts say of the run's orders (keys applied more
+    /// than once, orders with effects standing); `None` without a sim.
+    pub effects: Option<super::faults::Effects>,
     pub kills: u64,
     pub kill_failures: u64,
     /// Spawned services that exited without being killed (and were restarted).
@@ -641,6 +662,11 @@ pub struct Report {
     /// Events that share an (`order_id`, `seq`) with a different state.
     pub conflicts: u64,
     pub duplicates: Option<u64>,
+    /// Orders that ended other than `processed` with an effect still
+    /// applied at a remote; `None` without a sim.
+    pub half_done: Option<u64>,
+    /// The first of them (up to 10), to look into.
+    pub half_done_ids: Vec<Uuid>,
     pub kills: u64,
     pub kill_failures: u64,
     pub unexpected_exits: u64,
@@ -688,6 +714,13 @@ impl Report {
         if let Some(d) = self.duplicates.filter(|d| *d > 0) {
             failures.push(format!("{d} idempotency keys applied more than once"));
         }
+        if let Some(n) = self.half_done.filter(|n| *n > 0) {
+            let ids: Vec<String> = self.half_done_ids.iter().map(Uuid::to_string).collect();
+            failures.push(format!(
+                "{n} orders left half done (not processed, an effect still applied): {}",
+                ids.join(", ")
+            ));
+        }
         if let Some(h) = &self.hostile {
             failures.extend(h.failures(self.unexpected_exits));
         }
@@ -716,6 +749,8 @@ impl Report {
             "multiple_terminal": self.multiple_terminal,
             "conflicts": self.conflicts,
             "duplicates": self.duplicates,
+            "half_done": self.half_done,
+            "half_done_ids": self.half_done_ids,
             "kills": self.kills,
             "kill_failures": self.kill_failures,
             "unexpected_exits": self.unexpected_exits,
@@ -763,6 +798,11 @@ impl Report {
         rows.push((
             "duplicates applied".into(),
             self.duplicates
+                .map_or_else(|| "n/a (no --sim)".into(), must_be_zero),
+        ));
+        rows.push((
+            "orders left half done".into(),
+            self.half_done
                 .map_or_else(|| "n/a (no --sim)".into(), must_be_zero),
         ));
         let mut kills = self.kills.to_string();
@@ -844,7 +884,7 @@ mod tests {
         RunFacts {
             workflow: "w".into(),
             orders: 3,
-            duplicates: Some(0),
+            effects: Some(super::super::faults::Effects::default()),
             kills: 2,
             kill_failures: 0,
             unexpected_exits: 0,
@@ -923,7 +963,10 @@ mod tests {
         tally.record(&event(Uuid::new_v4(), 1, "received"));
         assert_eq!(tally.ended_count(), 3);
         let mut facts = facts();
-        facts.duplicates = Some(2);
+        facts.effects = Some(super::super::faults::Effects {
+            duplicates: 2,
+            standing: std::collections::HashSet::new(),
+        });
         facts.orders = 5;
         let report = tally.report(facts);
         assert_eq!(report.lost, 1);
@@ -936,6 +979,45 @@ mod tests {
         assert_eq!(failures.len(), 6, "{failures:?}");
         assert_eq!(report.json()["ok"], false);
         assert!(report.table().contains("FAIL: 1 of 5 orders not submitted"));
+    }
+
+    #[test]
+    fn an_order_that_ended_undone_with_an_effect_left_is_half_done() {
+        let ids: Vec<Uuid> = (0..4).map(|_| Uuid::new_v4()).collect();
+        let mut tally = Tally::new(&ids);
+        for id in &ids {
+            tally.confirmed(*id);
+        }
+        tally.submission_done();
+        run(
+            &mut tally,
+            ids[0],
+            &["received", "compensating", "compensated"],
+        );
+        run(&mut tally, ids[1], &["received", "failed"]);
+        run(&mut tally, ids[2], &["received", "processed"]);
+        run(
+            &mut tally,
+            ids[3],
+            &["received", "compensating", "compensated"],
+        );
+        let mut facts = facts();
+        facts.orders = 4;
+        facts.effects = Some(super::super::faults::Effects {
+            duplicates: 0,
+            // A processed order's effects stand, as they should.
+            standing: ids[..3].iter().copied().collect(),
+        });
+        let report = tally.report(facts);
+        assert_eq!(report.half_done, Some(2));
+        assert_eq!(report.json()["half_done"], 2);
+        assert!(
+            report
+                .failures()
+                .iter()
+                .any(|f| f.contains("2 orders left half done"))
+        );
+        assert!(report.table().contains("orders left half done"));
     }
 
     #[test]
@@ -954,12 +1036,13 @@ mod tests {
     #[test]
     fn without_a_sim_duplicates_are_not_known() {
         let mut facts = facts();
-        facts.duplicates = None;
+        facts.effects = None;
         facts.faults = None;
         facts.orders = 0;
         let report = Tally::new(&[]).report(facts);
         assert!(report.failures().is_empty());
         assert_eq!(report.json()["duplicates"], Value::Null);
+        assert_eq!(report.json()["half_done"], Value::Null);
         assert!(report.table().contains("n/a"));
     }
 
