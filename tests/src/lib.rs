@@ -419,7 +419,7 @@ breaker_cooldown = "{cooldown}"
                 .lock()
                 .unwrap()
                 .insert(name.to_owned(), Proc { child, port });
-            let Err(status) = self.wait_ready(name, port).await else {
+            let Err(status) = self.wait_ready(name, port, logged).await else {
                 return;
             };
             let log = self.log(name);
@@ -434,15 +434,29 @@ breaker_cooldown = "{cooldown}"
     }
 
     /// Waits for `/readyz`; the process's exit status if it exits first.
-    async fn wait_ready(&self, name: &str, port: u16) -> Result<(), ExitStatus> {
+    /// A ready answer counts once the process's log (from `logged` bytes
+    /// on) says it listens on `port`: another test's process that took the
+    /// port first answers `/readyz` too, while this one fails to bind. A
+    /// log kept quiet (`SAS_TEST_LOG`) says nothing: then two seconds of
+    /// ready answers with the process alive will do.
+    async fn wait_ready(&self, name: &str, port: u16, logged: usize) -> Result<(), ExitStatus> {
         let url = format!("http://127.0.0.1:{port}/readyz");
+        let listening = format!("127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(30);
+        let mut ready_since = None;
         while Instant::now() < deadline {
-            if http_get(&url).await.is_some_and(|(code, _)| code == 200) {
-                return Ok(());
-            }
             if let Some(status) = self.try_status(name) {
                 return Err(status);
+            }
+            if http_get(&url).await.is_some_and(|(code, _)| code == 200) {
+                let ours = self
+                    .log(name)
+                    .get(logged..)
+                    .is_some_and(|new| new.contains(&listening));
+                let since = *ready_since.get_or_insert_with(Instant::now);
+                if ours || since.elapsed() > Duration::from_secs(2) {
+                    return Ok(());
+                }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use sas::broker::{self, BrokerError, PublishError, Publisher, Received, SessionEnd};
@@ -175,6 +176,12 @@ async fn keep_breakers(
     store.close().await;
 }
 
+/// How long a request delivered again waits for this instance's first
+/// connection to the state store, whose clock it is judged by.
+const STORE_WAIT: Duration = Duration::from_secs(3);
+/// How often it looks.
+const STORE_POLL: Duration = Duration::from_millis(25);
+
 impl Agent {
     /// The state store's clock, read for a request delivered again (whose
     /// wait since its dispatch is unknown: its `complete_by` must be
@@ -183,6 +190,14 @@ impl Agent {
     async fn store_now(&self, redelivered: bool) -> Option<chrono::DateTime<chrono::Utc>> {
         if !redelivered {
             return None;
+        }
+        // A request handed back by an agent that died comes again at once
+        // to one just started, whose connection to Postgres may be on its
+        // way: wait for it a little rather than judge by this host's clock.
+        let mut waited = Duration::ZERO;
+        while self.shared.store().is_none() && waited < STORE_WAIT {
+            tokio::time::sleep(STORE_POLL).await;
+            waited += STORE_POLL;
         }
         let store = self.shared.store()?;
         match store.clock().await {

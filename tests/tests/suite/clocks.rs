@@ -82,3 +82,52 @@ async fn an_agent_whose_clock_runs_five_minutes_behind_goes_silent_when_the_time
         "{states:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_redelivered_to_an_agent_whose_clock_runs_ahead_is_judged_by_the_stores_clock() {
+    // Contract §6a: a request that comes again (its first agent died with
+    // it) is judged by the state store's clock, not by the agent's, which
+    // runs five minutes ahead here and would find it long expired.
+    let app = TestApp::builder()
+        .step_timeout("30s")
+        .retry_schedule(r#"["100ms"]"#)
+        .build()
+        .await;
+    assert!(
+        std::path::Path::new(LIBFAKETIME).exists(),
+        "{LIBFAKETIME} not found: apt-get install faketime"
+    );
+    for name in ["submission", "scheduler", "supervisor"] {
+        app.start(name, name, &[]).await;
+    }
+    let ahead = [("LD_PRELOAD", LIBFAKETIME), ("FAKETIME", "+5m")];
+    // The first agent takes the request and freezes before its call.
+    let mut frozen = ahead.to_vec();
+    frozen.extend([
+        ("SAS_PAUSE_AT", "agent.before_call"),
+        ("SAS__AGENT__CONCURRENCY", "1"),
+    ]);
+    app.start_with_env("first", "agent", &["--agent", "a"], &frozen)
+        .await;
+    let status = app.status_queue("clock-redelivered").await;
+    let id = app.submit("one", Some(&status)).await;
+    app.eventually("the first agent froze", Duration::from_secs(15), || async {
+        app.is_stopped("first")
+    })
+    .await;
+    // It dies with the request; RabbitMQ delivers it again to the next.
+    app.kill("first");
+    app.start_with_env("agent", "agent", &["--agent", "a"], &ahead)
+        .await;
+    let stories = app
+        .assert_invariants(&status, &[id], &[], Duration::from_secs(25))
+        .await;
+    let states = sas_tests::states(&stories[&id]);
+    assert_eq!(states.last(), Some(&"processed"), "{states:?}");
+    assert!(
+        !states.contains(&"retry_scheduled"),
+        "the redelivered request was dropped as expired: {states:?}"
+    );
+    // The first dispatch's request itself was called, once.
+    assert_eq!(app.stats().keys[&format!("{id}:a")].tokens, [1]);
+}
