@@ -8,8 +8,8 @@
 # it) for the cache mounts, which keep the cargo registry and the target
 # directory between builds, so a source change recompiles only the sas crates.
 
-ARG RUST_IMAGE=rust:1.95-bookworm
-ARG RUNTIME_IMAGE=debian:bookworm-slim
+ARG RUST_IMAGE=rust:1.95-trixie
+ARG RUNTIME_IMAGE=debian:trixie-slim
 
 # ---------------------------------------------------------------------------
 FROM ${RUST_IMAGE} AS builder
@@ -17,8 +17,10 @@ FROM ${RUST_IMAGE} AS builder
 WORKDIR /build
 
 # Only what cargo needs: the workspace manifests and lock file, every member's
-# sources, migrations/ (embedded at compile time by sqlx::migrate!) and
-# third_party/ (the patched crates of Cargo.toml's [patch.crates-io]).
+# sources (the test and bench crates too: the workspace names them, though
+# only the binaries are built), migrations/ (embedded at compile time by
+# sqlx::migrate!) and third_party/ (the patched crates of Cargo.toml's
+# [patch.crates-io]).
 COPY Cargo.toml Cargo.lock ./
 COPY shared ./shared
 COPY client ./client
@@ -35,7 +37,8 @@ RUN --mount=type=cache,id=sas-cargo-registry,target=/usr/local/cargo/registry,sh
     --mount=type=cache,id=sas-cargo-git,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,id=sas-target,target=/build/target,sharing=locked \
     set -eux; \
-    cargo build --release --workspace --locked; \
+    cargo build --release --locked -p submission -p scheduler -p agent -p supervisor \
+        -p dashboard -p sasctl -p remote-sim; \
     mkdir -p /out; \
     for bin in submission scheduler agent supervisor dashboard sasctl remote-sim; do \
         install -m 0755 "target/release/${bin}" "/out/${bin}"; \
@@ -55,12 +58,13 @@ RUN set -eux; \
         --shell /usr/sbin/nologin sas
 
 COPY --from=builder /out/ /usr/local/bin/
-COPY config/ /etc/sas/
 COPY scripts/demo-app.sh /usr/local/bin/demo-app.sh
-RUN chmod 0755 /usr/local/bin/demo-app.sh && chmod -R a+rX /etc/sas
+RUN chmod 0755 /usr/local/bin/demo-app.sh && mkdir -p /etc/sas
 
-# No configuration file is chosen here: set SAS_CONFIG (e.g. /etc/sas/demo.toml)
-# or pass --config; SAS__SECTION__KEY variables override either.
+# No configuration is baked in: mount it at /etc/sas (compose mounts
+# ./config, Kubernetes a ConfigMap) and set SAS_CONFIG (e.g.
+# /etc/sas/demo.toml) or pass --config; SAS__SECTION__KEY variables override
+# either.
 ENV REMOTE_SIM_HOST=0.0.0.0 \
     SAS__HTTP__HOST=0.0.0.0
 

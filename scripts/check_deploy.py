@@ -266,6 +266,28 @@ def check_deployments(where: str, objects: list[dict], config: dict) -> None:
                     problem(where, f"{name}: {kind} of {c['name']} must probe {want}, not {path!r}")
 
 
+def check_disruption_budgets(where: str, objects: list[dict]) -> None:
+    """Every Deployment of more than one replica (or scaled by KEDA) has a
+    PodDisruptionBudget that selects its pods, so a drain keeps it serving;
+    and every sas container that reads the broker's queues gets its URL."""
+    budgets = [o["spec"].get("selector", {}).get("matchLabels", {})
+               for o in objects if o["kind"] == "PodDisruptionBudget"]
+    for o in objects:
+        if o["kind"] != "Deployment":
+            continue
+        name = f"Deployment/{o['metadata']['name']}"
+        labels = o["spec"]["template"]["metadata"].get("labels", {})
+        if o["spec"].get("replicas", 1) > 1 or "replicas" not in o["spec"]:
+            if not any(b and all(labels.get(k) == v for k, v in b.items()) for b in budgets):
+                problem(where, f"{name}: {o['spec'].get('replicas', 'scaled')} replicas and "
+                               "no PodDisruptionBudget selects its pods")
+        for c in o["spec"]["template"]["spec"].get("containers", []):
+            envs = {e.get("name") for e in c.get("env", [])}
+            if "SAS_CONFIG" in envs and "SAS__BROKER__URL" not in envs:
+                problem(where, f"{name}: container {c['name']} has no SAS__BROKER__URL "
+                               "(it would look for guest@127.0.0.1)")
+
+
 def check_dashboard_auth(where: str, name: str, container: dict, config: dict) -> None:
     """Every sas program checks [dashboard] at start-up (exit 2 when bad), so a
     login that needs a token needs one in every container, not only the
@@ -383,6 +405,7 @@ def main() -> int:
         check_schemas(where, objects, versions)
         check_deployments(where, objects, config)
         check_keda(where, objects, config)
+        check_disruption_budgets(where, objects)
         if len(problems) == before:
             kinds = sorted({o["kind"] for o in objects})
             print(f"ok   {where}: {len(objects)} objects ({', '.join(kinds)})")
