@@ -141,7 +141,7 @@ async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
     (
         [(
             header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
+            crate::metrics::CONTENT_TYPE,
         )],
         state.metrics.render(),
     )

@@ -1,5 +1,9 @@
-//! The Prometheus metrics of every service, in one registry. Each service
-//! moves the counters that concern it; the rest stay at zero.
+//! The Prometheus metrics of every service, in one registry, served as
+//! OpenMetrics text. Each service moves the counters that concern it; the
+//! rest stay at zero. Beside them: `sas_build_info` and the standard
+//! process metrics ([`process`]).
+
+pub mod process;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -11,20 +15,24 @@ use prometheus_client::registry::Registry;
 /// Label sets are small `(name, value)` lists.
 pub type Labels = Vec<(String, String)>;
 
-/// A histogram family whose buckets suit durations from a millisecond to minutes.
+/// A histogram family whose buckets suit durations from a millisecond to hours.
 pub type Durations = Family<Labels, Histogram, fn() -> Histogram>;
 
 fn duration_buckets() -> Histogram {
-    // 1 ms … ~65 s, doubling.
-    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+    // 1 ms … about 2.3 h, doubling: re-attempts wait minutes to an hour,
+    // and long-running steps may take an hour.
+    Histogram::new(exponential_buckets(0.001, 2.0, 24))
 }
 
 /// The counters of sas.
 pub struct Metrics {
-    /// Orders that ended, by `state` (`processed`, `compensated`, `error`).
+    /// Orders that ended, by `state` (`processed`, `compensated`, `error`)
+    /// and `workflow`.
     pub orders_finished: Family<Labels, Counter>,
-    /// Seconds from submission to the end, by `state`.
+    /// Seconds from submission to the end, by `state` and `workflow`.
     pub order_latency_seconds: Durations,
+    /// 1, labelled with the `version` and the `service`.
+    pub build_info: Family<Labels, Gauge>,
     /// Seconds an agent spent on a step request, by `agent` and `outcome`.
     pub agent_step_duration_seconds: Durations,
     /// Seconds one supervisor sweep took.
@@ -80,10 +88,20 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("sas");
+        Self::new("sas")
+    }
+}
+
+impl Metrics {
+    /// The metrics of `service` (its name in `sas_build_info`).
+    pub fn new(service: &str) -> Self {
+        let mut root = Registry::default();
+        root.register_collector(Box::new(process::Process));
+        let registry = root.sub_registry_with_prefix("sas");
         let m = Self {
             orders_finished: Family::default(),
             order_latency_seconds: Family::new_with_constructor(duration_buckets),
+            build_info: Family::default(),
             agent_step_duration_seconds: Family::new_with_constructor(duration_buckets),
             supervisor_sweep_duration_seconds: duration_buckets(),
             outbox_backlog: Gauge::default(),
@@ -107,6 +125,17 @@ impl Default for Metrics {
             handler_panics: Counter::default(),
             registry: Registry::default(),
         };
+        m.build_info
+            .get_or_create(&labels(&[
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("service", service),
+            ]))
+            .set(1);
+        registry.register(
+            "build_info",
+            "1, labelled with the version and the service",
+            m.build_info.clone(),
+        );
         registry.register(
             "orders_received",
             "Orders stored",
@@ -218,14 +247,18 @@ impl Default for Metrics {
             "Status events dropped: no such status queue",
             m.outbox_unroutable.clone(),
         );
-        Self { registry, ..m }
+        Self { registry: root, ..m }
     }
-}
 
-impl Metrics {
-    /// Counts an order that ended in `state`, `age` after it was submitted (when known).
-    pub fn finished(&self, state: crate::state::ProcessState, age: Option<std::time::Duration>) {
-        let l = labels(&[("state", state.as_str())]);
+    /// Counts an order of `workflow` that ended in `state`, `age` after it
+    /// was submitted (when known).
+    pub fn finished(
+        &self,
+        workflow: &str,
+        state: crate::state::ProcessState,
+        age: Option<std::time::Duration>,
+    ) {
+        let l = labels(&[("state", state.as_str()), ("workflow", workflow)]);
         self.orders_finished.get_or_create(&l).inc();
         if let Some(age) = age {
             self.order_latency_seconds
@@ -234,7 +267,7 @@ impl Metrics {
         }
     }
 
-    /// The metrics in Prometheus text format.
+    /// The metrics in OpenMetrics text format ([`CONTENT_TYPE`]).
     pub fn render(&self) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
@@ -242,6 +275,9 @@ impl Metrics {
         out
     }
 }
+
+/// The content type of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// A label set from pairs.
 pub fn labels(pairs: &[(&str, &str)]) -> Labels {

@@ -161,7 +161,7 @@ where
         Some(plans) => Some(StateStore::connect_with(&settings.database, name, plans).await?),
         None => None,
     };
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::new(name));
     let health = Arc::new(Health::new(store.clone()));
     let ctx = Arc::new(Context {
         name,

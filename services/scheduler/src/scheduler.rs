@@ -351,8 +351,8 @@ impl Scheduler {
             match applied {
                 Ok(ReplyOutcome::Applied { ended, age }) => {
                     tracing::debug!(?ended, "reply applied");
-                    if let Some(state) = ended {
-                        self.ctx.metrics.finished(state, Some(age));
+                    if let Some(end) = ended {
+                        self.ctx.metrics.finished(&end.workflow, end.state, Some(age));
                         self.ended_one();
                     }
                     self.count_reply("applied");

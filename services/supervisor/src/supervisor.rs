@@ -180,8 +180,8 @@ fn report(ctx: &Context, recovered: &[Expired]) {
             }
             Expired::GaveUp { order_id, ended } => {
                 tracing::warn!(%order_id, "complete-by passed too often; order given up");
-                if let Some(state) = ended {
-                    ctx.metrics.finished(*state, None);
+                if let Some(end) = ended {
+                    ctx.metrics.finished(&end.workflow, end.state, None);
                 }
                 "gave_up"
             }

@@ -53,7 +53,7 @@ pub use search::{
 pub use stats::Stats;
 pub use steps::{StepRow, stage_names};
 pub use transitions::{
-    Actor, Done, Expired, Operated, ReplyOutcome, Submitted, Transitions, any_undone,
+    Actor, Done, Ending, Expired, Operated, ReplyOutcome, Submitted, Transitions, any_undone,
 };
 
 use crate::config::DatabaseSettings;

@@ -57,13 +57,30 @@ pub enum Submitted {
     Duplicate,
 }
 
+/// How an order ended, for the metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ending {
+    pub state: ProcessState,
+    pub workflow: String,
+}
+
+impl Ending {
+    /// How `decision`'s order ended, if it did.
+    fn of(decision: &crate::rules::Decision) -> Option<Self> {
+        decision.ended.map(|state| Self {
+            state,
+            workflow: decision.order.row.workflow.clone(),
+        })
+    }
+}
+
 /// How a reply ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplyOutcome {
     /// The reply moved the order on; `ended` says how, if the order ended,
     /// `age` is the time since it was submitted.
     Applied {
-        ended: Option<ProcessState>,
+        ended: Option<Ending>,
         age: std::time::Duration,
     },
     /// The reply answers a dispatch that no longer counts; nothing changed.
@@ -83,7 +100,7 @@ pub enum Expired {
     /// Given up: compensating, or ended (`error`) when there was nothing to undo.
     GaveUp {
         order_id: Uuid,
-        ended: Option<ProcessState>,
+        ended: Option<Ending>,
     },
 }
 
@@ -332,7 +349,7 @@ impl Transitions {
         match rules::scheduler::apply_reply(&unit.get(i).order, reply, ctx)? {
             Replied::Stale(why) => Ok(ReplyOutcome::Stale(why)),
             Replied::Applied(decision) => {
-                let (ended, created_at) = (decision.ended, decision.order.row.created_at);
+                let (ended, created_at) = (Ending::of(&decision), decision.order.row.created_at);
                 unit.apply(i, *decision, &self.queues)?;
                 let age = (Utc::now() - created_at).to_std().unwrap_or_default();
                 Ok(ReplyOutcome::Applied { ended, age })
@@ -377,7 +394,7 @@ impl Transitions {
                 // The workflow's own max_failures and retry_schedule (§4b).
                 let policy = settings.failure_policy(&order.row.workflow);
                 let (decision, requeued) = rules::supervisor::expire(order, &policy, ctx);
-                let (order_id, ended) = (decision.order.row.order_id, decision.ended);
+                let (order_id, ended) = (decision.order.row.order_id, Ending::of(&decision));
                 let held = decision.order.row.held_for.is_some();
                 unit.apply(i, decision, &self.queues)?;
                 recovered.push(match requeued {

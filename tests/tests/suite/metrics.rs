@@ -6,7 +6,7 @@ use remote_sim::Knobs;
 use sas_tests::TestApp;
 
 /// The value of one sample line, e.g. `sas_orders_received_total` or
-/// `sas_orders_finished_total{state="processed"}`; 0 when absent.
+/// `sas_orders_finished_total{state="processed",workflow="one"}`; 0 when absent.
 fn sample(metrics: &str, name: &str) -> f64 {
     metrics
         .lines()
@@ -63,21 +63,21 @@ async fn the_counters_equal_what_happened() {
     assert_eq!(
         sample(
             &scheduler,
-            r#"sas_orders_finished_total{state="processed"}"#
+            r#"sas_orders_finished_total{state="processed",workflow="one"}"#
         ),
         10.0
     );
     assert_eq!(
         sample(
             &scheduler,
-            r#"sas_orders_finished_total{state="compensated"}"#
+            r#"sas_orders_finished_total{state="compensated",workflow="three"}"#
         ),
         2.0
     );
     assert_eq!(
         sample(
             &scheduler,
-            r#"sas_order_latency_seconds_count{state="processed"}"#
+            r#"sas_order_latency_seconds_count{state="processed",workflow="one"}"#
         ),
         10.0
     );
@@ -189,4 +189,48 @@ async fn at_low_load_the_messages_are_handed_over_not_relayed() {
     };
     assert_eq!(request("handoff") + request("follow"), 3.0);
     assert_eq!(request("relay"), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_openmetrics_with_build_info_process_metrics_and_buckets_of_hours() {
+    let app = TestApp::spawn().await;
+    let url = format!("http://127.0.0.1:{}/metrics", app.port("scheduler"));
+    sas::tls::install_crypto_provider();
+    let response = reqwest::get(&url).await.expect("GET /metrics");
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        content_type.starts_with("application/openmetrics-text; version=1.0.0"),
+        "{content_type}"
+    );
+    let text = response.text().await.expect("body");
+    assert!(text.trim_end().ends_with("# EOF"), "one OpenMetrics exposition");
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        sample(
+            &text,
+            &format!(r#"sas_build_info{{version="{version}",service="scheduler"}}"#)
+        ),
+        1.0,
+        "{text}"
+    );
+    assert!(sample(&text, "process_resident_memory_bytes") > 1e6, "{text}");
+    assert!(sample(&text, "process_open_fds") > 3.0, "{text}");
+    assert!(sample(&text, "process_start_time_seconds") > 1.7e9, "{text}");
+    assert!(text.contains("# TYPE process_cpu_seconds counter"), "{text}");
+    // Re-attempts wait up to an hour: the latency buckets reach past it.
+    let id = app.submit("one", None).await;
+    sas_tests::cli::wait_state(&app, id, "processed", Duration::from_secs(30)).await;
+    let text = app.metrics("scheduler").await;
+    let top = text
+        .lines()
+        .filter(|l| l.starts_with("sas_order_latency_seconds_bucket{"))
+        .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next()?.parse::<f64>().ok())
+        .filter(|le| le.is_finite())
+        .fold(0.0, f64::max);
+    assert!(top > 3600.0, "the largest bucket is {top} s");
 }
