@@ -95,6 +95,14 @@ enum Command {
     /// Soak run: submit orders under remote faults and service kills, then
     /// report orders per terminal state, lost orders and duplicate effects.
     Chaos(chaos::Args),
+    /// Print a shell completion script, e.g.
+    /// `sasctl completions bash > /etc/bash_completion.d/sasctl`.
+    Completions {
+        /// bash, elvish, fish, powershell or zsh.
+        shell: clap_complete::Shell,
+    },
+    /// Print sasctl's manual page (roff), e.g. `sasctl man | man -l -`.
+    Man,
 }
 
 /// A failure that has its own exit code.
@@ -124,6 +132,15 @@ impl std::error::Error for Exit {}
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Neither needs a configuration.
+    match cli.command {
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "sasctl", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        Command::Man => return man(),
+        _ => {}
+    }
     if let Err((name, message)) = cli.command.check() {
         let mut command = Cli::command();
         command.build();
@@ -159,6 +176,7 @@ async fn main() -> ExitCode {
         Command::Stats(args) => stats::run(args, &settings).await,
         Command::Migrate(args) => migrate::run(args, &settings).await,
         Command::Chaos(args) => chaos::run(args, &settings, cli.common.config.as_deref()).await,
+        Command::Completions { .. } | Command::Man => Ok(()),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -168,6 +186,19 @@ async fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
+}
+
+/// Prints the manual page (with its subcommands' section).
+fn man() -> ExitCode {
+    let mut out = Vec::new();
+    let rendered = clap_mangen::Man::new(Cli::command())
+        .render(&mut out)
+        .and_then(|()| std::io::Write::write_all(&mut std::io::stdout(), &out));
+    if let Err(e) = rendered {
+        eprintln!("sasctl: cannot print the manual page: {e}");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
 }
 
 impl Command {
@@ -335,6 +366,17 @@ mod tests {
             &["orders", "redrive", id, "--patch", "fix.json", "--json"],
             &["orders", "redrive", id, "--patch", "-"],
             &["orders", "prune", "--older-than", "30days", "--json"],
+            &["orders", "prune"],
+            &[
+                "orders",
+                "prune",
+                "--older-than",
+                "12h",
+                "--batch",
+                "100",
+                "--archive",
+                "/srv/archive",
+            ],
             &["alerts"],
             &[
                 "alerts",
@@ -390,7 +432,8 @@ mod tests {
             (&["orders", "retry", "not-a-uuid"], "ID"),
             (&["orders", "cancel"], "ID"),
             (&["orders", "redrive", "--patch", "f.json"], "ID"),
-            (&["orders", "prune"], "--older-than"),
+            (&["orders", "prune", "--batch", "0"], "--batch"),
+            (&["orders", "prune", "--batch", "100001"], "--batch"),
             (
                 &["orders", "prune", "--older-than", "a while"],
                 "--older-than",

@@ -718,3 +718,24 @@ fn the_help_documents_the_new_commands() {
     }
     assert!(help(&["stats", "--help"]).contains("--window"));
 }
+
+#[tokio::test]
+async fn completions_and_the_manual_page_need_no_configuration() {
+    for (shell, says) in [
+        ("bash", "_sasctl()"),
+        ("zsh", "#compdef sasctl"),
+        ("fish", "complete -c sasctl"),
+    ] {
+        let out = output(bare_sasctl(&["completions", shell]))
+            .await
+            .expect_code(0);
+        assert!(out.stdout.contains(says), "{shell}: {out:#?}");
+        assert!(out.stdout.contains("redrive"), "subcommands are completed");
+    }
+    let out = output(bare_sasctl(&["man"])).await.expect_code(0);
+    assert!(out.stdout.contains(".TH sasctl 1"), "{out:#?}");
+    assert!(out.stdout.contains("chaos"), "the subcommands are listed");
+    output(bare_sasctl(&["completions", "cmd.exe"]))
+        .await
+        .expect_code(2);
+}
