@@ -1,6 +1,6 @@
 //! `sas-bench`: measures the sas suite against the machine's limit and its
 //! peers, in one run. `scripts/bench.sh` builds the release binaries and runs
-//! it; see BENCHMARKS.md.
+//! it; see docs/performance.md.
 
 mod limits;
 mod load;

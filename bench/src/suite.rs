@@ -225,7 +225,7 @@ pub struct Suite {
     pub vacuums: std::sync::Arc<std::sync::Mutex<(usize, Duration)>>,
     /// The deployment's own remote-sim, stopped at teardown: one that has
     /// served another system's calls was seen to cost the next run about a
-    /// third more CPU per order in every process (BENCHMARKS.md).
+    /// third more CPU per order in every process (docs/performance.md).
     pub sim: Sim,
 }
 

@@ -7,7 +7,7 @@
 //! memory: under 20,000-order bursts the agent's peak RSS was 43.6 to
 //! 61.2 MiB with glibc's default (median 52.0, five runs) and 41.5 to 52.1
 //! MiB with two arenas (median 44.7), at the same throughput
-//! (BENCHMARKS.md, "Memory").
+//! (docs/performance.md, "Memory").
 
 /// Most malloc arenas a service's threads share.
 pub const ARENAS: i32 = 2;

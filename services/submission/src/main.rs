@@ -20,7 +20,7 @@ struct Args {
 }
 
 // One thread: the service mostly waits on Postgres, RabbitMQ and HTTP, and
-// a second worker thread only added cross-thread wake-ups (BENCHMARKS.md:
+// a second worker thread only added cross-thread wake-ups (docs/performance.md:
 // more orders/s and less CPU per order on one thread).
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {

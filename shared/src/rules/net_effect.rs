@@ -18,7 +18,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 use serde_json::json;
 
 use super::order::fixture::{ctx, pending};
@@ -386,11 +385,7 @@ fn run(
 
 #[test]
 fn an_order_that_does_not_end_processed_leaves_no_net_effect() {
-    let mut runner = TestRunner::new(Config {
-        cases: 1000,
-        failure_persistence: None,
-        ..Config::default()
-    });
+    let mut runner = super::order::fixture::runner();
     let case = (
         1i32..5,
         proptest::option::of(proptest::collection::vec(any::<u8>(), 4)),

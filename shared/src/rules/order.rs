@@ -465,6 +465,15 @@ pub(crate) mod fixture {
             .unwrap_or_default()
     }
 
+    /// A property test's runner: 1,000 generated cases, none kept on disk.
+    pub fn runner() -> proptest::test_runner::TestRunner {
+        proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+            cases: 1000,
+            failure_persistence: None,
+            ..proptest::test_runner::Config::default()
+        })
+    }
+
     /// A context at [`now`] for `actor`.
     pub fn ctx(actor: &str) -> Context<'_> {
         Context {

@@ -9,7 +9,6 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 use serde_json::json;
 
 use super::Context;
@@ -466,11 +465,7 @@ struct Reached {
 
 #[test]
 fn every_history_keeps_the_invariants() {
-    let mut runner = TestRunner::new(Config {
-        cases: 1000,
-        failure_persistence: None,
-        ..Config::default()
-    });
+    let mut runner = super::order::fixture::runner();
     let case = (
         1i32..5,
         any::<u8>(),

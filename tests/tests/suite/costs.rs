@@ -1345,7 +1345,7 @@ async fn a_hand_back_behind_a_slow_delivery_goes_back_at_once() {
 
 /// sqlx 0.9.0 left Nagle's algorithm on for its Postgres connections, and a
 /// query written in two parts then waited for the server's delayed ACK: 40
-/// ms a time, most of the p50 at 10% load (BENCHMARKS, "The regular
+/// ms a time, most of the p50 at 10% load (docs/performance.md, "The regular
 /// 10%-load delay was Nagle's algorithm"). sas carries
 /// the fix (`third_party/sqlx-core`); this reads the option off this
 /// process's own socket to the server, the one a connection just opened.

@@ -208,7 +208,10 @@ async fn metrics_are_openmetrics_with_build_info_process_metrics_and_buckets_of_
         "{content_type}"
     );
     let text = response.text().await.expect("body");
-    assert!(text.trim_end().ends_with("# EOF"), "one OpenMetrics exposition");
+    assert!(
+        text.trim_end().ends_with("# EOF"),
+        "one OpenMetrics exposition"
+    );
     let version = env!("CARGO_PKG_VERSION");
     assert_eq!(
         sample(
@@ -218,10 +221,19 @@ async fn metrics_are_openmetrics_with_build_info_process_metrics_and_buckets_of_
         1.0,
         "{text}"
     );
-    assert!(sample(&text, "process_resident_memory_bytes") > 1e6, "{text}");
+    assert!(
+        sample(&text, "process_resident_memory_bytes") > 1e6,
+        "{text}"
+    );
     assert!(sample(&text, "process_open_fds") > 3.0, "{text}");
-    assert!(sample(&text, "process_start_time_seconds") > 1.7e9, "{text}");
-    assert!(text.contains("# TYPE process_cpu_seconds counter"), "{text}");
+    assert!(
+        sample(&text, "process_start_time_seconds") > 1.7e9,
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE process_cpu_seconds counter"),
+        "{text}"
+    );
     // Re-attempts wait up to an hour: the latency buckets reach past it.
     let id = app.submit("one", None).await;
     sas_tests::cli::wait_state(&app, id, "processed", Duration::from_secs(30)).await;
@@ -229,7 +241,14 @@ async fn metrics_are_openmetrics_with_build_info_process_metrics_and_buckets_of_
     let top = text
         .lines()
         .filter(|l| l.starts_with("sas_order_latency_seconds_bucket{"))
-        .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next()?.parse::<f64>().ok())
+        .filter_map(|l| {
+            l.split("le=\"")
+                .nth(1)?
+                .split('"')
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
         .filter(|le| le.is_finite())
         .fold(0.0, f64::max);
     assert!(top > 3600.0, "the largest bucket is {top} s");
