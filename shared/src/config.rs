@@ -14,12 +14,14 @@ use serde::Deserialize;
 use crate::workflow::{Workflow, WorkflowError};
 
 mod dashboard;
+mod retention;
 mod schedules;
 
 pub use dashboard::{
     Cidr, CidrError, DashboardAuth, DashboardSettings, DashboardToken, DashboardUser, Role, Secret,
     valid_name,
 };
+pub use retention::{MAX_BATCH as MAX_RETENTION_BATCH, RetentionSettings, parse_ended_after};
 pub use schedules::ScheduleSpec;
 
 /// Whether `t` is a token kept hashed: `sha256:` and 64 hex digits.
@@ -62,6 +64,8 @@ pub struct Settings {
     pub outbox: OutboxSettings,
     pub shutdown: ShutdownSettings,
     pub dashboard: DashboardSettings,
+    /// `[retention]`: how long ended orders are kept (contract §10).
+    pub retention: RetentionSettings,
     /// Workflows by name: the steps an order of that workflow runs.
     pub workflows: BTreeMap<String, WorkflowSpec>,
     /// Agents by name: the remote endpoint each one wraps.
@@ -878,6 +882,7 @@ impl Settings {
         self.compiled_schedules(chrono::Utc::now())?;
         self.validate_applications()?;
         self.dashboard.validate()?;
+        self.retention.validate()?;
         self.validate_database()?;
         Ok(())
     }

@@ -139,10 +139,7 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
 
 async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
     (
-        [(
-            header::CONTENT_TYPE,
-            crate::metrics::CONTENT_TYPE,
-        )],
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         state.metrics.render(),
     )
 }

@@ -84,6 +84,8 @@ pub struct Metrics {
     /// Message handlers that panicked (each delivery dead-lettered with
     /// reason `internal_error`).
     pub handler_panics: Counter,
+    /// Ended orders deleted by retention (contract §10).
+    pub orders_pruned: Counter,
 }
 
 impl Default for Metrics {
@@ -123,6 +125,7 @@ impl Metrics {
             outbox_published: Family::default(),
             outbox_unroutable: Counter::default(),
             handler_panics: Counter::default(),
+            orders_pruned: Counter::default(),
             registry: Registry::default(),
         };
         m.build_info
@@ -243,11 +246,19 @@ impl Metrics {
             m.outbox_published.clone(),
         );
         registry.register(
+            "orders_pruned",
+            "Ended orders deleted by retention",
+            m.orders_pruned.clone(),
+        );
+        registry.register(
             "outbox_unroutable",
             "Status events dropped: no such status queue",
             m.outbox_unroutable.clone(),
         );
-        Self { registry: root, ..m }
+        Self {
+            registry: root,
+            ..m
+        }
     }
 
     /// Counts an order of `workflow` that ended in `state`, `age` after it

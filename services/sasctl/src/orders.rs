@@ -17,7 +17,10 @@ use clap::{Subcommand, value_parser};
 use sas::config::Settings;
 use sas::messages::rfc3339;
 use sas::state::ProcessState;
-use sas::state_store::{Actor, EventRow, Operated, OrderRow, StateStore, StepRow, Transitions};
+use sas::state_store::{
+    Actor, Archive, EventRow, Operated, OrderRow, Policy, StateStore, StepRow, Totals, Transitions,
+    more_after,
+};
 use sas::topology::QueueNames;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -52,8 +55,16 @@ pub enum Command {
     /// --patch. Steps completed and not undone are kept; every other step
     /// runs again with the idempotency key `<order_id>:<step>:r<N>`.
     Redrive(RedriveArgs),
-    /// Delete ended orders (`processed`, `compensated`, `error`), with their
-    /// steps and event logs, last changed longer ago than --older-than.
+    /// Delete ended orders (`processed`, `compensated`; not `error`) last
+    /// changed longer ago than --older-than, in batches, archived first with --archive.
+    ///
+    /// Each order goes with its steps, event log and unsent messages, a
+    /// batch per transaction, as the leading supervisor does every
+    /// `retention.interval` (contract §10). Orders in `error` are kept: their
+    /// alert is open until an operator retries, cancels or redrives them.
+    /// With an archive, each order is first appended as one JSON line
+    /// `{"order", "steps", "events"}` to `orders-<date>.jsonl` there,
+    /// flushed to disk before its batch is committed.
     Prune(PruneArgs),
 }
 
@@ -113,10 +124,19 @@ pub struct RedriveArgs {
 /// Options of `sasctl orders prune`.
 #[derive(Debug, clap::Args)]
 pub struct PruneArgs {
-    /// Delete only ended orders last changed longer ago than this (e.g. "30days", "12h").
+    /// Delete only ended orders last changed longer ago than this (e.g.
+    /// "30days", "12h") [default: retention.ended_after; required when that is "off"].
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-    older_than: Duration,
-    /// Print `{"deleted": n}` instead of a sentence.
+    older_than: Option<Duration>,
+    /// Orders deleted per transaction [default: retention.batch].
+    #[arg(long, value_name = "N", value_parser = value_parser!(u32).range(1..=i64::from(sas::config::MAX_RETENTION_BATCH)))]
+    batch: Option<u32>,
+    /// Append each order to `orders-<date>.jsonl` in this existing directory
+    /// before deleting it [default: retention.archive, if set].
+    #[arg(long, value_name = "DIR")]
+    archive: Option<PathBuf>,
+    /// Print `{"deleted", "steps", "events", "outbox", "batches", "archived": [files]}`
+    /// instead of a sentence.
     #[arg(long)]
     json: bool,
 }
@@ -358,18 +378,82 @@ async fn operate(
 }
 
 async fn prune(args: PruneArgs, settings: &Settings) -> anyhow::Result<()> {
+    let retention = &settings.retention;
+    let Some(ended_after) = args.older_than.or(retention.ended_after) else {
+        return Err(Exit {
+            code: Exit::USAGE,
+            message: "retention.ended_after is \"off\": say how old with --older-than".into(),
+        }
+        .into());
+    };
+    let policy = Policy {
+        ended_after,
+        batch: args.batch.unwrap_or(retention.batch),
+    };
+    let archive = args.archive.or_else(|| retention.archive.clone());
+    if let Some(dir) = archive.as_ref().filter(|d| !d.is_dir()) {
+        return Err(Exit {
+            code: Exit::USAGE,
+            message: format!("the archive directory {} does not exist", dir.display()),
+        }
+        .into());
+    }
+    let archive = archive.map(Archive::new);
     let store = connect(settings).await?;
-    let deleted = store.prune(args.older_than).await;
+    let mut totals = Totals::default();
+    let outcome = loop {
+        match store.prune(policy, archive.as_ref()).await {
+            Ok(pruned) => {
+                totals.add(&pruned);
+                if !more_after(pruned.orders.len(), policy.batch) {
+                    break Ok(());
+                }
+            }
+            Err(e) => break Err(e),
+        }
+    };
     store.close().await;
-    let deleted = deleted.context("pruning ended orders")?;
+    outcome.with_context(|| {
+        format!(
+            "pruning ended orders ({} deleted before this failure)",
+            totals.orders
+        )
+    })?;
+    let archived: Vec<String> = totals
+        .archived
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
     if args.json {
-        println!("{}", json!({ "deleted": deleted }));
-    } else {
-        let plural = if deleted == 1 { "" } else { "s" };
         println!(
-            "deleted {deleted} ended order{plural} last changed more than {} ago",
-            humantime::format_duration(args.older_than)
+            "{}",
+            json!({
+                "deleted": totals.orders,
+                "steps": totals.steps,
+                "events": totals.events,
+                "outbox": totals.outbox,
+                "batches": totals.batches,
+                "archived": archived,
+            })
         );
+    } else {
+        let deleted = totals.orders;
+        let plural = if deleted == 1 { "" } else { "s" };
+        let mut text = format!(
+            "deleted {deleted} ended order{plural} last changed more than {} ago",
+            humantime::format_duration(ended_after)
+        );
+        if !archived.is_empty() {
+            let _ = write!(text, ", archived to {}", archived.join(", "));
+        }
+        if totals.outbox > 0 {
+            let _ = write!(
+                text,
+                " ({} of their messages had never been published)",
+                totals.outbox
+            );
+        }
+        println!("{}", crate::terminal::printable(&text));
     }
     Ok(())
 }

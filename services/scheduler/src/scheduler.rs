@@ -352,7 +352,9 @@ impl Scheduler {
                 Ok(ReplyOutcome::Applied { ended, age }) => {
                     tracing::debug!(?ended, "reply applied");
                     if let Some(end) = ended {
-                        self.ctx.metrics.finished(&end.workflow, end.state, Some(age));
+                        self.ctx
+                            .metrics
+                            .finished(&end.workflow, end.state, Some(age));
                         self.ended_one();
                     }
                     self.count_reply("applied");

@@ -1,7 +1,8 @@
 //! `supervisor`: sweeps the state store for expired complete-by times and
 //! asks for a re-attempt or gives the order up; the leader also submits
-//! the orders of the recurring schedules.
+//! the orders of the recurring schedules and deletes old ended orders.
 
+mod retention;
 mod schedules;
 mod stuck;
 mod supervisor;

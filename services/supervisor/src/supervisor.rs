@@ -5,7 +5,8 @@
 //! It knows nothing of the steps' business: only deadlines and counts.
 //!
 //! The leader also submits the orders of the recurring schedules
-//! ([`crate::schedules`]).
+//! ([`crate::schedules`]) and deletes ended orders past their retention
+//! ([`crate::retention`]).
 //!
 //! Several supervisors may run: one leads (a Postgres lease) and sweeps, the
 //! others stand by and take over within an interval when the leader dies.
@@ -37,7 +38,9 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     let mut leading = false;
     let mut partitions = Partitions::new(ctx.settings.supervisor.partitions);
     let schedules = crate::schedules::Schedules::compile(&ctx.settings)?;
-    broker::run_sessions(
+    let mut retention = crate::retention::Retention::new(&ctx.settings.retention);
+    retention.check()?;
+    let sessions = broker::run_sessions(
         &ctx.settings.broker,
         &agents,
         ctx.name,
@@ -80,8 +83,10 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                 }
                 // The rest is the leader's alone.
                 if !lead(&ctx, &me, &store, &mut lease, &mut leading).await {
+                    retention.stand_by();
                     continue;
                 }
+                retention.lead(&ctx, &store);
                 let warned = transitions
                     .warn_late(&me, &ctx.settings.supervisor, relay.ready())
                     .await;
@@ -100,7 +105,9 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         },
     )
     .await
-    .context("RabbitMQ")?;
+    .context("RabbitMQ");
+    retention.stop().await;
+    sessions?;
     lease.release().await;
     partitions.release().await;
     Ok(())

@@ -19,6 +19,7 @@ mod leases;
 mod orders;
 mod outbox;
 mod partitions;
+mod retention;
 mod schedules;
 mod search;
 mod stats;
@@ -45,6 +46,10 @@ pub use leases::Lease;
 pub use orders::{NewOrder, OrderRow};
 pub use outbox::{Committed, Held, OutboxRow};
 pub use partitions::Partitions;
+pub use retention::{
+    Archive, Policy, PruneBatch, PruneError, Pruned, Totals, archive_file_name, more_after,
+    prunable, prunable_states,
+};
 pub use schedules::{ScheduleRow, ScheduleView};
 pub use search::{
     Cursor, FoundOrder, MAX_PAGE as MAX_SEARCH_PAGE, OrderSearch, PayloadField, SearchError,
@@ -446,13 +451,6 @@ impl StateStore {
         let mut conn = self.conn().await?;
         let secs = i64::try_from(window.as_secs()).unwrap_or(i64::MAX);
         conn.run(|c| stats::read(c, secs)).await
-    }
-
-    /// Deletes ended orders last changed longer ago than `older_than`; how many.
-    pub async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
-        let mut conn = self.conn().await?;
-        let ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
-        conn.run(|c| orders::prune(c, ms)).await
     }
 
     /// Records that `instance` (of `role`) is alive now; instances not seen

@@ -351,22 +351,3 @@ pub async fn list(
     .fetch_all(conn)
     .await
 }
-
-/// Deletes ended orders, with their steps and events (no foreign key
-/// cascades: see migration `20261128000002`), last changed more than
-/// `older_than_ms` ago; how many.
-pub async fn prune(conn: &mut PgConnection, older_than_ms: i64) -> Result<u64, sqlx::Error> {
-    let deleted: i64 = sqlx::query_scalar(
-        "WITH gone AS ( \
-           DELETE FROM orders WHERE process_state IN ('processed', 'compensated', 'error') \
-             AND updated_at < now() - $1 * interval '1 millisecond' \
-           RETURNING order_id), \
-         s AS (DELETE FROM steps WHERE order_id IN (SELECT order_id FROM gone)), \
-         e AS (DELETE FROM order_events WHERE order_id IN (SELECT order_id FROM gone)) \
-         SELECT count(*) FROM gone",
-    )
-    .bind(older_than_ms)
-    .fetch_one(conn)
-    .await?;
-    Ok(u64::try_from(deleted).unwrap_or(0))
-}

@@ -1,5 +1,5 @@
 //! Least privilege on the broker (contract §1a): an application's RabbitMQ
-//! user, with the permissions the README gives, submits orders through
+//! user, with the permissions docs/security.md gives, submits orders through
 //! `<prefix>.submit` and reads its own status queue, while the broker
 //! refuses its forged step requests, replies and alerts.
 
@@ -12,9 +12,9 @@ use sas_tests::broker_users::BrokerUser;
 use serde_json::json;
 use uuid::Uuid;
 
-/// The README's recipe for an application's user: configure and read its
-/// own queues (`<prefix>-app.…`, outside sas's own names), write only to
-/// the submission exchange.
+/// The recipe in docs/security.md for an application's user: configure and
+/// read its own queues (`<prefix>-app.…`, outside sas's own names), write
+/// only to the submission exchange.
 fn app_user(prefix: &str) -> BrokerUser {
     let own = format!("^{prefix}-app\\..*");
     let submit = format!("^{prefix}\\.submit$");

@@ -389,10 +389,14 @@ async fn prune_deletes_only_old_ended_orders() {
     wait_state(&app, waiting, "pending", Duration::from_secs(30)).await;
 
     let (old, recent) = (&ids[..2], ids[2]);
+    // Made and last changed two days ago.
     let age_by_two_days = |id: Uuid| {
-        sqlx::query("UPDATE orders SET updated_at = now() - interval '2 days' WHERE order_id = $1")
-            .bind(id)
-            .execute(&app.db)
+        sqlx::query(
+            "UPDATE orders SET created_at = now() - interval '2 days', \
+               updated_at = now() - interval '2 days' WHERE order_id = $1",
+        )
+        .bind(id)
+        .execute(&app.db)
     };
     for id in old.iter().copied().chain([waiting]) {
         age_by_two_days(id).await.expect("age order");
@@ -401,7 +405,18 @@ async fn prune_deletes_only_old_ended_orders() {
     let out = run(&app, &["orders", "prune", "--older-than", "1day", "--json"])
         .await
         .expect_code(0);
-    assert_eq!(out.json(), serde_json::json!({ "deleted": 2 }));
+    let json = out.json();
+    assert_eq!(
+        (
+            &json["deleted"],
+            &json["batches"],
+            &json["steps"],
+            &json["events"]
+        ),
+        (&2.into(), &1.into(), &2.into(), &8.into()),
+        "{out:#?}"
+    );
+    assert_eq!(json["archived"], serde_json::json!([]));
     // An order's rows in `table` (steps and events go with their order).
     let rows_of = |table: &'static str, id: Uuid| {
         sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
