@@ -98,8 +98,9 @@ impl DeadLetterQueue {
 /// A dead letter as listed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Letter {
-    /// `x-sas-reason`: why sas set it aside (absent when the broker
-    /// dead-lettered it by its own rules).
+    /// Why it was set aside ([`crate::broker::dead_letter_reason`]): sas's
+    /// `x-sas-reason`, or the broker's reason when the broker dead-lettered
+    /// it by its own rules.
     pub reason: Option<String>,
     pub message_id: Option<String>,
     pub reply_to: Option<String>,
@@ -113,7 +114,7 @@ impl Letter {
     /// What a listing shows of a delivery.
     pub fn of(delivery: &Delivery) -> Self {
         Self {
-            reason: delivery.header(REASON_HEADER),
+            reason: crate::broker::dead_letter_reason(delivery),
             message_id: delivery.message_id().map(str::to_owned),
             reply_to: delivery.reply_to().map(str::to_owned),
             tries: crate::broker::tries(delivery),

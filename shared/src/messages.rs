@@ -877,10 +877,11 @@ pub enum StepOutcome {
     /// The remote answered a permanent error: no retry will help.
     Failed { error: String },
     /// Not sent: the agent's breaker is open (contract §8). The order is
-    /// held, and no failure counts. `tried`: this request may have reached
-    /// the remote all the same (the breaker opened on its own transient
-    /// failures, or it came again after an agent died with it), so the step
-    /// is in doubt (contract §4c). Absent (an older agent): false.
+    /// held, and no failure counts. The step is in doubt all the same
+    /// (contract §4c): another copy of the request may have been sent.
+    /// `tried`, for the logs: this very request may have reached the remote
+    /// (the breaker opened on its own transient failures, or it came again
+    /// after an agent died with it). Absent (an older agent): false.
     Held {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         tried: bool,

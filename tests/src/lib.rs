@@ -1193,9 +1193,9 @@ impl std::ops::Deref for ClientRef {
     }
 }
 
-/// The `x-sas-reason` header of a delivery.
+/// Why a dead letter was set aside ([`sas::broker::dead_letter_reason`]).
 fn reason_of(delivery: &Delivery) -> Option<String> {
-    delivery.header(sas::broker::REASON_HEADER)
+    sas::broker::dead_letter_reason(delivery)
 }
 
 /// Whether a status event ends its order.

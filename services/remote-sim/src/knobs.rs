@@ -30,9 +30,11 @@ pub struct Knobs {
     /// Probability (0..=1) of answering 503 without applying.
     pub transient_rate: f64,
     /// Probability (0..=1) of answering 422 without applying, drawn per call.
-    /// A key already applied replays its stored answer instead: a service
+    /// A key already applied replays its stored answer instead, and a key
+    /// refused this way is refused again (while `idempotent`): a service
     /// that deduplicates answers a repeat from its store, so an effect it
-    /// applied is never reported as failed (which would leave it undone).
+    /// applied is never reported as failed, nor one it refused applied by a
+    /// duplicate of the request later (either would leave it undone).
     pub permanent_rate: f64,
     /// The first N calls per idempotency key answer 503 without applying.
     pub fail_first: u32,

@@ -40,6 +40,10 @@ struct Inner {
     /// `fencing`, a forward call older than its undo is refused. Kept apart
     /// from the key's own `tokens`, which list only calls carrying the key.
     undo_tokens: HashMap<String, i64>,
+    /// Keys refused by `permanent_rate`: a remote that deduplicates answers
+    /// a repeat of the key (a redelivered or duplicated request) with the
+    /// same refusal, and never applies it later.
+    refused: std::collections::HashSet<String>,
 }
 
 /// A long-running operation (knob `long_ms`).
@@ -319,8 +323,11 @@ impl RemoteSim {
             return Reply::ok(response.clone(), true);
         }
         // After the replay check, so an applied key keeps answering success.
-        if knobs.permanent_rate > 0.0 && fastrand::f64() < knobs.permanent_rate {
+        let refused_before = knobs.idempotent && self.lock_inner().refused.contains(key);
+        if refused_before || (knobs.permanent_rate > 0.0 && fastrand::f64() < knobs.permanent_rate)
+        {
             record(Outcome::Permanent);
+            self.lock_inner().refused.insert(key.to_owned());
             let error = "simulated permanent failure (permanent_rate)";
             return Reply::error(StatusCode::UNPROCESSABLE_ENTITY, endpoint, Some(key), error);
         }
@@ -549,6 +556,26 @@ mod tests {
         );
         assert_eq!(sim.stats().keys["o:s"].tokens, [2, 2, 3, 2]);
         assert_eq!(sim.stats().keys["o:s"].applied, 4);
+    }
+
+    #[tokio::test]
+    async fn a_key_refused_by_permanent_rate_is_refused_again_and_never_applied() {
+        let sim = sim_with([(
+            "/pay",
+            Knobs {
+                permanent_rate: 1.0,
+                ..Knobs::default()
+            },
+        )]);
+        let first = sim.call("/pay", Some("o:s"), Some(1), None, b"{}").await;
+        assert_eq!(first.status, StatusCode::UNPROCESSABLE_ENTITY);
+        sim.set_knobs("/pay", Knobs::default()).expect("knobs");
+        // A duplicate of the request, after the refusal: refused again.
+        let again = sim.call("/pay", Some("o:s"), Some(1), None, b"{}").await;
+        assert_eq!(again.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(sim.stats().keys["o:s"].applied, 0);
+        let other = sim.call("/pay", Some("o:t"), Some(1), None, b"{}").await;
+        assert_eq!(other.status, StatusCode::OK);
     }
 
     #[tokio::test]

@@ -56,6 +56,20 @@ impl DeadLetters {
     }
 }
 
+/// Why a dead letter was set aside, as an operator's tools show it: sas's
+/// `x-sas-reason`, or, for a message the broker dead-lettered by its own
+/// rules (it expired, or was rejected), the broker's reason. A message the
+/// broker dead-lettered keeps the headers its sender gave it, so an
+/// `x-sas-reason` on it is the sender's, not sas's, and is not shown.
+/// Bounded to [`crate::messages::MAX_REASON_BYTES`].
+pub fn dead_letter_reason(delivery: &super::Delivery) -> Option<String> {
+    let reason = match delivery.header("x-first-death-reason") {
+        Some(broker) => format!("dead-lettered by the broker: {broker}"),
+        None => delivery.header(REASON_HEADER)?,
+    };
+    Some(crate::messages::truncate_bytes(&reason, crate::messages::MAX_REASON_BYTES).to_owned())
+}
+
 /// Copies the delivery to the dead-letter queue with `reason`, then
 /// acknowledges it. Without a [`DeadLetters`] (or if the copy cannot be
 /// made), the delivery is rejected and the queue's own dead-letter route

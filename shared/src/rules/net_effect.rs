@@ -91,8 +91,6 @@ struct Remotes {
     refused: BTreeSet<String>,
     /// Requests whose agent answered `held`: it made no call and never will.
     dead: BTreeSet<usize>,
-    /// Requests that reached the remote.
-    reached: BTreeSet<usize>,
 }
 
 impl Remotes {
@@ -112,12 +110,11 @@ impl Remotes {
             return None;
         }
         if let Call::Held = how {
-            // An agent that had it before may have called the remote.
+            // This copy was not sent; another copy of the request (a
+            // redelivery, or the outbox publishing it twice) may have been.
             self.dead.insert(i);
-            let tried = self.reached.contains(&i);
-            return Some(StepOutcome::Held { tried });
+            return Some(StepOutcome::Held { tried: false });
         }
-        self.reached.insert(i);
         let key = Self::forward_key(r);
         let newest = self.newest.entry(key.clone()).or_insert(r.fencing_token);
         let refused = r.fencing_token < *newest;

@@ -146,19 +146,20 @@ pub fn apply_reply(
     let step = &mut d.order.steps[change.pos];
     step.state = change.to;
     step.complete_by = None;
-    if let StepOutcome::Held { tried } = reply.outcome {
-        // The agent found its breaker open and sent nothing: the step is as
-        // before its dispatch, and is dispatched again, which holds the
-        // order while the breaker is open (as this load saw it). If the
-        // request may have reached the remote, its outcome is unknown.
+    if let StepOutcome::Held { .. } = reply.outcome {
+        // The agent found its breaker open and did not send this copy: the
+        // step is dispatched again, which holds the order while the breaker
+        // is open (as this load saw it). Its outcome is unknown all the
+        // same (contract §4c): another copy of the request (the outbox
+        // publishes at least once, a dead agent's delivery comes again) may
+        // have reached the remote.
         step.dispatch_id = None;
         match reply.direction {
-            Direction::Forward if tried => {
+            Direction::Forward => {
                 step.in_doubt = true;
                 step.finished_at = Some(ctx.now);
             }
-            Direction::Compensate if tried => step.undo_in_doubt = true,
-            _ => {}
+            Direction::Compensate => step.undo_in_doubt = true,
         }
     } else {
         if let Some(r) = change.result {

@@ -721,6 +721,8 @@ fn match_dead(
                 b == body
                     && match (says, why) {
                         (None, None) => true,
+                        // Dead-lettered by the broker (over the size limit).
+                        (None, Some(w)) => w.starts_with("dead-lettered by the broker"),
                         (Some(s), Some(w)) => w.contains(s),
                         _ => false,
                     }
