@@ -94,6 +94,16 @@ names!(StepState {
 pub struct UnknownState(pub String);
 
 impl ProcessState {
+    /// Every state, in the order of an order's life.
+    pub const ALL: [Self; 6] = [
+        Self::Pending,
+        Self::Processing,
+        Self::Processed,
+        Self::Error,
+        Self::Compensating,
+        Self::Compensated,
+    ];
+
     /// Whether the order has ended (until an operator's retry).
     pub fn is_terminal(self) -> bool {
         matches!(self, Self::Processed | Self::Error | Self::Compensated)

@@ -28,14 +28,7 @@ use uuid::Uuid;
 use crate::Exit;
 
 /// Every order state, in the order of an order's life.
-pub(crate) const STATES: [ProcessState; 6] = [
-    ProcessState::Pending,
-    ProcessState::Processing,
-    ProcessState::Processed,
-    ProcessState::Error,
-    ProcessState::Compensating,
-    ProcessState::Compensated,
-];
+pub(crate) const STATES: [ProcessState; 6] = ProcessState::ALL;
 
 /// `sasctl orders …`.
 #[derive(Debug, Subcommand)]

@@ -53,14 +53,7 @@ use super::{StateStore, StoreError};
 use crate::state::ProcessState;
 
 /// Every order state, so that [`prunable_states`] cannot miss a new one.
-const STATES: [ProcessState; 6] = [
-    ProcessState::Pending,
-    ProcessState::Processing,
-    ProcessState::Processed,
-    ProcessState::Error,
-    ProcessState::Compensating,
-    ProcessState::Compensated,
-];
+const STATES: [ProcessState; 6] = ProcessState::ALL;
 
 /// Whether an order in `state` may be deleted once it is old enough.
 pub fn prunable(state: ProcessState) -> bool {
