@@ -30,20 +30,21 @@ pub fn expire(
 ) -> (Decision, Option<DateTime<Utc>>) {
     let mut d = Deciding::new(order, ctx);
     let held = order.row.held_for.is_some();
+    if siblings_out_of_time(order) {
+        // Given up (or cancelled), the order let its steps still running
+        // finish, and one ran out of time: that is no failure of an undo,
+        // nor a reason to wait for its agent's breaker. It is withdrawn, in
+        // doubt (contract §4c), and the undoing goes on.
+        d.withdraw_running();
+        d.set_state(ProcessState::Compensating, None, None);
+        d.wake = true;
+        return (d.done(), None);
+    }
     // A step whose agent's breaker is not closed ran late because the
     // agent cannot reach its remote: the order waits for it, no failure counted.
     if !held && let Some((step, gate)) = running_behind_a_breaker(order, ctx) {
         d.withdraw_running();
         d.hold(Hold::Breaker(gate), &step);
-        return (d.done(), None);
-    }
-    if siblings_out_of_time(order) {
-        // Giving up, the order let its steps still running finish, and one
-        // ran out of time: that is no failure of an undo. It is withdrawn
-        // (never undone, as a step that timed out) and the undoing goes on.
-        d.withdraw_running();
-        d.set_state(ProcessState::Compensating, None, None);
-        d.wake = true;
         return (d.done(), None);
     }
     d.withdraw_running();
@@ -553,6 +554,32 @@ mod decisions {
         let (d, _) = expire(&order, &settings(3), ctx("sup"));
         assert_eq!(d.ended, Some(ProcessState::Error));
         assert_eq!(d.order.row.failure_count, 3);
+    }
+
+    #[test]
+    fn a_cancelled_orders_late_step_behind_an_open_breaker_is_undone_not_held() {
+        let order = running(2, 1);
+        let d = crate::rules::operator::cancel(&order, ctx("op")).expect("cancel");
+        let gate = crate::rules::breaker::Gate {
+            agent: d.order.steps[1].agent.clone(),
+            state: crate::rules::breaker::State::Open,
+            since: Some(now()),
+            probe_order: None,
+            max_hold_ms: 60_000,
+            forced: false,
+        };
+        let gates = [gate];
+        let late = crate::rules::Context {
+            gates: &gates,
+            ..ctx("sup")
+        };
+        let (d, _) = expire(&d.order, &settings(3), late);
+        assert_eq!(d.order.row.held_for, None, "nothing to wait for");
+        assert_eq!(d.order.row.process_state, ProcessState::Compensating);
+        assert!(d.order.steps[1].in_doubt && d.wake);
+        let undo = claim(&d.order, ctx("s2")).expect("claim");
+        let (_, request) = undo.requests().next().expect("an undo");
+        assert_eq!((request.step_index, request.in_doubt), (1, true));
     }
 
     #[test]
