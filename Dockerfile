@@ -22,6 +22,7 @@ WORKDIR /build
 # sqlx::migrate!) and third_party/ (the patched crates of Cargo.toml's
 # [patch.crates-io]).
 COPY Cargo.toml Cargo.lock ./
+COPY protocol ./protocol
 COPY shared ./shared
 COPY client ./client
 COPY services ./services

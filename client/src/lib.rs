@@ -59,7 +59,7 @@ use tokio::sync::Notify;
 use tracing::Instrument as _;
 use uuid::Uuid;
 
-pub use sas::messages::{Events, Priority, ReplayRequest, StatusEvent, Submission as Order};
+pub use sas::messages::{Events, Order, Priority, ReplayRequest, State, StatusEvent};
 pub use status::StatusStream;
 
 /// An order's identity (contract §1): a UUID, v7 when the client makes it.
@@ -115,8 +115,8 @@ pub struct Terminal {
 
 impl Terminal {
     /// `processed`, `compensated`, `failed` or `rejected`.
-    pub fn state(&self) -> EventKind {
-        self.event.state
+    pub fn state(&self) -> State {
+        self.event.state.clone()
     }
 
     /// Whether the order was processed (every step succeeded).
@@ -239,10 +239,14 @@ impl Client {
         if order.reply_to.is_none() {
             order.reply_to.clone_from(&self.status_queue);
         }
-        let body = order.to_json().to_string().into_bytes();
+        let body = serde_json::to_vec(&order).map_err(|e| {
+            Error::InvalidOrder(RejectReason::MalformedJson(sas::messages::Quoted::new(
+                &e.to_string(),
+            )))
+        })?;
         // The submission's own validation, so that an order it would
         // reject is refused here, unsent (the workflow's existence aside).
-        Order::decode(&body, None, usize::MAX, &self.queues)
+        sas::messages::decode_submission(&body, None, usize::MAX, &self.queues)
             .map_err(|(reason, _)| Error::InvalidOrder(reason))?;
         let id = order_id.to_string();
         tracing::debug!(order_id = %id, workflow = %order.workflow, "submitting");
@@ -353,7 +357,7 @@ impl Client {
         {
             return Err(Error::InvalidQueue(q.to_owned()));
         }
-        let body = request.to_json().to_string();
+        let body = serde_json::to_string(request).unwrap_or_default();
         self.publisher
             .publish(&Outgoing {
                 routing_key: self.queues.replay(),
@@ -437,7 +441,7 @@ mod tests {
     use chrono::Utc;
 
     fn terminal(id: OrderId) -> StatusEvent {
-        StatusEvent::logged(
+        sas::messages::logged_event(
             id,
             5,
             EventKind::Processed,

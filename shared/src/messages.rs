@@ -1,12 +1,16 @@
 //! Wire types, one per queue, with their encoding and the submission's
 //! validation (contract §1, §2, §4, §5). No I/O.
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use crate::topology::QueueNames;
+
+pub use sas_protocol::{
+    Alert, EventKind, Events, Order, Priority, ReplayRequest, State, StatusEvent, rfc3339,
+};
 
 /// Longest queue or workflow name sas accepts: AMQP's short string.
 pub const MAX_NAME_BYTES: usize = 255;
@@ -176,90 +180,9 @@ fn limit_broken_at(v: &Value, depth: usize) -> Option<&'static str> {
     }
 }
 
-/// The earliest and latest time sas accepts in a message: what every
-/// reader of an RFC 3339 timestamp (four-digit years) and Postgres hold.
-pub fn time_bounds() -> (DateTime<Utc>, DateTime<Utc>) {
-    let earliest = DateTime::parse_from_rfc3339("0001-01-01T00:00:00Z");
-    let latest = DateTime::parse_from_rfc3339("9999-12-31T23:59:59.999999Z");
-    match (earliest, latest) {
-        (Ok(a), Ok(b)) => (a.with_timezone(&Utc), b.with_timezone(&Utc)),
-        // Constants that parse: unreachable, but never panic on it.
-        _ => (DateTime::<Utc>::MIN_UTC, DateTime::<Utc>::MAX_UTC),
-    }
-}
-
-/// An order's priority, 0 (default) to 9; higher is claimed first.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Priority(u8);
-
-impl Priority {
-    /// The highest priority.
-    pub const MAX: u8 = 9;
-
-    /// The priority, if `n` is in 0..=9.
-    pub fn new(n: i64) -> Option<Self> {
-        u8::try_from(n).ok().filter(|n| *n <= Self::MAX).map(Self)
-    }
-
-    /// The value as stored.
-    pub fn get(self) -> u8 {
-        self.0
-    }
-}
-
-/// Which of an order's status events are published (contract §2a); the
-/// event log keeps them all, for a replay.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Events {
-    /// Every transition (contract §2).
-    #[default]
-    All,
-    /// Only the terminal event, with its `seq` in the full history.
-    Terminal,
-}
-
-impl Events {
-    /// The name in an order's body and in the `orders` table.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::All => "all",
-            Self::Terminal => "terminal",
-        }
-    }
-
-    /// Whether an event of `kind` is published.
-    pub fn publishes(self, kind: EventKind) -> bool {
-        self == Self::All || kind.is_terminal()
-    }
-}
-
-impl TryFrom<String> for Events {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
-        match s.as_str() {
-            "all" => Ok(Self::All),
-            "terminal" => Ok(Self::Terminal),
-            _ => Err(format!("unknown events setting {s:?}")),
-        }
-    }
-}
-
-/// An order as the application submitted it, validated (contract §1).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Submission {
-    /// The order's identity; `None` until resolved from `message_id` or generated.
-    pub order_id: Option<Uuid>,
-    pub workflow: String,
-    pub payload: Map<String, Value>,
-    /// The private status queue (body field, else the AMQP property).
-    pub reply_to: Option<String>,
-    pub priority: Priority,
-    pub not_before: Option<DateTime<Utc>>,
-    /// Which status events it is sent (contract §2a).
-    pub events: Events,
-}
-
+/// An order as the submission decoded and validated it (contract §1): the
+/// wire's [`Order`](sas_protocol::Order), whose fields it has.
+pub type Submission = sas_protocol::Order;
 /// What is known of a rejected message, to answer its sender.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RejectedHints {
@@ -267,178 +190,137 @@ pub struct RejectedHints {
     pub reply_to: Option<String>,
 }
 
-impl Submission {
-    /// An order of `workflow` with `payload`; every optional field unset
-    /// (the id is then resolved by the submission, or by a client).
-    pub fn new(workflow: impl Into<String>, payload: Map<String, Value>) -> Self {
-        Self {
-            order_id: None,
-            workflow: workflow.into(),
-            payload,
-            reply_to: None,
-            priority: Priority::default(),
-            not_before: None,
-            events: Events::All,
+/// Decodes and validates a body. `reply_to_property` is the AMQP
+/// `reply_to`; a queue of `names` (sas's own, contract §1b) in either
+/// the property or the body is refused.
+///
+/// On rejection also returns what could be read of the order id and the
+/// reply queue, so the sender can be told: a reply queue only where
+/// sas may publish (never one of its own).
+pub fn decode_submission(
+    body: &[u8],
+    reply_to_property: Option<&str>,
+    max_bytes: usize,
+    names: &QueueNames,
+) -> Result<Submission, (RejectReason, RejectedHints)> {
+    let reply_to_property = reply_to_property.filter(|q| is_queue_name(q));
+    let usable = |q: &&str| !names.is_reserved(q);
+    let mut hints = RejectedHints {
+        order_id: None,
+        reply_to: reply_to_property.filter(usable).map(str::to_owned),
+    };
+    if body.len() > max_bytes {
+        return Err((
+            RejectReason::TooLarge {
+                size: body.len(),
+                limit: max_bytes,
+            },
+            hints,
+        ));
+    }
+    let text = std::str::from_utf8(body).map_err(|_| (RejectReason::NotUtf8, hints.clone()))?;
+    let value: Value = serde_json::from_str(text).map_err(|e| {
+        (
+            RejectReason::MalformedJson(Quoted::new(&e.to_string())),
+            hints.clone(),
+        )
+    })?;
+    let Value::Object(mut obj) = value else {
+        return Err((RejectReason::NotAnObject, hints));
+    };
+    // Read the reply queue and the id first, so even a wrong body can be answered.
+    // Only what can be routed and echoed: a queue name, an id of a
+    // sensible size.
+    match obj.get("reply_to") {
+        Some(Value::String(q)) if is_queue_name(q) && !names.is_reserved(q) => {
+            hints.reply_to = Some(q.clone());
         }
+        _ => {}
+    }
+    hints.order_id = match obj.get("order_id") {
+        Some(Value::String(id)) if is_queue_name(id) => Some(Value::String(id.clone())),
+        Some(n @ Value::Number(_)) => Some(n.clone()),
+        _ => None,
+    };
+    let fail = |r: RejectReason| Err((r, hints.clone()));
+    if let Some(q) = reply_to_property.filter(|q| names.is_reserved(q)) {
+        return fail(reserved("the AMQP reply_to property", q));
     }
 
-    /// The body an application publishes (contract §1): what
-    /// [`Submission::decode`] reads back as this order. Fields at their
-    /// default are left out.
-    pub fn to_json(&self) -> Value {
-        let mut body = Map::new();
-        if let Some(id) = self.order_id {
-            body.insert("order_id".into(), id.to_string().into());
-        }
-        body.insert("workflow".into(), self.workflow.clone().into());
-        body.insert("payload".into(), Value::Object(self.payload.clone()));
-        if let Some(q) = &self.reply_to {
-            body.insert("reply_to".into(), q.clone().into());
-        }
-        if self.priority != Priority::default() {
-            body.insert("priority".into(), self.priority.get().into());
-        }
-        if let Some(t) = &self.not_before {
-            body.insert("not_before".into(), rfc3339::format(t).into());
-        }
-        if self.events != Events::All {
-            body.insert("events".into(), self.events.as_str().into());
-        }
-        Value::Object(body)
-    }
-
-    /// Decodes and validates a body. `reply_to_property` is the AMQP
-    /// `reply_to`; a queue of `names` (sas's own, contract §1b) in either
-    /// the property or the body is refused.
-    ///
-    /// On rejection also returns what could be read of the order id and the
-    /// reply queue, so the sender can be told: a reply queue only where
-    /// sas may publish (never one of its own).
-    pub fn decode(
-        body: &[u8],
-        reply_to_property: Option<&str>,
-        max_bytes: usize,
-        names: &QueueNames,
-    ) -> Result<Self, (RejectReason, RejectedHints)> {
-        let reply_to_property = reply_to_property.filter(|q| is_queue_name(q));
-        let usable = |q: &&str| !names.is_reserved(q);
-        let mut hints = RejectedHints {
-            order_id: None,
-            reply_to: reply_to_property.filter(usable).map(str::to_owned),
-        };
-        if body.len() > max_bytes {
-            return Err((
-                RejectReason::TooLarge {
-                    size: body.len(),
-                    limit: max_bytes,
-                },
-                hints,
+    let order_id = match obj.remove("order_id") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => match Uuid::parse_str(&s) {
+            Ok(id) => Some(id),
+            Err(_) => return fail(wrong("order_id", "a UUID string")),
+        },
+        Some(_) => return fail(wrong("order_id", "a UUID string")),
+    };
+    let workflow = match obj.remove("workflow") {
+        None | Some(Value::Null) => return fail(RejectReason::MissingField("workflow")),
+        Some(Value::String(s)) if is_queue_name(&s) => s,
+        Some(_) => {
+            return fail(wrong(
+                "workflow",
+                "a name of 1 to 255 bytes without control characters",
             ));
         }
-        let text = std::str::from_utf8(body).map_err(|_| (RejectReason::NotUtf8, hints.clone()))?;
-        let value: Value = serde_json::from_str(text).map_err(|e| {
-            (
-                RejectReason::MalformedJson(Quoted::new(&e.to_string())),
-                hints.clone(),
-            )
-        })?;
-        let Value::Object(mut obj) = value else {
-            return Err((RejectReason::NotAnObject, hints));
-        };
-        // Read the reply queue and the id first, so even a wrong body can be answered.
-        // Only what can be routed and echoed: a queue name, an id of a
-        // sensible size.
-        match obj.get("reply_to") {
-            Some(Value::String(q)) if is_queue_name(q) && !names.is_reserved(q) => {
-                hints.reply_to = Some(q.clone());
+    };
+    let payload = match obj.remove("payload") {
+        None | Some(Value::Null) => return fail(RejectReason::MissingField("payload")),
+        Some(Value::Object(m)) => {
+            if let Some(expected) = payload_broken(&m) {
+                return fail(wrong("payload", expected));
             }
-            _ => {}
+            m
         }
-        hints.order_id = match obj.get("order_id") {
-            Some(Value::String(id)) if is_queue_name(id) => Some(Value::String(id.clone())),
-            Some(n @ Value::Number(_)) => Some(n.clone()),
-            _ => None,
-        };
-        let fail = |r: RejectReason| Err((r, hints.clone()));
-        if let Some(q) = reply_to_property.filter(|q| names.is_reserved(q)) {
-            return fail(reserved("the AMQP reply_to property", q));
+        Some(_) => return fail(wrong("payload", "an object")),
+    };
+    let reply_to = match obj.remove("reply_to") {
+        None | Some(Value::Null) => reply_to_property.map(str::to_owned),
+        Some(Value::String(s)) if names.is_reserved(&s) => {
+            return fail(reserved("`reply_to`", &s));
         }
-
-        let order_id = match obj.remove("order_id") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => match Uuid::parse_str(&s) {
-                Ok(id) => Some(id),
-                Err(_) => return fail(wrong("order_id", "a UUID string")),
-            },
-            Some(_) => return fail(wrong("order_id", "a UUID string")),
-        };
-        let workflow = match obj.remove("workflow") {
-            None | Some(Value::Null) => return fail(RejectReason::MissingField("workflow")),
-            Some(Value::String(s)) if is_queue_name(&s) => s,
-            Some(_) => {
-                return fail(wrong(
-                    "workflow",
-                    "a name of 1 to 255 bytes without control characters",
-                ));
-            }
-        };
-        let payload = match obj.remove("payload") {
-            None | Some(Value::Null) => return fail(RejectReason::MissingField("payload")),
-            Some(Value::Object(m)) => {
-                if let Some(expected) = payload_broken(&m) {
-                    return fail(wrong("payload", expected));
-                }
-                m
-            }
-            Some(_) => return fail(wrong("payload", "an object")),
-        };
-        let reply_to = match obj.remove("reply_to") {
-            None | Some(Value::Null) => reply_to_property.map(str::to_owned),
-            Some(Value::String(s)) if names.is_reserved(&s) => {
-                return fail(reserved("`reply_to`", &s));
-            }
-            Some(Value::String(s)) if is_queue_name(&s) => Some(s),
-            Some(_) => {
-                return fail(wrong(
-                    "reply_to",
-                    "a queue name (1 to 255 bytes, no control characters)",
-                ));
-            }
-        };
-        let priority = match obj.remove("priority") {
-            None | Some(Value::Null) => Priority::default(),
-            Some(Value::Number(n)) => match n.as_i64().and_then(Priority::new) {
-                Some(p) => p,
-                None => return fail(wrong("priority", "an integer from 0 to 9")),
-            },
-            Some(_) => return fail(wrong("priority", "an integer from 0 to 9")),
-        };
-        let not_before = match obj.remove("not_before") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => match parse_time(&s) {
-                Some(t) => Some(t),
-                None => return fail(wrong("not_before", NOT_BEFORE)),
-            },
-            Some(_) => return fail(wrong("not_before", NOT_BEFORE)),
-        };
-        let events = match obj.remove("events") {
-            None | Some(Value::Null) => Events::All,
-            Some(Value::String(s)) => match Events::try_from(s) {
-                Ok(e) => e,
-                Err(_) => return fail(wrong("events", EVENTS)),
-            },
-            Some(_) => return fail(wrong("events", EVENTS)),
-        };
-        Ok(Self {
-            order_id,
-            workflow,
-            payload,
-            reply_to,
-            priority,
-            not_before,
-            events,
-        })
-    }
+        Some(Value::String(s)) if is_queue_name(&s) => Some(s),
+        Some(_) => {
+            return fail(wrong(
+                "reply_to",
+                "a queue name (1 to 255 bytes, no control characters)",
+            ));
+        }
+    };
+    let priority = match obj.remove("priority") {
+        None | Some(Value::Null) => Priority::default(),
+        Some(Value::Number(n)) => match n.as_i64().and_then(Priority::new) {
+            Some(p) => p,
+            None => return fail(wrong("priority", "an integer from 0 to 9")),
+        },
+        Some(_) => return fail(wrong("priority", "an integer from 0 to 9")),
+    };
+    let not_before = match obj.remove("not_before") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => match rfc3339::parse(&s) {
+            Some(t) => Some(t),
+            None => return fail(wrong("not_before", rfc3339::EXPECTED)),
+        },
+        Some(_) => return fail(wrong("not_before", rfc3339::EXPECTED)),
+    };
+    let events = match obj.remove("events") {
+        None | Some(Value::Null) => Events::All,
+        Some(Value::String(s)) => match Events::try_from(s) {
+            Ok(e) => e,
+            Err(_) => return fail(wrong("events", EVENTS)),
+        },
+        Some(_) => return fail(wrong("events", EVENTS)),
+    };
+    Ok(Submission {
+        order_id,
+        workflow,
+        payload,
+        reply_to,
+        priority,
+        not_before,
+        events,
+    })
 }
 
 /// What a payload breaks of what sas can store and carry, if anything: the
@@ -478,15 +360,6 @@ fn has_nul(v: &Value) -> bool {
         Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
         Value::Null | Value::Bool(_) | Value::Number(_) => false,
     }
-}
-
-const NOT_BEFORE: &str = "an RFC 3339 timestamp from year 0001 to 9999 (UTC)";
-
-/// An RFC 3339 timestamp within [`time_bounds`].
-fn parse_time(s: &str) -> Option<DateTime<Utc>> {
-    let t = DateTime::parse_from_rfc3339(s).ok()?.with_timezone(&Utc);
-    let (earliest, latest) = time_bounds();
-    (earliest..=latest).contains(&t).then_some(t)
 }
 
 /// Replaces every NUL character (`\u0000`, which Postgres cannot store)
@@ -533,141 +406,44 @@ fn reserved(field: &'static str, queue: &str) -> RejectReason {
     }
 }
 
-/// The `state` of a status event (contract §2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EventKind {
-    Received,
-    Rejected,
-    Processing,
-    StepSucceeded,
-    RetryScheduled,
-    Processed,
-    Compensating,
-    Compensated,
-    Failed,
-    /// A running step has used a rung's fraction of its time (contract §8).
-    DeadlineWarning,
-    /// The order waits for its agent's breaker to close (contract §8).
-    Held,
-    /// A held order's step is dispatched again.
-    Resumed,
-    /// A long-running remote operation answered `202 Accepted` again: the
-    /// step's complete-by moved forward (contract §4b).
-    Heartbeat,
-    /// An operator started an ended order again, maybe with a patched
-    /// payload (contract §9).
-    Redriven,
-}
-
-impl EventKind {
-    /// The name used on the wire and in the event log.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Received => "received",
-            Self::Rejected => "rejected",
-            Self::Processing => "processing",
-            Self::StepSucceeded => "step_succeeded",
-            Self::RetryScheduled => "retry_scheduled",
-            Self::Processed => "processed",
-            Self::Compensating => "compensating",
-            Self::Compensated => "compensated",
-            Self::Failed => "failed",
-            Self::DeadlineWarning => "deadline_warning",
-            Self::Held => "held",
-            Self::Resumed => "resumed",
-            Self::Heartbeat => "heartbeat",
-            Self::Redriven => "redriven",
-        }
-    }
-
-    /// Whether the event ends the order.
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            Self::Processed | Self::Compensated | Self::Failed | Self::Rejected
-        )
+/// The `rejected` event for a message that was not accepted (`seq` 0).
+pub fn rejected_event(
+    hints: &RejectedHints,
+    reason: &RejectReason,
+    at: DateTime<Utc>,
+) -> StatusEvent {
+    StatusEvent {
+        order_id: hints.order_id.clone().unwrap_or(Value::Null),
+        seq: 0,
+        state: EventKind::Rejected.into(),
+        step: None,
+        attempt: None,
+        at,
+        detail: serde_json::json!({ "error": reason.to_string() }),
     }
 }
 
-impl std::str::FromStr for EventKind {
-    type Err = serde_json::Error;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        serde_json::from_value(Value::String(s.to_owned()))
+/// The status event of a logged transition of `order_id` (contract §2):
+/// what the outbox publishes when the transition commits, and what a
+/// replay (§9) publishes again from the event log, field for field.
+pub fn logged_event(
+    order_id: Uuid,
+    seq: i32,
+    state: EventKind,
+    step: Option<String>,
+    attempt: i32,
+    at: DateTime<Utc>,
+    detail: Value,
+) -> StatusEvent {
+    StatusEvent {
+        order_id: Value::String(order_id.to_string()),
+        seq: i64::from(seq),
+        state: state.into(),
+        step,
+        attempt: Some(attempt),
+        at,
+        detail,
     }
-}
-
-/// A status event on the application's private queue (contract §2).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StatusEvent {
-    /// The order's id; in a `rejected` event, the id as the message gave it
-    /// (whatever its type), or null.
-    pub order_id: Value,
-    pub seq: i64,
-    pub state: EventKind,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub step: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attempt: Option<i32>,
-    #[serde(with = "rfc3339")]
-    pub at: DateTime<Utc>,
-    #[serde(default)]
-    pub detail: Value,
-}
-
-impl StatusEvent {
-    /// The `rejected` event for a message that was not accepted (`seq` 0).
-    pub fn rejected(hints: &RejectedHints, reason: &RejectReason, at: DateTime<Utc>) -> Self {
-        Self {
-            order_id: hints.order_id.clone().unwrap_or(Value::Null),
-            seq: 0,
-            state: EventKind::Rejected,
-            step: None,
-            attempt: None,
-            at,
-            detail: serde_json::json!({ "error": reason.to_string() }),
-        }
-    }
-}
-
-impl StatusEvent {
-    /// The status event of a logged transition of `order_id` (contract §2):
-    /// what the outbox publishes when the transition commits, and what a
-    /// replay (§9) publishes again from the event log, field for field.
-    pub fn logged(
-        order_id: Uuid,
-        seq: i32,
-        state: EventKind,
-        step: Option<String>,
-        attempt: i32,
-        at: DateTime<Utc>,
-        detail: Value,
-    ) -> Self {
-        Self {
-            order_id: Value::String(order_id.to_string()),
-            seq: i64::from(seq),
-            state,
-            step,
-            attempt: Some(attempt),
-            at,
-            detail,
-        }
-    }
-}
-
-/// A request on `<prefix>.replay` to publish stored status events again
-/// (contract §9), to the queue its AMQP `reply_to` names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReplayRequest {
-    /// `{"order_id", "from_seq"}`: one order's events from `from_seq` on;
-    /// by default to the order's own status queue.
-    Order { order_id: Uuid, from_seq: i32 },
-    /// `{"reply_to", "since"}`: the events at or after `since` of every
-    /// order whose status queue is `reply_to`; by default to that queue.
-    Queue {
-        reply_to: String,
-        since: DateTime<Utc>,
-    },
 }
 
 /// The fields a replay request may carry, of either form.
@@ -676,84 +452,76 @@ const REPLAY_FIELDS: [&str; 4] = ["order_id", "from_seq", "reply_to", "since"];
 /// What `from_seq` must be.
 const FROM_SEQ: &str = "an integer from 0 to 2147483647";
 
-impl ReplayRequest {
-    /// Decodes and validates a replay request's body, strictly (contract
-    /// §1b): a field other than the two forms' is refused, so no other
-    /// message (a status event, an order) is ever read as a request, and
-    /// a `reply_to` naming a queue of `names` is refused.
-    pub fn decode(body: &[u8], max_bytes: usize, names: &QueueNames) -> Result<Self, RejectReason> {
-        if body.len() > max_bytes {
-            return Err(RejectReason::TooLarge {
-                size: body.len(),
-                limit: max_bytes,
-            });
-        }
-        let text = std::str::from_utf8(body).map_err(|_| RejectReason::NotUtf8)?;
-        let value: Value = serde_json::from_str(text)
-            .map_err(|e| RejectReason::MalformedJson(Quoted::new(&e.to_string())))?;
-        let Value::Object(obj) = value else {
-            return Err(RejectReason::NotAnObject);
-        };
-        if let Some(unknown) = obj.keys().find(|k| !REPLAY_FIELDS.contains(&k.as_str())) {
-            return Err(RejectReason::UnknownField(Quoted::new(unknown)));
-        }
-        let present = |k: &str| obj.get(k).is_some_and(|v| !v.is_null());
-        if present("order_id") {
-            if present("reply_to") || present("since") {
-                return Err(wrong(
-                    "reply_to",
-                    "absent beside order_id (the AMQP reply_to property names where events go)",
-                ));
-            }
-            let order_id = match obj.get("order_id") {
-                Some(Value::String(s)) => {
-                    Uuid::parse_str(s).map_err(|_| wrong("order_id", "a UUID string"))?
-                }
-                _ => return Err(wrong("order_id", "a UUID string")),
-            };
-            let from_seq = match obj.get("from_seq") {
-                None | Some(Value::Null) => 1,
-                Some(Value::Number(n)) => n
-                    .as_i64()
-                    .and_then(|n| i32::try_from(n).ok())
-                    .filter(|n| *n >= 0)
-                    .ok_or_else(|| wrong("from_seq", FROM_SEQ))?,
-                Some(_) => return Err(wrong("from_seq", FROM_SEQ)),
-            };
-            return Ok(Self::Order { order_id, from_seq });
-        }
-        if present("from_seq") {
-            return Err(RejectReason::MissingField("order_id"));
-        }
-        let reply_to = match obj.get("reply_to") {
-            None | Some(Value::Null) => {
-                return Err(RejectReason::MissingField("order_id` or `reply_to"));
-            }
-            Some(Value::String(q)) if names.is_reserved(q) => {
-                return Err(reserved("`reply_to`", q));
-            }
-            Some(Value::String(q)) if is_queue_name(q) => q.clone(),
-            Some(_) => return Err(wrong("reply_to", "a queue name of 1 to 255 bytes")),
-        };
-        let since = match obj.get("since") {
-            None | Some(Value::Null) => return Err(RejectReason::MissingField("since")),
-            Some(Value::String(s)) => parse_time(s).ok_or_else(|| wrong("since", NOT_BEFORE))?,
-            Some(_) => return Err(wrong("since", NOT_BEFORE)),
-        };
-        Ok(Self::Queue { reply_to, since })
+/// Decodes and validates a replay request's body, strictly (contract
+/// §1b): a field other than the two forms' is refused, so no other
+/// message (a status event, an order) is ever read as a request, and
+/// a `reply_to` naming a queue of `names` is refused.
+pub fn decode_replay(
+    body: &[u8],
+    max_bytes: usize,
+    names: &QueueNames,
+) -> Result<ReplayRequest, RejectReason> {
+    if body.len() > max_bytes {
+        return Err(RejectReason::TooLarge {
+            size: body.len(),
+            limit: max_bytes,
+        });
     }
-
-    /// The body to publish: what [`ReplayRequest::decode`] reads back.
-    pub fn to_json(&self) -> Value {
-        match self {
-            Self::Order { order_id, from_seq } => {
-                serde_json::json!({ "order_id": order_id.to_string(), "from_seq": from_seq })
-            }
-            Self::Queue { reply_to, since } => {
-                serde_json::json!({ "reply_to": reply_to, "since": rfc3339::format(since) })
-            }
-        }
+    let text = std::str::from_utf8(body).map_err(|_| RejectReason::NotUtf8)?;
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| RejectReason::MalformedJson(Quoted::new(&e.to_string())))?;
+    let Value::Object(obj) = value else {
+        return Err(RejectReason::NotAnObject);
+    };
+    if let Some(unknown) = obj.keys().find(|k| !REPLAY_FIELDS.contains(&k.as_str())) {
+        return Err(RejectReason::UnknownField(Quoted::new(unknown)));
     }
+    let present = |k: &str| obj.get(k).is_some_and(|v| !v.is_null());
+    if present("order_id") {
+        if present("reply_to") || present("since") {
+            return Err(wrong(
+                "reply_to",
+                "absent beside order_id (the AMQP reply_to property names where events go)",
+            ));
+        }
+        let order_id = match obj.get("order_id") {
+            Some(Value::String(s)) => {
+                Uuid::parse_str(s).map_err(|_| wrong("order_id", "a UUID string"))?
+            }
+            _ => return Err(wrong("order_id", "a UUID string")),
+        };
+        let from_seq = match obj.get("from_seq") {
+            None | Some(Value::Null) => 1,
+            Some(Value::Number(n)) => n
+                .as_i64()
+                .and_then(|n| i32::try_from(n).ok())
+                .filter(|n| *n >= 0)
+                .ok_or_else(|| wrong("from_seq", FROM_SEQ))?,
+            Some(_) => return Err(wrong("from_seq", FROM_SEQ)),
+        };
+        return Ok(ReplayRequest::Order { order_id, from_seq });
+    }
+    if present("from_seq") {
+        return Err(RejectReason::MissingField("order_id"));
+    }
+    let reply_to = match obj.get("reply_to") {
+        None | Some(Value::Null) => {
+            return Err(RejectReason::MissingField("order_id` or `reply_to"));
+        }
+        Some(Value::String(q)) if names.is_reserved(q) => {
+            return Err(reserved("`reply_to`", q));
+        }
+        Some(Value::String(q)) if is_queue_name(q) => q.clone(),
+        Some(_) => return Err(wrong("reply_to", "a queue name of 1 to 255 bytes")),
+    };
+    let since = match obj.get("since") {
+        None | Some(Value::Null) => return Err(RejectReason::MissingField("since")),
+        Some(Value::String(s)) => {
+            rfc3339::parse(s).ok_or_else(|| wrong("since", rfc3339::EXPECTED))?
+        }
+        Some(_) => return Err(wrong("since", rfc3339::EXPECTED)),
+    };
+    Ok(ReplayRequest::Queue { reply_to, since })
 }
 
 /// Whether a step request runs the step or undoes it.
@@ -1046,37 +814,6 @@ impl StepReply {
     }
 }
 
-/// An operator alert on `<prefix>.alerts` (contract §5).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Alert {
-    pub order_id: Uuid,
-    pub workflow: String,
-    pub state: String,
-    pub reason: String,
-    pub failure_count: i32,
-    #[serde(with = "rfc3339")]
-    pub at: DateTime<Utc>,
-}
-
-/// RFC 3339 in UTC with microseconds and a `Z`, the form every sas message uses.
-pub mod rfc3339 {
-    use super::*;
-    use serde::{Deserializer, Serializer};
-
-    /// Formats a time the way sas writes it.
-    pub fn format(t: &DateTime<Utc>) -> String {
-        t.to_rfc3339_opts(SecondsFormat::Micros, true)
-    }
-
-    pub fn serialize<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&format(t))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
-        let s = String::deserialize(d)?;
-        parse_time(&s).ok_or_else(|| serde::de::Error::custom(NOT_BEFORE))
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -1088,7 +825,7 @@ mod tests {
     }
 
     fn decode(body: &str) -> Result<Submission, RejectReason> {
-        Submission::decode(body.as_bytes(), None, 1024, &names()).map_err(|(r, _)| r)
+        decode_submission(body.as_bytes(), None, 1024, &names()).map_err(|(r, _)| r)
     }
 
     #[test]
@@ -1138,8 +875,8 @@ mod tests {
             let s = decode(body).unwrap();
             assert_eq!(s.events, events, "{body}");
             // What an application would publish reads back the same.
-            let again = serde_json::to_vec(&s.to_json()).unwrap();
-            assert_eq!(Submission::decode(&again, None, 1024, &names()).unwrap(), s);
+            let again = serde_json::to_vec(&s).unwrap();
+            assert_eq!(decode_submission(&again, None, 1024, &names()).unwrap(), s);
         }
         for body in [
             r#"{"workflow":"w","payload":{},"events":"some"}"#,
@@ -1217,7 +954,7 @@ mod tests {
                 .label(),
             "wrong_type"
         );
-        let property = Submission::decode(
+        let property = decode_submission(
             br#"{"workflow":"w","payload":{}}"#,
             Some("q\0"),
             1024,
@@ -1270,13 +1007,13 @@ mod tests {
             "wrong_type"
         );
         assert_eq!(
-            Submission::decode(&[0xff, 0xfe], None, 10, &names())
+            decode_submission(&[0xff, 0xfe], None, 10, &names())
                 .unwrap_err()
                 .0,
             RejectReason::NotUtf8
         );
         assert!(matches!(
-            Submission::decode(&[b' '; 11], None, 10, &names())
+            decode_submission(&[b' '; 11], None, 10, &names())
                 .unwrap_err()
                 .0,
             RejectReason::TooLarge {
@@ -1299,7 +1036,7 @@ mod tests {
             r#"{"workflow":"w","payload":{},"not_before":"2030-02-30T00:00:00Z"}"#.to_owned(),
         ] {
             let (reason, hints) =
-                Submission::decode(body.as_bytes(), None, 4096, &names()).unwrap_err();
+                decode_submission(body.as_bytes(), None, 4096, &names()).unwrap_err();
             assert_eq!(reason.label(), "wrong_type", "{body}");
             assert!(
                 hints.reply_to.as_ref().is_none_or(|q| is_queue_name(q)),
@@ -1311,11 +1048,11 @@ mod tests {
             "q".repeat(255)
         );
         assert!(
-            Submission::decode(edge.as_bytes(), None, 4096, &names()).is_ok(),
+            decode_submission(edge.as_bytes(), None, 4096, &names()).is_ok(),
             "255 bytes is a name"
         );
         // An unusable reply queue or order id in a rejected body is not echoed.
-        let (_, hints) = Submission::decode(
+        let (_, hints) = decode_submission(
             format!(r#"{{"order_id":{{"deep":[1,2]}},"payload":1,"reply_to":"{long}"}}"#)
                 .as_bytes(),
             Some("prop"),
@@ -1411,7 +1148,8 @@ mod tests {
         ];
         let body = proptest::collection::vec((field, value), 0..8).prop_map(|fields| {
             let inner: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
-            format!("{{{}}}", inner.join(","))
+            let unique = fields.iter().map(|(k, _)| k).collect::<std::collections::HashSet<_>>();
+            (format!("{{{}}}", inner.join(",")), unique.len() == fields.len())
         });
         let mut runner = TestRunner::new(Config {
             cases: 4000,
@@ -1419,12 +1157,21 @@ mod tests {
             ..Config::default()
         });
         runner
-            .run(&(body, proptest::option::of(text)), |(body, property)| {
-                match Submission::decode(body.as_bytes(), property.as_deref(), 1 << 20, &names()) {
+            .run(&(body, proptest::option::of(text)), |((body, unique), property)| {
+                match decode_submission(body.as_bytes(), property.as_deref(), 1 << 20, &names()) {
                     Ok(s) => {
+                        // The published wire type reads what the server
+                        // accepts as the same order (the server alone
+                        // takes a repeated field, the last one, replaces
+                        // NUL, and falls back to the AMQP reply_to).
+                        if unique && !body.contains("\\u0000") && property.is_none() {
+                            let wire: Order = serde_json::from_str(&body)
+                                .map_err(|e| TestCaseError::fail(format!("{e}: {body}")))?;
+                            prop_assert_eq!(&wire, &s, "{}", body);
+                        }
                         prop_assert!(is_queue_name(&s.workflow));
                         prop_assert!(s.reply_to.as_deref().is_none_or(is_queue_name));
-                        let (earliest, latest) = time_bounds();
+                        let (earliest, latest) = rfc3339::bounds();
                         prop_assert!(s.not_before.is_none_or(|t| earliest <= t && t <= latest));
                         let stored = serde_json::to_string(&s.payload).unwrap_or_default();
                         prop_assert!(!stored.contains("\\u0000"));
@@ -1435,6 +1182,62 @@ mod tests {
                         let id = hints.order_id.map(|v| v.to_string()).unwrap_or_default();
                         prop_assert!(id.len() <= 2 + MAX_NAME_BYTES * 6);
                     }
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    #[test]
+    fn the_published_wire_type_and_the_server_read_every_order_alike() {
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, TestRunner};
+        let pick = |options: &[&'static str]| proptest::sample::select(options.to_vec());
+        let fields = (
+            pick(&[r#""w""#, r#""shop.checkout""#, r#""é""#, r#""""#, "7"]),
+            pick(&["{}", r#"{"a":1}"#, r#"{"n":[1,{"b":null}],"s":"t"}"#, "[]"]),
+            pick(&["", r#""0192a0c0-0000-7000-8000-000000000001""#, "null", r#""x""#]),
+            pick(&["", r#""app.status""#, "null", r#""sas.orders""#, r#""""#]),
+            pick(&["", "0", "9", "null", "10", "-1", "3.5"]),
+            pick(&["", r#""2030-01-01T00:00:00+02:00""#, "null", r#""2030-02-30T00:00:00Z""#]),
+            pick(&["", r#""all""#, r#""terminal""#, "null", r#""some""#]),
+            pick(&["", "1", r#"{"deep":[[]]}"#]),
+        );
+        let body = fields.prop_flat_map(|(w, p, id, q, prio, nb, ev, extra)| {
+            let named = [
+                ("workflow", w),
+                ("payload", p),
+                ("order_id", id),
+                ("reply_to", q),
+                ("priority", prio),
+                ("not_before", nb),
+                ("events", ev),
+                ("extra", extra),
+            ];
+            let present: Vec<String> = named
+                .iter()
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(k, v)| format!("\"{k}\":{v}"))
+                .collect();
+            Just(present).prop_shuffle().prop_map(|f| format!("{{{}}}", f.join(",")))
+        });
+        let mut runner = TestRunner::new(Config {
+            cases: 2000,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        runner
+            .run(&body, |body| {
+                if let Ok(s) = decode_submission(body.as_bytes(), None, 1 << 20, &names()) {
+                    let wire: Order = serde_json::from_str(&body)
+                        .map_err(|e| TestCaseError::fail(format!("{e}: {body}")))?;
+                    prop_assert_eq!(&wire, &s, "{}", body);
+                    // And what the wire type writes, the server reads back.
+                    let again = serde_json::to_vec(&wire).unwrap();
+                    prop_assert_eq!(
+                        decode_submission(&again, None, 1 << 20, &names()).ok(),
+                        Some(s)
+                    );
                 }
                 Ok(())
             })
@@ -1483,19 +1286,19 @@ mod tests {
 
     #[test]
     fn an_order_encodes_to_what_the_submission_decodes() {
-        let mut order = Submission::new("w", Map::new());
+        let mut order = Order::new("w", Map::new());
         assert_eq!(
-            order.to_json(),
+            serde_json::to_value(&order).unwrap(),
             serde_json::json!({"workflow": "w", "payload": {}})
         );
         order.order_id = Some(Uuid::new_v4());
         order.payload.insert("sku".into(), "A-1".into());
         order.reply_to = Some("app.status".into());
         order.priority = Priority::new(7).unwrap();
-        order.not_before = parse_time("2030-01-01T00:00:00Z");
-        let body = order.to_json().to_string();
+        order.not_before = rfc3339::parse("2030-01-01T00:00:00Z");
+        let body = serde_json::to_string(&order).unwrap();
         assert_eq!(
-            Submission::decode(body.as_bytes(), None, 1024, &names()).unwrap(),
+            decode_submission(body.as_bytes(), None, 1024, &names()).unwrap(),
             order
         );
     }
@@ -1503,7 +1306,7 @@ mod tests {
     #[test]
     fn replay_requests_decode_in_either_form_and_round_trip() {
         let id = Uuid::new_v4();
-        let one = ReplayRequest::decode(
+        let one = decode_replay(
             format!(r#"{{"order_id":"{id}","from_seq":3}}"#).as_bytes(),
             1024,
             &names(),
@@ -1517,7 +1320,7 @@ mod tests {
             }
         );
         assert_eq!(
-            ReplayRequest::decode(
+            decode_replay(
                 format!(r#"{{"order_id":"{id}"}}"#).as_bytes(),
                 1024,
                 &names()
@@ -1529,7 +1332,7 @@ mod tests {
             },
             "from_seq defaults to the first event"
         );
-        let queue = ReplayRequest::decode(
+        let queue = decode_replay(
             br#"{"reply_to":"app","since":"2030-01-01T01:00:00+01:00"}"#,
             1024,
             &names(),
@@ -1539,13 +1342,13 @@ mod tests {
             queue,
             ReplayRequest::Queue {
                 reply_to: "app".into(),
-                since: parse_time("2030-01-01T00:00:00Z").unwrap()
+                since: rfc3339::parse("2030-01-01T00:00:00Z").unwrap()
             }
         );
         for request in [one, queue] {
-            let body = request.to_json().to_string();
+            let body = serde_json::to_string(&request).unwrap();
             assert_eq!(
-                ReplayRequest::decode(body.as_bytes(), 1024, &names()).unwrap(),
+                decode_replay(body.as_bytes(), 1024, &names()).unwrap(),
                 request
             );
         }
@@ -1554,7 +1357,7 @@ mod tests {
     #[test]
     fn malformed_replay_requests_get_precise_reasons() {
         let label = |body: &str| {
-            ReplayRequest::decode(body.as_bytes(), 256, &names())
+            decode_replay(body.as_bytes(), 256, &names())
                 .unwrap_err()
                 .label()
         };
@@ -1578,7 +1381,7 @@ mod tests {
         }
         assert_eq!(label(&" ".repeat(257)), "too_large");
         assert!(
-            ReplayRequest::decode(b"{}", 10, &names())
+            decode_replay(b"{}", 10, &names())
                 .unwrap_err()
                 .to_string()
                 .contains("`order_id` or `reply_to`")
@@ -1588,8 +1391,8 @@ mod tests {
     #[test]
     fn a_logged_event_is_the_status_event_the_outbox_sends() {
         let id = Uuid::new_v4();
-        let at = parse_time("2026-11-21T10:00:00.123456Z").unwrap();
-        let e = StatusEvent::logged(
+        let at = rfc3339::parse("2026-11-21T10:00:00.123456Z").unwrap();
+        let e = logged_event(
             id,
             3,
             EventKind::StepSucceeded,
@@ -1608,7 +1411,7 @@ mod tests {
 
     #[test]
     fn a_rejected_body_still_yields_its_reply_queue() {
-        let (_, hints) = Submission::decode(
+        let (_, hints) = decode_submission(
             br#"{"order_id":"nope","workflow":"w","payload":{},"reply_to":"mine"}"#,
             Some("prop"),
             1024,
@@ -1616,7 +1419,7 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(hints.reply_to.as_deref(), Some("mine"));
-        let ev = StatusEvent::rejected(&hints, &RejectReason::NotAnObject, Utc::now());
+        let ev = rejected_event(&hints, &RejectReason::NotAnObject, Utc::now());
         assert_eq!(ev.seq, 0);
         assert_eq!(ev.order_id, "nope", "the id as given");
     }
@@ -1636,17 +1439,17 @@ mod tests {
                 r#"{{"order_id":"{id}","workflow":"w","payload":{{}},"reply_to":"{queue}"}}"#
             );
             let (reason, hints) =
-                Submission::decode(body.as_bytes(), None, 1024, &names()).unwrap_err();
+                decode_submission(body.as_bytes(), None, 1024, &names()).unwrap_err();
             assert_eq!(reason.label(), "reserved_queue", "{queue}");
             assert_eq!(hints.reply_to, None, "no event goes to {queue}");
             // A usable property is where the sender is told.
             let (_, hints) =
-                Submission::decode(body.as_bytes(), Some("mine"), 1024, &names()).unwrap_err();
+                decode_submission(body.as_bytes(), Some("mine"), 1024, &names()).unwrap_err();
             assert_eq!(hints.reply_to.as_deref(), Some("mine"));
 
             let body = r#"{"workflow":"w","payload":{},"reply_to":"mine"}"#;
             let (reason, hints) =
-                Submission::decode(body.as_bytes(), Some(queue), 1024, &names()).unwrap_err();
+                decode_submission(body.as_bytes(), Some(queue), 1024, &names()).unwrap_err();
             assert_eq!(reason.label(), "reserved_queue", "property {queue}");
             assert_eq!(hints.reply_to.as_deref(), Some("mine"));
             let text = reason.to_string();
@@ -1656,7 +1459,7 @@ mod tests {
             );
         }
         // Another deployment's prefix, or a name that merely starts alike, is the application's.
-        let ok = Submission::decode(
+        let ok = decode_submission(
             br#"{"workflow":"w","payload":{},"reply_to":"sasx.status"}"#,
             Some("other.status"),
             1024,
@@ -1670,7 +1473,7 @@ mod tests {
     fn a_replay_request_is_read_strictly_and_never_into_sas_queues() {
         let id = Uuid::new_v4();
         // A status event, an order, a request with one stray field: none is a replay request.
-        let event = serde_json::to_vec(&StatusEvent::logged(
+        let event = serde_json::to_vec(&logged_event(
             id,
             1,
             EventKind::Received,
@@ -1683,7 +1486,7 @@ mod tests {
         let stray = format!(r#"{{"order_id":"{id}","from_seq":1,"x":1}}"#);
         let order = format!(r#"{{"order_id":"{id}","workflow":"w","payload":{{}}}}"#);
         for body in [event, stray.into_bytes(), order.into_bytes()] {
-            let reason = ReplayRequest::decode(&body, 1024, &names()).unwrap_err();
+            let reason = decode_replay(&body, 1024, &names()).unwrap_err();
             assert_eq!(
                 reason.label(),
                 "unknown_field",
@@ -1693,13 +1496,11 @@ mod tests {
         }
         let body = br#"{"reply_to":"sas.replay","since":"2030-01-01T00:00:00Z"}"#;
         assert_eq!(
-            ReplayRequest::decode(body, 1024, &names())
-                .unwrap_err()
-                .label(),
+            decode_replay(body, 1024, &names()).unwrap_err().label(),
             "reserved_queue"
         );
         assert_eq!(
-            ReplayRequest::decode(br#"{"from_seq":2}"#, 1024, &names()).unwrap_err(),
+            decode_replay(br#"{"from_seq":2}"#, 1024, &names()).unwrap_err(),
             RejectReason::MissingField("order_id")
         );
     }

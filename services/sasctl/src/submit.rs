@@ -133,7 +133,7 @@ pub fn order_body(
         .unwrap_or_default();
     order.not_before = options.not_before;
     order.events = options.events;
-    order.to_json()
+    serde_json::to_value(order).unwrap_or_default()
 }
 
 /// `--events`: `all` or `terminal`.
@@ -647,7 +647,7 @@ mod tests {
                 events: Events::Terminal,
             },
         );
-        let decoded = sas::messages::Submission::decode(
+        let decoded = sas::messages::decode_submission(
             body.to_string().as_bytes(),
             Some("app"),
             1 << 20,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use sas::applications::Application;
 use sas::broker::{self, BrokerError, Outgoing, PublishError, Publisher, Received};
-use sas::messages::{Quoted, RejectReason, ReplayRequest, is_queue_name};
+use sas::messages::{Quoted, RejectReason, ReplayRequest, decode_replay, is_queue_name};
 use sas::metrics::labels;
 use sas::service::Context;
 use sas::state_store::{StateStore, StoreError};
@@ -50,8 +50,7 @@ impl Replayer {
             }
         };
         let request =
-            match ReplayRequest::decode(delivery.body(), settings.max_body_bytes, &self.ctx.queues)
-            {
+            match decode_replay(delivery.body(), settings.max_body_bytes, &self.ctx.queues) {
                 Ok(request) => request,
                 Err(reason) => return self.reject(&delivery, &reason).await,
             };

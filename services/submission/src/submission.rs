@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use chrono::Utc;
 use sas::applications::Application;
 use sas::broker::{self, BrokerError, Outgoing, Publisher, Received};
-use sas::messages::{Quoted, RejectReason, RejectedHints, StatusEvent, Submission};
+use sas::messages::{Quoted, RejectReason, RejectedHints, decode_submission, rejected_event};
 use sas::metrics::labels;
 use sas::outbox::Relay;
 use sas::service::Context;
@@ -172,7 +172,7 @@ impl Submitter {
                     .await;
             }
         };
-        let decoded = Submission::decode(
+        let decoded = decode_submission(
             delivery.body(),
             delivery.reply_to(),
             settings.submission.max_body_bytes,
@@ -321,7 +321,7 @@ impl Submitter {
         });
         if let Some(queue) = told {
             let hints = self.unechoed(hints, sender).await;
-            let event = StatusEvent::rejected(&hints, reason, Utc::now());
+            let event = rejected_event(&hints, reason, Utc::now());
             let body = serde_json::to_vec(&event).unwrap_or_default();
             // The hints hold only ids and queues of a routable size.
             let correlation = match &event.order_id {

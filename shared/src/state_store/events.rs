@@ -7,7 +7,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::messages::{EventKind, ReplayRequest, StatusEvent};
+use crate::messages::{EventKind, ReplayRequest, StatusEvent, logged_event};
 
 /// One row of the event log.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -58,7 +58,7 @@ impl Logged {
             tracing::warn!(order_id = %self.order_id, seq = self.seq, event = %self.event, "logged event is no status event; not replayed");
             return None;
         };
-        Some(StatusEvent::logged(
+        Some(logged_event(
             self.order_id,
             self.seq,
             kind,

@@ -32,7 +32,7 @@ use uuid::Uuid;
 use super::orders::{Loaded, NewOrder, OrderRow};
 use super::steps::StepRow;
 use super::{StoreError, WAKE_CHANNEL};
-use crate::messages::StatusEvent;
+use crate::messages::logged_event;
 use crate::rules::breaker::Gate;
 use crate::rules::flow::Flow;
 use crate::rules::{Decision, Effect, Logged, Order};
@@ -363,7 +363,7 @@ impl Unit {
         if let Some(queue) = announced {
             // The same constructor as a replay's (contract §9), so a
             // replayed event is the event that was sent.
-            let event = StatusEvent::logged(
+            let event = logged_event(
                 o.public_id(),
                 e.seq,
                 e.kind,

@@ -1238,7 +1238,7 @@ fn replay_fate(app: &TestApp, m: &Message, taken: &[Uuid], own: &str) -> Replay 
         return Replay::Refused(NESTED);
     }
     // The strict reading is the contract's (§9, §1b); its unit tests pin it.
-    let Ok(request) = ReplayRequest::decode(&m.body, 1 << 20, &app.queues) else {
+    let Ok(request) = sas::messages::decode_replay(&m.body, 1 << 20, &app.queues) else {
         return Replay::Refused("");
     };
     let to = match &request {

@@ -9,7 +9,7 @@ use futures_util::StreamExt as _;
 use sas::broker::Outgoing;
 use sas::messages::{EventKind, StatusEvent};
 use sas_client::{Client, Error, Order};
-use sas_tests::{AMQP, TestApp};
+use sas_tests::{TestApp, amqp};
 use serde_json::{Map, json};
 use uuid::Uuid;
 
@@ -25,7 +25,7 @@ async fn next(events: &mut sas_client::StatusStream) -> Result<StatusEvent, Erro
 async fn the_client_submits_an_order_and_waits_for_its_terminal_state() {
     let app = TestApp::spawn().await;
     let queue = app.status_queue("client").await;
-    let client = Client::connect(AMQP, &app.prefix)
+    let client = Client::connect(amqp(), &app.prefix)
         .await
         .expect("connect")
         .with_status_queue(&queue)
@@ -90,7 +90,7 @@ async fn the_status_stream_yields_a_redelivered_event_once_and_acks_after_each()
     let id = Uuid::now_v7();
     let event = |seq: i32, state: EventKind| {
         // Microseconds, as the wire and Postgres carry times.
-        StatusEvent::logged(
+        sas::messages::logged_event(
             id,
             seq,
             state,

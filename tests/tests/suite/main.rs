@@ -36,6 +36,7 @@ mod retention;
 mod sasctl;
 mod sasctl_more;
 mod schedules;
+mod schemas;
 mod services;
 mod tls;
 mod tracing;

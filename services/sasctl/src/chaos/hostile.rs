@@ -752,7 +752,7 @@ mod tests {
         let q = &aim.queues;
         let target = Uuid::from_u128(7);
         let sas_accepts = |m: &Message| {
-            sas::messages::Submission::decode(&m.body, m.reply_to.as_deref(), aim.max_body_bytes, q)
+            sas::messages::decode_submission(&m.body, m.reply_to.as_deref(), aim.max_body_bytes, q)
                 .is_ok()
         };
         let messages = make_all(5, 2_000, 0.3);
@@ -781,7 +781,7 @@ mod tests {
                         let body: Value = serde_json::from_slice(&m.body).unwrap();
                         assert_eq!(body["order_id"], json!(target));
                         assert!(
-                            sas::messages::ReplayRequest::decode(&m.body, 1 << 20, q).is_err(),
+                            sas::messages::decode_replay(&m.body, 1 << 20, q).is_err(),
                             "{body}"
                         );
                         assert_eq!(m.fate, Fate::DeadLetter(q.replay_dead().into()));
