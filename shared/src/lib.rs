@@ -4,10 +4,12 @@
 //!
 //! - [`config`]: `Settings` from defaults, a TOML file and `SAS__*` variables.
 //! - [`workflow`]: workflows and the step plan (what runs next). Pure.
-//! - [`messages`]: the wire types of every queue and the submission's validation. Pure.
+//! - [`messages`]: the wire types of every queue (an application's are
+//!   `sas-protocol`'s, re-exported) and the submission's validation. Pure.
 //! - [`state`]: the states of orders and steps. Pure.
-//! - [`rules`]: the pattern's rules as pure functions (so far what the
-//!   supervisor decides at a deadline). Pure.
+//! - [`rules`]: the pattern's rules as pure functions: what the supervisor
+//!   decides at a deadline, what a reply does, what an operator may do, the
+//!   shared breaker, flow control, schedules, why an order is stuck. Pure.
 //! - [`topology`]: the queue names of a deployment. Pure.
 //! - [`applications`]: application identities: who sent a message, where
 //!   its events may go, which order its ids mean. Pure.

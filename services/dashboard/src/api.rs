@@ -309,20 +309,10 @@ fn order_json(
         .map(|e| {
             let since_previous_ms = millis(previous, Some(e.at));
             previous = Some(e.at);
-            json!({
-                "seq": e.seq,
-                "at": e.at,
-                "event": e.event,
-                "from_state": e.from_state,
-                "to_state": e.to_state,
-                "step": e.step,
-                "attempt": e.attempt,
-                "actor": e.actor,
-                "reason": e.reason,
-                "detail": e.detail,
-                "since_previous_ms": since_previous_ms,
-                "since_created_ms": millis(Some(order.created_at), Some(e.at)),
-            })
+            let mut event = e.to_json();
+            event["since_previous_ms"] = json!(since_previous_ms);
+            event["since_created_ms"] = json!(millis(Some(order.created_at), Some(e.at)));
+            event
         })
         .collect();
     json!({

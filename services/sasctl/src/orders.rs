@@ -524,18 +524,7 @@ fn to_json(order: &OrderRow, steps: &[StepRow], events: &[EventRow]) -> Value {
             "started_at": time(&s.started_at),
             "finished_at": time(&s.finished_at),
         })).collect::<Vec<_>>(),
-        "events": events.iter().map(|e| json!({
-            "seq": e.seq,
-            "at": rfc3339::format(&e.at),
-            "event": e.event,
-            "from_state": e.from_state,
-            "to_state": e.to_state,
-            "step": e.step,
-            "attempt": e.attempt,
-            "actor": e.actor,
-            "reason": e.reason,
-            "detail": e.detail,
-        })).collect::<Vec<_>>(),
+        "events": events.iter().map(EventRow::to_json).collect::<Vec<_>>(),
     })
 }
 

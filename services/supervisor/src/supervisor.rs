@@ -8,10 +8,14 @@
 //! ([`crate::schedules`]) and deletes ended orders past their retention
 //! ([`crate::retention`]).
 //!
-//! Several supervisors may run: one leads (a Postgres lease) and sweeps, the
-//! others stand by and take over within an interval when the leader dies.
-//! Even two sweeps at once would be safe: each expired order is locked by one
-//! sweep (`FOR UPDATE SKIP LOCKED`) and changed once, guarded by its state and holder.
+//! Several supervisors may run and all sweep: the orders are split into
+//! `supervisor.partitions` partitions, shared out among the supervisors seen
+//! within two intervals (each partition held by one, under a Postgres
+//! advisory lock), so a supervisor that dies has its partitions taken over
+//! within an interval. One leads (a Postgres lease) for the schedules and
+//! retention. Even two sweeps of one partition would be safe: each expired
+//! order is locked by one sweep (`FOR UPDATE SKIP LOCKED`) and changed once,
+//! guarded by its state and holder.
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -219,7 +219,7 @@ pub fn apply_reply(
         }
         (StepOutcome::Failed { error }, Direction::Forward) => {
             let reason = format!("step {} failed permanently: {error}", reply.step);
-            d.give_up(&reason, true)?;
+            d.give_up_and_drive(&reason)?;
         }
         (StepOutcome::Failed { error }, Direction::Compensate) => {
             let reason = format!(

@@ -69,8 +69,7 @@ pub fn expire(
         }
         Next::GiveUp => {
             d.wake = true;
-            // Nothing here can be missing: no step is dispatched without a driver.
-            let _ = d.give_up(&decision.reason, false);
+            d.give_up(&decision.reason);
             return (d.done(), None);
         }
         Next::Retry {
@@ -189,13 +188,26 @@ pub fn warn(order: &Order, settings: &SupervisorSettings, ctx: Context<'_>) -> O
 impl Deciding<'_> {
     /// Gives the order up (contract §4a, §4c): alerts, then compensates the
     /// completed steps and those in doubt, or fails it when there is
-    /// nothing to undo. With
-    /// `drive`, the actor holds the order and dispatches the first
-    /// compensation at once; without, any scheduler may claim it.
-    pub(super) fn give_up(&mut self, reason: &str, drive: bool) -> Result<(), super::RuleError> {
+    /// nothing to undo. Any scheduler may claim it for the compensation;
+    /// [`Deciding::give_up_and_drive`] dispatches it at once.
+    pub(super) fn give_up(&mut self, reason: &str) {
+        self.begin_giving_up(reason, false);
+    }
+
+    /// [`Deciding::give_up`], and the actor holds the order and dispatches
+    /// the first compensation at once.
+    pub(super) fn give_up_and_drive(&mut self, reason: &str) -> Result<(), super::RuleError> {
+        if self.begin_giving_up(reason, true) {
+            self.drive()?;
+        }
+        Ok(())
+    }
+
+    /// The order given up; whether it is compensating (not failed).
+    fn begin_giving_up(&mut self, reason: &str, drive: bool) -> bool {
         if !workflow::anything_to_undo(&self.order.views()) {
             self.fail(reason);
-            return Ok(());
+            return false;
         }
         self.alert(ProcessState::Compensating, reason);
         let from = self.row().process_state;
@@ -224,10 +236,7 @@ impl Deciding<'_> {
                 "in_doubt_steps": in_doubt,
             }),
         });
-        if drive {
-            self.drive()?;
-        }
-        Ok(())
+        true
     }
 
     /// Ends the order in `error`, with an alert and a `failed` event.

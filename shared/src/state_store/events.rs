@@ -24,6 +24,25 @@ pub struct EventRow {
     pub at: DateTime<Utc>,
 }
 
+impl EventRow {
+    /// The row as operators' tools show it (`sasctl orders show --json`,
+    /// the dashboard's order page).
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "seq": self.seq,
+            "at": crate::messages::rfc3339::format(&self.at),
+            "event": self.event,
+            "from_state": self.from_state,
+            "to_state": self.to_state,
+            "step": self.step,
+            "attempt": self.attempt,
+            "actor": self.actor,
+            "reason": self.reason,
+            "detail": self.detail,
+        })
+    }
+}
+
 /// The order's event log, oldest first.
 pub async fn for_order(
     conn: &mut PgConnection,

@@ -20,7 +20,7 @@ pub struct OutboxRow {
     pub body: Vec<u8>,
 }
 
-/// How long a follower ([`Handoff::follow`]) waits for an order's outbox
+/// How long a follower ([`Relay::follow`](crate::outbox::Relay::follow)) waits for an order's outbox
 /// lock before it gives up and leaves the order to the relay's passes: a
 /// publisher holds the lock for a publish and a delete, milliseconds.
 pub(super) const LOCK_TIMEOUT: &str = "30s";
