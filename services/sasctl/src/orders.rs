@@ -712,6 +712,7 @@ fn opt_time(t: Option<DateTime<Utc>>) -> String {
 mod tests {
     use super::*;
     use sas::state::StepState;
+    use sas::state_store::NewOrder;
 
     fn sample() -> (OrderRow, Vec<StepRow>, Vec<EventRow>) {
         let at = DateTime::parse_from_rfc3339("2030-01-02T03:04:05.678Z")
@@ -719,31 +720,15 @@ mod tests {
             .with_timezone(&Utc);
         let id = Uuid::parse_str("67e55044-10b1-426f-9247-bb680e5fe0c8").unwrap();
         let order = OrderRow {
-            order_id: id,
-            workflow: "order".into(),
-            payload: json!({"sku": "A-1"}),
             reply_to: Some("app".into()),
             priority: 3,
-            not_before: None,
             process_state: ProcessState::Processing,
             locked_by: Some("scheduler-1".into()),
             complete_by: Some(at),
             failure_count: 1,
-            compensation_failures: 0,
             last_seq: 2,
             last_error: Some("timed out\nat step charge".into()),
-            created_at: at,
-            updated_at: at,
-            trace_id: None,
-            held_for: None,
-            held_since: None,
-            hold_until: None,
-            held_reason: None,
-            trace_span: None,
-            redrives: 0,
-            events: sas::messages::Events::All,
-            application: None,
-            app_order_id: None,
+            ..OrderRow::pending(&NewOrder::new(id, "order", json!({"sku": "A-1"})), at)
         };
         let step = |idx: i32, name: &str, state, result: Option<Value>| StepRow {
             order_id: id,

@@ -454,7 +454,7 @@ pub(crate) mod fixture {
     use uuid::Uuid;
 
     use super::{Context, Order};
-    use crate::state::ProcessState;
+    use crate::state_store::NewOrder;
     use crate::state_store::{OrderRow, StepRow};
     use crate::workflow::Step;
 
@@ -490,31 +490,9 @@ pub(crate) mod fixture {
     pub fn pending(n: i32, undo: impl Fn(i32) -> bool) -> Order {
         let order_id = Uuid::new_v4();
         let row = OrderRow {
-            order_id,
-            workflow: "w".into(),
-            payload: json!({ "n": n }),
             reply_to: Some("status".into()),
-            priority: 0,
-            not_before: None,
-            process_state: ProcessState::Pending,
-            locked_by: None,
-            complete_by: None,
-            failure_count: 0,
-            compensation_failures: 0,
             last_seq: 1,
-            last_error: None,
-            created_at: now(),
-            updated_at: now(),
-            trace_id: None,
-            held_for: None,
-            held_since: None,
-            hold_until: None,
-            held_reason: None,
-            trace_span: None,
-            redrives: 0,
-            events: crate::messages::Events::All,
-            application: None,
-            app_order_id: None,
+            ..OrderRow::pending(&NewOrder::new(order_id, "w", json!({ "n": n })), now())
         };
         let steps = (0..n)
             .map(|idx| {

@@ -588,36 +588,19 @@ mod tests {
     use serde_json::json;
     use uuid::Uuid;
 
+    use crate::state_store::NewOrder;
+
     use super::*;
 
     fn order(state: ProcessState, failure_count: i32) -> OrderRow {
         let now = Utc::now();
         OrderRow {
-            order_id: Uuid::new_v4(),
-            workflow: "w".into(),
-            payload: json!({}),
-            reply_to: None,
-            priority: 0,
-            not_before: None,
             process_state: state,
             locked_by: Some("s1".into()),
             complete_by: Some(now),
             failure_count,
-            compensation_failures: 0,
             last_seq: 3,
-            last_error: None,
-            created_at: now,
-            updated_at: now,
-            trace_id: None,
-            held_for: None,
-            held_since: None,
-            hold_until: None,
-            held_reason: None,
-            trace_span: None,
-            redrives: 0,
-            events: crate::messages::Events::All,
-            application: None,
-            app_order_id: None,
+            ..OrderRow::pending(&NewOrder::new(Uuid::new_v4(), "w", json!({})), now)
         }
     }
 

@@ -57,6 +57,37 @@ pub struct OrderRow {
 }
 
 impl OrderRow {
+    /// `order` as it is first stored: `pending`, nothing run, at `now`.
+    pub fn pending(order: &NewOrder, now: DateTime<Utc>) -> Self {
+        Self {
+            order_id: order.order_id,
+            workflow: order.workflow.clone(),
+            payload: order.payload.clone(),
+            reply_to: order.reply_to.clone(),
+            priority: order.priority,
+            not_before: order.not_before,
+            process_state: ProcessState::Pending,
+            locked_by: None,
+            complete_by: None,
+            failure_count: 0,
+            compensation_failures: 0,
+            last_seq: 0,
+            last_error: None,
+            created_at: now,
+            updated_at: now,
+            trace_id: order.trace_id.clone(),
+            held_for: None,
+            held_since: None,
+            hold_until: None,
+            held_reason: None,
+            trace_span: order.trace_span.clone(),
+            redrives: 0,
+            events: order.events,
+            application: order.application.clone(),
+            app_order_id: order.app_order_id,
+        }
+    }
+
     /// The id its status events carry: the application's own (contract §1b).
     pub fn public_id(&self) -> Uuid {
         self.app_order_id.unwrap_or(self.order_id)
@@ -145,6 +176,27 @@ pub struct NewOrder {
     pub application: Option<String>,
     /// See [`OrderRow::app_order_id`].
     pub app_order_id: Option<Uuid>,
+}
+
+impl NewOrder {
+    /// An order of `workflow` with `payload` under `order_id`; every other
+    /// field at its default (no reply queue, priority 0, no trace, every
+    /// event, no application).
+    pub fn new(order_id: Uuid, workflow: impl Into<String>, payload: Value) -> Self {
+        Self {
+            order_id,
+            workflow: workflow.into(),
+            payload,
+            reply_to: None,
+            priority: 0,
+            not_before: None,
+            trace_id: None,
+            trace_span: None,
+            events: Events::All,
+            application: None,
+            app_order_id: None,
+        }
+    }
 }
 
 const COLUMNS: &str = "order_id, workflow, payload, reply_to, priority, not_before, process_state, \

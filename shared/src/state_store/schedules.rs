@@ -41,17 +41,14 @@ impl NewOrder {
         trace: &crate::trace::TraceContext,
     ) -> Self {
         Self {
-            order_id: schedule::order_id(key, &schedule.name, tick),
-            workflow: schedule.workflow.clone(),
-            payload: serde_json::Value::Object(schedule.payload.clone()),
             reply_to: schedule.reply_to.clone(),
-            priority: 0,
-            not_before: None,
             trace_id: Some(trace.trace_id.clone()),
             trace_span: Some(trace.span_id.clone()),
-            events: crate::messages::Events::All,
-            application: None,
-            app_order_id: None,
+            ..Self::new(
+                schedule::order_id(key, &schedule.name, tick),
+                schedule.workflow.clone(),
+                serde_json::Value::Object(schedule.payload.clone()),
+            )
         }
     }
 }

@@ -242,33 +242,7 @@ impl Unit {
     /// Adds a new order, to be inserted as `pending` with its steps unless
     /// its id exists (then nothing of it is written); returns its position.
     pub fn insert(&mut self, order: &NewOrder, steps: &[Step]) -> usize {
-        let row = OrderRow {
-            order_id: order.order_id,
-            workflow: order.workflow.clone(),
-            payload: order.payload.clone(),
-            reply_to: order.reply_to.clone(),
-            priority: order.priority,
-            not_before: order.not_before,
-            process_state: ProcessState::Pending,
-            locked_by: None,
-            complete_by: None,
-            failure_count: 0,
-            compensation_failures: 0,
-            last_seq: 0,
-            last_error: None,
-            created_at: self.now,
-            updated_at: self.now,
-            trace_id: order.trace_id.clone(),
-            held_for: None,
-            held_since: None,
-            hold_until: None,
-            held_reason: None,
-            trace_span: order.trace_span.clone(),
-            redrives: 0,
-            events: order.events,
-            application: order.application.clone(),
-            app_order_id: order.app_order_id,
-        };
+        let row = OrderRow::pending(order, self.now);
         let steps = steps
             .iter()
             .zip(0..)
