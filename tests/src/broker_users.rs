@@ -1,11 +1,10 @@
 //! RabbitMQ users of one test (an application's, with the permissions a
-//! test gives it), made with `rabbitmqctl` and deleted on drop.
+//! test gives it), made with `rabbitmqctl` on the tests' node
+//! ([`crate::rabbitmq_cli`]) and deleted on drop.
 
-use std::process::Command;
-
-/// Runs `rabbitmqctl` with `args`; panics if it fails.
+/// Runs `rabbitmqctl` with `args` against the tests' node; panics if it fails.
 pub fn rabbitmqctl(args: &[&str]) {
-    let out = Command::new("rabbitmqctl")
+    let out = crate::rabbitmq_cli("rabbitmqctl")
         .arg("-q")
         .args(args)
         .output()
@@ -36,15 +35,19 @@ impl BrokerUser {
         }
     }
 
-    /// The user's AMQP URL for the machine's RabbitMQ.
+    /// The user's AMQP URL: the tests' broker URL ([`crate::amqp`]) with
+    /// this user's name and password.
     pub fn url(&self) -> String {
-        format!("amqp://{}:{}@127.0.0.1:5672/%2f", self.name, self.password)
+        let mut url = reqwest::Url::parse(crate::amqp()).expect("the tests' broker URL");
+        url.set_username(&self.name).expect("a user name");
+        url.set_password(Some(&self.password)).expect("a password");
+        url.to_string()
     }
 }
 
 impl Drop for BrokerUser {
     fn drop(&mut self) {
-        Command::new("rabbitmqctl")
+        crate::rabbitmq_cli("rabbitmqctl")
             .args(["-q", "delete_user", &self.name])
             .output()
             .ok();

@@ -7,6 +7,11 @@
 //! run `cargo build --workspace` before the tests (`scripts/test.sh` does).
 //! [`browser`] drives a headless Chromium for the dashboard's test; [`tls`]
 //! starts the servers of the TLS tests (a Postgres of their own, stunnel).
+//!
+//! The Postgres and RabbitMQ the tests use are [`pg_admin`] and [`amqp`]:
+//! `SAS_TEST_DATABASE_URL` and `SAS_TEST_BROKER_URL`, which `scripts/test.sh`
+//! points at the private servers of `scripts/servers.sh`, else the machine's
+//! own on 127.0.0.1:5432 and :5672.
 
 pub mod broker_users;
 pub mod browser;
@@ -21,7 +26,7 @@ pub mod tls;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use remote_sim::{Knobs, RemoteSim, Stats};
@@ -35,10 +40,125 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-/// Postgres as every test sees it.
-pub const PG_ADMIN: &str = "postgres://postgres@127.0.0.1:5432/postgres";
-/// RabbitMQ as every test sees it.
-pub const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// Postgres as every test sees it: an admin URL (its `postgres` database,
+/// where each test's database is created and dropped). `SAS_TEST_DATABASE_URL`
+/// when set (`scripts/test.sh` sets it to the private server of
+/// `scripts/servers.sh`), else the machine's own server on 127.0.0.1:5432.
+pub fn pg_admin() -> &'static str {
+    static URL: LazyLock<String> = LazyLock::new(|| {
+        env_or(
+            "SAS_TEST_DATABASE_URL",
+            "postgres://postgres@127.0.0.1:5432/postgres",
+        )
+    });
+    &URL
+}
+
+/// RabbitMQ as every test sees it: `SAS_TEST_BROKER_URL` when set (the
+/// private node of `scripts/servers.sh`, through `scripts/test.sh`), else
+/// the machine's own node on 127.0.0.1:5672.
+pub fn amqp() -> &'static str {
+    static URL: LazyLock<String> = LazyLock::new(|| {
+        env_or(
+            "SAS_TEST_BROKER_URL",
+            "amqp://guest:guest@127.0.0.1:5672/%2f",
+        )
+    });
+    &URL
+}
+
+/// `host:port` of [`pg_admin`], for what connects by address (proxies).
+pub fn pg_address() -> &'static str {
+    static ADDRESS: LazyLock<String> = LazyLock::new(|| address_of(pg_admin(), 5432));
+    &ADDRESS
+}
+
+/// `host:port` of [`amqp`], for what connects by address (raw AMQP,
+/// stunnel, proxies).
+pub fn amqp_address() -> &'static str {
+    static ADDRESS: LazyLock<String> = LazyLock::new(|| address_of(amqp(), 5672));
+    &ADDRESS
+}
+
+/// The user and password of [`amqp`] (guest's when it names none).
+pub fn amqp_login() -> (&'static str, &'static str) {
+    static LOGIN: LazyLock<(String, String)> = LazyLock::new(|| {
+        let url = parse_url(amqp());
+        match url.username() {
+            "" => ("guest".to_owned(), "guest".to_owned()),
+            user => (
+                percent_decoded(user),
+                percent_decoded(url.password().unwrap_or_default()),
+            ),
+        }
+    });
+    (&LOGIN.0, &LOGIN.1)
+}
+
+/// A RabbitMQ command line tool (`rabbitmqctl`, `rabbitmq-diagnostics`)
+/// aimed at the node of [`amqp`]. When `SAS_TEST_RABBITMQ_NODE` names a
+/// node (`scripts/servers.sh env` does), RabbitMQ's own tool from
+/// `SAS_TEST_RABBITMQ_BIN` with `-n <node>` and `HOME` at
+/// `SAS_TEST_RABBITMQ_HOME`, where the node's Erlang cookie is (Debian's
+/// wrapper on the PATH would run as the `rabbitmq` user, with the machine
+/// node's cookie); else the tool on the PATH, for the machine's node.
+pub fn rabbitmq_cli(tool: &str) -> Command {
+    let node = std::env::var("SAS_TEST_RABBITMQ_NODE").unwrap_or_default();
+    if node.is_empty() {
+        return Command::new(tool);
+    }
+    let bin = env_or("SAS_TEST_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin");
+    let mut cmd = Command::new(Path::new(&bin).join(tool));
+    if let Ok(home) = std::env::var("SAS_TEST_RABBITMQ_HOME") {
+        cmd.env("HOME", home);
+    }
+    cmd.args(["-n", &node]);
+    cmd
+}
+
+/// Environment variable `name`, or `default` when it is unset or empty.
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_owned())
+}
+
+fn parse_url(url: &str) -> reqwest::Url {
+    reqwest::Url::parse(url).unwrap_or_else(|e| panic!("{url} is not a URL: {e}"))
+}
+
+/// `host:port` of a one-host URL, `default_port` when it names none.
+fn address_of(url: &str, default_port: u16) -> String {
+    let parsed = parse_url(url);
+    let host = parsed
+        .host_str()
+        .unwrap_or_else(|| panic!("{url} names no host"));
+    format!("{host}:{}", parsed.port().unwrap_or(default_port))
+}
+
+/// A URL's percent-encoded user or password, decoded.
+fn percent_decoded(text: &str) -> String {
+    let mut bytes = Vec::with_capacity(text.len());
+    let mut rest = text.as_bytes();
+    while let Some((&b, tail)) = rest.split_first() {
+        let hex = tail
+            .get(..2)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b, hex) {
+            (b'%', Some(decoded)) => {
+                bytes.push(decoded);
+                rest = &tail[2..];
+            }
+            _ => {
+                bytes.push(b);
+                rest = tail;
+            }
+        }
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
 
 /// The agents of the test workflows
 /// ([`sas_testkit::config::WORKFLOW_AGENTS`]), `c-undo`, which no
@@ -63,11 +183,11 @@ struct Options {
     pub breaker: (u32, &'static str),
     /// Where the test's database is created and dropped, and the URL the
     /// services (and the test's own checks) reach it by, `{db}` standing
-    /// for its name: the machine's Postgres by default.
+    /// for its name: [`pg_admin()`]'s server by default.
     pub postgres: Option<(String, String)>,
     /// Extra TOML appended to the configuration.
     pub extra: String,
-    /// `broker.url` (default [`AMQP`], the machine's node): the harness's
+    /// `broker.url` (default [`amqp()`]): the harness's
     /// own connection uses it too.
     pub broker_url: String,
     /// `broker.step_queues` (default classic): the harness declares the
@@ -89,7 +209,7 @@ impl Default for Options {
             breaker: (100_000, "5s"),
             postgres: None,
             extra: String::new(),
-            broker_url: AMQP.to_owned(),
+            broker_url: amqp().to_owned(),
             step_queues: QueueType::Classic,
         }
     }
@@ -155,7 +275,7 @@ impl Builder {
         self
     }
 
-    /// `broker.url`: another broker than the machine's node, e.g. the
+    /// `broker.url`: another broker than [`amqp()`]'s node, e.g. the
     /// nodes of `scripts/cluster.sh` (comma-separated).
     pub fn broker_url(mut self, url: impl Into<String>) -> Self {
         self.options.broker_url = url.into();
@@ -264,7 +384,7 @@ impl TestApp {
         let admin_url = options
             .postgres
             .as_ref()
-            .map_or(PG_ADMIN.to_owned(), |(admin, _)| admin.clone());
+            .map_or(pg_admin().to_owned(), |(admin, _)| admin.clone());
         let mut db_url = Postgres::new(admin_url.as_str())
             .create_migrated(&db_name)
             .await

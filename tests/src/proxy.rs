@@ -41,9 +41,13 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Starts a proxy to `upstream` (e.g. `127.0.0.1:5432`).
+    /// Starts a proxy to `upstream`, `host:port` (e.g. `127.0.0.1:5432`).
     pub async fn start(upstream: &str) -> Self {
-        let upstream: SocketAddr = upstream.parse().expect("upstream address");
+        let upstream: SocketAddr = tokio::net::lookup_host(upstream)
+            .await
+            .ok()
+            .and_then(|mut addresses| addresses.next())
+            .unwrap_or_else(|| panic!("no address for upstream {upstream}"));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let port = listener.local_addr().expect("proxy address").port();
         let state = Arc::new(State::default());

@@ -329,9 +329,10 @@ pub struct RawPublisher {
 }
 
 impl RawPublisher {
-    /// Connects to RabbitMQ on 127.0.0.1:5672 as guest.
+    /// Connects to the tests' RabbitMQ ([`crate::amqp`]) as its URL's user.
     pub async fn connect() -> Result<Self, RawError> {
-        Self::connect_to("127.0.0.1:5672", "guest", "guest").await
+        let (user, password) = crate::amqp_login();
+        Self::connect_to(crate::amqp_address(), user, password).await
     }
 
     /// Connects to `addr` with PLAIN credentials.

@@ -1,7 +1,7 @@
 //! Servers for the TLS tests, each on its own port and in its own directory,
 //! removed when dropped: a test certificate authority made with the
 //! `openssl` command, a Postgres instance of its own with `ssl = on`, and
-//! `stunnel` in front of the machine's RabbitMQ. Keys are made at test time
+//! `stunnel` in front of the tests' RabbitMQ ([`crate::amqp`]). Keys are made at test time
 //! and never leave the test's temporary directory.
 
 use std::path::{Path, PathBuf};
@@ -10,8 +10,28 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-/// Where Debian keeps Postgres 15's server programs.
-const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+/// Postgres's server programs: `SAS_TEST_PG_BIN` (`scripts/servers.sh env`
+/// sets it), else the newest of Debian's `/usr/lib/postgresql/<version>/bin`.
+fn pg_bin() -> &'static Path {
+    static BIN: std::sync::LazyLock<PathBuf> = std::sync::LazyLock::new(|| {
+        if let Some(bin) = std::env::var_os("SAS_TEST_PG_BIN").filter(|b| !b.is_empty()) {
+            return PathBuf::from(bin);
+        }
+        std::fs::read_dir("/usr/lib/postgresql")
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let version: u32 = e.file_name().to_str()?.parse().ok()?;
+                Some((version, e.path().join("bin")))
+            })
+            .filter(|(_, bin)| bin.join("initdb").exists())
+            .max()
+            .map(|(_, bin)| bin)
+            .expect("Postgres's server programs in /usr/lib/postgresql/<version>/bin (apt-get install postgresql), or SAS_TEST_PG_BIN")
+    });
+    &BIN
+}
 
 /// Runs a command and panics with its output when it fails.
 fn must(cmd: &mut Command) {
@@ -114,7 +134,7 @@ impl Drop for TestCa {
     }
 }
 
-/// A Postgres 15 instance of the test's own, on a free port, with TLS on
+/// A Postgres instance of the test's own, on a free port, with TLS on
 /// (the certificate of `ca`) and password (SCRAM) authentication over TCP.
 /// Stopped and deleted when dropped.
 pub struct TlsPostgres {
@@ -141,7 +161,7 @@ impl TlsPostgres {
         must(
             Command::new("runuser")
                 .args(["-u", "postgres", "--"])
-                .arg(format!("{PG_BIN}/initdb"))
+                .arg(pg_bin().join("initdb"))
                 .args([
                     "-A",
                     "scram-sha-256",
@@ -193,7 +213,7 @@ impl TlsPostgres {
         must(
             Command::new("runuser")
                 .args(["-u", "postgres", "--"])
-                .arg(format!("{PG_BIN}/pg_ctl"))
+                .arg(pg_bin().join("pg_ctl"))
                 .arg("-D")
                 .arg(&self.data)
                 .arg("-l")
@@ -231,7 +251,9 @@ impl TlsPostgres {
     /// Whether the server accepts TLS now (`SHOW ssl`, over the socket).
     pub fn tls_on(&self) -> bool {
         let out = Command::new("runuser")
-            .args(["-u", "postgres", "--", "psql", "-Atq", "-h"])
+            .args(["-u", "postgres", "--"])
+            .arg(pg_bin().join("psql"))
+            .args(["-Atq", "-h"])
             .arg(&self.dir)
             .args(["-p", &self.port.to_string(), "-c", "SHOW ssl", "postgres"])
             .output()
@@ -244,7 +266,7 @@ impl Drop for TlsPostgres {
     fn drop(&mut self) {
         Command::new("runuser")
             .args(["-u", "postgres", "--"])
-            .arg(format!("{PG_BIN}/pg_ctl"))
+            .arg(pg_bin().join("pg_ctl"))
             .arg("-D")
             .arg(&self.data)
             .args(["-m", "immediate", "stop"])
@@ -257,7 +279,7 @@ impl Drop for TlsPostgres {
 }
 
 /// `stunnel` listening with TLS on a free port of 127.0.0.1 and forwarding
-/// to the machine's RabbitMQ, presenting `ca`'s certificate; with
+/// to the tests' RabbitMQ ([`crate::amqp`]), presenting `ca`'s certificate; with
 /// `client_ca`, it asks for a client certificate signed by it (`verify = 2`).
 pub struct Stunnel {
     child: Child,
@@ -275,8 +297,9 @@ impl Stunnel {
         });
         let conf = format!(
             "foreground = yes\npid =\noutput = {log}\n\n[amqps]\naccept = 127.0.0.1:{port}\n\
-             connect = 127.0.0.1:5672\ncert = {cert}\nkey = {key}\n{verify}",
+             connect = {upstream}\ncert = {cert}\nkey = {key}\n{verify}",
             log = dir.join("stunnel.log").display(),
+            upstream = crate::amqp_address(),
             cert = ca.cert.display(),
             key = ca.key.display(),
         );

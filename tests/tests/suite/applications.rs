@@ -21,7 +21,7 @@ struct AppClient {
 
 impl AppClient {
     async fn connect(user: BrokerUser) -> Self {
-        let raw = RawPublisher::connect_to("127.0.0.1:5672", &user.name, &user.password)
+        let raw = RawPublisher::connect_to(sas_tests::amqp_address(), &user.name, &user.password)
             .await
             .expect("the application's user connects");
         Self { user, raw }

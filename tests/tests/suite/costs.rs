@@ -48,7 +48,7 @@ struct Counters {
 /// Committed transactions of the test database, read from another database
 /// so that reading does not count.
 async fn commits(url: &str) -> i64 {
-    let mut admin = PgConnection::connect(sas_tests::PG_ADMIN)
+    let mut admin = PgConnection::connect(sas_tests::pg_admin())
         .await
         .expect("connect");
     let database = url.rsplit('/').next().unwrap_or_default();
@@ -1354,7 +1354,7 @@ async fn postgres_connections_have_nagle_off() {
     use std::os::fd::BorrowedFd;
 
     let options: sqlx::postgres::PgConnectOptions =
-        sas_tests::PG_ADMIN.parse().expect("the admin URL");
+        sas_tests::pg_admin().parse().expect("the admin URL");
     let server: std::net::SocketAddr = format!("{}:{}", options.get_host(), options.get_port())
         .parse()
         .expect("the admin URL names an IP address");

@@ -2,17 +2,16 @@
 //! nodes of a cluster, and every connection asks for a heartbeat short
 //! enough that a silent one is given up within half a minute.
 
-use std::process::Command;
 use std::time::Duration;
 
-use sas_tests::{AMQP, TestApp};
+use sas_tests::{TestApp, amqp};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_url_of_several_nodes_reaches_the_one_that_answers() {
     let app = TestApp::builder().build().await;
     // Nothing listens on port 1: the services find the node that answers,
     // whichever order they try them in.
-    let nodes = format!("amqp://guest:guest@127.0.0.1:1/%2f,{AMQP}");
+    let nodes = format!("amqp://guest:guest@127.0.0.1:1/%2f,{}", amqp());
     let env = [("SAS__BROKER__URL", nodes.as_str())];
     for name in ["submission", "scheduler", "agent", "supervisor"] {
         app.start_with_env(name, name, &[], &env).await;
@@ -25,12 +24,12 @@ async fn a_broker_url_of_several_nodes_reaches_the_one_that_answers() {
 async fn a_mixed_or_empty_node_list_is_refused_at_start_up() {
     for (url, says) in [
         (
-            format!("{AMQP},amqps://guest:guest@127.0.0.1:5671/%2f"),
+            format!("{},amqps://guest:guest@127.0.0.1:5671/%2f", amqp()),
             "mixes amqp:// and amqps://",
         ),
         (" , ".to_owned(), "broker.url is empty"),
         (
-            format!("{AMQP},http://x"),
+            format!("{},http://x", amqp()),
             "must be an amqp:// or amqps:// URL",
         ),
     ] {
@@ -54,7 +53,7 @@ async fn every_connection_asks_for_the_configured_heartbeat() {
         "four connections with a 7 s heartbeat",
         Duration::from_secs(20),
         || async {
-            let out = Command::new("rabbitmqctl")
+            let out = sas_tests::rabbitmq_cli("rabbitmqctl")
                 .args(["list_connections", "timeout", "--formatter", "json", "-q"])
                 .output()
                 .expect("rabbitmqctl");

@@ -6,28 +6,34 @@
 use std::time::{Duration, Instant};
 
 use sas_tests::proxy::Proxy;
-use sas_tests::{AMQP, TestApp};
+use sas_tests::{TestApp, amqp, amqp_address, pg_address};
 
 const ALL: [&str; 4] = ["submission", "scheduler", "agent", "supervisor"];
+
+/// `url` with its host and port replaced by the proxy's, 127.0.0.1:`port`.
+fn through(url: &str, port: u16) -> String {
+    let mut url = reqwest::Url::parse(url).expect("a URL");
+    url.set_host(Some("127.0.0.1")).expect("a host");
+    url.set_port(Some(port)).expect("a port");
+    url.to_string()
+}
 
 /// A deployment whose services reach Postgres and RabbitMQ through a proxy
 /// each (the test's own connections go straight to them).
 async fn behind_proxies() -> (TestApp, Proxy, Proxy) {
     let app = TestApp::builder().build().await;
-    let postgres = Proxy::start("127.0.0.1:5432").await;
-    let rabbitmq = Proxy::start("127.0.0.1:5672").await;
-    let db_url = app
-        .db_url
-        .replace("127.0.0.1:5432", &format!("127.0.0.1:{}", postgres.port()));
+    let postgres = Proxy::start(pg_address()).await;
+    let rabbitmq = Proxy::start(amqp_address()).await;
+    let db_url = through(&app.db_url, postgres.port());
     assert_ne!(
         db_url, app.db_url,
         "the database URL goes through the proxy"
     );
-    let amqp = AMQP.replace("127.0.0.1:5672", &format!("127.0.0.1:{}", rabbitmq.port()));
-    assert_ne!(amqp, AMQP, "the broker URL goes through the proxy");
+    let amqp_url = through(amqp(), rabbitmq.port());
+    assert_ne!(amqp_url, amqp(), "the broker URL goes through the proxy");
     let env = [
         ("SAS__DATABASE__URL", db_url.as_str()),
-        ("SAS__BROKER__URL", amqp.as_str()),
+        ("SAS__BROKER__URL", amqp_url.as_str()),
     ];
     for name in ALL {
         app.start_with_env(name, name, &[], &env).await;

@@ -1,12 +1,19 @@
 //! Server restarts under load (issue 4): RabbitMQ (`stop_app`/`start_app`, and
-//! a full stop and start) and Postgres. These restart the machine's shared
-//! servers, so `scripts/test.sh` runs this binary alone, after every other test.
+//! a full stop and start) and Postgres. These restart the servers every test
+//! uses, so `scripts/test.sh` runs this binary alone, after every other test.
 //! A guard brings each server back even when a test fails.
+//!
+//! Which servers: the private ones of `scripts/servers.sh` when
+//! `SAS_SERVERS_DIR` names them (`scripts/servers.sh env` sets it), through
+//! that script's `pg-stop`, `pg-start`, `rabbit-stop-app`, `rabbit-stop` and
+//! `rabbit-start`; else the machine's own (127.0.0.1:5432 and :5672), with
+//! `pg_ctlcluster` and `rabbitmqctl`.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use sas_tests::{TestApp, http_get};
+use sas_tests::{TestApp, amqp_address, http_get, pg_address};
 
 const ALL: [&str; 4] = ["submission", "scheduler", "agent", "supervisor"];
 
@@ -17,6 +24,42 @@ fn run(cmd: &str, args: &[&str]) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// The directory of `scripts/servers.sh`'s private servers, when the tests
+/// use them. Otherwise the tests must use the machine's own servers, the
+/// only others these tests know how to restart.
+fn private_servers() -> Option<PathBuf> {
+    let dir = std::env::var_os("SAS_SERVERS_DIR").filter(|d| !d.is_empty());
+    if dir.is_none() {
+        assert!(
+            pg_address() == "127.0.0.1:5432" && amqp_address() == "127.0.0.1:5672",
+            "the restart tests restart the servers of scripts/servers.sh (SAS_SERVERS_DIR) \
+             or the machine's own (127.0.0.1:5432, 127.0.0.1:5672), not {} and {} \
+             (SAS_TEST_DATABASE_URL, SAS_TEST_BROKER_URL)",
+            pg_address(),
+            amqp_address()
+        );
+    }
+    dir.map(PathBuf::from)
+}
+
+/// Runs `scripts/servers.sh command` on the private servers in `dir`; panics
+/// with what it said when it fails (it waits, within its own bound, for what
+/// it starts to accept connections).
+fn servers_sh(dir: &Path, command: &str) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/servers.sh");
+    let out = Command::new(script)
+        .arg(command)
+        .env("SAS_SERVERS_DIR", dir)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run scripts/servers.sh: {e}"));
+    assert!(
+        out.status.success(),
+        "scripts/servers.sh {command} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Whether the machine's node runs.
 fn rabbitmq_up() -> bool {
     run("rabbitmq-diagnostics", &["-q", "check_running"])
 }
@@ -30,20 +73,35 @@ fn wait_until(what: &str, timeout: Duration, check: impl Fn() -> bool) {
 }
 
 /// Brings RabbitMQ back when dropped, whatever the test did.
-struct RabbitGuard;
+struct RabbitGuard {
+    private: Option<PathBuf>,
+}
 
 impl RabbitGuard {
     fn stop_app() -> Self {
-        assert!(run("rabbitmqctl", &["-q", "stop_app"]));
-        Self
+        let private = private_servers();
+        match &private {
+            Some(dir) => servers_sh(dir, "rabbit-stop-app"),
+            None => assert!(run("rabbitmqctl", &["-q", "stop_app"])),
+        }
+        Self { private }
     }
 
     fn stop_node() -> Self {
-        assert!(run("rabbitmqctl", &["-q", "stop"]));
-        Self
+        let private = private_servers();
+        match &private {
+            Some(dir) => servers_sh(dir, "rabbit-stop"),
+            None => assert!(run("rabbitmqctl", &["-q", "stop"])),
+        }
+        Self { private }
     }
 
     fn start(&self) {
+        if let Some(dir) = &self.private {
+            // The application or the node, whichever is down.
+            servers_sh(dir, "rabbit-start");
+            return;
+        }
         if !rabbitmq_up() {
             // After stop_app the node is up and start_app suffices; after a
             // full stop the node must be started.
@@ -75,31 +133,44 @@ fn postgres_cluster() -> String {
         .unwrap_or_else(|| "15".into())
 }
 
+/// Whether the machine's Postgres answers.
 fn postgres_up() -> bool {
     run("pg_isready", &["-q", "-h", "127.0.0.1", "-p", "5432"])
 }
 
 /// Brings Postgres back when dropped.
-struct PostgresGuard;
+struct PostgresGuard {
+    private: Option<PathBuf>,
+}
 
 impl PostgresGuard {
     fn stop() -> Self {
-        let version = postgres_cluster();
-        assert!(run(
-            "pg_ctlcluster",
-            &[
-                "--skip-systemctl-redirect",
-                &version,
-                "main",
-                "stop",
-                "-m",
-                "fast"
-            ]
-        ));
-        Self
+        let private = private_servers();
+        match &private {
+            Some(dir) => servers_sh(dir, "pg-stop"),
+            None => {
+                let version = postgres_cluster();
+                assert!(run(
+                    "pg_ctlcluster",
+                    &[
+                        "--skip-systemctl-redirect",
+                        &version,
+                        "main",
+                        "stop",
+                        "-m",
+                        "fast"
+                    ]
+                ));
+            }
+        }
+        Self { private }
     }
 
     fn start(&self) {
+        if let Some(dir) = &self.private {
+            servers_sh(dir, "pg-start");
+            return;
+        }
         if !postgres_up() {
             let version = postgres_cluster();
             run(

@@ -674,7 +674,7 @@ async fn dead_letters_name_a_missing_queue() {
         &["dead-letters", "purge", "--yes"],
     ] {
         let mut cmd = bare_sasctl(args);
-        cmd.env("SAS__BROKER__URL", sas_tests::AMQP)
+        cmd.env("SAS__BROKER__URL", sas_tests::amqp())
             .env("SAS__BROKER__PREFIX", &prefix);
         let out = output(cmd).await;
         assert_one_line_failure(

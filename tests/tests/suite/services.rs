@@ -147,7 +147,7 @@ async fn an_orders_queue_declared_by_the_application_with_other_arguments_is_use
     // The application declared the orders queue first, as a plain quorum queue.
     let broker = sas::broker::Broker::connect(
         &sas::config::BrokerSettings {
-            url: sas_tests::AMQP.into(),
+            url: sas_tests::amqp().into(),
             ..Default::default()
         },
         "test-application",
@@ -174,7 +174,7 @@ async fn the_services_declare_classic_step_queues_and_a_quorum_orders_queue_by_d
     use sas::config::{BrokerSettings, QueueType};
     let app = TestApp::spawn().await;
     let settings = BrokerSettings {
-        url: sas_tests::AMQP.into(),
+        url: sas_tests::amqp().into(),
         ..Default::default()
     };
     let broker = sas::broker::Broker::connect(&settings, "test-application")
@@ -263,8 +263,8 @@ async fn a_broker_connection_takes_the_servers_frame_max_unless_its_url_says_oth
     let servers = raw.frame_max();
     raw.close().await;
     for (url, frame_max) in [
-        (sas_tests::AMQP.to_owned(), servers),
-        (format!("{}?frame_max=65536", sas_tests::AMQP), 65536),
+        (sas_tests::amqp().to_owned(), servers),
+        (format!("{}?frame_max=65536", sas_tests::amqp()), 65536),
     ] {
         let settings = BrokerSettings {
             url,
@@ -278,7 +278,7 @@ async fn a_broker_connection_takes_the_servers_frame_max_unless_its_url_says_oth
     }
     // Below AMQP's smallest frame: a clear error, before any connection.
     let settings = BrokerSettings {
-        url: format!("{}?frame_max=100", sas_tests::AMQP),
+        url: format!("{}?frame_max=100", sas_tests::amqp()),
         ..Default::default()
     };
     let refused = sas::broker::Broker::connect(&settings, "test-frames").await;

@@ -266,7 +266,7 @@ async fn orders_go_through_amqps_with_a_client_certificate_and_a_wrong_ca_fails_
 
     // TLS files with a plaintext URL: refused by the configuration.
     let mut cmd = bare_sasctl(&["submit", "--workflow", "one"]);
-    cmd.env("SAS__BROKER__URL", sas_tests::AMQP)
+    cmd.env("SAS__BROKER__URL", sas_tests::amqp())
         .env("SAS__BROKER__CA_FILE", &ca_file);
     let out = output(cmd).await.expect_code(2);
     assert!(out.stderr.contains("plaintext"), "{out:#?}");
