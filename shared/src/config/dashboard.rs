@@ -223,10 +223,7 @@ impl fmt::Debug for Secret {
 /// An IP address or a CIDR range (`10.0.0.5`, `10.0.0.0/8`, `fd00::/8`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "String")]
-pub struct Cidr {
-    addr: IpAddr,
-    prefix: u8,
-}
+pub struct Cidr(ipnet::IpNet);
 
 /// Why a [`Cidr`] did not parse.
 #[derive(Debug, thiserror::Error)]
@@ -237,53 +234,22 @@ impl Cidr {
     /// Whether `ip` is in the range (an IPv4-mapped IPv6 address counts as
     /// its IPv4 address).
     pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, ip.to_canonical()) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                prefix_eq(&net.octets(), &ip.octets(), self.prefix)
-            }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                prefix_eq(&net.octets(), &ip.octets(), self.prefix)
-            }
-            _ => false,
-        }
+        self.0.contains(&ip.to_canonical())
     }
-}
-
-/// Whether the first `bits` bits of `a` and `b` are equal.
-fn prefix_eq(a: &[u8], b: &[u8], bits: u8) -> bool {
-    let bits = usize::from(bits);
-    let (whole, rest) = (bits / 8, bits % 8);
-    if a[..whole] != b[..whole] {
-        return false;
-    }
-    if rest == 0 {
-        return true;
-    }
-    let mask = 0xffu8 << (8 - rest);
-    (a[whole] & mask) == (b[whole] & mask)
 }
 
 impl FromStr for Cidr {
     type Err = CidrError;
 
     fn from_str(text: &str) -> Result<Self, CidrError> {
-        let bad = || CidrError(text.to_owned());
         let trimmed = text.trim();
-        let (addr, prefix) = match trimmed.split_once('/') {
-            Some((addr, prefix)) => (addr, Some(prefix)),
-            None => (trimmed, None),
+        let net = match trimmed.parse::<IpAddr>() {
+            // One address: the range of just it, as the peer's canonical
+            // form (an IPv4-mapped address is its IPv4 address).
+            Ok(addr) => ipnet::IpNet::from(addr.to_canonical()),
+            Err(_) => trimmed.parse().map_err(|_| CidrError(text.to_owned()))?,
         };
-        let addr: IpAddr = addr.parse().map_err(|_| bad())?;
-        let addr = addr.to_canonical();
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        let prefix = match prefix {
-            Some(p) => p.parse::<u8>().map_err(|_| bad())?,
-            None => max,
-        };
-        if prefix > max {
-            return Err(bad());
-        }
-        Ok(Self { addr, prefix })
+        Ok(Self(net))
     }
 }
 
@@ -297,7 +263,7 @@ impl TryFrom<String> for Cidr {
 
 impl fmt::Display for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix)
+        self.0.fmt(f)
     }
 }
 
