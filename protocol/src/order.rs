@@ -29,7 +29,11 @@ pub struct Order {
     #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 255)))]
     pub reply_to: Option<String>,
     /// 0 (default) to 9; higher is claimed first.
-    #[serde(default, skip_serializing_if = "Priority::is_default", deserialize_with = "null_is_default")]
+    #[serde(
+        default,
+        skip_serializing_if = "Priority::is_default",
+        deserialize_with = "null_is_default"
+    )]
     #[cfg_attr(feature = "schemars", schemars(with = "Option<Priority>"))]
     pub priority: Priority,
     /// Do not start before this time.
@@ -41,13 +45,19 @@ pub struct Order {
     #[cfg_attr(feature = "schemars", schemars(with = "Option<DateTime<Utc>>"))]
     pub not_before: Option<DateTime<Utc>>,
     /// Which status events are published (contract §2a).
-    #[serde(default, skip_serializing_if = "Events::is_all", deserialize_with = "null_is_default")]
+    #[serde(
+        default,
+        skip_serializing_if = "Events::is_all",
+        deserialize_with = "null_is_default"
+    )]
     #[cfg_attr(feature = "schemars", schemars(with = "Option<Events>"))]
     pub events: Events,
 }
 
 /// A field given as null reads as its default, as the server reads it.
-fn null_is_default<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(d: D) -> Result<T, D::Error> {
+fn null_is_default<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(
+    d: D,
+) -> Result<T, D::Error> {
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 

@@ -90,8 +90,9 @@ pub struct ApplicationSpec {
     /// characters).
     #[serde(default)]
     pub reply_to: Vec<String>,
-    /// Bearer tokens of the HTTP API (contract §9a), as `sha256:<hex>` of
-    /// the token: read, not yet used (no HTTP API yet).
+    /// Bearer tokens of the submission's HTTP API (contract §9a), as
+    /// `sha256:<hex>` of the token: a request bearing one is this
+    /// application's.
     #[serde(default)]
     pub tokens: Vec<String>,
 }
@@ -251,13 +252,20 @@ impl BrokerSettings {
     }
 }
 
-/// `[http]`: the health and metrics endpoint of every service.
+/// `[http]`: the health and metrics endpoint of every service (and the
+/// submission's HTTP API, contract §9a).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default)]
 pub struct HttpSettings {
     pub host: String,
     /// `None` means the service's own default port; `0` picks a free one.
     pub port: Option<u16>,
+    /// Whether the submission's HTTP API (`/v1`) answers a request without
+    /// a token when it comes from this host (a loopback peer, addressed to
+    /// a loopback `Host`, with no `Origin`: not a web page's) and no
+    /// `[applications]` are configured. With applications, every request
+    /// needs one of their tokens, loopback or not.
+    pub api_loopback_open: bool,
 }
 
 impl Default for HttpSettings {
@@ -265,6 +273,7 @@ impl Default for HttpSettings {
         Self {
             host: "127.0.0.1".into(),
             port: None,
+            api_loopback_open: true,
         }
     }
 }

@@ -814,7 +814,6 @@ impl StepReply {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1148,8 +1147,14 @@ mod tests {
         ];
         let body = proptest::collection::vec((field, value), 0..8).prop_map(|fields| {
             let inner: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
-            let unique = fields.iter().map(|(k, _)| k).collect::<std::collections::HashSet<_>>();
-            (format!("{{{}}}", inner.join(",")), unique.len() == fields.len())
+            let unique = fields
+                .iter()
+                .map(|(k, _)| k)
+                .collect::<std::collections::HashSet<_>>();
+            (
+                format!("{{{}}}", inner.join(",")),
+                unique.len() == fields.len(),
+            )
         });
         let mut runner = TestRunner::new(Config {
             cases: 4000,
@@ -1157,34 +1162,38 @@ mod tests {
             ..Config::default()
         });
         runner
-            .run(&(body, proptest::option::of(text)), |((body, unique), property)| {
-                match decode_submission(body.as_bytes(), property.as_deref(), 1 << 20, &names()) {
-                    Ok(s) => {
-                        // The published wire type reads what the server
-                        // accepts as the same order (the server alone
-                        // takes a repeated field, the last one, replaces
-                        // NUL, and falls back to the AMQP reply_to).
-                        if unique && !body.contains("\\u0000") && property.is_none() {
-                            let wire: Order = serde_json::from_str(&body)
-                                .map_err(|e| TestCaseError::fail(format!("{e}: {body}")))?;
-                            prop_assert_eq!(&wire, &s, "{}", body);
+            .run(
+                &(body, proptest::option::of(text)),
+                |((body, unique), property)| {
+                    match decode_submission(body.as_bytes(), property.as_deref(), 1 << 20, &names())
+                    {
+                        Ok(s) => {
+                            // The published wire type reads what the server
+                            // accepts as the same order (the server alone
+                            // takes a repeated field, the last one, replaces
+                            // NUL, and falls back to the AMQP reply_to).
+                            if unique && !body.contains("\\u0000") && property.is_none() {
+                                let wire: Order = serde_json::from_str(&body)
+                                    .map_err(|e| TestCaseError::fail(format!("{e}: {body}")))?;
+                                prop_assert_eq!(&wire, &s, "{}", body);
+                            }
+                            prop_assert!(is_queue_name(&s.workflow));
+                            prop_assert!(s.reply_to.as_deref().is_none_or(is_queue_name));
+                            let (earliest, latest) = rfc3339::bounds();
+                            prop_assert!(s.not_before.is_none_or(|t| earliest <= t && t <= latest));
+                            let stored = serde_json::to_string(&s.payload).unwrap_or_default();
+                            prop_assert!(!stored.contains("\\u0000"));
                         }
-                        prop_assert!(is_queue_name(&s.workflow));
-                        prop_assert!(s.reply_to.as_deref().is_none_or(is_queue_name));
-                        let (earliest, latest) = rfc3339::bounds();
-                        prop_assert!(s.not_before.is_none_or(|t| earliest <= t && t <= latest));
-                        let stored = serde_json::to_string(&s.payload).unwrap_or_default();
-                        prop_assert!(!stored.contains("\\u0000"));
+                        Err((reason, hints)) => {
+                            prop_assert!(reason.to_string().len() <= MAX_REASON_BYTES);
+                            prop_assert!(hints.reply_to.as_deref().is_none_or(is_queue_name));
+                            let id = hints.order_id.map(|v| v.to_string()).unwrap_or_default();
+                            prop_assert!(id.len() <= 2 + MAX_NAME_BYTES * 6);
+                        }
                     }
-                    Err((reason, hints)) => {
-                        prop_assert!(reason.to_string().len() <= MAX_REASON_BYTES);
-                        prop_assert!(hints.reply_to.as_deref().is_none_or(is_queue_name));
-                        let id = hints.order_id.map(|v| v.to_string()).unwrap_or_default();
-                        prop_assert!(id.len() <= 2 + MAX_NAME_BYTES * 6);
-                    }
-                }
-                Ok(())
-            })
+                    Ok(())
+                },
+            )
             .unwrap();
     }
 
@@ -1196,10 +1205,20 @@ mod tests {
         let fields = (
             pick(&[r#""w""#, r#""shop.checkout""#, r#""é""#, r#""""#, "7"]),
             pick(&["{}", r#"{"a":1}"#, r#"{"n":[1,{"b":null}],"s":"t"}"#, "[]"]),
-            pick(&["", r#""0192a0c0-0000-7000-8000-000000000001""#, "null", r#""x""#]),
+            pick(&[
+                "",
+                r#""0192a0c0-0000-7000-8000-000000000001""#,
+                "null",
+                r#""x""#,
+            ]),
             pick(&["", r#""app.status""#, "null", r#""sas.orders""#, r#""""#]),
             pick(&["", "0", "9", "null", "10", "-1", "3.5"]),
-            pick(&["", r#""2030-01-01T00:00:00+02:00""#, "null", r#""2030-02-30T00:00:00Z""#]),
+            pick(&[
+                "",
+                r#""2030-01-01T00:00:00+02:00""#,
+                "null",
+                r#""2030-02-30T00:00:00Z""#,
+            ]),
             pick(&["", r#""all""#, r#""terminal""#, "null", r#""some""#]),
             pick(&["", "1", r#"{"deep":[[]]}"#]),
         );
@@ -1219,7 +1238,9 @@ mod tests {
                 .filter(|(_, v)| !v.is_empty())
                 .map(|(k, v)| format!("\"{k}\":{v}"))
                 .collect();
-            Just(present).prop_shuffle().prop_map(|f| format!("{{{}}}", f.join(",")))
+            Just(present)
+                .prop_shuffle()
+                .prop_map(|f| format!("{{{}}}", f.join(",")))
         });
         let mut runner = TestRunner::new(Config {
             cases: 2000,

@@ -1,11 +1,15 @@
 //! `submission`: consumes `<prefix>.orders`, stores each valid order with its
 //! state record and `received` event in one transaction, dead-letters the rest;
-//! serves replay requests (`<prefix>.replay`, contract §9) from the event log.
+//! serves replay requests (`<prefix>.replay`, contract §9) from the event log,
+//! and the HTTP API of orders on its port (`/v1`, contract §9a), which stores
+//! orders through the same intake as the queue.
 
+mod http_api;
 mod replay;
 mod submission;
 
 use std::process::ExitCode;
+use std::sync::{Arc, OnceLock};
 
 use clap::Parser;
 use sas::service::{CommonArgs, Spec};
@@ -30,5 +34,21 @@ async fn main() -> ExitCode {
         default_port: 9101,
         store: Some(Plans::Generic),
     };
-    sas::service::main(spec, args.common, submission::run).await
+    // The routes are built before the work starts: they make the intake
+    // that the orders queue then shares.
+    let intake = Arc::new(OnceLock::new());
+    let made = intake.clone();
+    sas::service::main_with_routes(
+        spec,
+        args.common,
+        move |ctx| http_api::routes(ctx, &made),
+        move |ctx| async move {
+            let intake = intake
+                .get()
+                .cloned()
+                .ok_or_else(|| anyhow::anyhow!("the submission's intake was not built"))?;
+            submission::run(ctx, intake).await
+        },
+    )
+    .await
 }

@@ -10,19 +10,23 @@ use anyhow::Context as _;
 use chrono::Utc;
 use sas::applications::Application;
 use sas::broker::{self, BrokerError, Outgoing, Publisher, Received};
-use sas::messages::{Quoted, RejectReason, RejectedHints, decode_submission, rejected_event};
+use sas::messages::{
+    Quoted, RejectReason, RejectedHints, Submission, decode_submission, rejected_event,
+};
 use sas::metrics::labels;
 use sas::outbox::Relay;
 use sas::service::Context;
 use sas::state_store::{NewOrder, StoreError, Submitted, Transitions};
+use sas::trace::TraceContext;
 use sas::workflow::Workflow;
 use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::replay::Replayer;
 
-/// Runs the submission until shutdown.
-pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
+/// Runs the submission until shutdown, storing orders through `intake`
+/// (shared with the HTTP API, [`crate::http_api`]).
+pub async fn run(ctx: Arc<Context>, intake: Arc<Intake>) -> anyhow::Result<()> {
     let store = ctx.store()?.clone();
     sas::heartbeat::spawn(
         store.clone(),
@@ -30,19 +34,12 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         "submission",
         ctx.shutdown.clone(),
     );
-    let relay = Relay::new(
-        store.clone(),
-        ctx.settings.outbox.clone(),
-        ctx.metrics.clone(),
-    );
     let replayer = Arc::new(Replayer {
-        store: store.clone(),
+        store,
         ctx: ctx.clone(),
     });
-    let transitions = Transitions::new(store, ctx.queues.clone());
     let submission = Arc::new(Submitter {
-        batcher: store_in_batches(transitions, relay.clone(), &ctx.settings.database),
-        relay,
+        intake,
         ctx: ctx.clone(),
     });
     let agents = ctx.settings.agent_names();
@@ -54,7 +51,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         &ctx.health,
         async |broker| {
             let publisher = broker.publisher().await?;
-            let relay = submission.relay.start(broker).await?;
+            let relay = submission.intake.relay.start(broker).await?;
             let consumer = broker
                 .subscribe(
                     ctx.queues.orders(),
@@ -143,10 +140,156 @@ fn store_in_batches(
     })
 }
 
-/// The submission's work, shared by its message handlers.
-struct Submitter {
+/// Where accepted orders go, whichever way they came in (the orders queue
+/// or `POST /v1/orders`): the same checks, the same id mapping of an
+/// application (contract §1b), the same batched store transaction and the
+/// same relay, so that an order sent both ways with one id is one order.
+pub struct Intake {
     batcher: Batcher,
     relay: Arc<Relay>,
+    ctx: Arc<Context>,
+}
+
+/// An order that passed the checks, ready to be stored.
+pub struct Accepted<'a> {
+    /// The order as decoded.
+    pub order: Submission,
+    /// Its workflow, as configured now.
+    pub workflow: Workflow,
+    /// The id its sender gave it (or the one generated for it): the id its
+    /// status events and the HTTP API say.
+    pub given: Uuid,
+    /// Its application, when applications are configured.
+    pub sender: Option<&'a Application>,
+    /// The sender's trace context (`traceparent`), if it sent one.
+    pub sent: Option<TraceContext>,
+}
+
+impl Intake {
+    /// The intake of the service of `ctx`; its relay starts with each broker
+    /// session ([`run`]).
+    pub fn new(ctx: Arc<Context>) -> anyhow::Result<Arc<Self>> {
+        let store = ctx.store()?.clone();
+        let relay = Relay::new(
+            store.clone(),
+            ctx.settings.outbox.clone(),
+            ctx.metrics.clone(),
+        );
+        let transitions = Transitions::new(store, ctx.queues.clone());
+        Ok(Arc::new(Self {
+            batcher: store_in_batches(transitions, relay.clone(), &ctx.settings.database),
+            relay,
+            ctx,
+        }))
+    }
+
+    /// Decodes and checks a body (contract §1, §1b): `reply_to_property` is
+    /// the AMQP `reply_to` (none over HTTP), `sender` the application that
+    /// sent it. On refusal, why, and what can be told to the sender.
+    pub fn accept(
+        &self,
+        body: &[u8],
+        reply_to_property: Option<&str>,
+        sender: Option<&Application>,
+    ) -> Result<(Submission, Workflow), (RejectReason, RejectedHints)> {
+        let settings = &self.ctx.settings;
+        let s = decode_submission(
+            body,
+            reply_to_property,
+            settings.submission.max_body_bytes,
+            &self.ctx.queues,
+        )?;
+        let hints = || RejectedHints {
+            order_id: s
+                .order_id
+                .map(|id| serde_json::Value::String(id.to_string())),
+            reply_to: s.reply_to.clone(),
+        };
+        if let (Some(app), Some(queue)) = (sender, &s.reply_to)
+            && !app.may_reply_to(queue)
+        {
+            let reason = RejectReason::NotTheApplicationsQueue {
+                field: "reply_to",
+                queue: Quoted::new(queue),
+                application: Quoted::new(&app.name),
+            };
+            return Err((reason, hints()));
+        }
+        match settings.workflow(&s.workflow) {
+            Ok(wf) => Ok((s, wf)),
+            Err(_) => {
+                let reason = RejectReason::UnknownWorkflow(Quoted::new(&s.workflow));
+                Err((reason, hints()))
+            }
+        }
+    }
+
+    /// Stores an accepted order, in its application's namespace (contract
+    /// §1b), within a span that continues the sender's trace; what became
+    /// of it, and the span, for the caller to go on in.
+    pub async fn submit(
+        &self,
+        accepted: Accepted<'_>,
+    ) -> (Result<Submitted, Arc<StoreError>>, tracing::Span) {
+        let Accepted {
+            order,
+            workflow,
+            given,
+            sender,
+            sent,
+        } = accepted;
+        // An application's ids are its own: stored in its namespace.
+        let order_id = sender.map_or(given, |app| app.order_id(given));
+        // Continue the application's trace when it sent one; this span is
+        // the order's root in sas (its transitions' spans nest under it).
+        let span = tracing::info_span!(
+            "submit",
+            %order_id,
+            workflow = %workflow.name,
+            trace_id = tracing::field::Empty,
+        );
+        if let Some(sent) = &sent {
+            sas::telemetry::continue_trace(&span, sent);
+        }
+        let trace = sas::telemetry::hop(&span, sent.as_ref().map(|t| t.trace_id.as_str()));
+        span.record("trace_id", trace.trace_id.as_str());
+        let new = NewOrder {
+            order_id,
+            workflow: workflow.name.clone(),
+            payload: serde_json::Value::Object(order.payload),
+            reply_to: order.reply_to,
+            priority: i16::from(order.priority.get()),
+            not_before: order.not_before,
+            trace_id: Some(trace.trace_id.clone()),
+            trace_span: Some(trace.span_id.clone()),
+            events: order.events,
+            application: sender.map(|app| app.name.clone()),
+            app_order_id: sender.map(|_| given),
+        };
+        let stored = self
+            .batcher
+            .call((new, workflow))
+            .instrument(span.clone())
+            .await
+            .unwrap_or_else(|| Err(Arc::new(StoreError::NoOutcome)));
+        span.in_scope(|| match &stored {
+            Ok(Submitted::Created) => {
+                tracing::debug!("order stored");
+                self.ctx.metrics.orders_received.inc();
+            }
+            Ok(Submitted::Duplicate) => {
+                tracing::info!("order already exists; nothing to do");
+                self.ctx.metrics.orders_duplicate.inc();
+            }
+            Err(_) => {}
+        });
+        (stored, span)
+    }
+}
+
+/// The submission's work, shared by its message handlers.
+struct Submitter {
+    intake: Arc<Intake>,
     ctx: Arc<Context>,
 }
 
@@ -154,7 +297,6 @@ impl Submitter {
     /// Handles one delivery; an error means the broker is gone.
     async fn handle(&self, publisher: &Publisher, delivery: Received) -> Result<(), BrokerError> {
         sas::crash::panic_if_marked(delivery.body());
-        let settings = &self.ctx.settings;
         // Who sent it (contract §1b): with applications configured, only
         // one of them, and its events only to its own queues.
         let sender = match self.ctx.applications.identify(delivery.user_id()) {
@@ -172,37 +314,9 @@ impl Submitter {
                     .await;
             }
         };
-        let decoded = decode_submission(
-            delivery.body(),
-            delivery.reply_to(),
-            settings.submission.max_body_bytes,
-            &self.ctx.queues,
-        )
-        .and_then(|s| {
-            let hints = || RejectedHints {
-                order_id: s
-                    .order_id
-                    .map(|id| serde_json::Value::String(id.to_string())),
-                reply_to: s.reply_to.clone(),
-            };
-            if let (Some(app), Some(queue)) = (sender, &s.reply_to)
-                && !app.may_reply_to(queue)
-            {
-                let reason = RejectReason::NotTheApplicationsQueue {
-                    field: "reply_to",
-                    queue: Quoted::new(queue),
-                    application: Quoted::new(&app.name),
-                };
-                return Err((reason, hints()));
-            }
-            match settings.workflow(&s.workflow) {
-                Ok(wf) => Ok((s, wf)),
-                Err(_) => {
-                    let reason = RejectReason::UnknownWorkflow(Quoted::new(&s.workflow));
-                    Err((reason, hints()))
-                }
-            }
-        });
+        let decoded = self
+            .intake
+            .accept(delivery.body(), delivery.reply_to(), sender);
         let (order, workflow) = match decoded {
             Ok(ok) => ok,
             Err((reason, hints)) => {
@@ -215,57 +329,26 @@ impl Submitter {
             .order_id
             .or_else(|| delivery.message_id().and_then(|m| Uuid::parse_str(m).ok()))
             .unwrap_or_else(Uuid::new_v4);
-        // An application's ids are its own: stored in its namespace.
-        let order_id = sender.map_or(given, |app| app.order_id(given));
-        // Continue the application's trace when it sent one; this span is
-        // the order's root in sas (its transitions' spans nest under it).
         let sent = delivery
             .header(sas::trace::HEADER)
-            .and_then(|t| sas::trace::TraceContext::parse(&t));
-        let span = tracing::info_span!(
-            "submit",
-            %order_id,
-            workflow = %workflow.name,
-            trace_id = tracing::field::Empty,
-        );
-        if let Some(sent) = &sent {
-            sas::telemetry::continue_trace(&span, sent);
-        }
-        let trace = sas::telemetry::hop(&span, sent.as_ref().map(|t| t.trace_id.as_str()));
-        span.record("trace_id", trace.trace_id.as_str());
+            .and_then(|t| TraceContext::parse(&t));
         let new_reply_to = order.reply_to.clone();
+        let accepted = Accepted {
+            order,
+            workflow,
+            given,
+            sender,
+            sent,
+        };
+        let (stored, span) = self.intake.submit(accepted).await;
         async {
-            let new = NewOrder {
-                order_id,
-                workflow: workflow.name.clone(),
-                payload: serde_json::Value::Object(order.payload),
-                reply_to: order.reply_to,
-                priority: i16::from(order.priority.get()),
-                not_before: order.not_before,
-                trace_id: Some(trace.trace_id.clone()),
-                trace_span: Some(trace.span_id.clone()),
-                events: order.events,
-                application: sender.map(|app| app.name.clone()),
-                app_order_id: sender.map(|_| given),
-            };
-            let stored = self
-                .batcher
-                .call((new, workflow))
-                .await
-                .unwrap_or_else(|| Err(Arc::new(StoreError::NoOutcome)));
             match stored {
                 Ok(Submitted::Created) => {
                     sas::crash::point("submission.after_commit");
-                    tracing::debug!("order stored");
-                    self.ctx.metrics.orders_received.inc();
                     // Its `received` event went to the relay with the commit.
                     broker::ack(&delivery).await?;
                 }
-                Ok(Submitted::Duplicate) => {
-                    tracing::info!("order already exists; nothing to do");
-                    self.ctx.metrics.orders_duplicate.inc();
-                    broker::ack(&delivery).await?;
-                }
+                Ok(Submitted::Duplicate) => broker::ack(&delivery).await?,
                 Err(e) if e.is_refusal_of_input() => {
                     // Postgres refused this order's values (it was tried
                     // alone): it will never be stored.

@@ -404,6 +404,12 @@ impl StateStore {
             .await
     }
 
+    /// One order's row, without its steps or events (a cheap read by id).
+    pub async fn order(&self, order_id: uuid::Uuid) -> Result<Option<OrderRow>, StoreError> {
+        let mut conn = self.conn().await?;
+        conn.run(|c| orders::get(c, order_id)).await
+    }
+
     /// One order with its steps and event log, for operators.
     pub async fn order_details(
         &self,

@@ -19,6 +19,7 @@ mod failover;
 mod faults;
 mod fencing;
 mod hostile;
+mod http_api;
 mod in_doubt;
 mod metrics;
 mod nodes;

@@ -20,8 +20,14 @@ fn schemas() -> Vec<(&'static str, Value)> {
     let json = |s: schemars::Schema| s.to_value();
     vec![
         ("order.schema.json", json(schemars::schema_for!(Order))),
-        ("status-event.schema.json", json(schemars::schema_for!(StatusEvent))),
-        ("replay-request.schema.json", json(schemars::schema_for!(ReplayRequest))),
+        (
+            "status-event.schema.json",
+            json(schemars::schema_for!(StatusEvent)),
+        ),
+        (
+            "replay-request.schema.json",
+            json(schemars::schema_for!(ReplayRequest)),
+        ),
         ("alert.schema.json", json(schemars::schema_for!(Alert))),
     ]
 }
@@ -121,8 +127,14 @@ fn every_example_of_the_asyncapi_document_is_read_as_it_says() {
     }
     for event in examples(&doc, "StatusEvent") {
         let read: StatusEvent = serde_json::from_value(event.clone()).expect("a status event");
-        assert!(read.state.kind().is_some(), "an example names a known state: {event}");
-        assert_eq!(serde_json::to_value(&read).expect("json")["state"], event["state"]);
+        assert!(
+            read.state.kind().is_some(),
+            "an example names a known state: {event}"
+        );
+        assert_eq!(
+            serde_json::to_value(&read).expect("json")["state"],
+            event["state"]
+        );
     }
     for request in examples(&doc, "ReplayRequest") {
         let body = serde_json::to_vec(&request).expect("json");
