@@ -526,6 +526,7 @@ pub fn decode_replay(
 
 /// Whether a step request runs the step or undoes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Direction {
     Forward,
@@ -533,6 +534,8 @@ pub enum Direction {
 }
 
 /// A request from a scheduler to an agent, on `<prefix>.agent.<agent>.requests`.
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schemars", schemars(title = "StepRequest"))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepRequest {
     pub order_id: Uuid,
@@ -548,6 +551,7 @@ pub struct StepRequest {
     pub locked_by: String,
     /// After this the agent stops and sends nothing back.
     #[serde(with = "rfc3339")]
+    #[cfg_attr(feature = "schemars", schemars(with = "DateTime<Utc>"))]
     pub complete_by: DateTime<Utc>,
     pub payload: Value,
     /// Earlier steps' results, by step name.
@@ -637,6 +641,7 @@ impl StepRequest {
 }
 
 /// How a step ended at the agent.
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum StepOutcome {
@@ -659,6 +664,7 @@ pub enum StepOutcome {
     /// deadline (contract §4b), which this heartbeat asks to store.
     Accepted {
         #[serde(with = "rfc3339")]
+        #[cfg_attr(feature = "schemars", schemars(with = "DateTime<Utc>"))]
         complete_by: DateTime<Utc>,
         location: String,
     },
@@ -681,6 +687,8 @@ impl StepOutcome {
 
 /// An agent's answer to a [`StepRequest`], on the scheduler's reply queue:
 /// alone, or in a pack with others ([`decode_replies`]).
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schemars", schemars(title = "StepReply"))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepReply {
     pub order_id: Uuid,

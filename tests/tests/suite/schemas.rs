@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use sas::messages::{decode_replay, decode_submission};
+use sas::messages::{StepReply, StepRequest, decode_replay, decode_submission};
 use sas::topology::QueueNames;
 use sas_protocol::{Alert, Order, ReplayRequest, StatusEvent};
 use serde_json::Value;
@@ -29,6 +29,14 @@ fn schemas() -> Vec<(&'static str, Value)> {
             json(schemars::schema_for!(ReplayRequest)),
         ),
         ("alert.schema.json", json(schemars::schema_for!(Alert))),
+        (
+            "step-request.schema.json",
+            json(schemars::schema_for!(StepRequest)),
+        ),
+        (
+            "step-reply.schema.json",
+            json(schemars::schema_for!(StepReply)),
+        ),
     ]
 }
 
@@ -67,7 +75,7 @@ fn examples(doc: &Value, name: &str) -> Vec<Value> {
 }
 
 #[test]
-fn the_asyncapi_document_names_every_queue_an_application_meets_and_its_schemas() {
+fn the_asyncapi_document_names_every_queue_of_a_deployment_and_its_schemas() {
     let doc = asyncapi();
     assert_eq!(doc["asyncapi"], "3.0.0");
     let names = QueueNames::new("{prefix}");
@@ -77,16 +85,15 @@ fn the_asyncapi_document_names_every_queue_an_application_meets_and_its_schemas(
         .values()
         .filter_map(|c| c["address"].as_str())
         .collect();
-    for queue in [
-        names.orders(),
-        names.orders_dead(),
-        names.replay(),
-        names.replay_dead(),
-        names.alerts(),
-        names.submit_exchange(),
-    ] {
-        assert!(addresses.contains(&queue), "{queue} not in {addresses:?}");
+    // Every queue a deployment declares, and the submission exchange.
+    for queue in names.all(["{agent}"]) {
+        let name = queue.name.as_str();
+        assert!(addresses.contains(&name), "{name} not in {addresses:?}");
     }
+    assert!(
+        addresses.contains(&names.submit_exchange()),
+        "{addresses:?}"
+    );
     assert!(addresses.contains(&"{reply_to}"), "{addresses:?}");
     // Every payload it points at is a schema file of docs/schemas, and
     // each message sas defines points at its own.
@@ -105,6 +112,8 @@ fn the_asyncapi_document_names_every_queue_an_application_meets_and_its_schemas(
         ("StatusEvent", "status-event"),
         ("ReplayRequest", "replay-request"),
         ("Alert", "alert"),
+        ("StepRequest", "step-request"),
+        ("StepReply", "step-reply"),
     ] {
         assert_eq!(
             messages[name]["payload"]["$ref"],
@@ -146,4 +155,17 @@ fn every_example_of_the_asyncapi_document_is_read_as_it_says() {
     for alert in examples(&doc, "Alert") {
         let _: Alert = serde_json::from_value(alert).expect("an alert");
     }
+    for request in examples(&doc, "StepRequest") {
+        let _: StepRequest = serde_json::from_value(request).expect("a step request");
+    }
+    // Replies travel alone or packed: the scheduler reads both.
+    let replies = examples(&doc, "StepReply");
+    for reply in &replies {
+        let body = serde_json::to_vec(reply).expect("json");
+        let read = sas::messages::decode_replies(&body).expect("a reply");
+        assert!(read.iter().all(Result::is_ok), "{reply}");
+    }
+    let pack = serde_json::to_vec(&replies).expect("json");
+    let read = sas::messages::decode_replies(&pack).expect("a pack");
+    assert_eq!(read.len(), replies.len());
 }
