@@ -90,6 +90,7 @@ names=()
 pids=()
 demo_pid=""
 summary_pid=""
+dashboard_url="http://127.0.0.1:9105/"
 # What the private servers were before this script: running (left so), or
 # stopped or absent (stopped at the end); empty when none are used.
 servers_before=""
@@ -187,10 +188,11 @@ servers() {
 
 # Reads sasctl watch's JSON lines and prints one line per order once it
 # ends (its states in order, a step named for each that succeeded, and how
-# long from the first event to the last), then those that did not end and a
-# count. Lines that are no status event pass as they are.
+# long from the first event to the last), then those that did not end, the
+# count by end state, the p50 and p99 of those times, and where the
+# dashboard is. Lines that are no status event pass as they are.
 summarize() {
-    jq -nrR --unbuffered '
+    jq -nrR --unbuffered --arg dashboard "$dashboard_url" '
 def seconds:
   capture("^(?<s>[^.Z]+)(?<f>[.][0-9]+)?Z$")
   | ((.s + "Z") | fromdateiso8601) + ((.f // ".0") | tonumber);
@@ -199,23 +201,30 @@ def word:
   elif .state == "retry_scheduled" then "retry " + (.step // "step")
   elif .state == "rejected" and (.detail.error | type) == "string" then "rejected (\(.detail.error))"
   else .state end;
+def took($events):
+  ($events | unique_by(.seq)) as $e
+  | ((($e[-1].at | seconds) - ($e[0].at | seconds)) * 1000) | floor;
 def story($id; $events; $ended):
   ($events | unique_by(.seq)) as $e
   | "order \($id): " + ([$e[] | word] | join(" → "))
-    + if $ended then
-        " in \((((($e[-1].at | seconds) - ($e[0].at | seconds)) * 1000) | floor)) ms"
-      else " (no end seen)" end;
+    + if $ended then " in \(took($e)) ms" else " (no end seen)" end;
+def pct($sorted; $q):
+  if ($sorted | length) == 0 then "-"
+  else "\($sorted[((($sorted | length) * $q) | ceil) - 1]) ms" end;
 foreach ((inputs | (fromjson? | objects) // {line: .}), {"sas-demo-end": true}) as $m (
-  {orders: {}, ended: {}, out: []};
+  {orders: {}, ended: {}, took: [], out: []};
   if $m["sas-demo-end"] then
-    .out = [.orders | to_entries[] | story(.key; .value; false)]
+    (.took | sort) as $took
+    | .out = [.orders | to_entries[] | story(.key; .value; false)]
       + [(.ended | to_entries | map("\(.value) \(.key)") | join(", ")) as $counts
-         | "\(.ended | add // 0) orders ended\(if $counts == "" then "" else ": " + $counts end); \(.orders | length) did not"]
+         | "\(.ended | add // 0) orders ended\(if $counts == "" then "" else ": " + $counts end); \(.orders | length) did not",
+         "first event to last: p50 \(pct($took; 0.5)), p99 \(pct($took; 0.99)); the dashboard: \($dashboard)"]
   elif ($m.state | type) == "string" then
     ($m.order_id | if type == "string" then . else tojson end) as $id
     | .orders[$id] += [$m]
     | if ["processed", "compensated", "failed", "rejected"] | index([$m.state]) then
         .out = [story($id; .orders[$id]; true)]
+        | .took += [took(.orders[$id])]
         | del(.orders[$id])
         | .ended[$m.state] += 1
       else .out = [] end
@@ -325,7 +334,7 @@ wait_ready scheduler http://127.0.0.1:9102/readyz
 wait_ready agent http://127.0.0.1:9103/readyz
 wait_ready supervisor http://127.0.0.1:9104/readyz
 wait_ready dashboard http://127.0.0.1:9105/readyz
-log "the dashboard is on http://127.0.0.1:9105/"
+log "the dashboard is on $dashboard_url"
 
 log "running the demo application (${DEMO_ORDERS} orders, status queue ${DEMO_QUEUE})"
 if ((json == 0)) && ! command -v jq >/dev/null 2>&1; then
