@@ -327,6 +327,7 @@ async fn submit(
         .intake
         .accept(&body, None, sender)
         .map_err(|(reason, _)| {
+            api.intake.count_rejected(&reason);
             let status = match reason {
                 RejectReason::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
                 _ => StatusCode::BAD_REQUEST,
@@ -358,10 +359,10 @@ async fn submit(
         Ok(Submitted::Created) => StatusCode::ACCEPTED,
         Ok(Submitted::Duplicate) => StatusCode::OK,
         Err(e) if e.is_refusal_of_input() => {
-            return Err(ApiError::bad_request(
-                "refused_by_store",
-                format!("the state store refused the order: {e}"),
-            ));
+            let text = format!("the state store refused the order: {e}");
+            api.intake
+                .count_rejected(&RejectReason::Internal(sas::messages::Quoted::new(&text)));
+            return Err(ApiError::bad_request("refused_by_store", text));
         }
         Err(e) => return Err(ApiError::store(&e)),
     };

@@ -183,6 +183,15 @@ impl Intake {
         }))
     }
 
+    /// Counts an order refused, whichever way it came in.
+    pub fn count_rejected(&self, reason: &RejectReason) {
+        self.ctx
+            .metrics
+            .orders_rejected
+            .get_or_create(&labels(&[("reason", reason.label())]))
+            .inc();
+    }
+
     /// Decodes and checks a body (contract §1, §1b): `reply_to_property` is
     /// the AMQP `reply_to` (none over HTTP), `sender` the application that
     /// sent it. On refusal, why, and what can be told to the sender.
@@ -432,11 +441,7 @@ impl Submitter {
                 Err(e) => return Err(e.into()),
             }
         }
-        self.ctx
-            .metrics
-            .orders_rejected
-            .get_or_create(&labels(&[("reason", reason.label())]))
-            .inc();
+        self.intake.count_rejected(reason);
         if copied {
             broker::ack(delivery).await
         } else {

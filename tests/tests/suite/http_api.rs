@@ -725,6 +725,12 @@ async fn hostile_requests_are_refused_with_4xx_and_the_next_order_is_processed()
         .await
         .unwrap();
     assert_eq!(refused, 0);
+    // Refused over HTTP, counted as on the queue.
+    let metrics = app.metrics("submission").await;
+    assert!(
+        metrics.contains(r#"sas_orders_rejected_total{reason="malformed_json"}"#),
+        "{metrics}"
+    );
 }
 
 fn openapi_file() -> std::path::PathBuf {
