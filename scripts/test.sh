@@ -96,6 +96,43 @@ if ! cargo nextest --version >/dev/null 2>&1; then
     fi
 fi
 
+# The Python client's tests (tests/tests/suite/python.rs) run in a virtual
+# environment of their own, target/sas-python, holding the package
+# (clients/python), pika and pytest: made once, and installed again only
+# when the package changed since (target/sas-python/.installed). A caller's
+# SAS_TEST_PYTHON (an interpreter with pika and pytest) is used instead.
+if [ -z "${SAS_TEST_PYTHON:-}" ]; then
+    if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+            say "installing python3 python3-venv (apt-get)"
+            export DEBIAN_FRONTEND=noninteractive
+            if ! { apt-get update -qq && apt-get install -y -qq python3 python3-venv >/dev/null; }; then
+                say "apt-get could not install python3 python3-venv: install them by hand, then run again"
+                exit 1
+            fi
+        else
+            say "missing python3-venv: install it (as root on Debian: apt-get install -y python3 python3-venv), then run again"
+            exit 1
+        fi
+    fi
+    python_env=target/sas-python
+    stamp="$python_env/.installed"
+    if [ ! -x "$python_env/bin/python" ]; then
+        rm -rf "$python_env" "$stamp"
+        python3 -m venv "$python_env"
+    fi
+    if [ ! -f "$stamp" ] || [ -n "$(find clients/python/pyproject.toml clients/python/src -newer "$stamp" -type f ! -path '*/__pycache__/*' ! -path '*.egg-info/*' -print -quit)" ]; then
+        say "installing the Python client with pika and pytest in $python_env (pip)"
+        if ! "$python_env/bin/pip" install -q ./clients/python pytest; then
+            say "pip could not install ./clients/python and pytest in $python_env: fix that (PyPI reachable?), then run again"
+            exit 1
+        fi
+        touch "$stamp"
+    fi
+    SAS_TEST_PYTHON="$PWD/$python_env/bin/python"
+fi
+export SAS_TEST_PYTHON
+
 # host:port of a postgres:// or amqp:// URL (default port $2).
 address_of() {
     local rest="${1#*://}"

@@ -28,6 +28,7 @@ mod packaging;
 mod parallel;
 mod partition;
 mod permissions;
+mod python;
 mod redrive;
 mod remote_origin;
 mod replay;
