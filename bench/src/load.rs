@@ -34,7 +34,24 @@ pub struct LoadSpec {
     pub timeout: Duration,
     /// SIGKILL this process once this many orders have been submitted.
     pub kill: Option<(String, usize)>,
+    /// How the orders come in.
+    pub via: Via,
 }
+
+/// How the bench submits its orders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Via {
+    /// Published to `<prefix>.orders`, a window of confirms outstanding.
+    #[default]
+    Queue,
+    /// `POST /v1/orders` to the submission (contract §9a), [`HTTP_IN_FLIGHT`]
+    /// requests at once; a `202` is the confirm.
+    Http,
+}
+
+/// Requests in flight when submitting over HTTP: about the queue's window
+/// of outstanding confirms, so both ways in are asked for the same.
+const HTTP_IN_FLIGHT: usize = 64;
 
 impl LoadSpec {
     /// Whether to sample Postgres activity: at full load, where it tells where the time goes.
@@ -294,6 +311,19 @@ pub async fn run(suite: &mut Suite, spec: &LoadSpec) -> anyhow::Result<LoadResul
         (failed, Instant::now())
     });
 
+    // Over HTTP: one keep-alive client, a bounded number of requests at once.
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(HTTP_IN_FLIGHT)
+        .build()
+        .context("an HTTP client")?;
+    let orders_url = match spec.via {
+        Via::Http => format!("http://127.0.0.1:{}/v1/orders", suite.port("submission")?),
+        Via::Queue => String::new(),
+    };
+    let http_slots = Arc::new(tokio::sync::Semaphore::new(HTTP_IN_FLIGHT));
+    let http_done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut http_posts = tokio::task::JoinSet::new();
+
     let events = match spec.events {
         Events::All => String::new(),
         other => format!(r#","events":"{}""#, other.as_str()),
@@ -316,21 +346,54 @@ pub async fn run(suite: &mut Suite, spec: &LoadSpec) -> anyhow::Result<LoadResul
             spec.workflow
         );
         submitted[i].store(us().max(1.0) as u64, Ordering::Relaxed);
-        let pending = suite
-            .publisher
-            .send(&Outgoing {
-                routing_key: suite.queues.orders(),
-                body: body.as_bytes(),
-                reply_to: Some(&suite.status_queue),
-                mandatory: true,
-                ..Outgoing::default()
-            })
-            .await
-            .context("publishing an order")?;
-        tx.send(pending).await.ok();
+        match spec.via {
+            Via::Queue => {
+                let pending = suite
+                    .publisher
+                    .send(&Outgoing {
+                        routing_key: suite.queues.orders(),
+                        body: body.as_bytes(),
+                        reply_to: Some(&suite.status_queue),
+                        mandatory: true,
+                        ..Outgoing::default()
+                    })
+                    .await
+                    .context("publishing an order")?;
+                tx.send(pending).await.ok();
+            }
+            Via::Http => {
+                // The reply queue goes in the body: HTTP has no AMQP property.
+                let body = format!(
+                    r#"{},"reply_to":"{}"}}"#,
+                    &body[..body.len() - 1],
+                    suite.status_queue
+                );
+                let slot = http_slots
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .context("the HTTP submitters' semaphore")?;
+                let (client, url, done) = (http.clone(), orders_url.clone(), http_done.clone());
+                http_posts.spawn(async move {
+                    let answer = client
+                        .post(url)
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .send()
+                        .await;
+                    let ok = answer.is_ok_and(|r| r.status().as_u16() == 202);
+                    drop(slot);
+                    if !ok {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+            }
+        }
     }
     drop(tx);
+    while http_posts.join_next().await.is_some() {}
     let (failed_publishes, confirmed_at) = confirms.await?;
+    let failed_publishes = failed_publishes + http_done.load(Ordering::Relaxed);
     if failed_publishes > 0 {
         eprintln!("warning: {failed_publishes} orders were not confirmed by the broker");
     }

@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use crate::Args;
 use crate::limits::{self, LimitOptions};
-use crate::load::{self, LoadSpec};
+use crate::load::{self, LoadSpec, Via};
 use crate::peers::{self, CeleryBackend, PeerOptions, PeerRun};
 use crate::procs;
 use crate::report::{self, Limits, Report, SasRun};
@@ -556,6 +556,7 @@ async fn sas_single(
                     rate: Some(rate),
                     timeout: timeout_for(low_n) + Duration::from_secs_f64(low_n as f64 / rate),
                     kill: None,
+                    via: Via::Queue,
                 },
             )
             .await?;
@@ -568,12 +569,24 @@ async fn sas_single(
                 compared: None,
             });
         }
+        // The same one-step orders over HTTP (contract §9a), for the ratio
+        // of the two ways in.
+        let http = full_load_via(&mut suite, "one", 1, sizes.one, Events::All, Via::Http).await?;
+        runs.push(SasRun {
+            deployment: "1 scheduler, 1 agent".to_owned(),
+            load: HTTP_FULL.into(),
+            result: http,
+            compared: None,
+        });
         Ok::<(), anyhow::Error>(())
     }
     .await;
     merge_memory(memory, suite.peak_memory());
     finish(suite, result, args.keep_logs).await
 }
+
+/// The load name of a full-load run submitted over HTTP.
+pub const HTTP_FULL: &str = "full, over HTTP";
 
 /// Sections 3–4: sas with 2 schedulers and 2 agents, and the recovery run.
 async fn sas_scaled_and_recovery(
@@ -642,6 +655,7 @@ async fn sas_scaled_and_recovery(
                     rate: Some(rate),
                     timeout: timeout_for(n) + Duration::from_secs_f64(n as f64 / rate),
                     kill: Some(("agent-1".into(), n / 3)),
+                    via: Via::Queue,
                 },
             )
             .await?;
@@ -845,6 +859,7 @@ async fn warm_up(suite: &mut Suite, n: usize) -> anyhow::Result<()> {
             rate: None,
             timeout: timeout_for(n),
             kill: None,
+            via: Via::Queue,
         },
     )
     .await?;
@@ -859,9 +874,22 @@ async fn full_load(
     n: usize,
     events: Events,
 ) -> anyhow::Result<load::LoadResult> {
+    full_load_via(suite, workflow, steps, n, events, Via::Queue).await
+}
+
+/// [`full_load`], the orders coming in `via`.
+async fn full_load_via(
+    suite: &mut Suite,
+    workflow: &'static str,
+    steps: usize,
+    n: usize,
+    events: Events,
+    via: Via,
+) -> anyhow::Result<load::LoadResult> {
     eprintln!(
-        "   {workflow} (events {}): full load, {n} orders",
-        events.as_str()
+        "   {workflow} (events {}): full load, {n} orders{}",
+        events.as_str(),
+        if via == Via::Http { ", over HTTP" } else { "" }
     );
     let r = load::run(
         suite,
@@ -873,6 +901,7 @@ async fn full_load(
             rate: None,
             timeout: timeout_for(n),
             kill: None,
+            via,
         },
     )
     .await?;

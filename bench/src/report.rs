@@ -675,6 +675,26 @@ pub fn targets(r: &Report, recovery_bound_s: f64) -> Vec<Target> {
             ));
         }
     }
+    // Submitting over HTTP against the queue, the same deployment and orders.
+    let http = r.sas.iter().find(|s| s.load == crate::plan::HTTP_FULL);
+    let queue = http.and_then(|h| {
+        r.sas.iter().find(|s| {
+            s.load == "full"
+                && s.deployment == h.deployment
+                && s.result.workflow == h.result.workflow
+                && s.result.status_events == h.result.status_events
+        })
+    });
+    if let (Some(h), Some(q)) = (http, queue) {
+        let (x, y) = (h.result.throughput, q.result.throughput);
+        t.push(Target::ratio(
+            "1-step throughput submitted over HTTP, vs over the queue".into(),
+            "≥ 0.8×".into(),
+            x / y,
+            x / y >= 0.8,
+            format!("{:.2}×: {x:.0} vs {y:.0}/s; {}", x / y, h.deployment),
+        ));
+    }
     for s in r.sas.iter().filter(|s| s.load == "recovery") {
         if let Some(rec) = &s.result.recovery {
             t.push(Target {

@@ -301,6 +301,14 @@ impl Suite {
         Ok(())
     }
 
+    /// The HTTP port of process `name`.
+    pub fn port(&self, name: &str) -> anyhow::Result<u16> {
+        self.procs
+            .get(name)
+            .map(|p| p.port)
+            .with_context(|| format!("no process {name}"))
+    }
+
     /// Starts `binary` as process `name` and waits for its `/readyz`.
     pub async fn start(&mut self, name: &str, binary: &str) -> anyhow::Result<()> {
         let port = sas_testkit::free_port()?;
