@@ -422,7 +422,11 @@ async fn a_permanent_failure_of_the_third_step_compensates_the_first_two_in_reve
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_schedulers_and_two_agents_process_every_order_exactly_once() {
-    let app = TestApp::spawn().await;
+    // A step timeout far beyond a loaded CI machine's slowest step: no
+    // re-attempt, so each call happens once (a re-attempt would call again,
+    // rightly, and apply nothing twice; CI once saw 29 of 300 orders out of
+    // time at 5 s).
+    let app = TestApp::builder().step_timeout("30s").spawn().await;
     app.start("scheduler-2", "scheduler", &[]).await;
     app.start("agent-2", "agent", &[]).await;
     let status = app.status_queue("status").await;
