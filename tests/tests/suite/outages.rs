@@ -685,11 +685,21 @@ async fn held_orders_resume_highest_priority_first_then_oldest() {
             got.iter().filter(|e| e["state"] == "processed").count() == ids.len()
         })
         .await;
-    let resumed: Vec<String> = events
+    // In the order they were resumed: by the time of each resume's
+    // transition (one order a claim), not by when its event arrived (the
+    // outbox publishes different orders' events on several paths at once).
+    let mut resumed: Vec<(String, String)> = events
         .iter()
         .filter(|e| e["state"] == "resumed")
-        .filter_map(|e| e["order_id"].as_str().map(str::to_owned))
+        .filter_map(|e| {
+            Some((
+                e["at"].as_str()?.to_owned(),
+                e["order_id"].as_str()?.to_owned(),
+            ))
+        })
         .collect();
+    resumed.sort();
+    let resumed: Vec<String> = resumed.into_iter().map(|(_, id)| id).collect();
     // Highest priority first; among equals, the oldest first.
     let mut expected: Vec<(i32, usize, Uuid)> = submitted
         .iter()
