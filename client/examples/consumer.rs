@@ -3,7 +3,8 @@
 //! printed, until Ctrl-C. A consumer whose stream ends (the connection or
 //! the queue is gone) exits non-zero, for its supervisor to restart it;
 //! `--replay-since <RFC 3339>` first asks sas to send the queue's events
-//! since then again (after losing the queue, say).
+//! since then again (after losing the queue, say). A lost connection is
+//! not an end: the stream consumes again on a new one.
 //!
 //! ```sh
 //! cargo run -p sas-client --example consumer -- app.status
@@ -16,9 +17,10 @@ use sas_client::{Client, ReplayRequest};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt::init();
-    let url = std::env::var("SAS_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
-    let prefix = std::env::var("SAS_PREFIX").unwrap_or_else(|_| "sas".to_owned());
+    let env =
+        |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_owned());
+    let url = env("SAS_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
+    let prefix = env("SAS_PREFIX", "sas");
     let args: Vec<String> = std::env::args().skip(1).collect();
     let queue = args
         .first()
@@ -44,6 +46,8 @@ async fn main() -> anyhow::Result<()> {
             next = events.next() => match next {
                 Some(Ok(event)) => println!("{}", serde_json::to_string(&event)?),
                 Some(Err(e @ sas_client::Error::NotAStatusEvent { .. })) => eprintln!("skipped: {e}"),
+                // RabbitMQ unreachable for a while: the next read tries again.
+                Some(Err(e @ sas_client::Error::Connect(_))) => eprintln!("waiting: {e}"),
                 Some(Err(e)) => return Err(e.into()),
                 None => anyhow::bail!("the status stream of {queue} ended"),
             },

@@ -1,45 +1,56 @@
-//! Submits one order and waits for how it ended.
+//! Submits one order with a typed payload and waits for its results.
 //!
 //! ```sh
 //! cargo run -p sas-client --example submit_and_wait -- order '{"sku":"A-1"}'
 //! ```
 //!
-//! `SAS_URL` (default: the local RabbitMQ) and `SAS_PREFIX` (default `sas`)
-//! name the deployment.
+//! `SAS_URL` (default: the local RabbitMQ), `SAS_PREFIX` (default `sas`)
+//! and `SAS_STATUS_QUEUE` (default `example.status`) name the deployment
+//! and the application's status queue.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use sas_client::{Client, Order};
+use sas_client::{Client, Error, Options};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt::init();
-    let url = std::env::var("SAS_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
-    let prefix = std::env::var("SAS_PREFIX").unwrap_or_else(|_| "sas".to_owned());
+    let env =
+        |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_owned());
+    let url = env("SAS_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
+    let options = Options::new(url, env("SAS_PREFIX", "sas"))
+        .status_queue(env("SAS_STATUS_QUEUE", "example.status"));
     let mut args = std::env::args().skip(1);
     let workflow = args.next().unwrap_or_else(|| "order".to_owned());
-    let payload = match args.next() {
-        Some(json) => serde_json::from_str(&json).context("the payload must be a JSON object")?,
-        None => serde_json::Map::new(),
+    let payload: serde_json::Value = match args.next() {
+        Some(json) => serde_json::from_str(&json).context("the payload must be JSON")?,
+        None => serde_json::json!({}),
     };
 
-    // A status queue of this application's own: events go there, and
-    // `wait` reads it.
-    let client = Client::connect(&url, &prefix)
-        .await?
-        .with_status_queue("example.status")
-        .await?;
-    let order_id = client.submit(Order::new(workflow, payload)).await?;
-    println!("submitted {order_id}");
-    let terminal = client.wait(order_id, Duration::from_secs(120)).await?;
-    println!(
-        "{order_id} ended {} (seq {}): {}",
-        terminal.state().as_str(),
-        terminal.event.seq,
-        terminal.event.detail
-    );
+    // Events go to the application's own status queue, which `result` reads.
+    let client = Client::connect_with(options).await?;
+    let order = client.submit(&workflow, &payload).await?;
+    println!("submitted {}", order.id());
+    // Each step's result, by step name.
+    let outcome = order
+        .result_within::<BTreeMap<String, serde_json::Value>>(Duration::from_secs(120))
+        .await;
     client.close().await;
-    Ok(())
+    match outcome {
+        Ok(results) => {
+            println!(
+                "{} ended processed: {}",
+                order.id(),
+                serde_json::to_string(&results)?
+            );
+            Ok(())
+        }
+        Err(Error::OrderFailed { state, detail, .. }) => {
+            println!("{} ended {state}: {detail}", order.id());
+            std::process::exit(1)
+        }
+        Err(e) => Err(e.into()),
+    }
 }

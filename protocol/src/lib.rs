@@ -31,6 +31,8 @@
 
 mod alert;
 mod event;
+pub mod http;
+pub mod limits;
 mod order;
 mod replay;
 pub mod rfc3339;

@@ -8,12 +8,14 @@ use uuid::Uuid;
 
 use crate::topology::QueueNames;
 
+use sas_protocol::limits::payload_broken;
+pub use sas_protocol::limits::{
+    MAX_JSON_DEPTH, MAX_JSON_NUMBER, MAX_NAME_BYTES, is_queue_name, json_limit_broken,
+    truncate_bytes,
+};
 pub use sas_protocol::{
     Alert, EventKind, Events, Order, Priority, ReplayRequest, State, StatusEvent, rfc3339,
 };
-
-/// Longest queue or workflow name sas accepts: AMQP's short string.
-pub const MAX_NAME_BYTES: usize = 255;
 
 /// Longest text a reason quotes from what it rejects, in characters: a
 /// header value must stay far below the broker's frame size whatever the
@@ -129,54 +131,6 @@ impl Quoted {
 impl std::fmt::Display for Quoted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
-    }
-}
-
-/// `text` cut to at most `max` bytes, on a character boundary.
-pub fn truncate_bytes(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
-/// Whether `name` can be a queue name sas publishes to: 1 to
-/// [`MAX_NAME_BYTES`] bytes, no control characters (a NUL cannot be
-/// stored, and the others are surely a mistake).
-pub fn is_queue_name(name: &str) -> bool {
-    !name.is_empty() && name.len() <= MAX_NAME_BYTES && !name.chars().any(char::is_control)
-}
-
-/// Deepest nesting of arrays and objects sas accepts in a payload or a
-/// remote's answer: it is carried inside step requests and replies, each
-/// adding a level or two, and every JSON reader on the way stops at 128.
-pub const MAX_JSON_DEPTH: usize = 64;
-
-/// Largest magnitude of a fractional number sas accepts in a payload or an
-/// answer: Postgres keeps a JSON number as an exact decimal, and the
-/// decimal of a double near its maximum reads back as out of range.
-pub const MAX_JSON_NUMBER: f64 = 1e300;
-
-/// Why a JSON value cannot travel through sas, if it cannot.
-pub fn json_limit_broken(value: &Value) -> Option<&'static str> {
-    limit_broken_at(value, 0)
-}
-
-fn limit_broken_at(v: &Value, depth: usize) -> Option<&'static str> {
-    match v {
-        Value::Array(_) | Value::Object(_) if depth >= MAX_JSON_DEPTH => {
-            Some("nested at most 64 levels deep")
-        }
-        Value::Array(items) => items.iter().find_map(|i| limit_broken_at(i, depth + 1)),
-        Value::Object(fields) => fields.values().find_map(|f| limit_broken_at(f, depth + 1)),
-        Value::Number(n) if n.as_f64().is_none_or(|x| x.abs() > MAX_JSON_NUMBER) => {
-            Some("free of numbers beyond 1e300 in magnitude")
-        }
-        _ => None,
     }
 }
 
@@ -323,16 +277,6 @@ pub fn decode_submission(
     })
 }
 
-/// What a payload breaks of what sas can store and carry, if anything: the
-/// checks of a submission's `payload` beyond its being an object.
-fn payload_broken(payload: &Map<String, Value>) -> Option<&'static str> {
-    // Postgres stores no NUL character in text or jsonb.
-    if payload.iter().any(|(k, v)| k.contains('\0') || has_nul(v)) {
-        return Some("free of NUL characters (\\u0000), which cannot be stored");
-    }
-    payload.values().find_map(|v| limit_broken_at(v, 1))
-}
-
 /// Why `payload` cannot be an order's payload, if it cannot: the same
 /// checks and limits as a submitted order's `payload` (contract §1, §1a),
 /// for a payload that did not come in a submission (an operator's redrive
@@ -350,16 +294,6 @@ pub fn payload_refusal(payload: &Value, max_bytes: usize) -> Option<RejectReason
         size,
         limit: max_bytes,
     })
-}
-
-/// Whether a key or string anywhere in `v` holds a NUL character.
-fn has_nul(v: &Value) -> bool {
-    match v {
-        Value::String(s) => s.contains('\0'),
-        Value::Array(items) => items.iter().any(has_nul),
-        Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
-        Value::Null | Value::Bool(_) | Value::Number(_) => false,
-    }
 }
 
 /// Replaces every NUL character (`\u0000`, which Postgres cannot store)

@@ -43,10 +43,7 @@ impl QueueNames {
     /// sas publish into its own queues (a replay request replaying into
     /// the replay queue floods the broker) or fake an operator's alert.
     pub fn is_reserved(&self, queue: &str) -> bool {
-        queue.starts_with("amq.")
-            || queue
-                .strip_prefix(self.prefix.as_str())
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+        sas_protocol::limits::is_reserved_queue(&self.prefix, queue)
     }
 
     /// Where applications publish orders.

@@ -335,25 +335,33 @@ pub struct TestApp {
     sim_stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
-/// The test's connection: the application's client (orders go through it,
-/// as an application's would), and on the same connection a raw publisher
-/// for what an application never sends (step replies, malformed bodies).
+/// The test's connections: the application's client (orders go through
+/// it, as an application's would), and sas's own broker code with a raw
+/// publisher for what an application never sends (step replies, malformed
+/// bodies) and for looking into queues.
 struct Conn {
     client: Client,
+    broker: Broker,
     publisher: Publisher,
 }
 
 impl Conn {
     async fn open(settings: &BrokerSettings) -> Self {
-        let client = Client::connect_with(settings, "test")
+        let options = sas::broker::client_options(settings, "test").expect("client options");
+        let client = Client::connect_with(options).await.expect("RabbitMQ is up");
+        let broker = Broker::connect(settings, "test")
             .await
             .expect("RabbitMQ is up");
-        let publisher = client.broker().publisher().await.expect("publisher");
-        Self { client, publisher }
+        let publisher = broker.publisher().await.expect("publisher");
+        Self {
+            client,
+            broker,
+            publisher,
+        }
     }
 
     fn broker(&self) -> &Broker {
-        self.client.broker()
+        &self.broker
     }
 }
 
@@ -721,7 +729,11 @@ breaker_cooldown = "{cooldown}"
         payload.insert("n".into(), 1.into());
         let mut order = Order::new(workflow, payload);
         order.reply_to = reply_to.map(str::to_owned);
-        self.client().submit(order).await.expect("submit order")
+        self.client()
+            .submit_order(order)
+            .await
+            .expect("submit order")
+            .id()
     }
 
     /// Submits many orders through the client, pipelining the confirms.

@@ -612,7 +612,7 @@ async fn submit_orders(
                 }
             }
             let before = u32::try_from(n * chunk).unwrap_or(u32::MAX);
-            send_hostile(hostile.as_deref_mut(), &mut conn, settings, before, tally).await;
+            send_hostile(hostile.as_deref_mut(), settings, before, tally).await;
             let mut pending: Vec<Uuid> = chunk_ids.to_vec();
             let mut backoff = Duration::from_millis(250);
             let mut stuck_since: Option<Instant> = None;
@@ -686,7 +686,7 @@ async fn submit_orders(
         }
         if let Some(sender) = hostile {
             sender
-                .finish(&mut conn, settings, tally, args.timeout, shutdown)
+                .finish(settings, tally, args.timeout, shutdown)
                 .await?;
         }
         Ok(())
@@ -707,7 +707,8 @@ async fn connected<'c>(
         if let Some(client) = conn.take() {
             client.close().await;
         }
-        let client = sas_client::Client::connect_with(&settings.broker, "sasctl-chaos")
+        let options = sas::broker::client_options(&settings.broker, "sasctl-chaos")?;
+        let client = sas_client::Client::connect_with(options)
             .await
             .context("connecting to RabbitMQ")?;
         *conn = Some(client);
@@ -720,17 +721,12 @@ async fn connected<'c>(
 /// failure is told, and what was not sent goes with the next chunk.
 async fn send_hostile(
     sender: Option<&mut HostileSender<'_>>,
-    conn: &mut Option<sas_client::Client>,
     settings: &Settings,
     confirmed: u32,
     tally: &RefCell<Tally>,
 ) {
     let Some(sender) = sender else { return };
-    let sent = async {
-        let client = connected(conn, settings).await?;
-        sender.send_due(client, confirmed, tally).await
-    }
-    .await;
+    let sent = sender.send_due(settings, confirmed, tally).await;
     if let Err(e) = sent {
         eprintln!(
             "chaos: sending hostile messages: {}; trying again later",
@@ -751,8 +747,9 @@ struct HostileSender<'h> {
     /// Picks the good orders aimed at; seeded, though which orders run at
     /// a given moment is up to timing.
     rng: fastrand::Rng,
-    /// A confirm channel on the submitter's connection.
-    publisher: Option<Publisher>,
+    /// A connection of its own (sas's broker code, which writes any
+    /// message whole) and a confirm channel on it.
+    broker: Option<(Broker, Publisher)>,
     sent: Vec<Sent>,
     unsent: u64,
 }
@@ -764,7 +761,7 @@ impl<'h> HostileSender<'h> {
             next: 0,
             waiting: VecDeque::new(),
             rng: fastrand::Rng::with_seed(hostile.seed.wrapping_add(1)),
-            publisher: None,
+            broker: None,
             sent: Vec::new(),
             unsent: 0,
         }
@@ -781,7 +778,7 @@ impl<'h> HostileSender<'h> {
     /// next call, but for one it can never take (counted unsent).
     async fn send_due(
         &mut self,
-        client: &sas_client::Client,
+        settings: &Settings,
         confirmed: u32,
         tally: &RefCell<Tally>,
     ) -> anyhow::Result<()> {
@@ -794,18 +791,21 @@ impl<'h> HostileSender<'h> {
         if self.waiting.is_empty() {
             return Ok(());
         }
-        let publisher = match &self.publisher {
-            Some(open) if open.is_open() => open.clone(),
-            _ => {
-                let publisher = client
-                    .broker()
-                    .publisher()
+        let (broker, publisher) = match self.broker.take() {
+            Some((broker, open)) if broker.is_connected() && open.is_open() => (broker, open),
+            stale => {
+                if let Some((broker, _)) = stale {
+                    broker.close().await;
+                }
+                let broker = Broker::connect(&settings.broker, "sasctl-chaos-hostile")
                     .await
-                    .context("opening a channel")?;
-                self.publisher.insert(publisher).clone()
+                    .context("connecting to RabbitMQ")?;
+                let publisher = broker.publisher().await.context("opening a channel")?;
+                (broker, publisher)
             }
         };
-        let frame_max = client.broker().frame_max();
+        let frame_max = broker.frame_max();
+        self.broker = Some((broker, publisher.clone()));
         let mut batch = Vec::new();
         for _ in 0..self.waiting.len() {
             let Some(p) = self.waiting.pop_front() else {
@@ -877,7 +877,9 @@ impl<'h> HostileSender<'h> {
         }
         match failure {
             Some(e) => {
-                self.publisher = None;
+                if let Some((broker, _)) = self.broker.take() {
+                    broker.close().await;
+                }
                 Err(anyhow::Error::new(e).context("publishing hostile messages"))
             }
             None => Ok(()),
@@ -889,7 +891,6 @@ impl<'h> HostileSender<'h> {
     /// is counted unsent.
     async fn finish(
         &mut self,
-        conn: &mut Option<sas_client::Client>,
         settings: &Settings,
         tally: &RefCell<Tally>,
         timeout: Duration,
@@ -897,7 +898,7 @@ impl<'h> HostileSender<'h> {
     ) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
-            send_hostile(Some(self), conn, settings, u32::MAX, tally).await;
+            send_hostile(Some(self), settings, u32::MAX, tally).await;
             if self.done() {
                 return Ok(());
             }

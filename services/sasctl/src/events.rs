@@ -82,7 +82,7 @@ pub async fn run(command: Command, settings: &Settings) -> anyhow::Result<()> {
 
 async fn replay(args: &ReplayArgs, settings: &Settings) -> anyhow::Result<()> {
     let request = args.request()?;
-    let client = Client::connect_with(&settings.broker, "sasctl")
+    let client = Client::connect_with(sas::broker::client_options(&settings.broker, "sasctl")?)
         .await
         .context("connecting to RabbitMQ")?;
     let outcome = async {
@@ -95,7 +95,7 @@ async fn replay(args: &ReplayArgs, settings: &Settings) -> anyhow::Result<()> {
         client
             .replay(&request, args.to.as_deref())
             .await
-            .with_context(|| format!("publishing to {}", client.queues().replay()))
+            .with_context(|| format!("publishing to {}.replay", settings.broker.prefix))
     }
     .await;
     client.close().await;

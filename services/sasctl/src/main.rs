@@ -226,6 +226,7 @@ fn quiet_libraries(log: &LogSettings) -> LogSettings {
         ("sqlx", "warn"),
         ("sas::broker", "error"),
         ("sas::state_store", "error"),
+        ("sas_client", "error"),
     ] {
         if !names(&log.level, target) {
             log.level = format!("{},{target}={level}", log.level);
@@ -330,17 +331,17 @@ mod tests {
         let mut log = LogSettings::default();
         assert_eq!(
             quiet_libraries(&log).level,
-            "info,lapin=off,sqlx=warn,sas::broker=error,sas::state_store=error"
+            "info,lapin=off,sqlx=warn,sas::broker=error,sas::state_store=error,sas_client=error"
         );
         log.level = "debug,lapin=debug,sas=trace".into();
         assert_eq!(
             quiet_libraries(&log).level,
-            "debug,lapin=debug,sas=trace,sqlx=warn"
+            "debug,lapin=debug,sas=trace,sqlx=warn,sas_client=error"
         );
         log.level = "info,sas::broker::session=debug,sqlx::query=info".into();
         assert_eq!(
             quiet_libraries(&log).level,
-            "info,sas::broker::session=debug,sqlx::query=info,lapin=off,sas::state_store=error"
+            "info,sas::broker::session=debug,sqlx::query=info,lapin=off,sas::state_store=error,sas_client=error"
         );
     }
 

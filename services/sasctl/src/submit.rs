@@ -349,7 +349,7 @@ pub async fn run(args: Args, settings: &Settings) -> anyhow::Result<()> {
         Some(path) => Some(open(path).await?),
         None => None,
     };
-    let client = Client::connect_with(&settings.broker, "sasctl")
+    let client = Client::connect_with(sas::broker::client_options(&settings.broker, "sasctl")?)
         .await
         .context("connecting to RabbitMQ")?;
     let outcome = submit(&client, &queues, &args, input).await;

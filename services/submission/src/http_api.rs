@@ -33,10 +33,10 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
-use sas::messages::{EventKind, RejectReason, StatusEvent, logged_event, truncate_bytes};
+use sas::messages::{EventKind, RejectReason, logged_event, truncate_bytes};
 use sas::service::Context;
 use sas::state_store::{EventRow, Operated, OrderRow, StepRow, StoreError, Submitted, Transitions};
-use serde::Serialize;
+use sas_protocol::http::{Cancelled, OrderAccepted, OrderView, StepView};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -298,14 +298,6 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<Uuid>, ApiError> {
     }
 }
 
-/// `{"order_id"}`: the answer to a submission.
-#[derive(Debug, Serialize, schemars::JsonSchema)]
-#[schemars(title = "OrderAccepted")]
-pub struct OrderAccepted {
-    /// The order's id (the one given, or the one generated).
-    pub order_id: Uuid,
-}
-
 /// `POST /v1/orders`.
 async fn submit(
     State(api): State<Arc<Api>>,
@@ -375,68 +367,36 @@ async fn submit(
 }
 
 /// An order as `GET /v1/orders/{id}` shows it.
-#[derive(Debug, Serialize, schemars::JsonSchema)]
-#[schemars(title = "OrderView")]
-pub struct OrderView {
-    /// The order's id, as its application gave it.
-    pub order_id: Uuid,
-    /// Its workflow.
-    pub workflow: String,
-    /// Its state: `pending`, `processing`, `processed`, `error`,
-    /// `compensating` or `compensated` (contract §3).
-    pub state: String,
-    /// The attempt running or coming: 1 + its failures.
-    pub attempt: i32,
-    /// Its steps, in the workflow's order.
-    pub steps: Vec<StepView>,
-    /// Its status events so far, in `seq` order (contract §2).
-    pub events: Vec<StatusEvent>,
-}
-
-/// One step of an [`OrderView`].
-#[derive(Debug, Serialize, schemars::JsonSchema)]
-pub struct StepView {
-    /// The step's name.
-    pub name: String,
-    /// `not_started`, `running`, `completed`, `failed`, `compensating` or
-    /// `compensated`.
-    pub state: String,
-    /// Its result once completed (the remote's answer), else null.
-    pub result: Option<Value>,
-}
-
-impl OrderView {
-    fn new(order: &OrderRow, steps: &[StepRow], events: &[EventRow]) -> Self {
-        let public = order.public_id();
-        Self {
-            order_id: public,
-            workflow: order.workflow.clone(),
-            state: order.process_state.as_str().to_owned(),
-            attempt: order.attempt(),
-            steps: steps
-                .iter()
-                .map(|s| StepView {
-                    name: s.name.clone(),
-                    state: s.state.as_str().to_owned(),
-                    result: s.result.clone(),
-                })
-                .collect(),
-            events: events
-                .iter()
-                .filter_map(|e| {
-                    let kind = e.event.parse::<EventKind>().ok()?;
-                    Some(logged_event(
-                        public,
-                        e.seq,
-                        kind,
-                        e.step.clone(),
-                        e.attempt,
-                        e.at,
-                        e.detail.clone(),
-                    ))
-                })
-                .collect(),
-        }
+fn order_view(order: &OrderRow, steps: &[StepRow], events: &[EventRow]) -> OrderView {
+    let public = order.public_id();
+    OrderView {
+        order_id: public,
+        workflow: order.workflow.clone(),
+        state: order.process_state.as_str().to_owned(),
+        attempt: order.attempt(),
+        steps: steps
+            .iter()
+            .map(|s| StepView {
+                name: s.name.clone(),
+                state: s.state.as_str().to_owned(),
+                result: s.result.clone(),
+            })
+            .collect(),
+        events: events
+            .iter()
+            .filter_map(|e| {
+                let kind = e.event.parse::<EventKind>().ok()?;
+                Some(logged_event(
+                    public,
+                    e.seq,
+                    kind,
+                    e.step.clone(),
+                    e.attempt,
+                    e.at,
+                    e.detail.clone(),
+                ))
+            })
+            .collect(),
     }
 }
 
@@ -454,7 +414,7 @@ async fn order(
         .map_err(|e| ApiError::store(&e))?;
     match details {
         Some((order, steps, events)) if caller.owns(&order) => {
-            Ok(axum::Json(OrderView::new(&order, &steps, &events)))
+            Ok(axum::Json(order_view(&order, &steps, &events)))
         }
         _ => Err(ApiError::not_found(given)),
     }
@@ -489,7 +449,10 @@ async fn cancel(
     match outcome {
         Operated::Done(state) => {
             tracing::info!(order_id = %row.order_id, actor = %actor.name, state = %state, "order cancelled over HTTP");
-            let body = json!({ "order_id": given, "state": state.as_str() });
+            let body = Cancelled {
+                order_id: given,
+                state: state.as_str().to_owned(),
+            };
             Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response())
         }
         Operated::NotAllowed(state, why) => Err(ApiError {

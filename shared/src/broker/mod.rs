@@ -22,10 +22,8 @@ use lapin::options::{
     BasicConsumeOptions, BasicNackOptions, BasicQosOptions, ExchangeDeclareOptions,
     ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::uri::AMQPUri;
-use lapin::{Channel, Connection, ConnectionProperties, DefaultConnectionBuilder};
+use lapin::{Channel, Connection};
 
 pub use acks::{Acks, Received};
 pub use consumer::{ack, consume, dead_letter, requeue};
@@ -110,12 +108,12 @@ impl BrokerError {
     }
 }
 
-/// The TLS settings lapin takes: the CA file's certificates, added to the
-/// system's roots, and the client certificate and key. Empty for `amqp://`
-/// (validation refuses TLS files with a plaintext URL).
-fn tls_config(settings: &BrokerSettings) -> Result<OwnedTLSConfig, BrokerError> {
+/// The TLS settings of `settings`: the CA file's certificates, added to
+/// the system's roots, and the client certificate and key. Empty for
+/// `amqp://` (validation refuses TLS files with a plaintext URL).
+fn tls_config(settings: &BrokerSettings) -> Result<sas_client::Tls, BrokerError> {
     use crate::tls::read_pem;
-    let cert_chain = match &settings.ca_file {
+    let ca_pem = match &settings.ca_file {
         Some(path) => {
             let pem = read_pem("broker.ca_file", path, "CERTIFICATE")?;
             Some(String::from_utf8_lossy(&pem).into_owned())
@@ -123,27 +121,40 @@ fn tls_config(settings: &BrokerSettings) -> Result<OwnedTLSConfig, BrokerError> 
         None => None,
     };
     let identity = match (&settings.client_cert, &settings.client_key) {
-        (Some(cert), Some(key)) => Some(OwnedIdentity::PKCS8 {
-            pem: read_pem("broker.client_cert", cert, "CERTIFICATE")?,
-            key: read_pem("broker.client_key", key, "PRIVATE KEY")?,
-        }),
+        (Some(cert), Some(key)) => Some((
+            read_pem("broker.client_cert", cert, "CERTIFICATE")?,
+            read_pem("broker.client_key", key, "PRIVATE KEY")?,
+        )),
         _ => None,
     };
-    Ok(OwnedTLSConfig {
-        identity,
-        cert_chain,
+    Ok(sas_client::Tls { ca_pem, identity })
+}
+
+/// The options of a [`sas_client::Client`] for the deployment of
+/// `settings` (its nodes, prefix, timeouts and TLS files), named `name` in
+/// RabbitMQ: how sas's own tools submit, as applications do.
+pub fn client_options(
+    settings: &BrokerSettings,
+    name: &str,
+) -> Result<sas_client::Options, BrokerError> {
+    Ok(sas_client::Options {
+        name: name.to_owned(),
+        connect_timeout: settings.connect_timeout,
+        heartbeat: settings.heartbeat,
+        tls: tls_config(settings)?,
+        ..sas_client::Options::new(&settings.url, &settings.prefix)
     })
 }
 
-/// Whether a connection attempt failed in the TLS handshake (an unknown
-/// issuer, a name mismatch, a refused client certificate, a plaintext
-/// server): rustls's error inside the I/O error lapin reports.
-fn is_tls_failure(e: &lapin::Error) -> bool {
-    match e.kind() {
-        lapin::ErrorKind::IOError(io) => io
-            .get_ref()
-            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()),
-        _ => false,
+impl From<sas_client::ConnectError> for BrokerError {
+    fn from(e: sas_client::ConnectError) -> Self {
+        use sas_client::ConnectError as C;
+        match e {
+            C::BadUrl { url, reason } => Self::BadUrl { url, reason },
+            C::Unreachable { waited, last } => Self::Unreachable { waited, last },
+            C::Tls(e) => Self::Tls(e),
+            C::Amqp(e) => Self::Amqp(e),
+        }
     }
 }
 
@@ -182,112 +193,42 @@ impl Broker {
     pub async fn connect(settings: &BrokerSettings, app: &str) -> Result<Self, BrokerError> {
         // Parsed here rather than by lapin so that a bad URL's error never
         // quotes its password.
-        let mut nodes = Vec::new();
-        for node in settings.nodes() {
-            let mut uri: AMQPUri = node.parse().map_err(|reason: String| BrokerError::BadUrl {
-                url: crate::tls::redact_url(node),
-                reason: crate::tls::redact(&reason, [node]),
-            })?;
-            // A silent connection is given up after about two heartbeats.
-            if uri.query.heartbeat.is_none() {
-                let secs = settings.heartbeat.as_secs().clamp(1, u64::from(u16::MAX));
-                uri.query.heartbeat = Some(u16::try_from(secs).unwrap_or(u16::MAX));
-            }
-            // Unless the URL names one, take the server's frame_max: RabbitMQ
-            // forwards a publisher's content header as one frame, however
-            // small the consumer's frame_max, and lapin closes a connection
-            // that receives a frame over its own; with the server's value no
-            // header that the broker accepted can (contract §1b). lapin keeps
-            // two buffers of 32 frames per connection, so RabbitMQ's default
-            // 128 KiB makes 8 MiB per connection: `frame_max = 16384` in
-            // rabbitmq.conf (sas's deployment files set it) bounds both.
-            if let Some(n) = uri.query.frame_max
-                && n < lapin::protocol::constants::FRAME_MIN_SIZE
-            {
-                return Err(BrokerError::BadUrl {
-                    url: crate::tls::redact_url(node),
-                    reason: format!(
-                        "frame_max={n} is below AMQP's smallest frame ({})",
-                        lapin::protocol::constants::FRAME_MIN_SIZE
-                    ),
-                });
-            }
-            nodes.push(uri);
+        let nodes = settings
+            .nodes()
+            .into_iter()
+            .map(|node| sas_client::connect::parse_node(node, crate::tls::redact_url))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Unless the URL names one, the server's frame_max is taken:
+        // RabbitMQ forwards a publisher's content header as one frame,
+        // however small the consumer's frame_max, and lapin closes a
+        // connection that receives a frame over its own; with the server's
+        // value no header that the broker accepted can (contract §1b).
+        // lapin keeps two buffers of 32 frames per connection, so
+        // RabbitMQ's default 128 KiB makes 8 MiB per connection:
+        // `frame_max = 16384` in rabbitmq.conf (sas's deployment files set
+        // it) bounds both.
+        let explicit_frame_max = nodes.iter().any(|n| n.query.frame_max.is_some());
+        let params = sas_client::connect::ConnectParams {
+            name: app.to_owned(),
+            timeout: settings.connect_timeout,
+            heartbeat: settings.heartbeat,
+            tls: tls_config(settings)?,
+        };
+        let connected = sas_client::connect::connect_nodes(nodes, &params).await?;
+        let conn = connected.connection;
+        let frame_max = conn.configuration().frame_max();
+        if frame_max > RECOMMENDED_FRAME_MAX && !explicit_frame_max {
+            tracing::info!(
+                frame_max,
+                "RabbitMQ's frame_max is above {RECOMMENDED_FRAME_MAX}: each connection keeps {} KiB of frame buffers; set frame_max = {RECOMMENDED_FRAME_MAX} in rabbitmq.conf to lower it",
+                frame_max / 16
+            );
         }
-        if nodes.is_empty() {
-            return Err(BrokerError::BadUrl {
-                url: String::new(),
-                reason: "no node".into(),
-            });
-        }
-        // Each instance its own order, so that the instances spread over
-        // the nodes and a reconnection after a node's loss tries the others.
-        fastrand::shuffle(&mut nodes);
-        let tls = tls_config(settings)?;
-        let properties = ConnectionProperties::default().with_connection_name(app.into());
-        let started = std::time::Instant::now();
-        let mut wait = Duration::from_millis(100);
-        loop {
-            let mut last = None;
-            for uri in &nodes {
-                // Bound each attempt: an address that swallows packets would
-                // otherwise hold one for the kernel's TCP timeout (minutes).
-                let left = settings
-                    .connect_timeout
-                    .saturating_sub(started.elapsed())
-                    .clamp(Duration::from_millis(500), Duration::from_secs(10));
-                let builder = DefaultConnectionBuilder::new()?
-                    .with_uri(uri.clone())
-                    .with_properties(properties.clone())
-                    .with_tls_config(tls.clone());
-                let attempt = tokio::time::timeout(left, builder.connect())
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(lapin::Error::from(std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            format!("no answer within {left:?}"),
-                        )))
-                    });
-                match attempt {
-                    Ok(conn) => {
-                        let frame_max = conn.configuration().frame_max();
-                        if frame_max > RECOMMENDED_FRAME_MAX && uri.query.frame_max.is_none() {
-                            tracing::info!(
-                                frame_max,
-                                "RabbitMQ's frame_max is above {RECOMMENDED_FRAME_MAX}: each connection keeps {} KiB of frame buffers; set frame_max = {RECOMMENDED_FRAME_MAX} in rabbitmq.conf to lower it",
-                                frame_max / 16
-                            );
-                        }
-                        return Ok(Self {
-                            conn,
-                            channels: std::sync::Mutex::new(Vec::new()),
-                            user: match uri.query.auth_mechanism.unwrap_or_default() {
-                                lapin::uri::SASLMechanism::External
-                                | lapin::uri::SASLMechanism::Anonymous => None,
-                                _ => Some(uri.authority.userinfo.username.clone()),
-                            },
-                        });
-                    }
-                    Err(e) if is_tls_failure(&e) => return Err(BrokerError::Tls(e)),
-                    Err(e) => {
-                        let error = crate::tls::redact(&e.to_string(), [settings.url.as_str()]);
-                        tracing::warn!(%error, node = %format_args!("{}:{}", uri.authority.host, uri.authority.port), "RabbitMQ node not reachable");
-                        last = Some(e);
-                    }
-                }
-            }
-            if started.elapsed() >= settings.connect_timeout
-                && let Some(last) = last
-            {
-                return Err(BrokerError::Unreachable {
-                    waited: started.elapsed(),
-                    last,
-                });
-            }
-            tracing::warn!("no RabbitMQ node reachable yet; retrying");
-            tokio::time::sleep(wait).await;
-            wait = (wait * 2).min(Duration::from_secs(2));
-        }
+        Ok(Self {
+            conn,
+            channels: std::sync::Mutex::new(Vec::new()),
+            user: connected.user,
+        })
     }
 
     /// The RabbitMQ user the connection logged in as, when its URL names

@@ -286,7 +286,7 @@ async fn a_bad_message_sent_with_its_users_user_id_is_dead_lettered_without_cost
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_application_on_the_rust_client_is_known_by_its_user_without_a_word_of_code() {
-    use sas_client::{Client, Order};
+    use sas_client::{Client, Options};
 
     let run = format!("c{}", &Uuid::new_v4().simple().to_string()[..10]);
     let user = BrokerUser::create(&format!("{run}-shop"), ".*", ".*", ".*");
@@ -298,16 +298,14 @@ async fn an_application_on_the_rust_client_is_known_by_its_user_without_a_word_o
     app.start_all().await;
     let queue = format!("{run}-shop.status");
     app.declare_queue(&queue, None).await;
-    let client = Client::connect(&user.url(), &app.prefix)
+    let client = Client::connect_with(Options::new(user.url(), &app.prefix).status_queue(&queue))
         .await
-        .expect("connect")
-        .with_status_queue(&queue)
-        .await
-        .expect("status queue");
+        .expect("connect");
     let id = client
-        .submit(Order::new("one", serde_json::Map::new()))
+        .submit("one", &serde_json::Map::new())
         .await
-        .expect("submit");
+        .expect("submit")
+        .id();
     let terminal = client
         .wait(id, Duration::from_secs(30))
         .await

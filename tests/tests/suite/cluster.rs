@@ -159,7 +159,8 @@ async fn killing_the_orders_leader_node_then_another_loses_and_repeats_nothing_a
                 order.order_id = Some(id);
                 order.reply_to = Some(status.clone());
                 let submitted =
-                    tokio::time::timeout(Duration::from_secs(10), app.client().submit(order)).await;
+                    tokio::time::timeout(Duration::from_secs(10), app.client().submit_order(order))
+                        .await;
                 // The attempt the broker confirms starts the order's time in sas.
                 match submitted {
                     Ok(Ok(_)) => break,

@@ -335,7 +335,7 @@ async fn an_order_asking_for_terminal_events_gets_only_its_end_with_its_full_seq
     let mut order = sas_client::Order::new("three", serde_json::Map::new());
     order.reply_to = Some(status.clone());
     order.events = sas_client::Events::Terminal;
-    let order_id = app.client().submit(order).await.expect("submit");
+    let order_id = app.client().submit_order(order).await.expect("submit").id();
 
     // Events are published in seq order per order, so any other event of
     // the order would be in the queue ahead of its terminal one.

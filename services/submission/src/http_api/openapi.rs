@@ -7,22 +7,9 @@
 use schemars::generate::SchemaSettings;
 use serde_json::{Map, Value, json};
 
-use super::{Endpoint, OrderAccepted, OrderView};
+use sas_protocol::http::{OrderAccepted, OrderView, Problem};
 
-/// The body of every refusal.
-#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
-#[schemars(rename = "Error", title = "Error")]
-#[allow(dead_code)] // Only its schema is used: the answers are built as JSON.
-struct ErrorBody {
-    /// A short code, stable across versions (`malformed_json`,
-    /// `unknown_workflow`, `not_found`, `not_allowed`, `unauthenticated`, …).
-    error: String,
-    /// What was wrong, for a person.
-    reason: String,
-    /// With `409` of a cancel: the order's state.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    state: Option<String>,
-}
+use super::Endpoint;
 
 /// References to the document's schemas.
 struct Refs {
@@ -46,7 +33,7 @@ pub fn document() -> Value {
         event: generator
             .subschema_for::<sas_protocol::StatusEvent>()
             .to_value(),
-        error: generator.subschema_for::<ErrorBody>().to_value(),
+        error: generator.subschema_for::<Problem>().to_value(),
     };
     let schemas = generator.take_definitions(true);
     let mut paths = Map::new();
