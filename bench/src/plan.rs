@@ -542,6 +542,17 @@ async fn sas_single(
                 result: full,
                 compared: None,
             });
+            if (workflow, events) == ("one", Events::All) {
+                // The same orders over HTTP (contract §9a) right after, so
+                // that the ratio of the two ways in is read back to back.
+                let http = full_load_via(&mut suite, workflow, steps, n, events, Via::Http).await?;
+                runs.push(SasRun {
+                    deployment: deployment.clone(),
+                    load: HTTP_FULL.into(),
+                    result: http,
+                    compared: None,
+                });
+            }
             eprintln!(
                 "   {workflow} (events {}): 10% load, {low_n} orders at {rate:.1}/s",
                 events.as_str()
@@ -569,15 +580,6 @@ async fn sas_single(
                 compared: None,
             });
         }
-        // The same one-step orders over HTTP (contract §9a), for the ratio
-        // of the two ways in.
-        let http = full_load_via(&mut suite, "one", 1, sizes.one, Events::All, Via::Http).await?;
-        runs.push(SasRun {
-            deployment: "1 scheduler, 1 agent".to_owned(),
-            load: HTTP_FULL.into(),
-            result: http,
-            compared: None,
-        });
         Ok::<(), anyhow::Error>(())
     }
     .await;

@@ -38,6 +38,7 @@ pub mod http;
 pub mod memory;
 pub mod messages;
 pub mod metrics;
+pub mod model;
 pub mod outbox;
 pub mod rules;
 pub mod server;

@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 
 use super::order::{Context, Deciding, Decision, Event, Order};
 use crate::messages::{EventKind, RejectReason, payload_refusal, rfc3339};
+use crate::model::StepRow;
 use crate::state::{ProcessState, StepState};
-use crate::state_store::StepRow;
 use crate::workflow;
 
 /// An operator's retry of an `error` order: back to `pending` with its

@@ -13,8 +13,8 @@ use uuid::Uuid;
 
 use super::breaker::{self, Gate};
 use crate::messages::{Alert, EventKind, StepRequest};
+use crate::model::{OrderRow, StepRow};
 use crate::state::{ProcessState, StepState};
-use crate::state_store::{OrderRow, StepRow};
 use crate::workflow::StepView;
 
 /// An order as the rules see it: its row and its steps, by index.
@@ -454,8 +454,8 @@ pub(crate) mod fixture {
     use uuid::Uuid;
 
     use super::{Context, Order};
-    use crate::state_store::NewOrder;
-    use crate::state_store::{OrderRow, StepRow};
+    use crate::model::NewOrder;
+    use crate::model::{OrderRow, StepRow};
     use crate::workflow::Step;
 
     /// A fixed clock: the rules read no other.

@@ -17,8 +17,8 @@ use super::order::{
     Context, Deciding, Decision, Effect, Event, Hold, Order, RuleError, undo_withdrawn,
 };
 use crate::messages::{Direction, EventKind, StepOutcome, StepReply, StepRequest};
+use crate::model::{OrderRow, StepRow};
 use crate::state::{ProcessState, StepState};
-use crate::state_store::{OrderRow, StepRow};
 use crate::workflow::{self, StepView};
 
 /// The longest `Location` a heartbeat event quotes (contract §1b).
@@ -588,7 +588,7 @@ mod tests {
     use serde_json::json;
     use uuid::Uuid;
 
-    use crate::state_store::NewOrder;
+    use crate::model::NewOrder;
 
     use super::*;
 

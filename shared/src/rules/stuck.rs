@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use super::Order;
+use crate::model::StepRow;
 use crate::state::ProcessState;
-use crate::state_store::StepRow;
 
 /// What the caller found out about the order's surroundings.
 #[derive(Debug, Clone, Copy, PartialEq)]

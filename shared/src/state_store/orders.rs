@@ -1,103 +1,14 @@
 //! The `orders` table: one row per order with the pattern's fields.
 
 use chrono::{DateTime, Utc};
-use serde_json::Value;
-use sqlx::PgConnection;
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, Row as _};
 use uuid::Uuid;
 
 use std::sync::LazyLock;
 
-use crate::messages::Events;
+pub use crate::model::{NewOrder, OrderRow};
 use crate::state::ProcessState;
-
-/// An order row.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub struct OrderRow {
-    pub order_id: Uuid,
-    pub workflow: String,
-    pub payload: Value,
-    pub reply_to: Option<String>,
-    pub priority: i16,
-    pub not_before: Option<DateTime<Utc>>,
-    #[sqlx(try_from = "String")]
-    pub process_state: ProcessState,
-    pub locked_by: Option<String>,
-    pub complete_by: Option<DateTime<Utc>>,
-    pub failure_count: i32,
-    pub compensation_failures: i32,
-    pub last_seq: i32,
-    pub last_error: Option<String>,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    /// The W3C trace id every hop of this order reports.
-    pub trace_id: Option<String>,
-    /// The span id of the order's root span (its submission), which the
-    /// spans of its transitions are children of when spans are exported.
-    pub trace_span: Option<String>,
-    /// The agent whose breaker the order waits for (contract §8), if held.
-    pub held_for: Option<String>,
-    /// When it was held.
-    pub held_since: Option<DateTime<Utc>>,
-    /// When a hold that lasts is handled as a failure (the agent's `max_hold`).
-    pub hold_until: Option<DateTime<Utc>>,
-    /// Why it is held: `breaker_open`, `forced_open` or `rate_limited`.
-    pub held_reason: Option<String>,
-    /// How many times an operator redrove the order (contract §9): its
-    /// steps' idempotency keys carry `:r<N>` from the first.
-    pub redrives: i32,
-    /// Which status events it is sent (contract §2a).
-    #[sqlx(try_from = "String")]
-    pub events: Events,
-    /// The application that submitted it (contract §1b), if applications
-    /// are configured.
-    pub application: Option<String>,
-    /// The id the application gave it, which its status events say; the
-    /// stored id is in the application's namespace.
-    pub app_order_id: Option<Uuid>,
-}
-
-impl OrderRow {
-    /// `order` as it is first stored: `pending`, nothing run, at `now`.
-    pub fn pending(order: &NewOrder, now: DateTime<Utc>) -> Self {
-        Self {
-            order_id: order.order_id,
-            workflow: order.workflow.clone(),
-            payload: order.payload.clone(),
-            reply_to: order.reply_to.clone(),
-            priority: order.priority,
-            not_before: order.not_before,
-            process_state: ProcessState::Pending,
-            locked_by: None,
-            complete_by: None,
-            failure_count: 0,
-            compensation_failures: 0,
-            last_seq: 0,
-            last_error: None,
-            created_at: now,
-            updated_at: now,
-            trace_id: order.trace_id.clone(),
-            held_for: None,
-            held_since: None,
-            hold_until: None,
-            held_reason: None,
-            trace_span: order.trace_span.clone(),
-            redrives: 0,
-            events: order.events,
-            application: order.application.clone(),
-            app_order_id: order.app_order_id,
-        }
-    }
-
-    /// The id its status events carry: the application's own (contract §1b).
-    pub fn public_id(&self) -> Uuid {
-        self.app_order_id.unwrap_or(self.order_id)
-    }
-
-    /// The attempt now running or coming: 1 + failure count.
-    pub fn attempt(&self) -> i32 {
-        self.failure_count + 1
-    }
-}
 
 /// An order loaded for a transition: its row, the row's version, the
 /// database's clock and its steps, read by one statement.
@@ -158,45 +69,50 @@ pub(super) fn claim_key(column: &str) -> String {
     format!("hashtextextended('sas.claim:' || {column}::text, 0)")
 }
 
-/// An accepted order, ready to be stored.
-#[derive(Debug, Clone)]
-pub struct NewOrder {
-    pub order_id: Uuid,
-    pub workflow: String,
-    pub payload: Value,
-    pub reply_to: Option<String>,
-    pub priority: i16,
-    pub not_before: Option<DateTime<Utc>>,
-    pub trace_id: Option<String>,
-    /// The span id of its submission's span (see [`OrderRow::trace_span`]).
-    pub trace_span: Option<String>,
-    /// Which status events it is sent (contract §2a).
-    pub events: Events,
-    /// See [`OrderRow::application`].
-    pub application: Option<String>,
-    /// See [`OrderRow::app_order_id`].
-    pub app_order_id: Option<Uuid>,
+/// Reads the columns of [`COLUMNS`] (by name).
+impl<'r> sqlx::FromRow<'r, PgRow> for OrderRow {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            order_id: row.try_get("order_id")?,
+            workflow: row.try_get("workflow")?,
+            payload: row.try_get("payload")?,
+            reply_to: row.try_get("reply_to")?,
+            priority: row.try_get("priority")?,
+            not_before: row.try_get("not_before")?,
+            process_state: text_as(row, "process_state")?,
+            locked_by: row.try_get("locked_by")?,
+            complete_by: row.try_get("complete_by")?,
+            failure_count: row.try_get("failure_count")?,
+            compensation_failures: row.try_get("compensation_failures")?,
+            last_seq: row.try_get("last_seq")?,
+            last_error: row.try_get("last_error")?,
+            created_at: row.try_get("created_at")?,
+            updated_at: row.try_get("updated_at")?,
+            trace_id: row.try_get("trace_id")?,
+            trace_span: row.try_get("trace_span")?,
+            held_for: row.try_get("held_for")?,
+            held_since: row.try_get("held_since")?,
+            hold_until: row.try_get("hold_until")?,
+            held_reason: row.try_get("held_reason")?,
+            redrives: row.try_get("redrives")?,
+            events: text_as(row, "events")?,
+            application: row.try_get("application")?,
+            app_order_id: row.try_get("app_order_id")?,
+        })
+    }
 }
 
-impl NewOrder {
-    /// An order of `workflow` with `payload` under `order_id`; every other
-    /// field at its default (no reply queue, priority 0, no trace, every
-    /// event, no application).
-    pub fn new(order_id: Uuid, workflow: impl Into<String>, payload: Value) -> Self {
-        Self {
-            order_id,
-            workflow: workflow.into(),
-            payload,
-            reply_to: None,
-            priority: 0,
-            not_before: None,
-            trace_id: None,
-            trace_span: None,
-            events: Events::All,
-            application: None,
-            app_order_id: None,
-        }
-    }
+/// A text column read as `T` (a state, the events asked for).
+pub(super) fn text_as<T>(row: &PgRow, column: &str) -> Result<T, sqlx::Error>
+where
+    T: TryFrom<String>,
+    T::Error: Into<sqlx::error::BoxDynError>,
+{
+    let text: String = row.try_get(column)?;
+    T::try_from(text).map_err(|e| sqlx::Error::ColumnDecode {
+        index: column.to_owned(),
+        source: e.into(),
+    })
 }
 
 const COLUMNS: &str = "order_id, workflow, payload, reply_to, priority, not_before, process_state, \
