@@ -11,9 +11,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use crate::spec::{RetrySpec, ScheduleSpec, StepSpec, SupervisorSettings, WorkflowSpec};
 use crate::workflow::{Workflow, WorkflowError};
 
 mod dashboard;
+mod database_url;
 mod retention;
 mod schedules;
 
@@ -21,8 +23,8 @@ pub use dashboard::{
     Cidr, CidrError, DashboardAuth, DashboardSettings, DashboardToken, DashboardUser, Role, Secret,
     valid_name,
 };
+pub use database_url::{Hosts, HostsError, query_param};
 pub use retention::{MAX_BATCH as MAX_RETENTION_BATCH, RetentionSettings, parse_ended_after};
-pub use schedules::ScheduleSpec;
 
 /// Whether `t` is a token kept hashed: `sha256:` and 64 hex digits.
 fn is_token_hash(t: &str) -> bool {
@@ -105,7 +107,7 @@ pub struct DatabaseSettings {
     /// may name several hosts as libpq does (contract §6a),
     /// `postgres://u@h1:5432,h2:5432/sas?target_session_attrs=read-write`:
     /// sas then uses the one that accepts writes and follows it after a
-    /// failover ([`crate::state_store::Hosts`]).
+    /// failover ([`Hosts`]).
     pub url: String,
     /// Pool size per process.
     pub max_connections: u32,
@@ -409,60 +411,6 @@ impl Default for AgentSettings {
     }
 }
 
-/// `[supervisor]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default)]
-pub struct SupervisorSettings {
-    /// Time between sweeps for expired complete-by times.
-    #[serde(with = "humantime_serde")]
-    pub interval: Duration,
-    /// The order gives up when `failure_count` reaches this.
-    pub max_failures: u32,
-    /// Wait before re-attempt n (the last entry repeats).
-    #[serde(deserialize_with = "durations")]
-    pub retry_schedule: Vec<Duration>,
-    /// Expired orders handled per sweep transaction.
-    pub batch: u32,
-    /// The deadline ladder (contract §8): fractions of a running step's time
-    /// at which its order's status queue is warned (`deadline_warning`),
-    /// once per rung and dispatch; ascending, each in (0, 1).
-    pub warn_at: Vec<f64>,
-    /// Also raise an operator alert at the ladder's last rung.
-    pub alert_at_warning: bool,
-    /// The orders are split into this many partitions by id; each
-    /// supervisor sweeps the partitions it holds (contract §8).
-    pub partitions: u32,
-}
-
-impl Default for SupervisorSettings {
-    fn default() -> Self {
-        Self {
-            interval: Duration::from_secs(1),
-            max_failures: 5,
-            retry_schedule: [1, 5, 10, 30, 60]
-                .into_iter()
-                .map(|m| Duration::from_secs(m * 60))
-                .collect(),
-            batch: 100,
-            warn_at: vec![0.5, 0.8],
-            alert_at_warning: false,
-            partitions: 16,
-        }
-    }
-}
-
-impl SupervisorSettings {
-    /// The wait before the re-attempt that follows failure number `failure_count` (1-based).
-    pub fn retry_delay(&self, failure_count: u32) -> Duration {
-        let i = (failure_count.max(1) - 1) as usize;
-        self.retry_schedule
-            .get(i)
-            .or(self.retry_schedule.last())
-            .copied()
-            .unwrap_or_default()
-    }
-}
-
 /// `[outbox]`: the relay of status events, step requests and alerts.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default)]
@@ -502,103 +450,6 @@ impl Default for ShutdownSettings {
             grace: Duration::from_secs(10),
         }
     }
-}
-
-/// `[workflows.<name>]` as written in the configuration.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WorkflowSpec {
-    pub steps: Vec<StepSpec>,
-    /// Overrides `supervisor.max_failures` for this workflow's orders.
-    #[serde(default)]
-    pub max_failures: Option<u32>,
-    /// Overrides `supervisor.retry_schedule` for this workflow's orders.
-    #[serde(default, deserialize_with = "some_durations")]
-    pub retry_schedule: Option<Vec<Duration>>,
-}
-
-/// `retry` of a step (contract §4b): the agent's attempts within one
-/// dispatch; unset keys are the agent's (`agent.backoff_initial`,
-/// `agent.backoff_max`, attempts until complete-by).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RetrySpec {
-    /// Calls per dispatch at most (the first included); after the last
-    /// transient failure the agent stops, silent, and the supervisor
-    /// re-attempts at complete-by.
-    #[serde(default)]
-    pub max_attempts: Option<u32>,
-    /// First wait between calls; doubles per retry, with full jitter.
-    #[serde(with = "humantime_serde", default)]
-    pub backoff: Option<Duration>,
-    /// Longest wait between calls.
-    #[serde(with = "humantime_serde", default)]
-    pub backoff_max: Option<Duration>,
-}
-
-/// One step of a workflow as written in the configuration.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StepSpec {
-    pub name: String,
-    /// The agent that runs the step.
-    pub agent: String,
-    /// The step's complete-by, counted from its dispatch.
-    #[serde(with = "humantime_serde", default = "default_step_timeout")]
-    pub timeout: Duration,
-    /// The agent that undoes the step, if it can be undone.
-    #[serde(default)]
-    pub compensate: Option<String>,
-    /// The agent's attempts within one dispatch of this step.
-    #[serde(default)]
-    pub retry: Option<RetrySpec>,
-    /// The steps that must have completed before this one starts (§4b);
-    /// unset: the step listed before it (none for the first).
-    #[serde(default)]
-    pub after: Option<Vec<String>>,
-    /// How long a long-running remote operation may keep the step going
-    /// from its first dispatch, however often it answers `202` (§4b).
-    #[serde(with = "humantime_serde", default = "default_max_duration")]
-    pub max_duration: Duration,
-}
-
-fn default_max_duration() -> Duration {
-    Duration::from_secs(3600)
-}
-
-/// The value of query parameter `name` in a URL, if present (the last one
-/// wins, as in libpq and sqlx).
-pub fn query_param(url: &str, name: &str) -> Option<String> {
-    let query = url.split_once('?')?.1;
-    let query = query.split('#').next().unwrap_or_default();
-    query
-        .split('&')
-        .filter_map(|pair| pair.split_once('='))
-        .rfind(|(k, _)| *k == name)
-        .map(|(_, v)| v.to_owned())
-}
-
-/// An optional list of human durations ([`durations`]).
-fn some_durations<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> Result<Option<Vec<Duration>>, D::Error> {
-    durations(d).map(Some)
-}
-
-/// A list of human durations, from TOML or from a comma-separated variable.
-fn durations<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Duration>, D::Error> {
-    let texts: Vec<String> = Vec::deserialize(d)?;
-    texts
-        .iter()
-        .map(|t| {
-            humantime::parse_duration(t.trim())
-                .map_err(|e| serde::de::Error::custom(format!("{t:?}: {e}")))
-        })
-        .collect()
-}
-
-fn default_step_timeout() -> Duration {
-    Duration::from_secs(30)
 }
 
 /// `[agents.<name>]`: the remote endpoint an agent wraps.
@@ -941,7 +792,7 @@ impl Settings {
 
     /// Refuses database settings that cannot work: an `io_timeout` that
     /// would cut a statement the server still runs, or a host list sas
-    /// cannot use ([`crate::state_store::Hosts::parse`]).
+    /// cannot use ([`Hosts::parse`]).
     fn validate_database(&self) -> Result<(), ConfigError> {
         let d = &self.database;
         if d.io_timeout.is_zero() || d.io_timeout <= d.statement_timeout {
@@ -952,7 +803,7 @@ impl Settings {
                 d.io_timeout, d.statement_timeout
             )));
         }
-        crate::state_store::Hosts::parse(&d.url)
+        Hosts::parse(&d.url)
             .map(drop)
             .map_err(|e| ConfigError::Invalid(e.to_string()))
     }

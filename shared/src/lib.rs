@@ -44,6 +44,7 @@ pub mod rules;
 pub mod server;
 pub mod service;
 pub mod shutdown;
+pub mod spec;
 pub mod state;
 pub mod state_store;
 pub mod stuck;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::config::WorkflowSpec;
+use crate::spec::WorkflowSpec;
 use crate::state::StepState;
 
 /// Why a workflow cannot be used.
@@ -337,7 +337,7 @@ pub fn anything_to_undo(steps: &[StepView<'_>]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::StepSpec;
+    use crate::spec::StepSpec;
 
     fn spec(names: &[&str]) -> WorkflowSpec {
         WorkflowSpec {

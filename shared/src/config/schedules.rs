@@ -2,34 +2,10 @@
 //! its workflow per tick of a cron expression, submitted by the leading
 //! supervisor ([`crate::rules::schedule`]).
 
-use serde::Deserialize;
-
 use super::{ConfigError, Settings};
-use crate::rules::schedule::{CatchUp, Schedule};
-
-/// `[schedules.<name>]` as written in the configuration.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ScheduleSpec {
-    /// The workflow of every order.
-    pub workflow: String,
-    /// Five fields (`minute hour day-of-month month day-of-week`), or six
-    /// with seconds first (an extension of sas).
-    pub cron: String,
-    /// The IANA zone whose wall clock `cron` reads (e.g. `Europe/Paris`);
-    /// UTC when unset.
-    #[serde(default)]
-    pub timezone: Option<String>,
-    /// Every order's payload.
-    #[serde(default)]
-    pub payload: serde_json::Map<String, serde_json::Value>,
-    /// Every order's status queue.
-    #[serde(default)]
-    pub reply_to: Option<String>,
-    /// What the ticks missed while no supervisor ran get.
-    #[serde(default)]
-    pub catch_up: CatchUp,
-}
+use crate::rules::schedule::Schedule;
+#[cfg(test)]
+use crate::spec::CatchUp;
 
 impl Settings {
     /// The compiled schedule of that name, its workflow checked, as of `now`

@@ -396,8 +396,8 @@ mod tests {
         use super::super::order::fixture::{ctx, pending};
         use super::super::scheduler::{Replied, apply_reply, claim};
         use super::super::supervisor::expire;
-        use crate::config::SupervisorSettings;
         use crate::messages::{StepOutcome, StepReply};
+        use crate::spec::SupervisorSettings;
         let open = [gate("a0", State::Open, None)];
         let with = |gates| Context { gates, ..ctx("s1") };
         let mut order = claim(&pending(1, |_| true), with(&open)).unwrap().order;
@@ -458,8 +458,8 @@ mod tests {
         use super::super::order::fixture::{ctx, pending};
         use super::super::scheduler::{Replied, apply_reply, claim};
         use super::super::supervisor::expire;
-        use crate::config::SupervisorSettings;
         use crate::messages::{StepOutcome, StepReply};
+        use crate::spec::SupervisorSettings;
         use crate::state::{ProcessState, StepState};
         let claimed = claim(&pending(1, |_| true), ctx("s1")).unwrap();
         let (_, request) = claimed.requests().next().unwrap();

@@ -23,8 +23,8 @@ use serde_json::json;
 use super::order::fixture::{ctx, pending};
 use super::scheduler::{Replied, apply_reply, claim};
 use super::{Decision, Order, operator, submission, supervisor};
-use crate::config::SupervisorSettings;
 use crate::messages::{Direction, StepOutcome, StepReply, StepRequest};
+use crate::spec::SupervisorSettings;
 use crate::state::{ProcessState, StepState};
 
 /// How a remote takes one call.

@@ -467,7 +467,7 @@ mod decisions {
         order.steps[0].state = StepState::Completed;
         let running = claim(&order, ctx("s1")).expect("claim").order;
         let d = cancel(&running, ctx("op")).expect("allowed");
-        let settings = crate::config::SupervisorSettings::default();
+        let settings = crate::spec::SupervisorSettings::default();
         let (d, _) = crate::rules::supervisor::expire(&d.order, &settings, ctx("sup"));
         assert_eq!(
             (d.order.steps[1].state, d.order.steps[1].in_doubt),

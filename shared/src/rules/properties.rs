@@ -17,8 +17,8 @@ use super::flow::{self, Flow};
 use super::order::fixture::{ctx, now, pending};
 use super::scheduler::{Replied, apply_reply, claim};
 use super::{Decision, Effect, Order, operator, submission, supervisor};
-use crate::config::SupervisorSettings;
 use crate::messages::{Direction, EventKind, StepOutcome, StepReply, StepRequest};
+use crate::spec::SupervisorSettings;
 use crate::state::{ProcessState, StepState};
 
 /// What happens next to the order.

@@ -28,10 +28,11 @@ use chrono_tz::Tz;
 use croner::Cron;
 use croner::errors::CronError;
 use croner::parser::{CronParser, Seconds, Year};
-use serde::{Deserialize, Serialize};
+
 use uuid::Uuid;
 
-use crate::config::ScheduleSpec;
+pub use crate::spec::CatchUp;
+use crate::spec::ScheduleSpec;
 
 /// Most ticks ordered in one pass: with `catch_up = "all"`, an outage of a
 /// year under a one-minute cron must not flood the workflow.
@@ -42,45 +43,6 @@ pub const MAX_CATCH_UP: usize = 100;
 /// never see (contract §1b).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScheduleKey(pub Uuid);
-
-/// What the ticks missed while no supervisor ran get.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CatchUp {
-    /// No order: only on-time ticks are ordered.
-    None,
-    /// One order, for the latest missed tick (the default: a missed nightly
-    /// report runs once when the supervisors are back, not once per night).
-    #[default]
-    Last,
-    /// One order per missed tick, the newest [`MAX_CATCH_UP`] at most.
-    All,
-}
-
-impl CatchUp {
-    /// The name in the configuration.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::None => "none",
-            Self::Last => "last",
-            Self::All => "all",
-        }
-    }
-}
-
-/// By name, refusing an unknown one with the names it could be (the
-/// configuration's error then names the key).
-impl<'de> Deserialize<'de> for CatchUp {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let name = String::deserialize(d)?;
-        [Self::None, Self::Last, Self::All]
-            .into_iter()
-            .find(|c| c.as_str() == name)
-            .ok_or_else(|| {
-                serde::de::Error::custom(format!("catch_up {name:?} is not none, last or all"))
-            })
-    }
-}
 
 /// Why a schedule cannot be used.
 #[derive(Debug, thiserror::Error)]

@@ -1163,7 +1163,7 @@ mod parallel {
         let failed = StepOutcome::Failed { error: "no".into() };
         let d = applied(&d.order, &StepReply::to(&r1, failed), at("s1", 2));
         let late = at("sup", 60);
-        let settings = crate::config::SupervisorSettings::default();
+        let settings = crate::spec::SupervisorSettings::default();
         let (d, retry_at) = supervisor::expire(&d.order, &settings, late);
         assert_eq!(retry_at, None);
         assert_eq!(d.order.row.process_state, ProcessState::Compensating);
@@ -1185,7 +1185,7 @@ mod parallel {
     fn a_reattempt_dispatches_only_what_is_not_completed_and_ready() {
         let (d, _, _) = branches_out();
         let late = at("sup", 60);
-        let settings = crate::config::SupervisorSettings {
+        let settings = crate::spec::SupervisorSettings {
             retry_schedule: vec![std::time::Duration::ZERO],
             ..Default::default()
         };

@@ -13,8 +13,8 @@ use serde_json::json;
 
 use super::breaker::Gate;
 use super::order::{Context, Deciding, Decision, Event, Hold, Order};
-use crate::config::SupervisorSettings;
 use crate::messages::{EventKind, rfc3339};
+use crate::spec::SupervisorSettings;
 use crate::state::{ProcessState, StepState};
 use crate::workflow;
 

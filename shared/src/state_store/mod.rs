@@ -32,6 +32,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
+pub use crate::config::{Hosts, HostsError};
 pub use crate::rules::operator::{
     any_undo_in_doubt, cancel_refusal, redrive_refusal, retry_refusal,
 };
@@ -41,7 +42,6 @@ pub use breaker_reports::{
 pub use breakers::{BreakerEvent, SharedBreaker};
 pub use dashboard::{Bucket, CHART_BUCKET, CHART_WINDOW, FailedOrder, Overview, WaitingOrder};
 pub use events::{EventRow, Replay};
-pub use hosts::{Hosts, HostsError};
 pub use leases::Lease;
 pub use orders::{NewOrder, OrderRow};
 pub use outbox::{Committed, Held, OutboxRow};

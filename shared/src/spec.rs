@@ -1,0 +1,210 @@
+//! What an operator declares: workflows with their steps and retries,
+//! recurring orders, and the supervisor's policy. Plain data, read from the
+//! configuration by [`crate::config`] (which loads and validates it) and
+//! read by the rules and the workflow plan, which so depend on no loading.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// `[supervisor]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct SupervisorSettings {
+    /// Time between sweeps for expired complete-by times.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// The order gives up when `failure_count` reaches this.
+    pub max_failures: u32,
+    /// Wait before re-attempt n (the last entry repeats).
+    #[serde(deserialize_with = "durations")]
+    pub retry_schedule: Vec<Duration>,
+    /// Expired orders handled per sweep transaction.
+    pub batch: u32,
+    /// The deadline ladder (contract §8): fractions of a running step's time
+    /// at which its order's status queue is warned (`deadline_warning`),
+    /// once per rung and dispatch; ascending, each in (0, 1).
+    pub warn_at: Vec<f64>,
+    /// Also raise an operator alert at the ladder's last rung.
+    pub alert_at_warning: bool,
+    /// The orders are split into this many partitions by id; each
+    /// supervisor sweeps the partitions it holds (contract §8).
+    pub partitions: u32,
+}
+
+impl Default for SupervisorSettings {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(1),
+            max_failures: 5,
+            retry_schedule: [1, 5, 10, 30, 60]
+                .into_iter()
+                .map(|m| Duration::from_secs(m * 60))
+                .collect(),
+            batch: 100,
+            warn_at: vec![0.5, 0.8],
+            alert_at_warning: false,
+            partitions: 16,
+        }
+    }
+}
+
+impl SupervisorSettings {
+    /// The wait before the re-attempt that follows failure number `failure_count` (1-based).
+    pub fn retry_delay(&self, failure_count: u32) -> Duration {
+        let i = (failure_count.max(1) - 1) as usize;
+        self.retry_schedule
+            .get(i)
+            .or(self.retry_schedule.last())
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
+/// `[workflows.<name>]` as written in the configuration.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkflowSpec {
+    pub steps: Vec<StepSpec>,
+    /// Overrides `supervisor.max_failures` for this workflow's orders.
+    #[serde(default)]
+    pub max_failures: Option<u32>,
+    /// Overrides `supervisor.retry_schedule` for this workflow's orders.
+    #[serde(default, deserialize_with = "some_durations")]
+    pub retry_schedule: Option<Vec<Duration>>,
+}
+
+/// `retry` of a step (contract §4b): the agent's attempts within one
+/// dispatch; unset keys are the agent's (`agent.backoff_initial`,
+/// `agent.backoff_max`, attempts until complete-by).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySpec {
+    /// Calls per dispatch at most (the first included); after the last
+    /// transient failure the agent stops, silent, and the supervisor
+    /// re-attempts at complete-by.
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
+    /// First wait between calls; doubles per retry, with full jitter.
+    #[serde(with = "humantime_serde", default)]
+    pub backoff: Option<Duration>,
+    /// Longest wait between calls.
+    #[serde(with = "humantime_serde", default)]
+    pub backoff_max: Option<Duration>,
+}
+
+/// One step of a workflow as written in the configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepSpec {
+    pub name: String,
+    /// The agent that runs the step.
+    pub agent: String,
+    /// The step's complete-by, counted from its dispatch.
+    #[serde(with = "humantime_serde", default = "default_step_timeout")]
+    pub timeout: Duration,
+    /// The agent that undoes the step, if it can be undone.
+    #[serde(default)]
+    pub compensate: Option<String>,
+    /// The agent's attempts within one dispatch of this step.
+    #[serde(default)]
+    pub retry: Option<RetrySpec>,
+    /// The steps that must have completed before this one starts (§4b);
+    /// unset: the step listed before it (none for the first).
+    #[serde(default)]
+    pub after: Option<Vec<String>>,
+    /// How long a long-running remote operation may keep the step going
+    /// from its first dispatch, however often it answers `202` (§4b).
+    #[serde(with = "humantime_serde", default = "default_max_duration")]
+    pub max_duration: Duration,
+}
+
+fn default_max_duration() -> Duration {
+    Duration::from_secs(3600)
+}
+
+/// What the ticks missed while no supervisor ran get.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CatchUp {
+    /// No order: only on-time ticks are ordered.
+    None,
+    /// One order, for the latest missed tick (the default: a missed nightly
+    /// report runs once when the supervisors are back, not once per night).
+    #[default]
+    Last,
+    /// One order per missed tick, the newest [`MAX_CATCH_UP`] at most.
+    All,
+}
+
+impl CatchUp {
+    /// The name in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Last => "last",
+            Self::All => "all",
+        }
+    }
+}
+
+/// By name, refusing an unknown one with the names it could be (the
+/// configuration's error then names the key).
+impl<'de> Deserialize<'de> for CatchUp {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        [Self::None, Self::Last, Self::All]
+            .into_iter()
+            .find(|c| c.as_str() == name)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!("catch_up {name:?} is not none, last or all"))
+            })
+    }
+}
+
+/// `[schedules.<name>]` as written in the configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleSpec {
+    /// The workflow of every order.
+    pub workflow: String,
+    /// Five fields (`minute hour day-of-month month day-of-week`), or six
+    /// with seconds first (an extension of sas).
+    pub cron: String,
+    /// The IANA zone whose wall clock `cron` reads (e.g. `Europe/Paris`);
+    /// UTC when unset.
+    #[serde(default)]
+    pub timezone: Option<String>,
+    /// Every order's payload.
+    #[serde(default)]
+    pub payload: serde_json::Map<String, serde_json::Value>,
+    /// Every order's status queue.
+    #[serde(default)]
+    pub reply_to: Option<String>,
+    /// What the ticks missed while no supervisor ran get.
+    #[serde(default)]
+    pub catch_up: CatchUp,
+}
+
+/// An optional list of human durations ([`durations`]).
+fn some_durations<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Vec<Duration>>, D::Error> {
+    durations(d).map(Some)
+}
+
+/// A list of human durations, from TOML or from a comma-separated variable.
+fn durations<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Duration>, D::Error> {
+    let texts: Vec<String> = Vec::deserialize(d)?;
+    texts
+        .iter()
+        .map(|t| {
+            humantime::parse_duration(t.trim())
+                .map_err(|e| serde::de::Error::custom(format!("{t:?}: {e}")))
+        })
+        .collect()
+}
+
+fn default_step_timeout() -> Duration {
+    Duration::from_secs(30)
+}
