@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use uuid::Uuid;
 
-use crate::config::ApplicationSpec;
+use crate::spec::ApplicationSpec;
 
 /// The configured applications.
 #[derive(Debug, Clone, Default)]

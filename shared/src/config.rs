@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use crate::spec::{RetrySpec, ScheduleSpec, StepSpec, SupervisorSettings, WorkflowSpec};
+pub use crate::spec::{
+    ApplicationSpec, RetrySpec, ScheduleSpec, StepSpec, SupervisorSettings, WorkflowSpec,
+};
 use crate::workflow::{Workflow, WorkflowError};
 
 mod dashboard;
@@ -77,26 +79,6 @@ pub struct Settings {
     /// Application identities by name (contract §1b); none: anyone who can
     /// publish to the orders queue submits, as before.
     pub applications: BTreeMap<String, ApplicationSpec>,
-}
-
-/// `[applications.<name>]` (contract §1b): who may submit, and where its
-/// events may go.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ApplicationSpec {
-    /// Its RabbitMQ user, checked through the AMQP `user_id` property
-    /// (which RabbitMQ refuses when it is not the connection's user).
-    #[serde(default)]
-    pub user: Option<String>,
-    /// Patterns of the queues it may name as `reply_to` (`*`: any run of
-    /// characters).
-    #[serde(default)]
-    pub reply_to: Vec<String>,
-    /// Bearer tokens of the submission's HTTP API (contract §9a), as
-    /// `sha256:<hex>` of the token: a request bearing one is this
-    /// application's.
-    #[serde(default)]
-    pub tokens: Vec<String>,
 }
 
 /// `[database]`: the state store.

@@ -1,5 +1,5 @@
 //! What an operator declares: workflows with their steps and retries,
-//! recurring orders, and the supervisor's policy. Plain data, read from the
+//! recurring orders, applications, and the supervisor's policy. Plain data, read from the
 //! configuration by [`crate::config`] (which loads and validates it) and
 //! read by the rules and the workflow plan, which so depend on no loading.
 
@@ -207,4 +207,24 @@ fn durations<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Duration>, D:
 
 fn default_step_timeout() -> Duration {
     Duration::from_secs(30)
+}
+
+/// `[applications.<name>]` (contract §1b): who may submit, and where its
+/// events may go.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApplicationSpec {
+    /// Its RabbitMQ user, checked through the AMQP `user_id` property
+    /// (which RabbitMQ refuses when it is not the connection's user).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Patterns of the queues it may name as `reply_to` (`*`: any run of
+    /// characters).
+    #[serde(default)]
+    pub reply_to: Vec<String>,
+    /// Bearer tokens of the submission's HTTP API (contract §9a), as
+    /// `sha256:<hex>` of the token: a request bearing one is this
+    /// application's.
+    #[serde(default)]
+    pub tokens: Vec<String>,
 }

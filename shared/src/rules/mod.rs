@@ -45,6 +45,7 @@ mod imports {
         ("workflow.rs", include_str!("../workflow.rs")),
         ("messages.rs", include_str!("../messages.rs")),
         ("spec.rs", include_str!("../spec.rs")),
+        ("applications.rs", include_str!("../applications.rs")),
     ];
 
     #[test]
