@@ -24,6 +24,42 @@ use crate::workflow::{self, StepView};
 /// The longest `Location` a heartbeat event quotes (contract §1b).
 pub const MAX_LOCATION_BYTES: usize = 512;
 
+/// Whether a scheduler may claim the order of `row` now, as the claim
+/// query's `WHERE` has it (`state_store::orders::claimable`), stated once
+/// more over the rules' own types so that it can be read and tested
+/// without a database; a test compares the two over generated orders.
+///
+/// Claimable: `pending`, or `compensating` with no holder; not before its
+/// `not_before`; if held for an agent's breaker, that breaker closed (not
+/// among `gates`) or its probe this order's; if held by flow control, its
+/// agent with room again (`flows`).
+pub fn claimable(
+    row: &OrderRow,
+    now: DateTime<Utc>,
+    gates: &[breaker::Gate],
+    flows: &[flow::Flow],
+) -> bool {
+    let state = match row.process_state {
+        ProcessState::Pending => true,
+        ProcessState::Compensating => row.locked_by.is_none(),
+        _ => false,
+    };
+    let due = row.not_before.is_none_or(|t| t <= now);
+    let held_for = row.held_for.as_deref();
+    let breaker_lets = held_for.is_none_or(|agent| {
+        !gates.iter().any(|g| {
+            g.agent == agent
+                && g.state != breaker::State::Closed
+                && g.probe_order != Some(row.order_id)
+        })
+    });
+    let flow_lets = row.held_reason.as_deref() != Some("rate_limited")
+        || !flows
+            .iter()
+            .any(|f| Some(f.agent.as_str()) == held_for && !f.has_room());
+    state && due && breaker_lets && flow_lets
+}
+
 /// `ctx.actor` claims `order` (a `pending` one, which starts `processing`, or
 /// a `compensating` one that nobody drives) and dispatches its next steps,
 /// or finishes it when nothing is left to run.
@@ -591,6 +627,75 @@ mod tests {
     use crate::model::NewOrder;
 
     use super::*;
+
+    #[test]
+    fn claimable_reads_state_holder_time_breaker_and_flow() {
+        let now = Utc::now();
+        let pending = OrderRow {
+            locked_by: None,
+            ..order(ProcessState::Pending, 0)
+        };
+        assert!(claimable(&pending, now, &[], &[]));
+        assert!(!claimable(
+            &order(ProcessState::Processing, 0),
+            now,
+            &[],
+            &[]
+        ));
+        assert!(
+            !claimable(&order(ProcessState::Compensating, 0), now, &[], &[]),
+            "held by s1"
+        );
+        let later = OrderRow {
+            not_before: Some(now + chrono::Duration::seconds(5)),
+            ..pending.clone()
+        };
+        assert!(!claimable(&later, now, &[], &[]));
+
+        let held = OrderRow {
+            held_for: Some("a".into()),
+            held_reason: Some("breaker_open".into()),
+            ..pending.clone()
+        };
+        let gate = |state, probe| breaker::Gate {
+            agent: "a".into(),
+            state,
+            since: Some(now),
+            probe_order: probe,
+            max_hold_ms: 1000,
+            forced: false,
+        };
+        assert!(!claimable(
+            &held,
+            now,
+            &[gate(breaker::State::Open, None)],
+            &[]
+        ));
+        assert!(
+            claimable(
+                &held,
+                now,
+                &[gate(breaker::State::HalfOpen, Some(held.order_id))],
+                &[]
+            ),
+            "the probe"
+        );
+        assert!(claimable(&held, now, &[], &[]), "closed");
+
+        let limited = OrderRow {
+            held_reason: Some("rate_limited".into()),
+            ..held
+        };
+        let flow = |in_flight| flow::Flow {
+            agent: "a".into(),
+            max_in_flight: Some(2),
+            in_flight,
+            rate_per_sec: None,
+            available: None,
+        };
+        assert!(!claimable(&limited, now, &[], &[flow(2)]));
+        assert!(claimable(&limited, now, &[], &[flow(1)]));
+    }
 
     fn order(state: ProcessState, failure_count: i32) -> OrderRow {
         let now = Utc::now();

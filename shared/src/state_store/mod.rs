@@ -43,7 +43,7 @@ pub use breakers::{BreakerEvent, SharedBreaker};
 pub use dashboard::{Bucket, CHART_BUCKET, CHART_WINDOW, FailedOrder, Overview, WaitingOrder};
 pub use events::{EventRow, Replay};
 pub use leases::Lease;
-pub use orders::{NewOrder, OrderRow};
+pub use orders::{ClaimableNow, NewOrder, OrderRow};
 pub use outbox::{Committed, Held, OutboxRow};
 pub use partitions::Partitions;
 pub use retention::{

@@ -33,6 +33,59 @@ pub struct Loaded {
     pub flows: sqlx::types::Json<Vec<crate::rules::flow::Flow>>,
 }
 
+/// What a claim would take now, and what it judged by.
+#[derive(Debug)]
+pub struct ClaimableNow {
+    /// The claim query's clock.
+    pub now: DateTime<Utc>,
+    /// The orders it would take, in order id order.
+    pub orders: Vec<OrderRow>,
+    /// The breakers that are not closed, as it read them (empty when it
+    /// took no order).
+    pub gates: Vec<crate::rules::breaker::Gate>,
+    /// The agents under flow control, as it read them (empty when it took
+    /// no order).
+    pub flows: Vec<crate::rules::flow::Flow>,
+}
+
+impl super::StateStore {
+    /// The orders a claim would take now (up to `limit`), read by the claim
+    /// query itself in a transaction that is rolled back and with its claim
+    /// locks let go after, so that nothing is taken; with the clock, the
+    /// breakers and the flows it judged by. What tests hold the query to:
+    /// [`crate::rules::scheduler::claimable`] over the same facts.
+    pub async fn claimable_now(&self, limit: u32) -> Result<ClaimableNow, super::StoreError> {
+        use sqlx::Connection as _;
+        let mut conn = self.pool().acquire().await?;
+        let limit = i64::from(limit);
+        let loaded = {
+            let mut tx = conn.begin().await?;
+            let loaded = claimable(&mut tx, limit, "", limit, false).await;
+            tx.rollback().await?;
+            loaded?
+        };
+        sqlx::query("SELECT pg_advisory_unlock_all()")
+            .execute(&mut *conn)
+            .await?;
+        let (now, gates, flows) = match loaded.first() {
+            Some(first) => (first.tx_now, first.gates.0.clone(), first.flows.0.clone()),
+            None => (
+                sqlx::query_scalar("SELECT now()")
+                    .fetch_one(&mut *conn)
+                    .await?,
+                Vec::new(),
+                Vec::new(),
+            ),
+        };
+        Ok(ClaimableNow {
+            now,
+            orders: loaded.into_iter().map(|l| l.order).collect(),
+            gates,
+            flows,
+        })
+    }
+}
+
 /// Wraps a query of orders (`picked`, returning [`COLUMNS`]) so that it
 /// also returns each order's row version, the clock, its steps and, when
 /// parameter `$flag` is true, takes each returned order's outbox lock for

@@ -6,6 +6,7 @@
 mod applications;
 mod attacks;
 mod chaos;
+mod claims;
 mod client;
 mod clocks;
 mod cluster;
