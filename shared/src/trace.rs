@@ -43,6 +43,11 @@ impl TraceContext {
     }
 
     /// Reads a `traceparent` value; `None` when it is not a valid version-00 one.
+    ///
+    /// Not OpenTelemetry's `TraceContextPropagator`: its 0.33 reads
+    /// `00-abc-def-01` as a valid context (the ids left-padded with zeros),
+    /// which W3C Trace Context forbids, and a sender's malformed header
+    /// would then name a trace of sas's choosing.
     pub fn parse(value: &str) -> Option<Self> {
         let mut parts = value.trim().split('-');
         let (version, trace, span, flags) =
