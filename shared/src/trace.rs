@@ -46,8 +46,8 @@ impl TraceContext {
     ///
     /// Not OpenTelemetry's `TraceContextPropagator`: its 0.33 reads
     /// `00-abc-def-01` as a valid context (the ids left-padded with zeros),
-    /// which W3C Trace Context forbids, and a sender's malformed header
-    /// would then name a trace of sas's choosing.
+    /// which W3C Trace Context forbids: a stranger's malformed header would
+    /// be followed as a trace.
     pub fn parse(value: &str) -> Option<Self> {
         let mut parts = value.trim().split('-');
         let (version, trace, span, flags) =

@@ -328,7 +328,8 @@ async fn a_service_that_cannot_start_never_prints_a_secret_whatever_the_urls_sha
                 .map(|url| ("dashboard", "SAS__DATABASE__URL", *url)),
         );
     for (binary, key, url) in cases {
-        let (ok, stderr) = start_up_failure(&app, binary, &[(key, url)]);
+        let (ok, stderr) =
+            tokio::task::block_in_place(|| start_up_failure(&app, binary, &[(key, url)]));
         assert!(!ok, "{binary} started with {key}={url}");
         assert!(!stderr.trim().is_empty(), "{binary}: nothing said");
         assert!(

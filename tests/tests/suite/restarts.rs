@@ -202,11 +202,13 @@ async fn rabbitmq_restart(full: bool) {
     let app = TestApp::spawn().await;
     let status = app.status_queue("status").await;
     let mut ids = app.submit_many("three", 150, Some(&status)).await;
-    let guard = if full {
-        RabbitGuard::stop_node()
-    } else {
-        RabbitGuard::stop_app()
-    };
+    let guard = tokio::task::block_in_place(|| {
+        if full {
+            RabbitGuard::stop_node()
+        } else {
+            RabbitGuard::stop_app()
+        }
+    });
     // While RabbitMQ is down every service says it is not ready, and keeps running.
     app.eventually(
         "services report not ready",
@@ -221,8 +223,11 @@ async fn rabbitmq_restart(full: bool) {
         },
     )
     .await;
-    guard.start();
-    drop(guard);
+    // Blocking (the server's own tools): off the runtime's workers.
+    tokio::task::block_in_place(|| {
+        guard.start();
+        drop(guard);
+    });
     app.eventually("services reconnected", Duration::from_secs(60), || async {
         for name in ALL {
             if ready(&app, name).await != 200 {
@@ -259,7 +264,7 @@ async fn postgres_restart_under_load_loses_and_repeats_nothing() {
     let app = TestApp::spawn().await;
     let status = app.status_queue("status").await;
     let mut ids = app.submit_many("three", 150, Some(&status)).await;
-    let guard = PostgresGuard::stop();
+    let guard = tokio::task::block_in_place(PostgresGuard::stop);
     app.eventually(
         "services report Postgres down",
         Duration::from_secs(20),
@@ -278,8 +283,11 @@ async fn postgres_restart_under_load_loses_and_repeats_nothing() {
     // The outage lasts two seconds more while they arrive: part of the
     // scenario, not a wait for something to happen.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    guard.start();
-    drop(guard);
+    // Blocking (the server's own tools): off the runtime's workers.
+    tokio::task::block_in_place(|| {
+        guard.start();
+        drop(guard);
+    });
     let stories = app
         .assert_invariants(&status, &ids, &[], Duration::from_secs(120))
         .await;

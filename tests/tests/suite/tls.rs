@@ -66,7 +66,7 @@ async fn encrypted(store: &StateStore) -> bool {
 async fn postgres_is_reached_over_verified_tls_and_never_in_plaintext_when_verify_full_is_asked() {
     let ca = TestCa::new("pg");
     let other = TestCa::new("pg-other");
-    let pg = TlsPostgres::start(&ca);
+    let pg = tokio::task::block_in_place(|| TlsPostgres::start(&ca));
     let verify = |root: &Path| format!("sslmode=verify-full&sslrootcert={}", root.display());
 
     // The URL's own parameters: the database is created and migrated over TLS.
@@ -181,7 +181,7 @@ async fn orders_go_through_amqps_with_a_client_certificate_and_a_wrong_ca_fails_
     let ca = TestCa::new("amqp");
     let other = TestCa::new("amqp-other");
     // stunnel asks for a client certificate signed by the same test CA.
-    let tunnel = Stunnel::start(&ca, Some(&ca.ca));
+    let tunnel = tokio::task::block_in_place(|| Stunnel::start(&ca, Some(&ca.ca)));
     let url = format!("amqps://guest:guest@localhost:{}/%2f", tunnel.port);
     let path = |p: &PathBuf| p.display().to_string();
     let (ca_file, cert, key) = (path(&ca.ca), path(&ca.cert), path(&ca.key));
