@@ -57,7 +57,7 @@ pub fn burst(rate_per_sec: f64) -> f64 {
 mod tests {
     use super::super::Context;
     use super::super::order::fixture::{ctx, pending};
-    use super::super::scheduler::{Replied, apply_reply, claim};
+    use super::super::scheduler::{Claim, Replied, apply_reply, claim, claim_or_wait};
     use super::*;
     use crate::messages::{StepOutcome, StepReply};
     use crate::state::ProcessState;
@@ -90,6 +90,15 @@ mod tests {
         let again = claim(&waits.order, on_a0("s2")).unwrap();
         assert_eq!(again.order, waits.order);
         assert!(again.effects.is_empty());
+        // Said as such to the store, which then writes nothing.
+        assert_eq!(
+            claim_or_wait(&waits.order, on_a0("s2")).unwrap(),
+            Claim::Waits
+        );
+        assert!(matches!(
+            claim_or_wait(&order, on_a0("s1")).unwrap(),
+            Claim::Decided(d) if *d == waits
+        ));
         // Step 0 done, step 1's agent full: the order waits, held, no failure.
         let claimed = claim(&order, ctx("s1")).unwrap();
         let (_, request) = claimed.requests().next().unwrap();

@@ -64,6 +64,27 @@ pub fn claimable(
 /// a `compensating` one that nobody drives) and dispatches its next steps,
 /// or finishes it when nothing is left to run.
 pub fn claim(order: &Order, ctx: Context<'_>) -> Result<Decision, RuleError> {
+    match claim_or_wait(order, ctx)? {
+        Claim::Decided(decision) => Ok(*decision),
+        Claim::Waits => Ok(Deciding::new(order, ctx).done()),
+    }
+}
+
+/// What a claim comes to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// The order's new rows and messages: claimed (its next steps
+    /// dispatched, or finished when nothing was left), or held now for an
+    /// agent with no room under flow control.
+    Decided(Box<Decision>),
+    /// No room under its agent's flow control, and held for that agent
+    /// already: nothing changes, and the claim passes it by.
+    Waits,
+}
+
+/// [`claim`], saying when nothing changes ([`Claim::Waits`]) rather than
+/// returning the order as it was: what the store writes back, or skips.
+pub fn claim_or_wait(order: &Order, ctx: Context<'_>) -> Result<Claim, RuleError> {
     let mut d = Deciding::new(order, ctx);
     let from = d.row().process_state;
     let to = match from {
@@ -90,15 +111,16 @@ pub fn claim(order: &Order, ctx: Context<'_>) -> Result<Decision, RuleError> {
         if let Some(&agent) = agents.first()
             && !agents.iter().any(|a| flow::room(ctx.flows, a))
         {
-            if order.row.held_for.as_deref() != Some(agent) {
-                let step = order
-                    .steps
-                    .iter()
-                    .find(|s| s.idx == steps[0])
-                    .map_or("", |s| s.name.as_str());
-                d.hold(Hold::Flow(agent), step);
+            if order.row.held_for.as_deref() == Some(agent) {
+                return Ok(Claim::Waits);
             }
-            return Ok(d.done());
+            let step = order
+                .steps
+                .iter()
+                .find(|s| s.idx == steps[0])
+                .map_or("", |s| s.name.as_str());
+            d.hold(Hold::Flow(agent), step);
+            return Ok(Claim::Decided(Box::new(d.done())));
         }
     }
     let held = d.row().held_for.clone().map(|a| (a, d.row().held_since));
@@ -143,7 +165,7 @@ pub fn claim(order: &Order, ctx: Context<'_>) -> Result<Decision, RuleError> {
         });
     }
     d.drive()?;
-    Ok(d.done())
+    Ok(Claim::Decided(Box::new(d.done())))
 }
 
 /// What a reply did.

@@ -267,11 +267,12 @@ impl Transitions {
             let mut ids = Vec::with_capacity(unit.len());
             for i in 0..unit.len() {
                 let order = &unit.get(i).order;
-                let decision = rules::scheduler::claim(order, context(&unit, &me.name))?;
-                // Left as it was: no room under its agent's flow control.
-                if decision.effects.is_empty() && decision.order == *order {
-                    continue;
-                }
+                let decision =
+                    match rules::scheduler::claim_or_wait(order, context(&unit, &me.name))? {
+                        rules::scheduler::Claim::Decided(decision) => *decision,
+                        // Held for its agent's room already: left as it was.
+                        rules::scheduler::Claim::Waits => continue,
+                    };
                 ids.push(order.row.order_id);
                 unit.apply(i, decision, &self.queues)?;
             }
