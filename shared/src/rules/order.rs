@@ -70,6 +70,23 @@ pub struct Logged {
     pub detail: Value,
 }
 
+impl Logged {
+    /// The status queue this event is announced on (contract §2, §2a), if
+    /// any: the order's `reply_to`, when it asked for events of this kind
+    /// and the queue is not one of sas's own (`reserved`, contract §1b: an
+    /// order stored before such queues were refused may still name one).
+    pub fn announced_to<'o>(
+        &self,
+        order: &'o OrderRow,
+        reserved: impl Fn(&str) -> bool,
+    ) -> Option<&'o str> {
+        order
+            .reply_to
+            .as_deref()
+            .filter(|q| order.events.publishes(self.kind) && !reserved(q))
+    }
+}
+
 /// One thing a decision does besides changing rows, in the order they happen.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
@@ -508,5 +525,58 @@ pub(crate) mod fixture {
             })
             .collect();
         Order { row, steps }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use uuid::Uuid;
+
+    use super::Logged;
+    use crate::messages::{EventKind, Events};
+    use crate::model::{NewOrder, OrderRow};
+    use crate::state::ProcessState;
+
+    fn logged(kind: EventKind) -> Logged {
+        Logged {
+            seq: 1,
+            kind,
+            from: None,
+            to: ProcessState::Pending,
+            step: None,
+            attempt: 1,
+            actor: "t".into(),
+            reason: None,
+            detail: json!({}),
+        }
+    }
+
+    #[test]
+    fn an_event_is_announced_on_the_orders_queue_when_it_asked_for_its_kind() {
+        let reserved = |q: &str| q.starts_with("sas.");
+        let mut order = OrderRow::pending(
+            &NewOrder {
+                reply_to: Some("shop.status".into()),
+                ..NewOrder::new(Uuid::now_v7(), "w", json!({}))
+            },
+            chrono::Utc::now(),
+        );
+        let (step, end) = (
+            logged(EventKind::StepSucceeded),
+            logged(EventKind::Processed),
+        );
+        assert_eq!(step.announced_to(&order, reserved), Some("shop.status"));
+        order.events = Events::Terminal;
+        assert_eq!(step.announced_to(&order, reserved), None);
+        assert_eq!(end.announced_to(&order, reserved), Some("shop.status"));
+        order.reply_to = Some("sas.orders".into());
+        assert_eq!(
+            end.announced_to(&order, reserved),
+            None,
+            "never into sas's own"
+        );
+        order.reply_to = None;
+        assert_eq!(end.announced_to(&order, reserved), None);
     }
 }

@@ -323,18 +323,12 @@ impl Unit {
         Ok(())
     }
 
-    /// Logs an event of order `i` and, when the order has a status queue
-    /// and asked for events of its kind (contract §2a), queues the status
-    /// event (contract §2). Never into one of sas's own queues (contract
-    /// §1b): an order stored before they were refused may still name one.
+    /// Logs an event of order `i` and queues its status event where the
+    /// rules announce it ([`crate::rules::Logged::announced_to`]).
     fn event(&mut self, i: usize, e: Logged, queues: &QueueNames) {
         let now = self.now;
         let o = &self.orders[i].order.row;
-        let announced = o
-            .reply_to
-            .as_ref()
-            .filter(|q| o.events.publishes(e.kind) && !queues.is_reserved(q));
-        if let Some(queue) = announced {
+        if let Some(queue) = e.announced_to(o, |q| queues.is_reserved(q)) {
             // The same constructor as a replay's (contract §9), so a
             // replayed event is the event that was sent.
             let event = logged_event(
@@ -348,7 +342,7 @@ impl Unit {
             );
             // A status event always serializes.
             let body = serde_json::to_vec(&event).unwrap_or_default();
-            let message = self.message(i, "status", queue.clone(), body);
+            let message = self.message(i, "status", queue.to_owned(), body);
             self.messages.push(NewMessage {
                 correlation_id: Some(o.public_id().to_string()),
                 ..message
