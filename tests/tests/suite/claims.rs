@@ -8,18 +8,11 @@
 use std::collections::BTreeSet;
 
 use sas::rules;
+use sas::state::ProcessState;
 use sas::state_store::StateStore;
 use sas_tests::TestApp;
 use uuid::Uuid;
 
-const STATES: [&str; 6] = [
-    "pending",
-    "processing",
-    "processed",
-    "error",
-    "compensating",
-    "compensated",
-];
 const AGENTS: [&str; 4] = ["a", "b", "c", "d"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -36,7 +29,7 @@ async fn the_claim_query_takes_exactly_the_orders_the_rule_says_are_claimable() 
         for _ in 0..150 {
             let id = Uuid::now_v7();
             ids.push(id);
-            let state = STATES[rng.usize(..STATES.len())];
+            let state = ProcessState::ALL[rng.usize(..ProcessState::ALL.len())].as_str();
             let locked = rng.bool().then_some("scheduler-x");
             // Seconds from now: past, future, or none.
             let not_before = [None, Some(-30), Some(30)][rng.usize(..3)];
