@@ -7,6 +7,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::StepRow;
+
 /// One limited agent, as loaded with the orders.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Flow {
@@ -47,10 +49,108 @@ pub fn room(flows: &[Flow], agent: &str) -> bool {
         .is_none_or(Flow::has_room)
 }
 
+/// How many more (or fewer) steps a write-back leaves out with an agent
+/// under flow control, and how many it dispatches (each takes a token).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FlowDelta {
+    pub agent: String,
+    pub delta: i32,
+    pub dispatched: i32,
+}
+
+/// The steps out with each agent of `flows` that a write-back adds or ends,
+/// from each changed order's steps as read and as left (a step counts while
+/// `running`, with its agent, or `compensating`, with its undo's:
+/// [`StepRow::out_with`]), and the dispatches it makes (`dispatched`, an
+/// agent per request). Agents without flow control are left out, and so
+/// are agents with nothing to change.
+pub fn deltas<'s>(
+    flows: &[Flow],
+    changed: impl IntoIterator<Item = (&'s [StepRow], &'s [StepRow])>,
+    dispatched: &[String],
+) -> Vec<FlowDelta> {
+    if flows.is_empty() {
+        return Vec::new();
+    }
+    let mut deltas: Vec<FlowDelta> = Vec::new();
+    let mut add = |agent: Option<&str>, by: i32, sent: i32| {
+        let Some(agent) = agent.filter(|a| flows.iter().any(|f| f.agent == *a)) else {
+            return;
+        };
+        match deltas.iter_mut().find(|d| d.agent == agent) {
+            Some(d) => {
+                d.delta += by;
+                d.dispatched += sent;
+            }
+            None => deltas.push(FlowDelta {
+                agent: agent.to_owned(),
+                delta: by,
+                dispatched: sent,
+            }),
+        }
+    };
+    for (read, now) in changed {
+        for (read, now) in read.iter().zip(now) {
+            let (was, is) = (read.out_with(), now.out_with());
+            if was != is {
+                add(was, -1, 0);
+                add(is, 1, 0);
+            }
+        }
+    }
+    for agent in dispatched {
+        add(Some(agent), 0, 1);
+    }
+    deltas.retain(|d| d.delta != 0 || d.dispatched != 0);
+    deltas
+}
+
 /// The burst a rate allows: a tenth of a second's worth, at least one
 /// dispatch, so that no second sees much more than the rate.
 pub fn burst(rate_per_sec: f64) -> f64 {
     (rate_per_sec / 10.0).max(1.0)
+}
+
+#[cfg(test)]
+mod deltas_tests {
+    use super::*;
+    use crate::rules::order::fixture::pending;
+    use crate::state::StepState;
+
+    #[test]
+    fn steps_going_out_or_coming_back_move_their_agents_count_and_dispatches_take_tokens() {
+        let flows = [Flow {
+            agent: "a0".into(),
+            max_in_flight: Some(5),
+            in_flight: 1,
+            rate_per_sec: None,
+            available: None,
+        }];
+        let read = pending(2, |_| false).steps;
+        let mut now = read.clone();
+        // Step 0 goes out to a0; step 1's agent has no flow control.
+        now[0].state = StepState::Running;
+        now[1].state = StepState::Running;
+        let out = deltas(
+            &flows,
+            [(read.as_slice(), now.as_slice())],
+            &["a0".into(), "a1".into()],
+        );
+        assert_eq!(
+            out,
+            [FlowDelta {
+                agent: "a0".into(),
+                delta: 1,
+                dispatched: 1
+            }]
+        );
+        // Back from a0: one fewer out, nothing dispatched.
+        let back = deltas(&flows, [(now.as_slice(), read.as_slice())], &[]);
+        assert_eq!(back[0].delta, -1);
+        assert_eq!(back[0].dispatched, 0);
+        assert!(deltas(&[], [(read.as_slice(), now.as_slice())], &["a0".into()]).is_empty());
+        assert!(deltas(&flows, [(read.as_slice(), read.as_slice())], &[]).is_empty());
+    }
 }
 
 #[cfg(test)]

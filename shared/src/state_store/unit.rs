@@ -185,15 +185,6 @@ pub(super) struct Unit {
     dispatched: Vec<String>,
 }
 
-/// How many more (or fewer) steps a write-back leaves out with an agent
-/// under flow control, and how many it dispatches (each takes a token).
-#[derive(Debug, Serialize)]
-struct FlowDelta {
-    agent: String,
-    delta: i32,
-    dispatched: i32,
-}
-
 impl Unit {
     /// A unit over the orders `loaded`; `claimed` when this connection took
     /// their claim locks ([`super::orders::claimable`]).
@@ -405,46 +396,6 @@ impl Unit {
         }
     }
 
-    /// The steps out with each agent under flow control that the changed
-    /// orders add or end: a step counts while `running` (with its agent)
-    /// or `compensating` (with its undo's).
-    fn flow_deltas(&self, changed: &[&Tracked]) -> Vec<FlowDelta> {
-        if self.flows.is_empty() {
-            return Vec::new();
-        }
-        let mut deltas: Vec<FlowDelta> = Vec::new();
-        let mut add = |agent: Option<String>, by: i32, dispatched: i32| {
-            let Some(agent) = agent.filter(|a| self.flows.iter().any(|f| &f.agent == a)) else {
-                return;
-            };
-            match deltas.iter_mut().find(|d| d.agent == agent) {
-                Some(d) => {
-                    d.delta += by;
-                    d.dispatched += dispatched;
-                }
-                None => deltas.push(FlowDelta {
-                    agent,
-                    delta: by,
-                    dispatched,
-                }),
-            }
-        };
-        for t in changed {
-            for (now, read) in t.order.steps.iter().zip(&t.read.steps) {
-                let (was, is) = (read.out_with(), now.out_with());
-                if was != is {
-                    add(was.map(str::to_owned), -1, 0);
-                    add(is.map(str::to_owned), 1, 0);
-                }
-            }
-        }
-        for agent in &self.dispatched {
-            add(Some(agent.clone()), 0, 1);
-        }
-        deltas.retain(|d| d.delta != 0 || d.dispatched != 0);
-        deltas
-    }
-
     /// Writes everything back in one statement ([`FLUSH`]): the new orders
     /// with their steps, the orders' and steps' updates, the events, the
     /// messages and the wake-up; and lets the claim locks go. Fails on the
@@ -499,7 +450,13 @@ impl Unit {
             .filter(|(now, read)| now != read)
             .map(|(now, read)| step_update(now, read))
             .collect();
-        let flows = self.flow_deltas(&changed);
+        let flows = crate::rules::flow::deltas(
+            &self.flows,
+            changed
+                .iter()
+                .map(|t| (t.read.steps.as_slice(), t.order.steps.as_slice())),
+            &self.dispatched,
+        );
         // Room came free under flow control: orders may wait for it.
         let wake = self.wake || flows.iter().any(|f| f.delta < 0);
         let bodies: Vec<&[u8]> = self.messages.iter().map(|m| m.body.as_slice()).collect();
