@@ -461,9 +461,15 @@ impl Client {
         async {
             let started = tokio::time::Instant::now();
             loop {
-                let (_, pending) = self.send(order.clone()).await?;
-                match pending.confirmed().await {
-                    Err(Error::Publish(PublishError::Amqp(e)))
+                let sent = match self.send(order.clone()).await {
+                    Ok((_, pending)) => pending.confirmed().await,
+                    Err(e) => Err(e),
+                };
+                match sent {
+                    // Lost at the publish or before its confirm: whether the
+                    // broker has it is unknown, and the same id is the same
+                    // order, so it goes again on a new connection.
+                    Err(Error::Publish(PublishError::Amqp(e)) | Error::Amqp(e))
                         if !self.is_connected()
                             && started.elapsed() < self.inner.options.connect_timeout =>
                     {
