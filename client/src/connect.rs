@@ -34,14 +34,27 @@ pub enum ConnectError {
     Amqp(#[from] lapin::Error),
 }
 
-/// TLS beyond the system's root certificates, for `amqps://` URLs.
-#[derive(Debug, Clone, Default)]
+/// TLS beyond the system's root certificates, for `amqps://` URLs. Its
+/// `Debug` leaves the client key out.
+#[derive(Clone, Default)]
 pub struct Tls {
     /// PEM certificates trusted beside the system's roots (a private CA).
     pub ca_pem: Option<String>,
     /// A client certificate chain and its PKCS #8 key, both PEM, for
     /// RabbitMQ's `EXTERNAL` authentication or mutual TLS.
     pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("ca_pem", &self.ca_pem.as_ref().map(|_| "<PEM>"))
+            .field(
+                "identity",
+                &self.identity.as_ref().map(|_| "<certificate and key>"),
+            )
+            .finish()
+    }
 }
 
 impl Tls {

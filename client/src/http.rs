@@ -8,14 +8,27 @@ use serde_json::Value;
 use crate::{Error, OrderId};
 use sas_protocol::http::{Cancelled, OrderView, Problem};
 
-/// Where the HTTP API is, and the application's token.
-#[derive(Debug, Clone)]
+/// Where the HTTP API is, and the application's token (left out of its
+/// `Debug`).
+#[derive(Clone)]
 pub struct HttpOptions {
     /// The submission service's base URL, e.g. `http://sas.internal:9101`.
     pub base_url: String,
     /// The application's bearer token (contract §1b), if sas has
     /// `[applications]`.
     pub token: Option<String>,
+}
+
+impl std::fmt::Debug for HttpOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpOptions")
+            .field(
+                "base_url",
+                &crate::connect::without_password(&self.base_url),
+            )
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .finish()
+    }
 }
 
 /// A client of the HTTP API.

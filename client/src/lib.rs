@@ -153,8 +153,9 @@ pub enum Error {
     Refused { status: u16, problem: Problem },
 }
 
-/// How to reach a deployment of sas.
-#[derive(Debug, Clone)]
+/// How to reach a deployment of sas. Its `Debug` shows no password,
+/// token or key, so that it may be logged.
+#[derive(Clone)]
 pub struct Options {
     /// The AMQP URL (`amqp://` or `amqps://`); several, separated by
     /// commas, name the nodes of one cluster.
@@ -175,6 +176,22 @@ pub struct Options {
     pub status_queue: Option<String>,
     /// The submission service's HTTP API.
     pub http: Option<HttpOptions>,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let url: Vec<String> = self.nodes().map(connect::without_password).collect();
+        f.debug_struct("Options")
+            .field("url", &url.join(","))
+            .field("prefix", &self.prefix)
+            .field("name", &self.name)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("heartbeat", &self.heartbeat)
+            .field("tls", &self.tls)
+            .field("status_queue", &self.status_queue)
+            .field("http", &self.http)
+            .finish()
+    }
 }
 
 impl Options {
@@ -781,6 +798,23 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn options_show_no_secret_when_logged() {
+        let options = Options {
+            tls: Tls {
+                ca_pem: Some("-----BEGIN CERTIFICATE-----".into()),
+                identity: Some((b"cert".to_vec(), b"PRIVATE-KEY-BYTES".to_vec())),
+            },
+            ..Options::new("amqps://shop:hunter2@mq1,amqps://shop:hunter2@mq2", "sas")
+                .http("http://sas:9101", Some("tok-s3cret".into()))
+        };
+        let shown = format!("{options:?}");
+        for secret in ["hunter2", "tok-s3cret", "PRIVATE", "80, 82, 73"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("mq1") && shown.contains("mq2"), "{shown}");
     }
 
     #[test]
