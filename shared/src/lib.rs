@@ -40,6 +40,7 @@ pub mod messages;
 pub mod metrics;
 pub mod model;
 pub mod outbox;
+pub mod pipeline;
 pub mod rules;
 pub mod server;
 pub mod service;

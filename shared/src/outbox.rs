@@ -69,27 +69,15 @@ impl Relay {
     }
 
     fn publish(self: Arc<Self>, held: Held, rows: Vec<OutboxRow>) {
-        let publisher = self
-            .publisher
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let publisher = self.publisher();
         let relay = self.clone();
         self.handoffs.spawn(async move {
             let orders: Vec<(i64, Uuid)> = rows.iter().map(|r| (r.id, r.order_id)).collect();
             let (done, outcome) = match publisher {
-                Some(publisher) if !rows.is_empty() => {
-                    publish_rows(&publisher, &relay.metrics, "handoff", rows).await
-                }
+                Some(publisher) => relay.send(&publisher, "handoff", held, rows).await,
                 // Between broker sessions: the relay's next pass sends them.
                 None => (Vec::new(), Err(BrokerError::NoSession)),
-                Some(_) => (Vec::new(), Ok(())),
             };
-            crate::crash::point("outbox.after_publish");
-            if let Err(e) = held.release(&done).await {
-                // Published all the same: the sweep sends them again, later.
-                tracing::warn!(error = %e, "could not delete published messages");
-            }
             if outcome.is_err() {
                 // Unsent (a message the broker refused as unroutable stays
                 // for the sweep, as in the relay's own pass).
@@ -105,12 +93,7 @@ impl Relay {
     }
 
     fn follow(self: Arc<Self>, mut orders: Vec<Uuid>) {
-        let publisher = self
-            .publisher
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        let Some(publisher) = publisher else {
+        let Some(publisher) = self.publisher() else {
             return self.push(orders);
         };
         orders.sort_unstable();
@@ -118,16 +101,54 @@ impl Relay {
         // A take of its own, waiting for the locks: the relay's passes
         // never wait, so that one busy order cannot hold up the rest.
         self.handoffs.spawn(async move {
-            let outcome = relay
-                .store
-                .relay_outbox(&orders, true, |rows| {
-                    publish_rows(&publisher, &relay.metrics, "follow", rows)
-                })
-                .await;
-            if !matches!(outcome, Ok((_, Ok(_)))) {
+            let sent = match relay.store.take_outbox(&orders, true).await {
+                Ok(taken) => {
+                    relay
+                        .send(&publisher, "follow", taken.held, taken.rows)
+                        .await
+                        .1
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not take messages to follow");
+                    Err(BrokerError::NoSession)
+                }
+            };
+            if sent.is_err() {
                 relay.push(orders);
             }
         });
+    }
+
+    /// The confirm channel of the current broker session, if any.
+    fn publisher(&self) -> Option<Publisher> {
+        self.publisher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Publishes messages taken with their orders' outbox locks
+    /// ([`publish_rows`]), then deletes the ones published and lets the
+    /// locks go. Returns the ids published (or dropped as unpublishable) and
+    /// whether the broker is still usable.
+    async fn send(
+        &self,
+        publisher: &Publisher,
+        path: &str,
+        held: Held,
+        rows: Vec<OutboxRow>,
+    ) -> (Vec<i64>, Result<(), BrokerError>) {
+        let (done, outcome) = if rows.is_empty() {
+            (Vec::new(), Ok(()))
+        } else {
+            publish_rows(publisher, &self.metrics, path, rows).await
+        };
+        crate::crash::point("outbox.after_publish");
+        if let Err(e) = held.release(&done).await {
+            // Published all the same: the sweep sends them again, later.
+            tracing::warn!(error = %e, "could not delete published messages");
+        }
+        (done, outcome)
     }
 
     /// Whether a hand-over now would go out at once: a broker session is
@@ -281,40 +302,34 @@ impl Relay {
         }
     }
 
-    /// Publishes and deletes the rows of these orders in one transaction;
-    /// returns the orders another relay held. A database error keeps the rows
-    /// for later; a broker error ends the session.
+    /// Publishes and deletes the messages of these orders; returns the
+    /// orders another relay held. A database error keeps the rows for
+    /// later; a broker error ends the session.
     async fn relay(
         &self,
         publisher: &Publisher,
         orders: &[Uuid],
     ) -> Result<Vec<Uuid>, BrokerError> {
         let started = std::time::Instant::now();
-        let outcome = self
-            .store
-            .relay_outbox(orders, false, |rows| {
-                publish_rows(publisher, &self.metrics, "relay", rows)
-            })
-            .await;
-        match outcome {
-            Ok((held, Ok(n))) => {
-                tracing::debug!(
-                    orders = orders.len(),
-                    held = held.len(),
-                    messages = n,
-                    took_ms = started.elapsed().as_millis() as u64,
-                    "relayed"
-                );
-                Ok(held)
-            }
-            Ok((_, Err(e))) => Err(e),
+        let taken = match self.store.take_outbox(orders, false).await {
+            Ok(taken) => taken,
             Err(e) => {
                 tracing::warn!(error = %e, "outbox relay failed; will retry");
                 self.push(orders.iter().copied());
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                Ok(Vec::new())
+                return Ok(Vec::new());
             }
-        }
+        };
+        let (done, outcome) = self.send(publisher, "relay", taken.held, taken.rows).await;
+        outcome?;
+        tracing::debug!(
+            orders = orders.len(),
+            held = taken.busy.len(),
+            messages = done.len(),
+            took_ms = started.elapsed().as_millis() as u64,
+            "relayed"
+        );
+        Ok(taken.busy)
     }
 }
 

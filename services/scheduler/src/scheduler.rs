@@ -15,9 +15,9 @@ use anyhow::Context as _;
 use sas::broker::{self, BrokerError, Received};
 use sas::messages::{Quoted, StepReply, decode_replies};
 use sas::metrics::labels;
-use sas::outbox::Relay;
+use sas::pipeline::Pipeline;
 use sas::service::Context;
-use sas::state_store::{Actor, ReplyOutcome, StoreError, Transitions};
+use sas::state_store::{Actor, ReplyOutcome, StoreError};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -41,7 +41,8 @@ type Batcher = sas::batch::Batcher<StepReply, Result<ReplyOutcome, Arc<StoreErro
 /// The scheduler's work, shared by its tasks.
 struct Scheduler {
     me: Actor,
-    transitions: Transitions,
+    /// Its transitions, and the relay that publishes what they commit.
+    pipeline: Pipeline,
     /// Applies replies in batches: those that arrive while a transaction
     /// commits share the next one.
     replies: Batcher,
@@ -53,7 +54,6 @@ struct Scheduler {
     /// the supervisor, or another scheduler); the limit itself is counted
     /// in the state store.
     held: std::sync::atomic::AtomicUsize,
-    relay: Arc<Relay>,
     ctx: Arc<Context>,
 }
 
@@ -78,25 +78,14 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         "scheduler",
         ctx.shutdown.clone(),
     );
-    let relay = Relay::new(
-        store.clone(),
-        ctx.settings.outbox.clone(),
-        ctx.metrics.clone(),
-    );
-    let transitions = Transitions::new(store, ctx.queues.clone());
-    let replies = apply_in_batches(
-        transitions.clone(),
-        relay.clone(),
-        me.clone(),
-        &ctx.settings.database,
-    );
+    let pipeline = Pipeline::new(&ctx, store);
+    let replies = apply_in_batches(pipeline.clone(), me.clone(), &ctx.settings.database);
     let scheduler = Arc::new(Scheduler {
         me,
-        transitions,
+        pipeline,
         replies,
         room: tokio::sync::Notify::new(),
         held: std::sync::atomic::AtomicUsize::new(0),
-        relay,
         ctx: ctx.clone(),
     });
     let agents = ctx.settings.agent_names();
@@ -107,7 +96,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         &ctx.shutdown,
         &ctx.health,
         async |broker| {
-            let relay = scheduler.relay.start(broker).await?;
+            let relay = scheduler.pipeline.start(broker).await?;
             let session = ctx.shutdown.child_token();
             let claimer = tokio::spawn(scheduler.clone().claim_loop(session.clone()));
             let publisher = broker.publisher().await?;
@@ -141,26 +130,15 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
 }
 
 /// Starts the workers that apply replies in batches.
-fn apply_in_batches(
-    transitions: Transitions,
-    relay: Arc<Relay>,
-    me: Actor,
-    db: &sas::config::DatabaseSettings,
-) -> Batcher {
-    let shared = Arc::new((transitions, relay, me));
+fn apply_in_batches(pipeline: Pipeline, me: Actor, db: &sas::config::DatabaseSettings) -> Batcher {
+    let shared = Arc::new((pipeline, me));
     sas::batch::Batcher::start(db.batch_workers, db.batch_size, move |replies| {
         let shared = shared.clone();
         async move {
-            let (transitions, relay, me) = &*shared;
-            sas::batch::isolating(
-                &replies,
-                StoreError::is_refusal_of_input,
-                |some| async move {
-                    let done = transitions.apply_replies(me, some, relay.ready()).await?;
-                    relay.hand_over(done.committed);
-                    Ok(done.value)
-                },
-            )
+            let (pipeline, me) = &*shared;
+            sas::batch::isolating(&replies, StoreError::is_refusal_of_input, |some| {
+                pipeline.apply_replies(me, some)
+            })
             .await
         }
     })
@@ -182,7 +160,7 @@ impl Scheduler {
         let mut listener = None;
         loop {
             if listener.is_none() {
-                listener = match self.transitions.store().listen().await {
+                listener = match self.pipeline.store().listen().await {
                     Ok(l) => Some(l),
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot LISTEN for new work; polling");
@@ -222,14 +200,7 @@ impl Scheduler {
         let batch = self.ctx.settings.scheduler.claim_batch;
         let max_in_flight = self.ctx.settings.scheduler.max_in_flight;
         while !stop.is_cancelled() {
-            let claimed = self
-                .transitions
-                .claim(&self.me, batch, max_in_flight, self.relay.ready())
-                .await;
-            match claimed.map(|done| {
-                self.relay.hand_over(done.committed);
-                done.value
-            }) {
+            match self.pipeline.claim(&self.me, batch, max_in_flight).await {
                 Ok(ids) => {
                     let n = ids.len();
                     if n > 0 {

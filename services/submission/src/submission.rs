@@ -14,9 +14,9 @@ use sas::messages::{
     Quoted, RejectReason, RejectedHints, Submission, decode_submission, rejected_event,
 };
 use sas::metrics::labels;
-use sas::outbox::Relay;
+use sas::pipeline::Pipeline;
 use sas::service::Context;
-use sas::state_store::{NewOrder, StoreError, Submitted, Transitions};
+use sas::state_store::{NewOrder, StoreError, Submitted};
 use sas::trace::TraceContext;
 use sas::workflow::Workflow;
 use tracing::Instrument;
@@ -51,7 +51,7 @@ pub async fn run(ctx: Arc<Context>, intake: Arc<Intake>) -> anyhow::Result<()> {
         &ctx.health,
         async |broker| {
             let publisher = broker.publisher().await?;
-            let relay = submission.intake.relay.start(broker).await?;
+            let relay = submission.intake.pipeline.start(broker).await?;
             let consumer = broker
                 .subscribe(
                     ctx.queues.orders(),
@@ -119,21 +119,14 @@ type Batcher = sas::batch::Batcher<(NewOrder, Workflow), Result<Submitted, Arc<S
 
 /// Stores orders in batches: those that arrive while a transaction commits
 /// share the next one (and its single wake-up of the schedulers).
-fn store_in_batches(
-    transitions: Transitions,
-    relay: Arc<Relay>,
-    db: &sas::config::DatabaseSettings,
-) -> Batcher {
-    let shared = Arc::new((transitions, relay));
+fn store_in_batches(pipeline: Pipeline, db: &sas::config::DatabaseSettings) -> Batcher {
+    let pipeline = Arc::new(pipeline);
     sas::batch::Batcher::start(db.batch_workers, db.batch_size, move |items| {
-        let shared = shared.clone();
+        let pipeline = pipeline.clone();
         async move {
-            let (transitions, relay) = &*shared;
             let refs: Vec<(&NewOrder, &Workflow)> = items.iter().map(|(o, w)| (o, w)).collect();
-            sas::batch::isolating(&refs, StoreError::is_refusal_of_input, |some| async move {
-                let done = transitions.submit_many(some, relay.ready()).await?;
-                relay.hand_over(done.committed);
-                Ok(done.value)
+            sas::batch::isolating(&refs, StoreError::is_refusal_of_input, |some| {
+                pipeline.submit_many(some)
             })
             .await
         }
@@ -146,7 +139,7 @@ fn store_in_batches(
 /// same relay, so that an order sent both ways with one id is one order.
 pub struct Intake {
     batcher: Batcher,
-    relay: Arc<Relay>,
+    pipeline: Pipeline,
     ctx: Arc<Context>,
 }
 
@@ -170,15 +163,10 @@ impl Intake {
     /// session ([`run`]).
     pub fn new(ctx: Arc<Context>) -> anyhow::Result<Arc<Self>> {
         let store = ctx.store()?.clone();
-        let relay = Relay::new(
-            store.clone(),
-            ctx.settings.outbox.clone(),
-            ctx.metrics.clone(),
-        );
-        let transitions = Transitions::new(store, ctx.queues.clone());
+        let pipeline = Pipeline::new(&ctx, store);
         Ok(Arc::new(Self {
-            batcher: store_in_batches(transitions, relay.clone(), &ctx.settings.database),
-            relay,
+            batcher: store_in_batches(pipeline.clone(), &ctx.settings.database),
+            pipeline,
             ctx,
         }))
     }

@@ -5,14 +5,13 @@
 //! deployment's secret namespace, so a pass run twice (a leader's
 //! hand-over) makes each order once, and no application can make it first.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use sas::config::Settings;
-use sas::outbox::Relay;
+use sas::pipeline::Pipeline;
 use sas::rules::schedule::{self, Schedule, ScheduleKey};
-use sas::state_store::{NewOrder, Submitted, Transitions};
+use sas::state_store::{NewOrder, Submitted};
 use sas::workflow::Workflow;
 use tracing::Instrument as _;
 
@@ -47,11 +46,11 @@ impl Schedules {
 
     /// One pass over every schedule; a failure of one is logged and the
     /// next pass tries it again.
-    pub async fn pass(&self, transitions: &Transitions, relay: &Arc<Relay>) {
+    pub async fn pass(&self, pipeline: &Pipeline) {
         for (schedule, workflow) in &self.each {
             let span = tracing::info_span!("schedule", schedule = %schedule.name);
             if let Err(e) = self
-                .pass_one(schedule, workflow, transitions, relay)
+                .pass_one(schedule, workflow, pipeline)
                 .instrument(span)
                 .await
             {
@@ -64,10 +63,9 @@ impl Schedules {
         &self,
         schedule: &Schedule,
         workflow: &Workflow,
-        transitions: &Transitions,
-        relay: &Arc<Relay>,
+        pipeline: &Pipeline,
     ) -> anyhow::Result<()> {
-        let store = transitions.store();
+        let store = pipeline.store();
         let key = *self
             .key
             .get_or_try_init(|| store.schedule_key())
@@ -81,13 +79,12 @@ impl Schedules {
             let span = tracing::info_span!("tick", %order_id, %tick);
             // The tick's span is the order's root, as a submission's is.
             let order = NewOrder::scheduled(key, schedule, tick, &sas::telemetry::hop(&span, None));
-            let done = transitions
-                .submit(&order, workflow, relay.ready())
+            let submitted = pipeline
+                .submit(&order, workflow)
                 .instrument(span.clone())
                 .await
                 .context("submitting the tick's order")?;
-            relay.hand_over(done.committed);
-            span.in_scope(|| match done.value {
+            span.in_scope(|| match submitted {
                 Submitted::Created => tracing::info!("scheduled order submitted"),
                 Submitted::Duplicate => tracing::debug!("scheduled order exists already"),
             });

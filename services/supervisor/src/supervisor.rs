@@ -23,20 +23,15 @@ use std::time::Instant;
 use anyhow::Context as _;
 use sas::broker::{self, SessionEnd};
 use sas::metrics::labels;
-use sas::outbox::Relay;
+use sas::pipeline::Pipeline;
 use sas::service::Context;
-use sas::state_store::{Actor, Expired, Lease, Partitions, StateStore, Transitions};
+use sas::state_store::{Actor, Expired, Lease, Partitions, StateStore};
 
 /// Runs a supervisor until shutdown.
 pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     let store = ctx.store()?.clone();
     let me = Actor::new_instance("supervisor");
-    let relay = Relay::new(
-        store.clone(),
-        ctx.settings.outbox.clone(),
-        ctx.metrics.clone(),
-    );
-    let transitions = Transitions::new(store.clone(), ctx.queues.clone());
+    let pipeline = Pipeline::new(&ctx, store.clone());
     let agents = ctx.settings.agent_names();
     let mut lease = Lease::new("sas.supervisor");
     let mut leading = false;
@@ -51,7 +46,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         &ctx.shutdown,
         &ctx.health,
         async |broker| {
-            let relay_task = relay.start(broker).await?;
+            let relay_task = pipeline.start(broker).await?;
             let mut tick = tokio::time::interval(ctx.settings.supervisor.interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -62,13 +57,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                 }
                 let mine = share(&ctx, &me, &store, &mut partitions).await;
                 let started = Instant::now();
-                let swept = transitions
-                    .recover_expired(&me, &ctx.settings, &mine, relay.ready())
-                    .await;
-                match swept.map(|done| {
-                    relay.hand_over(done.committed);
-                    done.value
-                }) {
+                match pipeline.recover_expired(&me, &ctx.settings, &mine).await {
                     Ok(recovered) => {
                         ctx.metrics.supervisor_sweeps.inc();
                         ctx.metrics
@@ -91,18 +80,12 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                     continue;
                 }
                 retention.lead(&ctx, &store);
-                let warned = transitions
-                    .warn_late(&me, &ctx.settings.supervisor, relay.ready())
-                    .await;
-                match warned.map(|done| {
-                    relay.hand_over(done.committed);
-                    done.value
-                }) {
+                match pipeline.warn_late(&me, &ctx.settings.supervisor).await {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(orders = n, "warned of approaching deadlines"),
                     Err(e) => tracing::warn!(error = %e, "deadline warnings failed; will retry"),
                 }
-                schedules.pass(&transitions, &relay).await;
+                schedules.pass(&pipeline).await;
                 crate::stuck::count(&ctx, &store, broker).await;
             }
             relay_task.stop(Ok(SessionEnd::Shutdown)).await

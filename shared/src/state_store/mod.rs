@@ -44,7 +44,7 @@ pub use dashboard::{Bucket, CHART_BUCKET, CHART_WINDOW, FailedOrder, Overview, W
 pub use events::{EventRow, Replay};
 pub use leases::Lease;
 pub use orders::{ClaimableNow, NewOrder, OrderRow};
-pub use outbox::{Committed, Held, OutboxRow};
+pub use outbox::{Committed, Held, OutboxRow, Taken};
 pub use partitions::Partitions;
 pub use retention::{
     Archive, Policy, PruneBatch, PruneError, Pruned, Totals, archive_file_name, more_after,

@@ -20,14 +20,14 @@ pub struct OutboxRow {
     pub body: Vec<u8>,
 }
 
-/// How long a follower ([`Relay::follow`](crate::outbox::Relay::follow)) waits for an order's outbox
+/// How long a follower (a [`take`] with `wait`) waits for an order's outbox
 /// lock before it gives up and leaves the order to the relay's passes: a
 /// publisher holds the lock for a publish and a delete, milliseconds.
 pub(super) const LOCK_TIMEOUT: &str = "30s";
 
 /// The SQL of an order's outbox lock key, for the order id in `column`: one
 /// advisory lock per order, held by whoever is publishing its messages (a
-/// relay's transaction, or a connection handed over with [`Held`]).
+/// connection handed over with [`Held`], by a transition or a [`take`]).
 pub(super) fn lock_key(column: &str) -> String {
     format!("hashtextextended('sas.outbox:' || {column}::text, 0)")
 }
@@ -133,27 +133,38 @@ struct TakenRow {
     body: Option<Vec<u8>>,
 }
 
-/// Takes these orders for relaying and removes their messages, returning
-/// them in the order they were written, inside the caller's transaction,
-/// which publishes them and commits, or rolls back to keep them. Taken are
-/// the orders no other publisher holds right now (a transaction-scoped
-/// advisory lock per order, [`lock_key`]), so each order's messages are
-/// published by one publisher at a time, in sequence, and relays never
-/// wait on each other; with `wait`, every order, once its publisher lets it
-/// go (give `order_ids` sorted, so that two waiters cannot deadlock).
-/// Returns the orders taken and their messages.
+/// Orders taken for publishing ([`StateStore::take_outbox`](super::StateStore::take_outbox)):
+/// their messages, and the connection that holds their outbox locks until
+/// [`Held::release`] deletes the published ones.
+#[derive(Debug)]
+pub struct Taken {
+    /// Holds the taken orders' outbox locks.
+    pub held: Held,
+    /// The taken orders' messages, in the order they were written.
+    pub rows: Vec<OutboxRow>,
+    /// The orders another publisher held: not taken.
+    pub busy: Vec<Uuid>,
+}
+
+/// Takes these orders for publishing, on `conn`, in one statement that
+/// commits at once: the orders no other publisher holds right now (a
+/// session-level advisory lock per order, [`lock_key`], kept past the
+/// statement), so each order's messages are published by one publisher at a
+/// time, in sequence, and relays never wait on each other; with `wait`,
+/// every order, once its publisher lets it go (give `order_ids` sorted, so
+/// that two waiters cannot deadlock). Returns the orders taken and their
+/// messages, in the order they were written. No transaction stays open
+/// while they are published: [`Held::release`] deletes them afterwards.
 ///
-/// The delete, not a read: a publisher that lets an order's lock go while
-/// its own delete of the published rows is not yet committed (a hand-over's
-/// [`Held::release`]) leaves them locked, and this waits for that delete
+/// The rows are read `FOR UPDATE`: a publisher that lets an order's lock go
+/// while its own delete of the published rows is not yet committed
+/// ([`Held::release`]) leaves them locked, and this waits for that delete
 /// and skips them, instead of publishing them again.
 ///
-/// The transaction only removes rows it has published, so it commits
-/// without waiting for the disk (`synchronous_commit = off`): if a crash
-/// loses the delete, the rows are published again, which at-least-once
-/// delivery allows (status events are deduplicated on `seq`, requests are
-/// fenced by their dispatch id).
-pub async fn take(
+/// Locking the rows writes to the log, but nothing a crash must keep: the
+/// statement commits without waiting for the disk. On an error the locks
+/// taken so far stay with the session: the caller closes the connection.
+pub(super) async fn take(
     conn: &mut PgConnection,
     order_ids: &[Uuid],
     wait: bool,
@@ -165,13 +176,14 @@ pub async fn take(
                SELECT id FROM relaxed, unnest($1::uuid[]) AS t(id) \
                WHERE CASE WHEN $2 \
                  THEN set_config('lock_timeout', '{LOCK_TIMEOUT}', true) IS NOT NULL \
-                   AND pg_advisory_xact_lock({key})::text IS NOT NULL \
-                 ELSE pg_try_advisory_xact_lock({key}) END), \
-             gone AS (DELETE FROM outbox o USING taken t WHERE o.order_id = t.id RETURNING o.*) \
-             SELECT t.id AS taken, g.id, g.kind, g.routing_key, g.correlation_id, g.reply_to, \
-               g.traceparent, g.body \
-             FROM taken t LEFT JOIN gone g ON g.order_id = t.id \
-             ORDER BY g.id NULLS LAST",
+                   AND pg_advisory_lock({key})::text IS NOT NULL \
+                 ELSE pg_try_advisory_lock({key}) END), \
+             queued AS ( \
+               SELECT o.* FROM outbox o JOIN taken t ON o.order_id = t.id FOR UPDATE OF o) \
+             SELECT t.id AS taken, q.id, q.kind, q.routing_key, q.correlation_id, q.reply_to, \
+               q.traceparent, q.body \
+             FROM taken t LEFT JOIN queued q ON q.order_id = t.id \
+             ORDER BY q.id NULLS LAST",
             key = lock_key("id")
         )
     });
@@ -202,15 +214,6 @@ pub async fn take(
         }
     }
     Ok((taken, rows))
-}
-
-/// Deletes published messages.
-pub async fn delete(conn: &mut PgConnection, ids: &[i64]) -> Result<(), sqlx::Error> {
-    sqlx::query("DELETE FROM outbox WHERE id = ANY($1)")
-        .bind(ids)
-        .execute(conn)
-        .await?;
-    Ok(())
 }
 
 /// Orders with messages older than `age_ms`: left behind by a process that died.

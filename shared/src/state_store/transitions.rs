@@ -620,59 +620,31 @@ fn context<'a>(unit: &'a Unit, actor: &'a str) -> Context<'a> {
 }
 
 impl StateStore {
-    /// Relays the queued messages of these orders in one transaction: takes
-    /// the orders no other publisher holds ([`outbox::take`]), runs
-    /// `publish` on their messages, and commits the delete of the ones it
-    /// reports published. Returns the orders another publisher held (to try
-    /// again shortly) and `publish`'s verdict. With `wait`, it waits for
-    /// those instead.
-    pub async fn relay_outbox<F, Fut, E>(
+    /// Takes the queued messages of these orders for publishing
+    /// ([`outbox::take`]): the orders no other publisher holds, or with
+    /// `wait` every order once its publisher lets it go. Publish the rows,
+    /// then [`Held::release`] the ones published: nothing stays open in
+    /// between but the outbox locks.
+    pub async fn take_outbox(
         &self,
         order_ids: &[Uuid],
         wait: bool,
-        publish: F,
-    ) -> Result<(Vec<Uuid>, Result<usize, E>), StoreError>
-    where
-        F: FnOnce(Vec<outbox::OutboxRow>) -> Fut,
-        Fut: std::future::Future<Output = (Vec<i64>, Result<(), E>)>,
-    {
-        // Each round trip is bounded on its own: the publish between them
-        // waits for the broker, not for Postgres.
+    ) -> Result<outbox::Taken, StoreError> {
         let mut conn = self.conn().await?;
-        // Until the transaction ends, leaving early closes the connection.
+        // The locks stay with the session: failing, it is closed, not pooled.
         conn.discard();
-        let (taken, rows) = conn
-            .run(|c| async move {
-                sqlx::raw_sql("BEGIN").execute(&mut *c).await?;
-                outbox::take(c, order_ids, wait).await
-            })
-            .await?;
-        let held: Vec<Uuid> = order_ids
+        let (taken, rows) = conn.run(|c| outbox::take(c, order_ids, wait)).await?;
+        conn.keep();
+        let held = conn
+            .into_pooled()
+            .map(|c| Held::new(c, self.io_timeout()))
+            .ok_or(StoreError::Silent(self.io_timeout()))?;
+        let busy = order_ids
             .iter()
             .filter(|id| !taken.contains(id))
             .copied()
             .collect();
-        if rows.is_empty() {
-            conn.run(|c| sqlx::raw_sql("COMMIT").execute(c)).await?;
-            conn.keep();
-            return Ok((held, Ok(0)));
-        }
-        let all = rows.len();
-        let (done, outcome) = publish(rows).await;
-        crate::crash::point("outbox.after_publish");
-        if done.len() == all {
-            conn.run(|c| sqlx::raw_sql("COMMIT").execute(c)).await?;
-            conn.keep();
-        } else {
-            // Some were not confirmed: keep every row, then delete the
-            // confirmed ones alone.
-            conn.run(|c| sqlx::raw_sql("ROLLBACK").execute(c)).await?;
-            conn.keep();
-            if !done.is_empty() {
-                conn.run(|c| outbox::delete(c, &done)).await?;
-            }
-        }
-        Ok((held, outcome.map(|()| done.len())))
+        Ok(outbox::Taken { held, rows, busy })
     }
 
     /// Messages waiting in the outbox.

@@ -28,8 +28,17 @@ const N: usize = 40;
 /// first use on a connection, and Postgres counts that round trip as a
 /// transaction of its own: the load of a claim, the load of a reply, and
 /// the write-back. A service's long-lived connections have them prepared
-/// already. (A relay's take is prepared inside its transaction.)
+/// already.
 const FIRST_USES: i64 = 3;
+
+/// Transactions of `passes` relay passes: each takes its orders' messages
+/// with their outbox locks (a statement that commits without waiting for
+/// the disk), publishes them, then deletes them and lets the locks go (the
+/// same); no transaction spans the publish. Both statements are prepared on
+/// their first use.
+fn relay_passes(passes: i64) -> i64 {
+    2 * passes + 2
+}
 
 /// Transactions of a transition other than a submit: its load and its
 /// write-back, each a statement atomic on its own. Only the write-back
@@ -407,23 +416,12 @@ async fn run_batch_keeping(
     }
     let ids: Vec<Uuid> = orders.iter().map(|o| o.order_id).collect();
     let mut relayed = BTreeMap::new();
-    // The relay hands the rows to the closure; collect them through a cell.
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let relay_rows = async || {
         if publishing == Publishing::Handoff {
             return recorder.take().await;
         }
-        let sink = seen.clone();
-        let (held, _) = store
-            .relay_outbox(&ids, false, move |rows| async move {
-                let ids = rows.iter().map(|r| r.id).collect();
-                sink.lock().unwrap().extend(rows);
-                (ids, Ok::<(), ()>(()))
-            })
-            .await
-            .expect("relay");
-        assert!(held.is_empty(), "no other relay runs");
-        let rows: Vec<_> = std::mem::take(&mut *seen.lock().unwrap());
+        let (busy, rows) = relay_pass(&store, &ids, false).await;
+        assert!(busy.is_empty(), "no other relay runs");
         rows
     };
 
@@ -514,11 +512,11 @@ async fn a_batch_of_one_step_orders_costs_the_same_statements_as_one_and_writes_
     let app = TestApp::new().await;
     let c = run_batch(&app, "one", Publishing::Relay, Events::All).await;
     let n = N as i64;
-    // Submit, claim and reply, each followed by one relay's transaction:
+    // Submit, claim and reply, each followed by one relay's pass:
     // whatever the batch size.
     assert_eq!(
         c.commits,
-        1 + 2 * PER_TRANSITION + 3 + FIRST_USES,
+        1 + 2 * PER_TRANSITION + relay_passes(3) + FIRST_USES,
         "transactions for {N} orders"
     );
     assert_eq!(c.rows("orders", "inserted"), n);
@@ -545,7 +543,7 @@ async fn a_batch_of_three_step_orders_costs_the_same_statements_as_one_and_write
     // Submit, claim and three replies, each followed by one relay.
     assert_eq!(
         c.commits,
-        1 + 4 * PER_TRANSITION + 5 + FIRST_USES,
+        1 + 4 * PER_TRANSITION + relay_passes(5) + FIRST_USES,
         "transactions for {N} orders"
     );
     assert_eq!(c.rows("orders", "inserted"), n);
@@ -576,7 +574,7 @@ async fn with_terminal_events_a_batch_queues_only_its_requests_and_one_status_ev
         // The same rows and statements as with every event…
         assert_eq!(
             c.commits,
-            1 + (steps + 1) * PER_TRANSITION + (steps + 2) + FIRST_USES,
+            1 + (steps + 1) * PER_TRANSITION + relay_passes(steps + 2) + FIRST_USES,
             "{workflow}: transactions for {N} orders"
         );
         assert_eq!(c.rows("orders", "updated"), (steps + 1) * n, "{workflow}");
@@ -603,7 +601,7 @@ async fn a_batch_of_diamond_orders_runs_its_parallel_steps_in_one_transition_eac
     // answered together are one transition — each followed by one relay.
     assert_eq!(
         c.commits,
-        1 + 4 * PER_TRANSITION + 5 + FIRST_USES,
+        1 + 4 * PER_TRANSITION + relay_passes(5) + FIRST_USES,
         "transactions for {N} orders"
     );
     assert_eq!(c.rows("orders", "inserted"), n);
@@ -814,15 +812,9 @@ async fn a_relay_too_busy_for_hand_overs_gets_every_message_through_its_pass() {
         vec![order.order_id, order.order_id],
         "each transition told the relay"
     );
-    let (held, relayed) = store
-        .relay_outbox(&[order.order_id], false, |rows| async move {
-            let ids = rows.iter().map(|r| r.id).collect();
-            (ids, Ok::<(), ()>(()))
-        })
-        .await
-        .expect("relay");
-    assert!(held.is_empty(), "no outbox lock was taken");
-    assert_eq!(relayed, Ok(3), "received, processing and the request");
+    let (busy, relayed) = relay_pass(&store, &[order.order_id], false).await;
+    assert!(busy.is_empty(), "no outbox lock was taken");
+    assert_eq!(relayed.len(), 3, "received, processing and the request");
     store.close().await;
 }
 
@@ -850,26 +842,10 @@ async fn a_transition_does_not_wait_for_the_previous_publisher_and_its_messages_
     assert!(recorder.later.lock().unwrap().is_empty());
     assert_eq!(*recorder.follow.lock().unwrap(), vec![order.order_id]);
     // A follower waits for the lock, then publishes the rest in order.
-    let published = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let follower = {
         let store = store.clone();
         let id = order.order_id;
-        let published = published.clone();
-        tokio::spawn(async move {
-            store
-                .relay_outbox(&[id], true, |rows| async move {
-                    let ids = rows.iter().map(|r| r.id).collect();
-                    published.lock().unwrap().extend(rows.iter().map(|r| {
-                        let body: serde_json::Value =
-                            serde_json::from_slice(&r.body).expect("json");
-                        body["state"]
-                            .as_str()
-                            .map_or(r.kind.clone(), |s| format!("{}:{s}", r.kind))
-                    }));
-                    (ids, Ok::<(), ()>(()))
-                })
-                .await
-        })
+        tokio::spawn(async move { relay_pass(&store, &[id], true).await })
     };
     app.wait_for_lock_waiters(1).await;
     assert!(
@@ -877,11 +853,19 @@ async fn a_transition_does_not_wait_for_the_previous_publisher_and_its_messages_
         "the follower waits for the publisher"
     );
     held.release(&received).await.expect("release");
-    let (held, relayed) = follower.await.expect("join").expect("relay");
-    assert!(held.is_empty());
-    assert_eq!(relayed, Ok(2));
+    let (busy, relayed) = follower.await.expect("join");
+    assert!(busy.is_empty());
+    let published: Vec<String> = relayed
+        .iter()
+        .map(|r| {
+            let body: serde_json::Value = serde_json::from_slice(&r.body).expect("json");
+            body["state"]
+                .as_str()
+                .map_or(r.kind.clone(), |s| format!("{}:{s}", r.kind))
+        })
+        .collect();
     assert_eq!(
-        *published.lock().unwrap(),
+        published,
         ["status:processing", "request"],
         "the rest of the order's messages, oldest first, and not `received` again"
     );
@@ -1000,23 +984,16 @@ async fn claims_and_replies_cost_two_round_trips_and_relay_passes_three() {
         let claimed = t.claim(&me, 10, 10).await.expect("claim");
         assert_eq!(claimed, vec![order.order_id]);
         let claim = trips.take();
-        // A relay's pass takes the messages and commits once they are out.
-        let request = std::sync::Mutex::new(Vec::new());
-        let (held, published) = store
-            .relay_outbox(&[order.order_id], false, |rows| async {
-                let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-                if let Some(r) = rows.into_iter().find(|r| r.kind == "request") {
-                    *request.lock().unwrap() = r.body;
-                }
-                (ids, Ok::<(), ()>(()))
-            })
-            .await
-            .expect("relay");
+        // A relay's pass takes the messages, then deletes them once they are out.
+        let (busy, published) = relay_pass(&store, &[order.order_id], false).await;
         let relay = trips.take();
-        assert!(held.is_empty());
-        assert_eq!(published, Ok(3), "received, processing and the request");
-        let request: StepRequest =
-            serde_json::from_slice(&request.into_inner().unwrap()).expect("request");
+        assert!(busy.is_empty());
+        assert_eq!(published.len(), 3, "received, processing and the request");
+        let request = published
+            .into_iter()
+            .find(|r| r.kind == "request")
+            .expect("a request");
+        let request: StepRequest = serde_json::from_slice(&request.body).expect("request");
         let reply = StepReply::to(
             &request,
             StepOutcome::Succeeded {
@@ -1039,8 +1016,8 @@ async fn claims_and_replies_cost_two_round_trips_and_relay_passes_three() {
             // Each bounded on its own (`database.io_timeout`), since the
             // publish between them waits for the broker.
             assert_eq!(
-                relay, 3,
-                "BEGIN, the take, then COMMIT once the messages are out"
+                relay, 2,
+                "the take, then the delete once the messages are out: no transaction spans the publish"
             );
         }
     }
@@ -1053,6 +1030,15 @@ async fn claims_and_replies_cost_two_round_trips_and_relay_passes_three() {
     .expect("activity");
     assert_eq!(open, 0, "no connection left a transaction open");
     store.close().await;
+}
+
+/// A relay's pass over `ids` ([`StateStore::take_outbox`]), every message
+/// published: the orders another publisher held, and the messages taken.
+async fn relay_pass(store: &StateStore, ids: &[Uuid], wait: bool) -> (Vec<Uuid>, Vec<OutboxRow>) {
+    let taken = store.take_outbox(ids, wait).await.expect("take");
+    let published: Vec<i64> = taken.rows.iter().map(|r| r.id).collect();
+    taken.held.release(&published).await.expect("release");
+    (taken.busy, taken.rows)
 }
 
 /// Submits `order`, claims it for `me`, and returns its step request as the
