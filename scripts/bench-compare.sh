@@ -3,8 +3,8 @@
 # builds that revision's release binaries in a worktree of its own
 # (.bench/compare/<rev>), then alternates runs of the harness on the two
 # builds (A = the revision, B = this checkout) so that the machine's drift
-# falls on both alike, and prints each run's throughput and low-load latency
-# and the medians per build. Peers, the machine's limit and the recovery run
+# falls on both alike, and prints each run's throughput, CPU per order (sas,
+# Postgres, RabbitMQ and the remote) and low-load latency, and the medians per build. Peers, the machine's limit and the recovery run
 # are skipped; the 10%-load runs offer both builds the same rate.
 #
 #   scripts/bench-compare.sh <git-rev> [pairs] [harness options...]
@@ -47,11 +47,16 @@ for build in "AB":
             key = (run["deployment"], r["workflow"], run["load"])
             value = r["throughput"] if run["load"] == "full" else r["latency_ms"]["p50"]
             rows.setdefault(key, {"A": [], "B": []})[build].append(value)
+            if run["load"] == "full":
+                # sas's processes, Postgres, RabbitMQ and the remote; not
+                # `other` (whatever else the machine ran).
+                cpu = sum(v for k, v in r.get("cpu_ms_per_order", {}).items() if k != "other")
+                rows.setdefault(key[:2] + ("full cpu",), {"A": [], "B": []})[build].append(cpu)
 print(f"A = {rev}, B = this checkout; {pairs} alternating runs each")
 print("| deployment | workflow | load | measure | A runs | B runs | A median | B median | B/A |")
 print("|---|---|---|---|---|---|--:|--:|--:|")
 for (dep, wf, load), v in sorted(rows.items()):
-    what = "orders/s" if load == "full" else "p50 ms"
+    what = {"full": "orders/s", "full cpu": "CPU ms/order"}.get(load, "p50 ms")
     a, b = statistics.median(v["A"]), statistics.median(v["B"])
     fmt = lambda xs: ", ".join(f"{x:.1f}" for x in xs)
     print(f"| {dep} | {wf} | {load} | {what} | {fmt(v['A'])} | {fmt(v['B'])} | {a:.1f} | {b:.1f} | {b / a:.3f} |")
