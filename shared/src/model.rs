@@ -96,6 +96,37 @@ impl OrderRow {
     pub fn attempt(&self) -> i32 {
         self.failure_count + 1
     }
+
+    /// The row as operators' tools show it (`sasctl orders show --json`,
+    /// the dashboard's order page).
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "order_id": self.order_id,
+            "workflow": self.workflow,
+            "state": self.process_state.as_str(),
+            "payload": self.payload,
+            "reply_to": self.reply_to,
+            "priority": self.priority,
+            "not_before": time(self.not_before.as_ref()),
+            "events": self.events.as_str(),
+            "locked_by": self.locked_by,
+            "complete_by": time(self.complete_by.as_ref()),
+            "failure_count": self.failure_count,
+            "compensation_failures": self.compensation_failures,
+            "attempt": self.attempt(),
+            "last_seq": self.last_seq,
+            "last_error": self.last_error,
+            "redrives": self.redrives,
+            "trace_id": self.trace_id,
+            "created_at": time(Some(&self.created_at)),
+            "updated_at": time(Some(&self.updated_at)),
+        })
+    }
+}
+
+/// A time as operators' tools show it: RFC 3339, UTC.
+fn time(t: Option<&DateTime<Utc>>) -> Option<String> {
+    t.map(crate::messages::rfc3339::format)
 }
 
 /// An accepted order, ready to be stored.
@@ -229,6 +260,26 @@ impl StepRow {
         let max = self.max_duration_ms.unwrap_or(DEFAULT_MAX_DURATION_MS);
         self.started_at?
             .checked_add_signed(chrono::Duration::milliseconds(max))
+    }
+
+    /// The row as operators' tools show it, among `steps` (its order's).
+    pub fn to_json(&self, steps: &[StepRow]) -> Value {
+        serde_json::json!({
+            "idx": self.idx,
+            "name": self.name,
+            "after": self.after_names(steps),
+            "agent": self.agent,
+            "compensate": self.compensate,
+            "timeout_ms": self.timeout_ms,
+            "state": self.state.as_str(),
+            "dispatches": self.dispatches,
+            "dispatch_id": self.dispatch_id,
+            "complete_by": time(self.complete_by.as_ref()),
+            "result": self.result,
+            "error": self.error,
+            "started_at": time(self.started_at.as_ref()),
+            "finished_at": time(self.finished_at.as_ref()),
+        })
     }
 
     /// The names of the steps it starts after, among `steps` (its order's).

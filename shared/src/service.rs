@@ -47,20 +47,52 @@ impl Context {
             .ok_or_else(|| anyhow::anyhow!("{} runs without a state store", self.name))
     }
 
-    /// Where the hopeless deliveries of `queue` go (its `.dead` queue, with
-    /// their reason), after `broker.delivery_limit` tries of one that fails
-    /// the same way each time; handler panics are counted.
-    pub fn dead_letters(
+    /// Runs this service's broker sessions until shutdown
+    /// ([`crate::broker::run_sessions`]), declaring the queues of `agents`.
+    pub async fn run_sessions<F>(
         &self,
+        agents: &[String],
+        session: F,
+    ) -> Result<(), crate::broker::BrokerError>
+    where
+        F: AsyncFnMut(
+            &crate::broker::Broker,
+        ) -> Result<crate::broker::SessionEnd, crate::broker::BrokerError>,
+    {
+        crate::broker::run_sessions(
+            &self.settings.broker,
+            agents,
+            self.name,
+            &self.shutdown,
+            &self.health,
+            session,
+        )
+        .await
+    }
+
+    /// Consumes `queue` on `broker` (`prefetch` unacknowledged at most,
+    /// consumer tag `tag`), its hopeless deliveries going to its `.dead`
+    /// queue with their reason through `publisher`, after
+    /// `broker.delivery_limit` tries of one that fails the same way each
+    /// time; handler panics are counted.
+    pub async fn subscribe(
+        &self,
+        broker: &crate::broker::Broker,
         publisher: &crate::broker::Publisher,
         queue: &str,
-    ) -> crate::broker::DeadLetters {
-        crate::broker::DeadLetters::new(
+        prefetch: u16,
+        tag: &str,
+    ) -> Result<crate::broker::Subscription, crate::broker::BrokerError> {
+        let dead_letters = crate::broker::DeadLetters::new(
             publisher.clone(),
             queue,
             self.settings.broker.delivery_limit,
             self.metrics.handler_panics.clone(),
-        )
+        );
+        Ok(broker
+            .subscribe(queue, prefetch, tag)
+            .await?
+            .with_dead_letters(dead_letters))
     }
 }
 

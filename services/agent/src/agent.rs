@@ -114,13 +114,8 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
             hard_stop.cancel();
         })
     };
-    let sessions = broker::run_sessions(
-        &ctx.settings.broker,
-        &names,
-        ctx.name,
-        &ctx.shutdown,
-        &ctx.health,
-        async |broker| {
+    let sessions = ctx
+        .run_sessions(&names, async |broker| {
             let publisher = broker.publisher().await?;
             let replies = Replies::start(publisher.clone(), ctx.metrics.clone());
             // One loop per agent, all on this session's connection; the first
@@ -139,9 +134,8 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
             ends.into_iter()
                 .find(Result::is_err)
                 .unwrap_or(Ok(SessionEnd::Shutdown))
-        },
-    )
-    .await;
+        })
+        .await;
     grace_timer.abort();
     if ctx.shutdown.is_cancelled() {
         // Let it delete this instance's rows; not long: Postgres may be gone.
@@ -241,10 +235,11 @@ impl Agent {
                 change.cancelled().await;
                 relay_stop.cancel();
             });
-            let subscription = broker
-                .subscribe(&queue, prefetch, &format!("agent-{}", self.name))
-                .await?
-                .with_dead_letters(self.ctx.dead_letters(publisher, &queue));
+            let tag = format!("agent-{}", self.name);
+            let subscription = self
+                .ctx
+                .subscribe(broker, publisher, &queue, prefetch, &tag)
+                .await?;
             // In-flight calls stop on their own at the hard stop, so the loop's grace can be longer.
             let end = broker::consume(subscription, &stop, lost, grace * 2, |delivery| {
                 let (agent, replies) = (self.clone(), replies.clone());

@@ -315,46 +315,20 @@ fn order_json(
             event
         })
         .collect();
+    let steps_json: Vec<Value> = steps
+        .iter()
+        .map(|s| {
+            let mut step = s.to_json(steps);
+            step["duration_ms"] = json!(millis(s.started_at, s.finished_at));
+            step
+        })
+        .collect();
     json!({
         "now": now,
-        "order": {
-            "order_id": order.order_id,
-            "workflow": order.workflow,
-            "state": order.process_state.as_str(),
-            "payload": order.payload,
-            "reply_to": order.reply_to,
-            "priority": order.priority,
-            "not_before": order.not_before,
-            "events": order.events.as_str(),
-            "locked_by": order.locked_by,
-            "complete_by": order.complete_by,
-            "failure_count": order.failure_count,
-            "compensation_failures": order.compensation_failures,
-            "attempt": order.attempt(),
-            "last_error": order.last_error,
-            "redrives": order.redrives,
-            "trace_id": order.trace_id,
-            "created_at": order.created_at,
-            "updated_at": order.updated_at,
-        },
+        "order": order.to_json(),
         "actions": { "retry": retryable, "cancel": cancellable, "redrive": redrivable },
         "stages": sas::state_store::stage_names(steps),
-        "steps": steps.iter().map(|s| json!({
-            "idx": s.idx,
-            "name": s.name,
-            "after": s.after_names(steps),
-            "agent": s.agent,
-            "compensate": s.compensate,
-            "state": s.state.as_str(),
-            "dispatches": s.dispatches,
-            "timeout_ms": s.timeout_ms,
-            "complete_by": s.complete_by,
-            "started_at": s.started_at,
-            "finished_at": s.finished_at,
-            "duration_ms": millis(s.started_at, s.finished_at),
-            "result": s.result,
-            "error": s.error,
-        })).collect::<Vec<_>>(),
+        "steps": steps_json,
         "events": events,
     })
 }

@@ -485,45 +485,10 @@ async fn show(args: ShowArgs, settings: &Settings) -> anyhow::Result<()> {
 
 /// The order, its steps and its events as one JSON object.
 fn to_json(order: &OrderRow, steps: &[StepRow], events: &[EventRow]) -> Value {
-    let time = |t: &Option<DateTime<Utc>>| t.as_ref().map(rfc3339::format);
     json!({
-        "order": {
-            "order_id": order.order_id,
-            "workflow": order.workflow,
-            "state": order.process_state.as_str(),
-            "payload": order.payload,
-            "reply_to": order.reply_to,
-            "priority": order.priority,
-            "not_before": time(&order.not_before),
-            "events": order.events.as_str(),
-            "locked_by": order.locked_by,
-            "complete_by": time(&order.complete_by),
-            "failure_count": order.failure_count,
-            "compensation_failures": order.compensation_failures,
-            "attempt": order.attempt(),
-            "last_seq": order.last_seq,
-            "last_error": order.last_error,
-            "redrives": order.redrives,
-            "created_at": rfc3339::format(&order.created_at),
-            "updated_at": rfc3339::format(&order.updated_at),
-        },
+        "order": order.to_json(),
         "stages": sas::state_store::stage_names(steps),
-        "steps": steps.iter().map(|s| json!({
-            "idx": s.idx,
-            "name": s.name,
-            "after": s.after_names(steps),
-            "agent": s.agent,
-            "compensate": s.compensate,
-            "timeout_ms": s.timeout_ms,
-            "state": s.state.as_str(),
-            "dispatches": s.dispatches,
-            "dispatch_id": s.dispatch_id,
-            "complete_by": time(&s.complete_by),
-            "result": s.result,
-            "error": s.error,
-            "started_at": time(&s.started_at),
-            "finished_at": time(&s.finished_at),
-        })).collect::<Vec<_>>(),
+        "steps": steps.iter().map(|s| s.to_json(steps)).collect::<Vec<_>>(),
         "events": events.iter().map(EventRow::to_json).collect::<Vec<_>>(),
     })
 }

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use sas::broker::{self, BrokerError, Received};
+use sas::broker::{self, BrokerError, Received, Verdict};
 use sas::messages::{Quoted, StepReply, decode_replies};
 use sas::metrics::labels;
 use sas::pipeline::Pipeline;
@@ -20,20 +20,6 @@ use sas::service::Context;
 use sas::state_store::{Actor, ReplyOutcome, StoreError};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
-
-/// What to do with a message of replies, by one of them; the greater wins.
-#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Settle {
-    /// Applied, or stale: acknowledge.
-    Done,
-    /// A reply of a pack that cannot be read, the others applied:
-    /// dead-letter the message with this reason.
-    Unreadable(String),
-    /// Failed for a reason that may be the reply's own: retry, counted.
-    Failed(String),
-    /// The store is away: hand it back.
-    Again,
-}
 
 /// A reply to apply, and what became of it.
 type Batcher = sas::batch::Batcher<StepReply, Result<ReplyOutcome, Arc<StoreError>>>;
@@ -88,42 +74,35 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         held: std::sync::atomic::AtomicUsize::new(0),
         ctx: ctx.clone(),
     });
-    let agents = ctx.settings.agent_names();
-    broker::run_sessions(
-        &ctx.settings.broker,
-        &agents,
-        ctx.name,
-        &ctx.shutdown,
-        &ctx.health,
-        async |broker| {
-            let relay = scheduler.pipeline.start(broker).await?;
-            let session = ctx.shutdown.child_token();
-            let claimer = tokio::spawn(scheduler.clone().claim_loop(session.clone()));
-            let publisher = broker.publisher().await?;
-            let consumer = broker
-                .subscribe(
-                    ctx.queues.replies(),
-                    ctx.settings.broker.prefetch,
-                    &scheduler.me.name,
-                )
-                .await?
-                .with_dead_letters(ctx.dead_letters(&publisher, ctx.queues.replies()));
-            let end = broker::consume(
-                consumer,
-                &ctx.shutdown,
-                relay.lost(),
-                ctx.settings.shutdown.grace,
-                |delivery| {
-                    let scheduler = scheduler.clone();
-                    async move { scheduler.on_reply(delivery).await }
-                },
+    ctx.run_sessions(&ctx.settings.agent_names(), async |broker| {
+        let relay = scheduler.pipeline.start(broker).await?;
+        let session = ctx.shutdown.child_token();
+        let claimer = tokio::spawn(scheduler.clone().claim_loop(session.clone()));
+        let publisher = broker.publisher().await?;
+        let consumer = ctx
+            .subscribe(
+                broker,
+                &publisher,
+                ctx.queues.replies(),
+                ctx.settings.broker.prefetch,
+                &scheduler.me.name,
             )
-            .await;
-            session.cancel();
-            claimer.await.ok();
-            relay.stop(end).await
-        },
-    )
+            .await?;
+        let end = broker::consume(
+            consumer,
+            &ctx.shutdown,
+            relay.lost(),
+            ctx.settings.shutdown.grace,
+            |delivery| {
+                let scheduler = scheduler.clone();
+                async move { scheduler.on_reply(delivery).await }
+            },
+        )
+        .await;
+        session.cancel();
+        claimer.await.ok();
+        relay.stop(end).await
+    })
     .await
     .context("RabbitMQ")?;
     Ok(())
@@ -147,16 +126,9 @@ fn apply_in_batches(pipeline: Pipeline, me: Actor, db: &sas::config::DatabaseSet
 impl Scheduler {
     /// Claims work whenever woken (a notification or the poll) until `stop`.
     async fn claim_loop(self: Arc<Self>, stop: CancellationToken) {
-        // Under a rate limit, look again as often as a dispatch comes due:
-        // nothing notifies a token's coming (§4b).
-        let poll = self
-            .ctx
-            .settings
-            .agents
-            .values()
-            .filter_map(|a| a.rate_per_sec())
-            .map(|rate| Duration::from_secs_f64((1.0 / rate).max(0.01)))
-            .fold(self.ctx.settings.scheduler.poll_interval, Duration::min);
+        let settings = &self.ctx.settings;
+        let rates = settings.agents.values().filter_map(|a| a.rate_per_sec());
+        let poll = poll_interval(settings.scheduler.poll_interval, rates);
         let mut listener = None;
         loop {
             if listener.is_none() {
@@ -255,20 +227,13 @@ impl Scheduler {
         let applied = futures_util::future::join_all(replies.into_iter().map(|read| async {
             match read {
                 Ok(reply) => self.apply(reply, header.as_deref()).await,
-                Err(e) => Settle::Unreadable(self.unreadable(&e)),
+                Err(e) => Verdict::DeadLetter(self.unreadable(&e)),
             }
         }))
         .await;
-        match applied.into_iter().max() {
-            Some(Settle::Again) => {
-                tokio::time::sleep(Duration::from_millis(250)).await;
-                broker::requeue(&delivery).await
-            }
-            Some(Settle::Failed(reason)) => broker::retry_counted(&delivery, &reason).await,
-            Some(Settle::Unreadable(reason)) => broker::dead_letter_with(&delivery, &reason).await,
-            // Their messages went to the relay with the commit.
-            Some(Settle::Done) | None => broker::ack(&delivery).await,
-        }
+        // The applied replies' messages went to the relay with the commit.
+        let verdict = applied.into_iter().max().unwrap_or(Verdict::Ack);
+        verdict.settle(&delivery).await
     }
 
     /// The largest message of replies the configured agents send
@@ -293,7 +258,7 @@ impl Scheduler {
     }
 
     /// Applies one reply, in its order's span.
-    async fn apply(&self, mut reply: StepReply, header: Option<&str>) -> Settle {
+    async fn apply(&self, mut reply: StepReply, header: Option<&str>) -> Verdict {
         let sent = reply
             .traceparent
             .take()
@@ -319,38 +284,32 @@ impl Scheduler {
                 .call(reply)
                 .await
                 .unwrap_or_else(|| Err(Arc::new(StoreError::NoOutcome)));
-            match applied {
+            match &applied {
                 Ok(ReplyOutcome::Applied { ended, age }) => {
                     tracing::debug!(?ended, "reply applied");
                     if let Some(end) = ended {
                         self.ctx
                             .metrics
-                            .finished(&end.workflow, end.state, Some(age));
+                            .finished(&end.workflow, end.state, Some(*age));
                         self.ended_one();
                     }
                     self.count_reply("applied");
-                    Settle::Done
                 }
                 Ok(ReplyOutcome::Stale(why)) => {
                     tracing::info!(%why, "stale reply ignored");
                     self.count_reply("stale");
-                    Settle::Done
                 }
                 Err(e) if e.is_transient() => {
                     tracing::warn!(error = %e, "could not apply the reply; handing it back");
-                    Settle::Again
                 }
                 Err(e) => {
                     // Not the store being away: this reply may be what
                     // fails. Retried a bounded number of times.
                     tracing::warn!(error = %e, "could not apply the reply");
                     self.count_reply("failed");
-                    Settle::Failed(format!(
-                        "could not apply the reply: {}",
-                        Quoted::new(&e.to_string())
-                    ))
                 }
             }
+            verdict(&applied)
         }
         .instrument(span)
         .await
@@ -365,9 +324,7 @@ impl Scheduler {
                 Some(h.saturating_sub(1))
             })
             .unwrap_or(0);
-        let settings = &self.ctx.settings.scheduler;
-        let near = settings.max_in_flight.saturating_sub(settings.claim_batch) as usize;
-        if before >= near {
+        if room_again(before, &self.ctx.settings.scheduler) {
             self.room.notify_one();
         }
     }
@@ -378,5 +335,114 @@ impl Scheduler {
             .replies
             .get_or_create(&labels(&[("outcome", outcome)]))
             .inc();
+    }
+}
+
+/// What a reply's outcome makes of its message: applied or stale, done;
+/// the store away, handed back; any other failure, which may be the
+/// reply's own, retried a bounded number of times.
+fn verdict(applied: &Result<ReplyOutcome, Arc<StoreError>>) -> Verdict {
+    match applied {
+        Ok(_) => Verdict::Ack,
+        Err(e) => Verdict::failed(e.is_transient(), || {
+            format!("could not apply the reply: {}", Quoted::new(&e.to_string()))
+        }),
+    }
+}
+
+/// Whether an order ending, with `before` held until then, may have made
+/// room for a claimer that stopped at `scheduler.max_in_flight`: a claim
+/// takes up to `claim_batch` at once, so it stops within a batch of the limit.
+fn room_again(before: usize, settings: &sas::config::SchedulerSettings) -> bool {
+    before >= settings.max_in_flight.saturating_sub(settings.claim_batch) as usize
+}
+
+/// How often the claimer looks without being woken: `configured`, or,
+/// under the agents' rate limits (dispatches per second), as often as a
+/// dispatch comes due (nothing notifies a token's coming, §4b), but no more
+/// than every 10 ms.
+fn poll_interval(configured: Duration, rates: impl Iterator<Item = f64>) -> Duration {
+    rates
+        .map(|rate| Duration::from_secs_f64((1.0 / rate).max(0.01)))
+        .fold(configured, Duration::min)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sas::config::SchedulerSettings;
+
+    #[test]
+    fn a_reply_applied_or_stale_is_acknowledged() {
+        let applied = Ok(ReplyOutcome::Applied {
+            ended: None,
+            age: Duration::ZERO,
+        });
+        assert_eq!(verdict(&applied), Verdict::Ack);
+        let stale = Ok(ReplyOutcome::Stale("answered already".into()));
+        assert_eq!(verdict(&stale), Verdict::Ack);
+    }
+
+    #[test]
+    fn a_reply_the_store_could_not_take_now_is_handed_back_and_one_it_refused_is_counted() {
+        let away = Err(Arc::new(StoreError::Silent(Duration::from_secs(5))));
+        assert_eq!(verdict(&away), Verdict::Requeue);
+        let refused = Err(Arc::new(StoreError::WriteBackRefused("guard".into())));
+        match verdict(&refused) {
+            Verdict::RetryCounted(reason) => {
+                assert!(
+                    reason.starts_with("could not apply the reply: "),
+                    "{reason}"
+                );
+                assert!(reason.contains("guard"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_pack_with_one_reply_handed_back_is_handed_back_whole() {
+        let pack = [
+            Verdict::Ack,
+            verdict(&Err(Arc::new(StoreError::NoOutcome))),
+            Verdict::DeadLetter("unreadable reply".into()),
+        ];
+        assert_eq!(pack.into_iter().max(), Some(Verdict::Requeue));
+    }
+
+    #[test]
+    fn an_ending_wakes_the_claimer_only_within_a_batch_of_the_limit() {
+        let settings = SchedulerSettings {
+            max_in_flight: 1000,
+            claim_batch: 256,
+            ..SchedulerSettings::default()
+        };
+        assert!(!room_again(0, &settings));
+        assert!(!room_again(743, &settings));
+        assert!(room_again(744, &settings));
+        assert!(room_again(5000, &settings));
+        // A batch larger than the limit: every ending may make room.
+        let small = SchedulerSettings {
+            max_in_flight: 10,
+            claim_batch: 256,
+            ..SchedulerSettings::default()
+        };
+        assert!(room_again(0, &small));
+    }
+
+    #[test]
+    fn the_claimer_polls_as_often_as_the_fastest_rate_limit_allows_a_dispatch() {
+        let poll = Duration::from_millis(500);
+        assert_eq!(poll_interval(poll, std::iter::empty()), poll);
+        assert_eq!(poll_interval(poll, [1.0].into_iter()), poll);
+        assert_eq!(
+            poll_interval(poll, [1.0, 20.0].into_iter()),
+            Duration::from_millis(50)
+        );
+        // Never a busy loop, however high the rate.
+        assert_eq!(
+            poll_interval(poll, [1e6].into_iter()),
+            Duration::from_millis(10)
+        );
     }
 }

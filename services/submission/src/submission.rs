@@ -9,7 +9,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use chrono::Utc;
 use sas::applications::Application;
-use sas::broker::{self, BrokerError, Outgoing, Publisher, Received};
+use sas::broker::{self, BrokerError, Outgoing, Publisher, Received, Verdict};
 use sas::messages::{
     Quoted, RejectReason, RejectedHints, Submission, decode_submission, rejected_event,
 };
@@ -42,70 +42,64 @@ pub async fn run(ctx: Arc<Context>, intake: Arc<Intake>) -> anyhow::Result<()> {
         intake,
         ctx: ctx.clone(),
     });
-    let agents = ctx.settings.agent_names();
-    broker::run_sessions(
-        &ctx.settings.broker,
-        &agents,
-        ctx.name,
-        &ctx.shutdown,
-        &ctx.health,
-        async |broker| {
-            let publisher = broker.publisher().await?;
-            let relay = submission.intake.pipeline.start(broker).await?;
-            let consumer = broker
-                .subscribe(
-                    ctx.queues.orders(),
-                    ctx.settings.broker.prefetch,
-                    "submission",
-                )
-                .await?
-                .with_dead_letters(ctx.dead_letters(&publisher, ctx.queues.orders()));
-            let replays = broker
-                .subscribe(ctx.queues.replay(), REPLAY_PREFETCH, "submission-replay")
-                .await?
-                .with_dead_letters(ctx.dead_letters(&publisher, ctx.queues.replay()));
-            // The two consumers end together: whichever stops first (the
-            // broker lost, or shutdown) stops the other.
-            let stop = ctx.shutdown.child_token();
-            let orders = async {
-                let end = broker::consume(
-                    consumer,
-                    &stop,
-                    relay.lost(),
-                    ctx.settings.shutdown.grace,
-                    |delivery| {
-                        let submission = submission.clone();
-                        let publisher = publisher.clone();
-                        async move { submission.handle(&publisher, delivery).await }
-                    },
-                )
-                .await;
-                stop.cancel();
-                end
-            };
-            let replaying = async {
-                let end = broker::consume(
-                    replays,
-                    &stop,
-                    relay.lost(),
-                    ctx.settings.shutdown.grace,
-                    |delivery| {
-                        let replayer = replayer.clone();
-                        let publisher = publisher.clone();
-                        async move { replayer.handle(&publisher, delivery).await }
-                    },
-                )
-                .await;
-                stop.cancel();
-                end
-            };
-            let end = match tokio::join!(orders, replaying) {
-                (Err(e), _) | (Ok(_), Err(e)) => Err(e),
-                (Ok(end), Ok(_)) => Ok(end),
-            };
-            relay.stop(end).await
-        },
-    )
+    ctx.run_sessions(&ctx.settings.agent_names(), async |broker| {
+        let publisher = broker.publisher().await?;
+        let relay = submission.intake.pipeline.start(broker).await?;
+        let (orders, replay) = (ctx.queues.orders(), ctx.queues.replay());
+        let prefetch = ctx.settings.broker.prefetch;
+        let consumer = ctx
+            .subscribe(broker, &publisher, orders, prefetch, "submission")
+            .await?;
+        let replays = ctx
+            .subscribe(
+                broker,
+                &publisher,
+                replay,
+                REPLAY_PREFETCH,
+                "submission-replay",
+            )
+            .await?;
+        // The two consumers end together: whichever stops first (the
+        // broker lost, or shutdown) stops the other.
+        let stop = ctx.shutdown.child_token();
+        let orders = async {
+            let end = broker::consume(
+                consumer,
+                &stop,
+                relay.lost(),
+                ctx.settings.shutdown.grace,
+                |delivery| {
+                    let submission = submission.clone();
+                    let publisher = publisher.clone();
+                    async move { submission.handle(&publisher, delivery).await }
+                },
+            )
+            .await;
+            stop.cancel();
+            end
+        };
+        let replaying = async {
+            let end = broker::consume(
+                replays,
+                &stop,
+                relay.lost(),
+                ctx.settings.shutdown.grace,
+                |delivery| {
+                    let replayer = replayer.clone();
+                    let publisher = publisher.clone();
+                    async move { replayer.handle(&publisher, delivery).await }
+                },
+            )
+            .await;
+            stop.cancel();
+            end
+        };
+        let end = match tokio::join!(orders, replaying) {
+            (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+            (Ok(end), Ok(_)) => Ok(end),
+        };
+        relay.stop(end).await
+    })
     .await
     .context("RabbitMQ")?;
     Ok(())
@@ -322,10 +316,7 @@ impl Submitter {
                     .await;
             }
         };
-        let given = order
-            .order_id
-            .or_else(|| delivery.message_id().and_then(|m| Uuid::parse_str(m).ok()))
-            .unwrap_or_else(Uuid::new_v4);
+        let given = given_id(order.order_id, delivery.message_id());
         let sent = delivery
             .header(sas::trace::HEADER)
             .and_then(|t| TraceContext::parse(&t));
@@ -359,10 +350,12 @@ impl Submitter {
                     self.reject(publisher, &delivery, &reason, &hints, sender)
                         .await?;
                 }
-                Err(e) if e.is_transient() => self.retry_later(&delivery, &e).await?,
                 Err(e) => {
-                    tracing::warn!(error = %e, "could not store the order");
-                    broker::retry_counted(&delivery, &format!("could not store the order: {e}"))
+                    // Postgres away (a restart costs a delay, not an
+                    // order), or a failure that may be this order's own.
+                    tracing::warn!(error = %e, transient = e.is_transient(), "could not store the order");
+                    Verdict::failed(e.is_transient(), || format!("could not store the order: {e}"))
+                        .settle(&delivery)
                         .await?;
                 }
             }
@@ -404,11 +397,7 @@ impl Submitter {
             let event = rejected_event(&hints, reason, Utc::now());
             let body = serde_json::to_vec(&event).unwrap_or_default();
             // The hints hold only ids and queues of a routable size.
-            let correlation = match &event.order_id {
-                serde_json::Value::String(s) => Some(s.clone()),
-                serde_json::Value::Null => None,
-                other => Some(other.to_string()),
-            };
+            let correlation = correlation_of(&event.order_id);
             let answered = publisher
                 .publish(&Outgoing {
                     routing_key: queue,
@@ -460,12 +449,49 @@ impl Submitter {
         }
         hints
     }
+}
 
-    /// The state store failed: hand the message back after a pause, so a
-    /// Postgres restart costs a delay, not an order.
-    async fn retry_later(&self, delivery: &Received, e: &StoreError) -> Result<(), BrokerError> {
-        tracing::warn!(error = %e, transient = e.is_transient(), "could not store the order; handing it back");
-        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-        broker::requeue(delivery).await
+/// The id an order sent on the queue goes by: its `order_id`, else its AMQP
+/// `message_id` when that is a UUID, else a new one.
+fn given_id(order_id: Option<Uuid>, message_id: Option<&str>) -> Uuid {
+    order_id
+        .or_else(|| message_id.and_then(|m| Uuid::parse_str(m).ok()))
+        .unwrap_or_else(Uuid::new_v4)
+}
+
+/// The `correlation_id` of a `rejected` event: the order id as sent, when
+/// one was (a string as it is, any other JSON value as its text).
+fn correlation_of(order_id: &serde_json::Value) -> Option<String> {
+    match order_id {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Null => None,
+        other => Some(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_order_goes_by_its_own_id_then_its_message_id_then_a_new_one() {
+        let own = Uuid::now_v7();
+        let message = Uuid::now_v7();
+        let text = message.to_string();
+        assert_eq!(given_id(Some(own), Some(&text)), own);
+        assert_eq!(given_id(None, Some(&text)), message);
+        // A message id that is no UUID is no order id.
+        let fresh = given_id(None, Some("order-7"));
+        assert_ne!(fresh, message);
+        assert_ne!(given_id(None, None), fresh, "a new id each time");
+    }
+
+    #[test]
+    fn a_rejection_correlates_with_the_id_as_sent() {
+        assert_eq!(correlation_of(&json!("abc")), Some("abc".into()));
+        assert_eq!(correlation_of(&json!(null)), None);
+        assert_eq!(correlation_of(&json!(42)), Some("42".into()));
+        assert_eq!(correlation_of(&json!({"a": 1})), Some(r#"{"a":1}"#.into()));
     }
 }

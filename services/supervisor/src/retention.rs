@@ -165,3 +165,41 @@ async fn run(
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(
+        ended_after: Option<std::time::Duration>,
+        archive: Option<&str>,
+    ) -> RetentionSettings {
+        RetentionSettings {
+            ended_after,
+            archive: archive.map(Into::into),
+            ..RetentionSettings::default()
+        }
+    }
+
+    #[test]
+    fn an_archive_directory_that_does_not_exist_is_refused_at_start_up() {
+        let day = Some(std::time::Duration::from_secs(86_400));
+        let missing = Retention::new(&settings(day, Some("/nonexistent/sas-archive")));
+        let err = missing.check().expect_err("refused").to_string();
+        assert!(err.contains("/nonexistent/sas-archive"), "{err}");
+        let dir = std::env::temp_dir();
+        assert!(Retention::new(&settings(day, dir.to_str())).check().is_ok());
+        // Off: the archive is never written, so it need not exist.
+        let off = Retention::new(&settings(None, Some("/nonexistent/sas-archive")));
+        assert!(off.check().is_ok());
+    }
+
+    #[test]
+    fn standing_by_makes_the_next_leadership_run_at_once() {
+        let mut retention =
+            Retention::new(&settings(Some(std::time::Duration::from_secs(60)), None));
+        retention.next = Some(Instant::now() + std::time::Duration::from_secs(3600));
+        retention.stand_by();
+        assert_eq!(retention.next, None);
+    }
+}

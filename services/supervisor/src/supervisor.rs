@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use sas::broker::{self, SessionEnd};
+use sas::broker::SessionEnd;
 use sas::metrics::labels;
 use sas::pipeline::Pipeline;
 use sas::service::Context;
@@ -39,13 +39,8 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     let schedules = crate::schedules::Schedules::compile(&ctx.settings)?;
     let mut retention = crate::retention::Retention::new(&ctx.settings.retention);
     retention.check()?;
-    let sessions = broker::run_sessions(
-        &ctx.settings.broker,
-        &agents,
-        ctx.name,
-        &ctx.shutdown,
-        &ctx.health,
-        async |broker| {
+    let sessions = ctx
+        .run_sessions(&agents, async |broker| {
             let relay_task = pipeline.start(broker).await?;
             let mut tick = tokio::time::interval(ctx.settings.supervisor.interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -89,10 +84,9 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                 crate::stuck::count(&ctx, &store, broker).await;
             }
             relay_task.stop(Ok(SessionEnd::Shutdown)).await
-        },
-    )
-    .await
-    .context("RabbitMQ");
+        })
+        .await
+        .context("RabbitMQ");
     retention.stop().await;
     sessions?;
     lease.release().await;
@@ -149,7 +143,7 @@ async fn lead(
         *leading = now;
         ctx.metrics.supervisor_leader.set(i64::from(now));
         if now {
-            tracing::info!(instance = %me.name, "leading: sweeping for expired orders");
+            tracing::info!(instance = %me.name, "leading: deadline warnings, schedules, retention and stuck counts");
         } else {
             tracing::warn!(instance = %me.name, "standing by: another supervisor leads");
             crate::stuck::clear(ctx);
@@ -158,31 +152,64 @@ async fn lead(
     now
 }
 
+/// Logs and counts what a sweep did.
 fn report(ctx: &Context, recovered: &[Expired]) {
     for r in recovered {
-        let action = match r {
+        match r {
             Expired::Requeued {
                 order_id,
                 not_before,
             } => {
                 tracing::info!(%order_id, %not_before, "complete-by passed; re-attempt scheduled");
-                "requeued"
             }
             Expired::Held { order_id } => {
                 tracing::info!(%order_id, "complete-by passed behind an open breaker; order held");
-                "held"
             }
             Expired::GaveUp { order_id, ended } => {
                 tracing::warn!(%order_id, "complete-by passed too often; order given up");
                 if let Some(end) = ended {
                     ctx.metrics.finished(&end.workflow, end.state, None);
                 }
-                "gave_up"
             }
-        };
+        }
         ctx.metrics
             .supervisor_recoveries
-            .get_or_create(&labels(&[("action", action)]))
+            .get_or_create(&labels(&[("action", action(r))]))
             .inc();
+    }
+}
+
+/// The `action` label of `supervisor_recoveries` for what became of an
+/// expired order.
+fn action(expired: &Expired) -> &'static str {
+    match expired {
+        Expired::Requeued { .. } => "requeued",
+        Expired::Held { .. } => "held",
+        Expired::GaveUp { .. } => "gave_up",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_recovery_is_counted_under_its_own_action() {
+        let order_id = uuid::Uuid::now_v7();
+        let actions = [
+            Expired::Requeued {
+                order_id,
+                not_before: chrono::Utc::now(),
+            },
+            Expired::Held { order_id },
+            Expired::GaveUp {
+                order_id,
+                ended: None,
+            },
+        ]
+        .iter()
+        .map(action)
+        .collect::<Vec<_>>();
+        assert_eq!(actions, ["requeued", "held", "gave_up"]);
     }
 }

@@ -118,6 +118,54 @@ pub async fn retry_counted(delivery: &Received, reason: &str) -> Result<(), Brok
     }
 }
 
+/// What becomes of a delivery once its handler knows how its work went,
+/// decided before anything is sent. A message that carries several items
+/// (an agent's pack of replies) takes the greatest of theirs: a hand-back
+/// over a counted retry over a dead letter over an acknowledgement, so that
+/// no item's work is lost to another's verdict.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Verdict {
+    /// Done (or nothing left to do): acknowledge.
+    Ack,
+    /// Can never be handled: dead-letter with this reason.
+    DeadLetter(String),
+    /// Failed for a reason that may be the message's own: retry, counted
+    /// ([`retry_counted`]), with this reason once the tries run out.
+    RetryCounted(String),
+    /// Failed for a reason that may mend (the state store away): hand it
+    /// back after a pause, without limit.
+    Requeue,
+}
+
+/// How long a handed-back delivery waits first: a Postgres restart costs a
+/// delay, not a hot loop of redeliveries.
+const REQUEUE_PAUSE: std::time::Duration = std::time::Duration::from_millis(250);
+
+impl Verdict {
+    /// The work failed: handed back when the failure may mend
+    /// (`transient`), otherwise retried a bounded number of times with `reason`.
+    pub fn failed(transient: bool, reason: impl FnOnce() -> String) -> Self {
+        if transient {
+            Self::Requeue
+        } else {
+            Self::RetryCounted(reason())
+        }
+    }
+
+    /// Settles `delivery` as this says; an error means the broker is gone.
+    pub async fn settle(self, delivery: &Received) -> Result<(), BrokerError> {
+        match self {
+            Self::Ack => super::ack(delivery).await,
+            Self::DeadLetter(reason) => dead_letter_with(delivery, &reason).await,
+            Self::RetryCounted(reason) => retry_counted(delivery, &reason).await,
+            Self::Requeue => {
+                tokio::time::sleep(REQUEUE_PAUSE).await;
+                super::requeue(delivery).await
+            }
+        }
+    }
+}
+
 /// The handler of `delivery` panicked: counts it and, unless the handler
 /// settled the delivery before, dead-letters it with reason `internal_error`.
 pub(super) async fn panicked(delivery: &Received, what: &str) -> Result<(), BrokerError> {
@@ -168,6 +216,32 @@ mod tests {
     use lapin::types::{FieldTable, LongString};
 
     use super::*;
+
+    #[test]
+    fn a_pack_takes_the_verdict_that_loses_no_items_work() {
+        let verdicts = [
+            Verdict::Ack,
+            Verdict::DeadLetter("unreadable".into()),
+            Verdict::RetryCounted("failed".into()),
+            Verdict::Requeue,
+        ];
+        for (i, worst) in verdicts.iter().enumerate() {
+            // Whatever the others, the hand-back of one item wins over
+            // everything before it in the list.
+            let mut pack = verdicts[..=i].to_vec();
+            pack.reverse();
+            assert_eq!(pack.into_iter().max().as_ref(), Some(worst));
+        }
+    }
+
+    #[test]
+    fn a_failure_that_may_mend_is_handed_back_and_any_other_is_counted() {
+        assert_eq!(Verdict::failed(true, || unreachable!()), Verdict::Requeue);
+        assert_eq!(
+            Verdict::failed(false, || "why".into()),
+            Verdict::RetryCounted("why".into())
+        );
+    }
 
     fn with_tries(value: Option<AMQPValue>) -> Delivery {
         let mut headers = FieldTable::default();
