@@ -67,7 +67,9 @@ fn normalize(name: &str) -> String {
 
 /// The name part of `name[:port]` or `[v6][:port]`, normalized; `None` when
 /// the value is not of that shape (a name is letters, digits, `.`, `-` and
-/// `_`; a bracketed address must be an IPv6 address).
+/// `_`; a bracketed address must be an IPv6 address). Stricter than
+/// `http::uri::Authority`, which also takes a user (`a@host`) and any port
+/// text: a `Host` is only ever a name and a port.
 fn host_name(authority: &str) -> Option<String> {
     let authority = authority.trim();
     let (name, port) = match authority.strip_prefix('[') {

@@ -114,7 +114,9 @@ impl Hosts {
 }
 
 /// `url` with its host list split, one URL per host, the parameters that
-/// only [`Hosts`] reads taken out of the query.
+/// only [`Hosts`] reads taken out of the query. By hand: a libpq host list
+/// (`h1:5432,h2:5432`) is no URL authority, so the `url` crate refuses it;
+/// each URL this returns is then parsed by sqlx.
 fn split(url: &str) -> Result<Vec<String>, HostsError> {
     let Some((scheme, rest)) = url.split_once("://") else {
         return Ok(vec![url.to_owned()]);

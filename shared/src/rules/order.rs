@@ -110,6 +110,12 @@ pub struct Decision {
     pub wake: bool,
     /// The terminal state the order reached, if it ended.
     pub ended: Option<ProcessState>,
+    /// The flow-control room as the decision leaves it: the context's,
+    /// counted down by its dispatches. The next decision of the same
+    /// transition starts from it.
+    pub flows: Vec<super::flow::Flow>,
+    /// The agent under flow control of each dispatch that took room.
+    pub took_room: Vec<String>,
 }
 
 impl Decision {
@@ -160,6 +166,8 @@ pub struct Deciding<'c> {
     /// The flow-control room as loaded, counted down by this decision's
     /// own dispatches (steps in parallel may go to one agent).
     flows: Vec<super::flow::Flow>,
+    /// The agent of each dispatch counted against its room.
+    took_room: Vec<String>,
 }
 
 /// Why an order is held.
@@ -193,6 +201,7 @@ impl<'c> Deciding<'c> {
             ended: None,
             ctx,
             flows: ctx.flows.to_vec(),
+            took_room: Vec::new(),
         }
     }
 
@@ -203,6 +212,8 @@ impl<'c> Deciding<'c> {
             effects: self.effects,
             wake: self.wake,
             ended: self.ended,
+            flows: self.flows,
+            took_room: self.took_room,
         }
     }
 
@@ -411,6 +422,7 @@ impl<'c> Deciding<'c> {
     pub(super) fn took_room(&mut self, agent: &str) {
         if let Some(f) = self.flows.iter_mut().find(|f| f.agent == agent) {
             f.dispatched();
+            self.took_room.push(agent.to_owned());
         }
     }
 

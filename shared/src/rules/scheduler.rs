@@ -1211,6 +1211,33 @@ mod parallel {
     }
 
     #[test]
+    fn branches_to_one_agent_take_its_room_one_by_one_and_the_decision_says_so() {
+        let mut order = diamond();
+        for s in &mut order.steps[1..3] {
+            s.agent = "x".into();
+        }
+        let room = [flow::Flow {
+            agent: "x".into(),
+            max_in_flight: Some(1),
+            in_flight: 0,
+            rate_per_sec: None,
+            available: None,
+        }];
+        let claimed = claim(&order, ctx("s1")).expect("claim");
+        assert!(claimed.took_room.is_empty(), "a0 is under no flow control");
+        assert_eq!(claimed.flows, [], "the context had none");
+        let first = request(&claimed, 0).clone();
+        let with_room = Context {
+            flows: &room,
+            ..at("s1", 1)
+        };
+        let d = applied(&claimed.order, &StepReply::to(&first, ok(0)), with_room);
+        assert_eq!(d.requests().count(), 1, "room for one of the two branches");
+        assert_eq!(d.took_room, ["x"]);
+        assert_eq!(d.flows[0].in_flight, 1, "the next decision sees it taken");
+    }
+
+    #[test]
     fn independent_steps_go_together_and_the_join_waits_for_both() {
         let (d, r1, r2) = branches_out();
         assert_eq!(d.requests().count(), 2);

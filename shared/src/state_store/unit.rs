@@ -280,14 +280,13 @@ impl Unit {
         self.orders[i].order = decision.order;
         self.orders[i].hop = self.transition_hop(i);
         self.wake |= decision.wake;
+        // The rules counted the decision's dispatches against the room.
+        self.flows = decision.flows;
+        self.dispatched.extend(decision.took_room);
         for effect in decision.effects {
             match effect {
                 Effect::Event(logged) => self.event(i, logged, queues),
                 Effect::Request { agent, request } => {
-                    if let Some(f) = self.flows.iter_mut().find(|f| f.agent == agent) {
-                        f.dispatched();
-                        self.dispatched.push(agent.clone());
-                    }
                     let message = self.message(
                         i,
                         "request",
@@ -670,10 +669,14 @@ impl FlushRow {
 /// would read every order kept on every write-back. Guards: an order
 /// is written only if its row is still the version loaded, a step only if
 /// its state and dispatch are, an agent's count only if it stays within its
-/// `max_in_flight` (the row lock makes concurrent write-backs take turns,
-/// each checking the count the other left); and when a guard leaves a row
-/// unwritten, `sas_fail` fails the statement, so that nothing of it stays.
-/// The claim locks go once the rows are written.
+/// `max_in_flight` and its bucket holds a token per dispatch (the row lock
+/// makes concurrent write-backs take turns, each checking the count the
+/// other left); and when a guard leaves a row unwritten, `sas_fail` fails
+/// the statement, so that nothing of it stays. The flow-control check is a
+/// guard like the version's, not a rule: the rules decided on the room as
+/// loaded ([`crate::rules::flow`]), another write-back may have taken it
+/// since, and a refused write-back runs the transition again on the room as
+/// it is now. The claim locks go once the rows are written.
 pub(super) static FLUSH: LazyLock<String> = LazyLock::new(|| {
     format!(
         "\
