@@ -166,6 +166,30 @@ pub fn continue_trace(span: &tracing::Span, parent: &TraceContext) {
     let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
 }
 
+/// The `traceparent` of a transition of order `order_id`, now in `state`,
+/// when spans are exported: a `transition` span, a child of the order's
+/// root span (`trace_id` and `root_span`, its submission's), that the
+/// messages the transition sends continue. `None` when nothing is exported.
+pub fn transition(
+    order_id: uuid::Uuid,
+    state: &str,
+    trace_id: Option<&str>,
+    root_span: Option<&str>,
+) -> Option<String> {
+    if !exporting() {
+        return None;
+    }
+    let span = tracing::info_span!("transition", %order_id, state);
+    if let (Some(trace_id), Some(span_id)) = (trace_id, root_span) {
+        let root = TraceContext {
+            trace_id: trace_id.to_owned(),
+            span_id: span_id.to_owned(),
+        };
+        continue_trace(&span, &root);
+    }
+    Some(hop(&span, trace_id).to_string())
+}
+
 /// The `traceparent` that `span` sends to the next hop: its own span in the
 /// exported trace; when nothing is exported, a new span id of `trace_id`
 /// (a new trace when there is none).

@@ -278,7 +278,13 @@ impl Unit {
         queues: &QueueNames,
     ) -> Result<(), StoreError> {
         self.orders[i].order = decision.order;
-        self.orders[i].hop = self.transition_hop(i);
+        let row = &self.orders[i].order.row;
+        self.orders[i].hop = crate::telemetry::transition(
+            row.order_id,
+            row.process_state.as_str(),
+            row.trace_id.as_deref(),
+            row.trace_span.as_deref(),
+        );
         self.wake |= decision.wake;
         // The rules counted the decision's dispatches against the room.
         self.flows = decision.flows;
@@ -350,29 +356,6 @@ impl Unit {
             reason: e.reason,
             detail: json_text(&e.detail),
         });
-    }
-
-    /// The `traceparent` of order `i`'s decision when spans are exported:
-    /// a `transition` span, a child of the order's root span (its
-    /// submission), that the messages it sends continue.
-    fn transition_hop(&self, i: usize) -> Option<String> {
-        if !crate::telemetry::exporting() {
-            return None;
-        }
-        let o = &self.orders[i].order.row;
-        let span = tracing::info_span!(
-            "transition",
-            order_id = %o.order_id,
-            state = o.process_state.as_str(),
-        );
-        if let (Some(trace_id), Some(span_id)) = (&o.trace_id, &o.trace_span) {
-            let root = crate::trace::TraceContext {
-                trace_id: trace_id.clone(),
-                span_id: span_id.clone(),
-            };
-            crate::telemetry::continue_trace(&span, &root);
-        }
-        Some(crate::telemetry::hop(&span, o.trace_id.as_deref()).to_string())
     }
 
     /// A message of order `i`, in its decision's span, or with a new span
