@@ -856,26 +856,14 @@ impl Settings {
     /// `max_failures` and `retry_schedule` where it sets them (contract §4b).
     pub fn failure_policy(&self, workflow: &str) -> std::borrow::Cow<'_, SupervisorSettings> {
         match self.workflows.get(workflow) {
-            Some(spec) if spec.max_failures.is_some() || spec.retry_schedule.is_some() => {
-                let mut own = self.supervisor.clone();
-                own.max_failures = spec.max_failures.unwrap_or(own.max_failures);
-                if let Some(schedule) = &spec.retry_schedule {
-                    own.retry_schedule = schedule.clone();
-                }
-                std::borrow::Cow::Owned(own)
-            }
-            _ => std::borrow::Cow::Borrowed(&self.supervisor),
+            Some(spec) => spec.failure_policy(&self.supervisor),
+            None => std::borrow::Cow::Borrowed(&self.supervisor),
         }
     }
 
     /// `retry` of step `step` of `workflow`, if it sets one.
     pub fn step_retry(&self, workflow: &str, step: &str) -> Option<RetrySpec> {
-        self.workflows
-            .get(workflow)?
-            .steps
-            .iter()
-            .find(|s| s.name == step)?
-            .retry
+        self.workflows.get(workflow)?.step_retry(step)
     }
 
     /// The compiled workflow of that name, if configured.

@@ -524,6 +524,14 @@ pub struct StepRequest {
     /// [`OUTCOME_HEADER`]: `unknown` (else `completed`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub in_doubt: bool,
+    /// The step's own `retry` (contract §4b) as the order's definition
+    /// says (§4d), which the agent follows over its own settings (`{}`:
+    /// the step sets none). Absent in an undo, and for an order stored
+    /// before definitions were kept (or from an older scheduler): the agent
+    /// reads the step's `retry` from its configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(with = "Option<Value>"))]
+    pub retry: Option<crate::spec::RetrySpec>,
 }
 
 fn is_zero(n: &i32) -> bool {
@@ -1488,6 +1496,7 @@ mod tests {
             time_left_ms: None,
             redrive: 0,
             in_doubt: false,
+            retry: None,
         };
         assert!(req.idempotency_key().ends_with(":charge:compensate"));
         let reply = StepReply::to(&req, StepOutcome::Failed { error: "no".into() });

@@ -53,10 +53,15 @@ pub struct OrderRow {
     /// The id the application gave it, which its status events say; the
     /// stored id is in the application's namespace.
     pub app_order_id: Option<Uuid>,
+    /// The definition it runs under until it ends
+    /// ([`crate::spec::Definition`]); `None` for orders stored before
+    /// definitions were kept, which follow the configuration.
+    pub definition: Option<Uuid>,
 }
 
 impl OrderRow {
-    /// `order` as it is first stored: `pending`, nothing run, at `now`.
+    /// `order` as it is first stored: `pending`, nothing run, at `now`,
+    /// under no definition yet.
     pub fn pending(order: &NewOrder, now: DateTime<Utc>) -> Self {
         Self {
             order_id: order.order_id,
@@ -84,6 +89,7 @@ impl OrderRow {
             events: order.events,
             application: order.application.clone(),
             app_order_id: order.app_order_id,
+            definition: None,
         }
     }
 
@@ -118,6 +124,7 @@ impl OrderRow {
             "last_error": self.last_error,
             "redrives": self.redrives,
             "trace_id": self.trace_id,
+            "definition": self.definition,
             "created_at": time(Some(&self.created_at)),
             "updated_at": time(Some(&self.updated_at)),
         })

@@ -61,40 +61,114 @@ impl SupervisorSettings {
     }
 }
 
-/// `[workflows.<name>]` as written in the configuration.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// `[workflows.<name>]` as written in the configuration. Stored whole with
+/// each order as its [`Definition`] (contract §4d), so its fields serialize
+/// back to what they read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkflowSpec {
+    /// An optional label of this definition, shown with its orders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
     pub steps: Vec<StepSpec>,
     /// Overrides `supervisor.max_failures` for this workflow's orders.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_failures: Option<u32>,
     /// Overrides `supervisor.retry_schedule` for this workflow's orders.
-    #[serde(default, deserialize_with = "some_durations")]
+    #[serde(
+        default,
+        deserialize_with = "some_durations",
+        serialize_with = "some_durations_out",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub retry_schedule: Option<Vec<Duration>>,
+}
+
+impl WorkflowSpec {
+    /// The supervisor's policy for orders of this workflow: `defaults`
+    /// with the workflow's own `max_failures` and `retry_schedule` where it
+    /// sets them (contract §4b).
+    pub fn failure_policy<'s>(
+        &self,
+        defaults: &'s SupervisorSettings,
+    ) -> std::borrow::Cow<'s, SupervisorSettings> {
+        if self.max_failures.is_none() && self.retry_schedule.is_none() {
+            return std::borrow::Cow::Borrowed(defaults);
+        }
+        let mut own = defaults.clone();
+        own.max_failures = self.max_failures.unwrap_or(own.max_failures);
+        if let Some(schedule) = &self.retry_schedule {
+            own.retry_schedule = schedule.clone();
+        }
+        std::borrow::Cow::Owned(own)
+    }
+
+    /// `retry` of step `step`, if it sets one.
+    pub fn step_retry(&self, step: &str) -> Option<RetrySpec> {
+        self.steps.iter().find(|s| s.name == step)?.retry
+    }
+}
+
+/// The whole definition an order runs under until it ends (contract §4d):
+/// its workflow's name and spec as configured when it was submitted,
+/// whatever the configuration says later. Stored once per content
+/// ([`Self::id`]) and named by each order.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct Definition {
+    pub workflow: String,
+    pub spec: WorkflowSpec,
+}
+
+/// The namespace of [`Definition::id`]s.
+const DEFINITIONS: uuid::Uuid = uuid::Uuid::from_u128(0x5a5d_ef00_0000_4000_8000_0000_0000_0d4d);
+
+impl Definition {
+    /// Its id: a UUIDv5 of its JSON, so the same definition has the same
+    /// id in every process and a changed one a new id.
+    pub fn id(&self) -> uuid::Uuid {
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        uuid::Uuid::new_v5(&DEFINITIONS, &json)
+    }
+
+    /// What operators see as its version: its `version` label, or else
+    /// the first eight hex digits of its id.
+    pub fn label(&self) -> String {
+        self.spec
+            .version
+            .clone()
+            .unwrap_or_else(|| self.id().simple().to_string()[..8].to_owned())
+    }
 }
 
 /// `retry` of a step (contract §4b): the agent's attempts within one
 /// dispatch; unset keys are the agent's (`agent.backoff_initial`,
 /// `agent.backoff_max`, attempts until complete-by).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetrySpec {
     /// Calls per dispatch at most (the first included); after the last
     /// transient failure the agent stops, silent, and the supervisor
     /// re-attempts at complete-by.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u32>,
     /// First wait between calls; doubles per retry, with full jitter.
-    #[serde(with = "humantime_serde", default)]
+    #[serde(
+        with = "humantime_serde",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub backoff: Option<Duration>,
     /// Longest wait between calls.
-    #[serde(with = "humantime_serde", default)]
+    #[serde(
+        with = "humantime_serde",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub backoff_max: Option<Duration>,
 }
 
 /// One step of a workflow as written in the configuration.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StepSpec {
     pub name: String,
@@ -104,14 +178,14 @@ pub struct StepSpec {
     #[serde(with = "humantime_serde", default = "default_step_timeout")]
     pub timeout: Duration,
     /// The agent that undoes the step, if it can be undone.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compensate: Option<String>,
     /// The agent's attempts within one dispatch of this step.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetrySpec>,
     /// The steps that must have completed before this one starts (§4b);
     /// unset: the step listed before it (none for the first).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after: Option<Vec<String>>,
     /// How long a long-running remote operation may keep the step going
     /// from its first dispatch, however often it answers `202` (§4b).
@@ -187,6 +261,19 @@ pub struct ScheduleSpec {
 }
 
 /// An optional list of human durations ([`durations`]).
+/// The durations of [`some_durations`] as it reads them.
+fn some_durations_out<S: serde::Serializer>(
+    value: &Option<Vec<Duration>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    let texts: Option<Vec<String>> = value.as_ref().map(|v| {
+        v.iter()
+            .map(|d| humantime::format_duration(*d).to_string())
+            .collect()
+    });
+    texts.serialize(s)
+}
+
 fn some_durations<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Option<Vec<Duration>>, D::Error> {
@@ -227,4 +314,79 @@ pub struct ApplicationSpec {
     /// application's.
     #[serde(default)]
     pub tokens: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> WorkflowSpec {
+        serde_json::from_value(serde_json::json!({
+            "version": "2026-11-27",
+            "max_failures": 2,
+            "retry_schedule": ["50ms", "1m 30s"],
+            "steps": [
+                { "name": "a", "agent": "x", "timeout": "2s", "compensate": "x-undo",
+                  "retry": { "max_attempts": 3, "backoff": "10ms" } },
+                { "name": "b", "agent": "y", "after": ["a"] },
+            ],
+        }))
+        .expect("spec")
+    }
+
+    #[test]
+    fn a_definition_reads_back_as_it_was_stored_under_the_same_id() {
+        let definition = Definition {
+            workflow: "w".into(),
+            spec: spec(),
+        };
+        let stored = serde_json::to_value(&definition).expect("json");
+        let read: Definition = serde_json::from_value(stored).expect("read back");
+        assert_eq!(read, definition);
+        assert_eq!(read.id(), definition.id());
+        assert_eq!(read.label(), "2026-11-27");
+    }
+
+    #[test]
+    fn any_change_makes_a_new_definition() {
+        let base = Definition {
+            workflow: "w".into(),
+            spec: spec(),
+        };
+        let mut longer = base.clone();
+        longer.spec.steps[1].timeout = Duration::from_secs(31);
+        let mut renamed = base.clone();
+        renamed.workflow = "v".into();
+        let mut unlabelled = base.clone();
+        unlabelled.spec.version = None;
+        let ids = [&base, &longer, &renamed, &unlabelled].map(Definition::id);
+        for (i, a) in ids.iter().enumerate() {
+            assert!(!ids[i + 1..].contains(a), "{ids:?}");
+        }
+        // Without a label, operators see the id's first digits.
+        assert_eq!(
+            unlabelled.label(),
+            unlabelled.id().simple().to_string()[..8]
+        );
+    }
+
+    #[test]
+    fn a_workflows_own_policy_overrides_the_supervisors() {
+        let defaults = SupervisorSettings::default();
+        let own = spec();
+        let policy = own.failure_policy(&defaults);
+        assert_eq!(policy.max_failures, 2);
+        assert_eq!(
+            policy.retry_schedule,
+            [Duration::from_millis(50), Duration::from_secs(90)]
+        );
+        assert_eq!(policy.interval, defaults.interval);
+        let plain = WorkflowSpec::default();
+        assert!(matches!(
+            plain.failure_policy(&defaults),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert_eq!(own.step_retry("a").and_then(|r| r.max_attempts), Some(3));
+        assert_eq!(own.step_retry("b"), None);
+    }
 }

@@ -46,6 +46,10 @@ pub enum WorkflowError {
 pub struct Workflow {
     pub name: String,
     pub steps: Vec<Step>,
+    /// Its whole definition, which each of its orders keeps until it ends.
+    pub definition: std::sync::Arc<crate::spec::Definition>,
+    /// The definition's id ([`crate::spec::Definition::id`]).
+    pub definition_id: uuid::Uuid,
 }
 
 /// One step of a workflow.
@@ -146,9 +150,15 @@ impl Workflow {
                 steps: stuck.into_iter().map(|i| steps[i].name.clone()).collect(),
             });
         }
+        let definition = crate::spec::Definition {
+            workflow: name.to_owned(),
+            spec: spec.clone(),
+        };
         Ok(Self {
             name: name.to_owned(),
             steps,
+            definition_id: definition.id(),
+            definition: std::sync::Arc::new(definition),
         })
     }
 }

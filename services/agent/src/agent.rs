@@ -441,12 +441,14 @@ impl Agent {
             breaker: &self.breaker,
             shared: &self.shared,
         };
-        // The step's own retry (§4b); its undo retries as the agent does.
+        // The step's own retry (§4b), as the order's definition says
+        // (§4d); its undo retries as the agent does.
         let own = match request.direction {
-            Direction::Forward => self
-                .ctx
-                .settings
-                .step_retry(&request.workflow, &request.step),
+            Direction::Forward => request.retry.or_else(|| {
+                self.ctx
+                    .settings
+                    .step_retry(&request.workflow, &request.step)
+            }),
             Direction::Compensate => None,
         };
         let retry = remote::Retry::of(own, &self.ctx.settings.agent);

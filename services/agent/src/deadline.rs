@@ -103,6 +103,7 @@ mod tests {
             time_left_ms,
             redrive: 0,
             in_doubt: false,
+            retry: None,
         }
     }
 

@@ -775,6 +775,7 @@ mod tests {
             time_left_ms: Some(2000),
             redrive: 0,
             in_doubt: false,
+            retry: None,
         };
         let d = Deadline::of(&request, Instant::now(), false, None);
         tokio::time::advance(Duration::from_millis(100)).await;

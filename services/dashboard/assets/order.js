@@ -73,6 +73,7 @@
     const o = data.order;
     const list = [
       ["workflow", o.workflow],
+      ["version", o.version || "–"],
       ["attempt", `${o.attempt} (failures ${o.failure_count}, undo failures ${o.compensation_failures})`],
       ["locked by", o.locked_by || "–"],
       ["complete-by", o.complete_by ? `${time(o.complete_by)} (${relative(o.complete_by, data.now)})` : "–"],

@@ -182,6 +182,8 @@ async fn order(
         return Err(ApiError::NotFound(format!("no order {id}")));
     };
     let mut json = order_json(&order, &steps, &events, Utc::now());
+    // The definition it runs under (contract §4d).
+    json["order"]["version"] = json!(store.version_of(&order).await);
     // Why it is stuck, from the state store alone (the dashboard does not
     // ask RabbitMQ: a late step's queue facts read `unknown`).
     let loaded = [Order { row: order, steps }];

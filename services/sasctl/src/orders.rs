@@ -461,13 +461,15 @@ async fn show(args: ShowArgs, settings: &Settings) -> anyhow::Result<()> {
         return Err(not_found(args.id));
     };
     let stuck = crate::stuck::of(&order, &steps, &store, settings).await;
+    let version = store.version_of(&order).await;
     store.close().await;
     let text = if args.json {
         let mut json = to_json(&order, &steps, &events);
+        json["order"]["version"] = json!(version);
         json["stuck"] = stuck.map_or(Value::Null, |s| s.to_json());
         json.to_string()
     } else {
-        let mut text = to_text(&order, &steps, &events);
+        let mut text = to_text(&order, &steps, &events, version.as_deref());
         if let Some(s) = &stuck {
             let json = s.to_json();
             text.push_str(&format!(
@@ -493,13 +495,20 @@ fn to_json(order: &OrderRow, steps: &[StepRow], events: &[EventRow]) -> Value {
     })
 }
 
-/// The order, its steps and its events as readable text.
-fn to_text(order: &OrderRow, steps: &[StepRow], events: &[EventRow]) -> String {
+/// The order, its steps and its events as readable text; `version`, the
+/// definition it runs under (contract §4d).
+fn to_text(
+    order: &OrderRow,
+    steps: &[StepRow],
+    events: &[EventRow],
+    version: Option<&str>,
+) -> String {
     let mut out = String::new();
     let fields = [
         ("order", order.order_id.to_string()),
         ("state", order.process_state.to_string()),
         ("workflow", order.workflow.clone()),
+        ("version", opt(version)),
         ("locked_by", opt(order.locked_by.as_deref())),
         ("complete_by", opt_time(order.complete_by)),
         (
@@ -760,7 +769,8 @@ mod tests {
     #[test]
     fn text_shows_aligned_tables() {
         let (order, steps, events) = sample();
-        let text = to_text(&order, &steps, &events);
+        let text = to_text(&order, &steps, &events, Some("2026-11-27"));
+        assert!(text.contains("version        2026-11-27\n"), "{text}");
         assert!(text.contains("state          processing\n"), "{text}");
         assert!(
             text.contains("last_error     timed out at step charge\n"),
@@ -781,14 +791,15 @@ mod tests {
         assert!(text.contains("steps  reserve → charge\n"), "{text}");
         assert!(text.contains("- → pending"), "{text}");
         let (order, _, _) = sample();
-        assert!(to_text(&order, &[], &[]).contains("steps  \n(none)\n"));
+        assert!(to_text(&order, &[], &[], None).contains("steps  \n(none)\n"));
     }
 
     #[test]
     fn the_event_log_reads_as_a_timeline() {
         let (order, steps, mut events) = sample();
         events[0].reason = Some("accepted\nfrom app".into());
-        let text = to_text(&order, &steps, &events);
+        let text = to_text(&order, &steps, &events, Some("2026-11-27"));
+        assert!(text.contains("version        2026-11-27\n"), "{text}");
         assert!(text.contains("\nevent log\n"), "{text}");
         assert!(
             text.contains("SEQ  AT                        ACTOR       EVENT     FROM → TO    STEP  ATTEMPT  REASON\n"),
@@ -809,14 +820,15 @@ mod tests {
         redriven.actor = "operator:alice".into();
         redriven.detail = json!({"redrive": 1, "before": {"n": 1}, "after": {"n": 2}});
         events.push(redriven);
-        let text = to_text(&order, &steps, &events);
+        let text = to_text(&order, &steps, &events, Some("2026-11-27"));
+        assert!(text.contains("version        2026-11-27\n"), "{text}");
         assert!(
             text.contains(
                 "\nredrives\n1  2030-01-02 03:04:05.678Z  operator:alice  payload {\"n\":1} → {\"n\":2}\n"
             ),
             "{text}"
         );
-        assert!(!to_text(&order, &steps, &events[..1]).contains("redrives\n"));
+        assert!(!to_text(&order, &steps, &events[..1], None).contains("redrives\n"));
     }
 
     #[test]

@@ -53,6 +53,21 @@ pub struct Context<'a> {
     /// The agents under flow control, with their room, as loaded with the
     /// orders and counted down by the unit's dispatches so far.
     pub flows: &'a [super::flow::Flow],
+    /// The definitions the orders run under (contract §4d), by id.
+    pub definitions: &'a [(Uuid, std::sync::Arc<crate::spec::Definition>)],
+}
+
+impl<'a> Context<'a> {
+    /// The definition `row` runs under: the one it was submitted under,
+    /// when it names one that is stored (`None`: it follows the
+    /// configuration).
+    pub fn definition(&self, row: &OrderRow) -> Option<&'a crate::spec::Definition> {
+        let id = row.definition?;
+        self.definitions
+            .iter()
+            .find(|(d, _)| *d == id)
+            .map(|(_, d)| d.as_ref())
+    }
 }
 
 /// An event a decision logs, with its number in the order's log; it is
@@ -511,6 +526,7 @@ pub(crate) mod fixture {
             new_id: Uuid::new_v4,
             gates: &[],
             flows: &[],
+            definitions: &[],
         }
     }
 

@@ -458,6 +458,15 @@ impl<'c> Deciding<'c> {
         let name = step.name.clone();
         self.took_room(&agent);
         let o = self.row();
+        // The step's own retry as its order's definition says (§4d), `{}`
+        // when it sets none; an undo retries as its agent does.
+        let retry = match direction {
+            Direction::Forward => self
+                .ctx
+                .definition(o)
+                .map(|d| d.spec.step_retry(&name).unwrap_or_default()),
+            Direction::Compensate => None,
+        };
         let request = StepRequest {
             order_id: o.order_id,
             workflow: o.workflow.clone(),
@@ -479,6 +488,7 @@ impl<'c> Deciding<'c> {
             time_left_ms: Some(self.order.steps[pos].timeout_ms),
             redrive: o.redrives,
             in_doubt: direction == Direction::Compensate && self.order.steps[pos].in_doubt,
+            retry,
         };
         self.effects.push(Effect::Request { agent, request });
         Ok(None)
@@ -1208,6 +1218,52 @@ mod parallel {
         let d = applied(&d.order, &StepReply::to(&first, ok(0)), at("s1", 1));
         let (r1, r2) = (request(&d, 1).clone(), request(&d, 2).clone());
         (d, r1, r2)
+    }
+
+    #[test]
+    fn a_dispatch_carries_its_steps_retry_as_the_orders_definition_says() {
+        let mut order = diamond();
+        let spec: crate::spec::WorkflowSpec = serde_json::from_value(json!({
+            "steps": [
+                { "name": "s0", "agent": "a0", "retry": { "max_attempts": 2 } },
+                { "name": "s1", "agent": "a1" },
+            ],
+        }))
+        .expect("spec");
+        let definition = std::sync::Arc::new(crate::spec::Definition {
+            workflow: "w".into(),
+            spec,
+        });
+        let id = definition.id();
+        let known = [(id, definition)];
+        // No definition (an order from before they were kept): nothing said.
+        let d = claim(&order, ctx("s1")).expect("claim");
+        assert_eq!(request(&d, 0).retry, None);
+        order.row.definition = Some(id);
+        let d = claim(
+            &order,
+            Context {
+                definitions: &known,
+                ..ctx("s1")
+            },
+        )
+        .expect("claim");
+        let first = request(&d, 0).clone();
+        assert_eq!(first.retry.and_then(|r| r.max_attempts), Some(2));
+        // A step that sets none says so, so that no configuration of the
+        // moment stands in for it.
+        let d = applied(
+            &d.order,
+            &StepReply::to(&first, ok(0)),
+            Context {
+                definitions: &known,
+                ..at("s1", 1)
+            },
+        );
+        assert_eq!(
+            request(&d, 1).retry,
+            Some(crate::spec::RetrySpec::default())
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod bounded;
 mod breaker_reports;
 mod breakers;
 mod dashboard;
+mod definitions;
 mod events;
 mod flows;
 mod hosts;
@@ -160,6 +161,8 @@ pub struct StateStore {
     io_timeout: Duration,
     /// Connections opened before it are retired ([`bounded::Epoch`]).
     epoch: bounded::Epoch,
+    /// The definitions read so far ([`definitions`]): they never change.
+    definitions: definitions::Cache,
 }
 
 /// How Postgres plans the prepared statements of a store's connections.
@@ -309,6 +312,7 @@ impl StateStore {
             pool,
             io_timeout: settings.io_timeout,
             epoch,
+            definitions: definitions::Cache::default(),
         };
         if hosts.watched() {
             tokio::spawn(hosts::follow(
@@ -328,6 +332,7 @@ impl StateStore {
             pool,
             io_timeout: DatabaseSettings::default().io_timeout,
             epoch: bounded::Epoch::new(),
+            definitions: definitions::Cache::default(),
         }
     }
 

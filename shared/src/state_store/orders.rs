@@ -151,6 +151,7 @@ impl<'r> sqlx::FromRow<'r, PgRow> for OrderRow {
             events: text_as(row, "events")?,
             application: row.try_get("application")?,
             app_order_id: row.try_get("app_order_id")?,
+            definition: row.try_get("definition")?,
         })
     }
 }
@@ -169,7 +170,7 @@ where
 }
 
 const COLUMNS: &str = "order_id, workflow, payload, reply_to, priority, not_before, process_state, \
-     locked_by, complete_by, failure_count, compensation_failures, last_seq, last_error, created_at, updated_at, trace_id, trace_span, held_for, held_since, hold_until, held_reason, redrives, events, application, app_order_id";
+     locked_by, complete_by, failure_count, compensation_failures, last_seq, last_error, created_at, updated_at, trace_id, trace_span, held_for, held_since, hold_until, held_reason, redrives, events, application, app_order_id, definition";
 
 /// The order, without locking it.
 pub async fn get(conn: &mut PgConnection, order_id: Uuid) -> Result<Option<OrderRow>, sqlx::Error> {

@@ -156,6 +156,19 @@ impl Transitions {
         &self.store
     }
 
+    /// `loaded` with the definitions its orders run under: on `conn`, and
+    /// only for definitions this process has not read yet (they never change).
+    async fn defined(
+        &self,
+        conn: &mut Conn,
+        loaded: Result<Vec<orders::Loaded>, StoreError>,
+    ) -> Result<(Vec<orders::Loaded>, super::definitions::Definitions), StoreError> {
+        let loaded = loaded?;
+        let ids = loaded.iter().filter_map(|l| l.order.definition);
+        let definitions = self.store.definitions_on(conn, ids).await?;
+        Ok((loaded, definitions))
+    }
+
     /// Writes back the unit that a transition's `decided` on `conn`
     /// (unless deciding failed) and hands the committed messages back. On
     /// an error the connection is closed, not pooled: it may hold claim or
@@ -216,7 +229,7 @@ impl Transitions {
             if !seen.insert(order.order_id) {
                 continue;
             }
-            let i = unit.insert(order, &workflow.steps);
+            let i = unit.insert(order, workflow);
             let ctx = context(&unit, "submission");
             let decision = rules::submission::receive(&unit.get(i).order, ctx);
             unit.apply(i, decision, &self.queues)?;
@@ -224,6 +237,12 @@ impl Transitions {
         // Inserts only: no guard to fail, nothing to run again.
         let conn = self.store.conn().await?;
         let done = self.write_back(conn, Ok(((), unit)), hand_over).await?;
+        // Stored with the orders: this process need not read them back.
+        for &(_, workflow) in batch {
+            self.store
+                .definitions
+                .put(workflow.definition_id, Some(workflow.definition.clone()));
+        }
         let ((), created) = done.value;
         let mut outcome = vec![Submitted::Duplicate; batch.len()];
         for id in created {
@@ -262,8 +281,9 @@ impl Transitions {
         let loaded = conn
             .run(|c| orders::claimable(c, limit, &me.name, max_held, hand_over))
             .await;
-        let decided = loaded.and_then(|loaded| {
-            let mut unit = Unit::load(loaded, true);
+        let loaded = self.defined(&mut conn, loaded).await;
+        let decided = loaded.and_then(|(loaded, definitions)| {
+            let mut unit = Unit::load(loaded, true, definitions);
             let mut ids = Vec::with_capacity(unit.len());
             for i in 0..unit.len() {
                 let order = &unit.get(i).order;
@@ -325,8 +345,9 @@ impl Transitions {
         ids.dedup();
         let mut conn = self.store.conn().await?;
         let loaded = conn.run(|c| orders::load_many(c, &ids, hand_over)).await;
-        let decided = loaded.and_then(|loaded| {
-            let mut unit = Unit::load(loaded, false);
+        let loaded = self.defined(&mut conn, loaded).await;
+        let decided = loaded.and_then(|(loaded, definitions)| {
+            let mut unit = Unit::load(loaded, false, definitions);
             let mut outcome = Vec::with_capacity(replies.len());
             for reply in replies {
                 outcome.push(self.apply_one(&mut unit, me, reply)?);
@@ -386,14 +407,19 @@ impl Transitions {
         let loaded = conn
             .run(|c| orders::expired(c, batch, hand_over, partitions, count))
             .await;
-        let decided = loaded.and_then(|loaded| {
-            let mut unit = Unit::load(loaded, false);
+        let loaded = self.defined(&mut conn, loaded).await;
+        let decided = loaded.and_then(|(loaded, definitions)| {
+            let mut unit = Unit::load(loaded, false, definitions);
             let mut recovered = Vec::with_capacity(unit.len());
             for i in 0..unit.len() {
                 let ctx = context(&unit, &me.name);
                 let order = &unit.get(i).order;
-                // The workflow's own max_failures and retry_schedule (§4b).
-                let policy = settings.failure_policy(&order.row.workflow);
+                // The workflow's own max_failures and retry_schedule (§4b),
+                // as the order's definition says (§4d).
+                let policy = match ctx.definition(&order.row) {
+                    Some(d) => d.spec.failure_policy(&settings.supervisor),
+                    None => settings.failure_policy(&order.row.workflow),
+                };
                 let (decision, requeued) = rules::supervisor::expire(order, &policy, ctx);
                 let (order_id, ended) = (decision.order.row.order_id, Ending::of(&decision));
                 let held = decision.order.row.held_for.is_some();
@@ -444,8 +470,9 @@ impl Transitions {
         let loaded = conn
             .run(|c| orders::warnable(c, &settings.warn_at, limit, hand_over))
             .await;
-        let decided = loaded.and_then(|loaded| {
-            let mut unit = Unit::load(loaded, false);
+        let loaded = self.defined(&mut conn, loaded).await;
+        let decided = loaded.and_then(|(loaded, definitions)| {
+            let mut unit = Unit::load(loaded, false, definitions);
             let mut warned = 0;
             for i in 0..unit.len() {
                 let ctx = context(&unit, &me.name);
@@ -540,8 +567,9 @@ impl Transitions {
         let mut conn = self.store.conn().await?;
         let one = [order_id];
         let loaded = conn.run(|c| orders::load_many(c, &one, false)).await;
-        let decided = loaded.and_then(|loaded| {
-            let mut unit = Unit::load(loaded, false);
+        let loaded = self.defined(&mut conn, loaded).await;
+        let decided = loaded.and_then(|(loaded, definitions)| {
+            let mut unit = Unit::load(loaded, false, definitions);
             if unit.len() == 0 {
                 return Ok((Operated::NotFound, unit));
             }
@@ -616,6 +644,7 @@ fn context<'a>(unit: &'a Unit, actor: &'a str) -> Context<'a> {
         new_id: Uuid::now_v7,
         gates: &unit.gates,
         flows: &unit.flows,
+        definitions: &unit.definitions,
     }
 }
 

@@ -38,7 +38,7 @@ use crate::rules::flow::Flow;
 use crate::rules::{Decision, Effect, Logged, Order};
 use crate::state::ProcessState;
 use crate::topology::QueueNames;
-use crate::workflow::Step;
+use crate::workflow::Workflow;
 
 /// One loaded order: as read, and as the rules have changed it.
 #[derive(Debug)]
@@ -104,6 +104,16 @@ struct OrderInsert<'a> {
     events: &'static str,
     application: Option<&'a str>,
     app_order_id: Option<Uuid>,
+    definition: Option<Uuid>,
+}
+
+/// A `definitions` row, stored unless it is already.
+#[derive(Debug, Serialize)]
+struct DefinitionInsert<'a> {
+    id: Uuid,
+    workflow: &'a str,
+    version: Option<&'a str>,
+    spec: &'a crate::spec::WorkflowSpec,
 }
 
 /// A new `steps` row.
@@ -183,14 +193,22 @@ pub(super) struct Unit {
     pub flows: Vec<Flow>,
     /// The agent of each request to an agent under flow control.
     dispatched: Vec<String>,
+    /// The definitions the orders run under ([`crate::rules::Context::definitions`]).
+    pub definitions: super::definitions::Definitions,
 }
 
 impl Unit {
-    /// A unit over the orders `loaded`; `claimed` when this connection took
-    /// their claim locks ([`super::orders::claimable`]).
-    pub fn load(loaded: Vec<Loaded>, claimed: bool) -> Self {
+    /// A unit over the orders `loaded`, which run under `definitions`;
+    /// `claimed` when this connection took their claim locks
+    /// ([`super::orders::claimable`]).
+    pub fn load(
+        loaded: Vec<Loaded>,
+        claimed: bool,
+        definitions: super::definitions::Definitions,
+    ) -> Self {
         let now = loaded.first().map_or_else(Utc::now, |l| l.tx_now);
         let mut unit = Self::empty(now);
+        unit.definitions = definitions;
         if let Some(first) = loaded.first() {
             unit.gates = first.gates.0.clone();
             unit.flows = first.flows.0.clone();
@@ -227,14 +245,27 @@ impl Unit {
             gates: Vec::new(),
             flows: Vec::new(),
             dispatched: Vec::new(),
+            definitions: Vec::new(),
         }
     }
 
     /// Adds a new order, to be inserted as `pending` with its steps unless
     /// its id exists (then nothing of it is written); returns its position.
-    pub fn insert(&mut self, order: &NewOrder, steps: &[Step]) -> usize {
-        let row = OrderRow::pending(order, self.now);
-        let steps = steps
+    pub fn insert(&mut self, order: &NewOrder, workflow: &Workflow) -> usize {
+        if !self
+            .definitions
+            .iter()
+            .any(|(id, _)| *id == workflow.definition_id)
+        {
+            self.definitions
+                .push((workflow.definition_id, workflow.definition.clone()));
+        }
+        let row = OrderRow {
+            definition: Some(workflow.definition_id),
+            ..OrderRow::pending(order, self.now)
+        };
+        let steps = workflow
+            .steps
             .iter()
             .zip(0..)
             .map(|(s, idx)| StepRow::planned(order.order_id, idx, s))
@@ -442,6 +473,20 @@ impl Unit {
         // Room came free under flow control: orders may wait for it.
         let wake = self.wake || flows.iter().any(|f| f.delta < 0);
         let bodies: Vec<&[u8]> = self.messages.iter().map(|m| m.body.as_slice()).collect();
+        // The definitions the new orders run under, stored with them (§4d).
+        let definitions: Vec<DefinitionInsert> = if inserted.is_empty() {
+            Vec::new()
+        } else {
+            self.definitions
+                .iter()
+                .map(|(id, d)| DefinitionInsert {
+                    id: *id,
+                    workflow: &d.workflow,
+                    version: d.spec.version.as_deref(),
+                    spec: &d.spec,
+                })
+                .collect()
+        };
         let found = sqlx::query_as::<_, FlushRow>(sqlx::AssertSqlSafe(FLUSH.as_str()))
             .bind(Json(&new_orders))
             .bind(Json(&new_steps))
@@ -458,6 +503,7 @@ impl Unit {
             .bind(&self.claimed)
             .bind(Json(&flows))
             .bind(&changed_ids)
+            .bind(Json(&definitions))
             .fetch_one(&mut *conn)
             .await;
         let row = match found {
@@ -492,6 +538,7 @@ fn order_insert(o: &OrderRow) -> OrderInsert<'_> {
         events: o.events.as_str(),
         application: o.application.as_deref(),
         app_order_id: o.app_order_id,
+        definition: o.definition,
     }
 }
 
@@ -646,7 +693,8 @@ impl FlushRow {
 /// `$10` the orders whose outbox locks this connection holds, `$11` and
 /// `$12` the channel to notify and whether to, `$13` the orders whose claim
 /// locks to let go, `$14` the flow-control counts to move, `$15` the ids
-/// of the orders updated. The updates look their rows up by those ids: a
+/// of the orders updated, `$16` the definitions the new orders run under
+/// (contract §4d), stored with them unless stored already. The updates look their rows up by those ids: a
 /// plan that joined the JSON to a whole table (a hash join, as Postgres
 /// picks while the tables are small and then keeps with the connection)
 /// would read every order kept on every write-back. Guards: an order
@@ -666,16 +714,21 @@ pub(super) static FLUSH: LazyLock<String> = LazyLock::new(|| {
 WITH new AS (SELECT order_id FROM jsonb_to_recordset($1) AS i(order_id uuid)), \
 n AS ( \
   INSERT INTO orders (order_id, workflow, payload, reply_to, priority, not_before, trace_id, \
-    trace_span, last_seq, events, application, app_order_id, created_at, updated_at) \
+    trace_span, last_seq, events, application, app_order_id, definition, created_at, updated_at) \
   SELECT order_id, workflow, payload::jsonb, reply_to, priority, not_before, trace_id, trace_span, \
-    last_seq, events, application, app_order_id, $8, $8 \
+    last_seq, events, application, app_order_id, definition, $8, $8 \
   FROM jsonb_to_recordset($1) AS u(order_id uuid, workflow text, payload text, reply_to text, \
     priority smallint, not_before timestamptz, trace_id text, trace_span text, last_seq int, \
-    events text, application text, app_order_id uuid) \
+    events text, application text, app_order_id uuid, definition uuid) \
   ON CONFLICT (order_id) DO NOTHING \
   RETURNING order_id, CASE WHEN $9 \
       AND order_id IN (SELECT order_id FROM jsonb_to_recordset($6) AS mo(order_id uuid)) \
     THEN pg_try_advisory_lock(hashtextextended('sas.outbox:' || order_id::text, 0)) ELSE false END AS locked), \
+nd AS ( \
+  INSERT INTO definitions (id, workflow, version, spec) \
+  SELECT id, workflow, version, spec FROM jsonb_to_recordset($16) \
+    AS d(id uuid, workflow text, version text, spec jsonb) \
+  ON CONFLICT (id) DO NOTHING), \
 ns AS ( \
   INSERT INTO steps (order_id, idx, name, agent, compensate, timeout_ms, after_steps, \
     max_duration_ms) \

@@ -199,6 +199,7 @@ fn request(order_id: Uuid, complete_in_ms: i64) -> StepRequest {
         time_left_ms: None,
         redrive: 0,
         in_doubt: false,
+        retry: None,
     }
 }
 

@@ -30,6 +30,7 @@ fn request(complete_in_ms: i64) -> StepRequest {
         time_left_ms: None,
         redrive: 0,
         in_doubt: false,
+        retry: None,
     }
 }
 

@@ -527,3 +527,84 @@ steps = [ { name = "a", agent = "a", timeout = "700ms" } ]
         "re-attempted only {waited} after the failure"
     );
 }
+
+/// Contract §4d, versions: an order keeps the whole definition it was
+/// submitted under (here its failure policy and its step's retry) across
+/// a change of the configuration and a restart of every service; an order
+/// submitted after the change runs under the new one. `sasctl orders show`
+/// says which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_keeps_its_definition_across_a_configuration_change_and_a_restart() {
+    let v1 = r#"[workflows.kept]
+version = "v1"
+max_failures = 1
+steps = [ { name = "a", agent = "a", timeout = "400ms", retry = { max_attempts = 1 } } ]
+"#;
+    let app = TestApp::builder()
+        .max_failures(5)
+        .extra_config(v1)
+        .build()
+        .await;
+    // No agent yet: the first order's request waits in its queue.
+    app.start("submission", "submission", &[]).await;
+    app.start("scheduler", "scheduler", &[]).await;
+    let status = app.status_queue("kept").await;
+    let old = app.submit("kept", Some(&status)).await;
+    sas_tests::cli::wait_state(&app, old, "processing", Duration::from_secs(20)).await;
+
+    // Version 2 gives up only after five failures and calls twice per dispatch.
+    let config = std::fs::read_to_string(&app.config).expect("config");
+    let v2 = v1
+        .replace("\"v1\"", "\"v2\"")
+        .replace("max_failures = 1", "max_failures = 5")
+        .replace("max_attempts = 1", "max_attempts = 2");
+    assert!(
+        config.contains(v1),
+        "the test's workflow is in the configuration"
+    );
+    std::fs::write(&app.config, config.replace(v1, &v2)).expect("write config");
+    for name in ["submission", "scheduler"] {
+        assert!(
+            app.terminate(name).await.success(),
+            "{name} stopped cleanly"
+        );
+    }
+    // The remote fails its first two calls, then succeeds.
+    app.knobs(
+        "a",
+        Knobs {
+            fail_first: 2,
+            ..Knobs::default()
+        },
+    );
+    app.start_all().await;
+
+    // Under v1 the old order's first failure is its last: its one call per
+    // dispatch failed (or its request outlived its deadline), and it gives up.
+    sas_tests::cli::wait_state(&app, old, "error", Duration::from_secs(30)).await;
+    let shown = run(&app, &["orders", "show", &old.to_string(), "--json"])
+        .await
+        .expect_code(0);
+    let json: serde_json::Value = serde_json::from_str(&shown.stdout).expect("json");
+    assert_eq!(json["order"]["version"], "v1", "{json}");
+    assert_eq!(json["order"]["failure_count"], 1, "{json}");
+
+    // A new order runs under v2: two calls per dispatch get past the
+    // remote's two failures within its first re-attempt at the latest.
+    let (new, events) = app.run_one("kept").await;
+    assert_eq!(
+        sas_tests::states(&events).last(),
+        Some(&"processed"),
+        "{events:?}"
+    );
+    let shown = run(&app, &["orders", "show", &new.to_string()])
+        .await
+        .expect_code(0);
+    assert!(
+        shown.stdout.contains("version        v2\n"),
+        "{}",
+        shown.stdout
+    );
+    let calls = app.stats().keys[&format!("{new}:a")].calls;
+    assert!(calls >= 2, "{calls} calls");
+}
