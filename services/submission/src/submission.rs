@@ -134,6 +134,8 @@ fn store_in_batches(pipeline: Pipeline, db: &sas::config::DatabaseSettings) -> B
 pub struct Intake {
     batcher: Batcher,
     pipeline: Pipeline,
+    /// The configured workflows, compiled.
+    workflows: std::collections::HashMap<String, Workflow>,
     ctx: Arc<Context>,
 }
 
@@ -158,9 +160,18 @@ impl Intake {
     pub fn new(ctx: Arc<Context>) -> anyhow::Result<Arc<Self>> {
         let store = ctx.store()?.clone();
         let pipeline = Pipeline::new(&ctx, store);
+        // Compiled once: each order takes its workflow (and the id of its
+        // definition, a hash) from here.
+        let workflows = ctx
+            .settings
+            .workflows
+            .keys()
+            .map(|name| Ok((name.clone(), ctx.settings.workflow(name)?)))
+            .collect::<anyhow::Result<_>>()?;
         Ok(Arc::new(Self {
             batcher: store_in_batches(pipeline.clone(), &ctx.settings.database),
             pipeline,
+            workflows,
             ctx,
         }))
     }
@@ -206,9 +217,9 @@ impl Intake {
             };
             return Err((reason, hints()));
         }
-        match settings.workflow(&s.workflow) {
-            Ok(wf) => Ok((s, wf)),
-            Err(_) => {
+        match self.workflows.get(&s.workflow) {
+            Some(wf) => Ok((s, wf.clone())),
+            None => {
                 let reason = RejectReason::UnknownWorkflow(Quoted::new(&s.workflow));
                 Err((reason, hints()))
             }
