@@ -9,6 +9,7 @@
 #
 #   scripts/bench-compare.sh <git-rev> [pairs] [harness options...]
 #   scripts/bench-compare.sh 437ede7 3 --orders-one 6000
+#   scripts/bench-compare.sh fa03836 2 --skip-http   # a revision without the HTTP API
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -60,6 +60,10 @@ pub struct Args {
     /// Skip the 2-scheduler, 2-agent runs.
     #[arg(long)]
     pub skip_scaled: bool,
+    /// Skip the run that submits over HTTP (for a build without the HTTP
+    /// API, e.g. an older revision in `scripts/bench-compare.sh`).
+    #[arg(long)]
+    pub skip_http: bool,
     /// Skip the recovery run.
     #[arg(long)]
     pub skip_recovery: bool,

@@ -542,7 +542,7 @@ async fn sas_single(
                 result: full,
                 compared: None,
             });
-            if (workflow, events) == ("one", Events::All) {
+            if (workflow, events) == ("one", Events::All) && !args.skip_http {
                 // The same orders over HTTP (contract §9a) right after, so
                 // that the ratio of the two ways in is read back to back.
                 let http = full_load_via(&mut suite, workflow, steps, n, events, Via::Http).await?;
