@@ -608,3 +608,49 @@ steps = [ { name = "a", agent = "a", timeout = "400ms", retry = { max_attempts =
     let calls = app.stats().keys[&format!("{new}:a")].calls;
     assert!(calls >= 2, "{calls} calls");
 }
+
+/// Definitions as the state store reads them back (contract §4d): a stored
+/// one whole; one this build cannot read (a newer sas wrote it, during a
+/// rolling upgrade) and one never stored as none, so that their orders
+/// follow the configuration instead of failing every transition.
+#[tokio::test]
+async fn a_stored_definition_reads_back_whole_and_an_unreadable_one_as_none() {
+    let app = TestApp::new().await;
+    let store = sas::state_store::StateStore::from_pool(app.db.clone());
+    let spec: sas::spec::WorkflowSpec = serde_json::from_value(serde_json::json!({
+        "version": "v7",
+        "max_failures": 2,
+        "steps": [ { "name": "a", "agent": "a", "retry": { "max_attempts": 2 } } ],
+    }))
+    .expect("spec");
+    let stored = sas::spec::Definition {
+        workflow: "w".into(),
+        spec,
+    };
+    let newer = uuid::Uuid::now_v7();
+    let never = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO definitions (id, workflow, version, spec) VALUES ($1, 'w', 'v7', $2), \
+         ($3, 'w', NULL, '{\"steps\": [], \"when_the_future_comes\": true}')",
+    )
+    .bind(stored.id())
+    .bind(serde_json::to_value(&stored.spec).expect("json"))
+    .bind(newer)
+    .execute(&app.db)
+    .await
+    .expect("insert");
+    let found = store
+        .definitions([stored.id(), newer, never, stored.id()])
+        .await
+        .expect("read");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(*found[0].1, stored);
+    assert_eq!(found[0].0, stored.id());
+    // Read once: the second time comes from the process's own copy.
+    sqlx::query("DELETE FROM definitions")
+        .execute(&app.db)
+        .await
+        .expect("delete");
+    let again = store.definitions([stored.id()]).await.expect("read");
+    assert_eq!(again.len(), 1);
+}
