@@ -244,6 +244,8 @@ fn workflow(name: &str, steps: usize) -> anyhow::Result<Workflow> {
                 retry: None,
                 after: None,
                 max_duration: Duration::from_secs(3600),
+                when: None,
+                input: None,
             })
             .collect(),
         ..WorkflowSpec::default()

@@ -17,6 +17,8 @@ pub enum EventKind {
     Rejected,
     Processing,
     StepSucceeded,
+    /// A step's `when` was false: the order went on without it (contract §4d).
+    StepSkipped,
     RetryScheduled,
     Processed,
     Compensating,
@@ -38,11 +40,12 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every state this version knows, in the order an order meets them.
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 15] = [
         Self::Received,
         Self::Rejected,
         Self::Processing,
         Self::StepSucceeded,
+        Self::StepSkipped,
         Self::RetryScheduled,
         Self::DeadlineWarning,
         Self::Heartbeat,
@@ -62,6 +65,7 @@ impl EventKind {
             Self::Rejected => "rejected",
             Self::Processing => "processing",
             Self::StepSucceeded => "step_succeeded",
+            Self::StepSkipped => "step_skipped",
             Self::RetryScheduled => "retry_scheduled",
             Self::Processed => "processed",
             Self::Compensating => "compensating",

@@ -1148,6 +1148,53 @@ url = "http://127.0.0.1:8081/inventory/reserve"
         std::fs::remove_dir_all(dir).ok();
     }
 
+    fn load_text(text: &str) -> Result<Settings, ConfigError> {
+        let dir = std::env::temp_dir().join(format!("sas-config-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sas.toml");
+        std::fs::write(&path, text).unwrap();
+        let s = Settings::load(Some(&path));
+        std::fs::remove_dir_all(dir).ok();
+        s
+    }
+
+    #[test]
+    fn conditions_and_inputs_load_as_written_and_a_bad_one_is_refused_in_one_line() {
+        let s = load_text(
+            r#"
+[workflows.fulfil]
+steps = [
+  { name = "reserve", agent = "inventory" },
+  { name = "charge", agent = "payments", when = "payload.total > 0",
+    input = { orderTotal = "payload.total", Reservations = "results.reserve" } },
+]
+"#,
+        )
+        .expect("loads");
+        let charge = &s.workflows["fulfil"].steps[1];
+        assert_eq!(
+            charge.when.as_ref().map(|w| w.source()),
+            Some("payload.total > 0")
+        );
+        let keys: Vec<_> = charge
+            .input
+            .iter()
+            .flatten()
+            .map(|(k, _)| k.as_str())
+            .collect();
+        assert_eq!(keys, ["Reservations", "orderTotal"], "keys keep their case");
+        let err = load_text(
+            r#"
+[workflows.fulfil]
+steps = [{ name = "charge", agent = "payments", when = "payload.total >" }]
+"#,
+        )
+        .expect_err("refused")
+        .to_string();
+        assert!(err.contains("does not compile"), "{err}");
+        assert!(!err.contains('\n'), "one line: {err}");
+    }
+
     #[test]
     fn environment_variables_override_with_lists_numbers_and_agent_urls() {
         let env: std::collections::HashMap<String, String> = [

@@ -33,6 +33,7 @@ pub mod broker;
 pub mod config;
 pub mod crash;
 pub mod dead_letters;
+pub mod expr;
 pub mod heartbeat;
 pub mod http;
 pub mod memory;

@@ -3,9 +3,12 @@
 //! configuration by [`crate::config`] (which loads and validates it) and
 //! read by the rules and the workflow plan, which so depend on no loading.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use crate::expr::Expr;
 
 /// `[supervisor]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -191,6 +194,14 @@ pub struct StepSpec {
     /// from its first dispatch, however often it answers `202` (§4b).
     #[serde(with = "humantime_serde", default = "default_max_duration")]
     pub max_duration: Duration,
+    /// A CEL condition over `payload` and `results` (§4d): false skips the
+    /// step; unset, the step always runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<Expr>,
+    /// The request's payload, one key per CEL expression (§4d); unset,
+    /// the order's payload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<BTreeMap<String, Expr>>,
 }
 
 fn default_max_duration() -> Duration {

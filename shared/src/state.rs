@@ -37,6 +37,17 @@ pub enum StepState {
     /// Its compensation is dispatched (an extension of the contract's list).
     Compensating,
     Compensated,
+    /// Passed over: its `when` was false (contract §4d). Satisfies the
+    /// steps after it, has no result and nothing to undo.
+    Skipped,
+}
+
+impl StepState {
+    /// Whether the order has gone past the step forward: completed, or
+    /// skipped by its condition.
+    pub fn passed(self) -> bool {
+        matches!(self, Self::Completed | Self::Skipped)
+    }
 }
 
 macro_rules! names {
@@ -86,6 +97,7 @@ names!(StepState {
     Failed => "failed",
     Compensating => "compensating",
     Compensated => "compensated",
+    Skipped => "skipped",
 });
 
 /// A state name the code does not know (a newer schema, or a typo).
@@ -133,6 +145,7 @@ mod tests {
             "failed",
             "compensating",
             "compensated",
+            "skipped",
         ] {
             assert_eq!(s.parse::<StepState>().unwrap().as_str(), s);
         }

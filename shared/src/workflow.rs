@@ -255,20 +255,17 @@ pub enum Next {
     Finished,
 }
 
-/// The next forward steps: every step not completed and not running whose
-/// `after` steps have all completed. Completed steps are never redone.
+/// The next forward steps: every step not passed (completed or skipped)
+/// and not running whose `after` steps have all passed. Passed steps are
+/// never redone.
 pub fn next_forward(steps: &[StepView<'_>]) -> Next {
-    if steps.iter().all(|s| s.state == StepState::Completed) {
+    if steps.iter().all(|s| s.state.passed()) {
         return Next::Finished;
     }
-    let done = |idx: i32| {
-        steps
-            .iter()
-            .any(|s| s.idx == idx && s.state == StepState::Completed)
-    };
+    let done = |idx: i32| steps.iter().any(|s| s.idx == idx && s.state.passed());
     let ready: Vec<i32> = steps
         .iter()
-        .filter(|s| !matches!(s.state, StepState::Completed | StepState::Running))
+        .filter(|s| !s.state.passed() && s.state != StepState::Running)
         .filter(|s| {
             steps
                 .iter()
@@ -361,6 +358,8 @@ mod tests {
                     retry: None,
                     after: None,
                     max_duration: Duration::from_secs(3600),
+                    when: None,
+                    input: None,
                 })
                 .collect(),
             ..WorkflowSpec::default()

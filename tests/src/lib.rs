@@ -725,8 +725,21 @@ breaker_cooldown = "{cooldown}"
 
     /// Submits an order of `workflow` through the client; returns its id.
     pub async fn submit(&self, workflow: &str, reply_to: Option<&str>) -> Uuid {
-        let mut payload = serde_json::Map::new();
-        payload.insert("n".into(), 1.into());
+        self.submit_payload(workflow, json!({ "n": 1 }), reply_to)
+            .await
+    }
+
+    /// Submits an order of `workflow` with `payload` (an object) through
+    /// the client; returns its id.
+    pub async fn submit_payload(
+        &self,
+        workflow: &str,
+        payload: Value,
+        reply_to: Option<&str>,
+    ) -> Uuid {
+        let Value::Object(payload) = payload else {
+            panic!("a payload is an object: {payload}")
+        };
         let mut order = Order::new(workflow, payload);
         order.reply_to = reply_to.map(str::to_owned);
         self.client()
@@ -1104,10 +1117,15 @@ breaker_cooldown = "{cooldown}"
     /// Submits one order of `workflow` with a fresh status queue and reads its
     /// events until the terminal one: `(order id, events)`.
     pub async fn run_one(&self, workflow: &str) -> (Uuid, Vec<Value>) {
+        self.run_with(workflow, json!({ "n": 1 })).await
+    }
+
+    /// [`Self::run_one`] with `payload`.
+    pub async fn run_with(&self, workflow: &str, payload: Value) -> (Uuid, Vec<Value>) {
         let status = self
             .status_queue(&format!("status-{}", Uuid::new_v4().simple()))
             .await;
-        let id = self.submit(workflow, Some(&status)).await;
+        let id = self.submit_payload(workflow, payload, Some(&status)).await;
         let events = self
             .collect(&status, Duration::from_secs(30), |got| {
                 got.iter().any(is_terminal)

@@ -187,7 +187,7 @@
         setText(c[2], (s.after || []).join(", ") || "–");
         setText(c[3], s.agent);
         setText(c[4], s.compensate || "–");
-        if (!c[5].firstChild || c[5].firstChild.textContent !== s.state) c[5].replaceChildren(badge(s.state, s.state === "completed" ? "processed" : s.state === "failed" ? "error" : s.state));
+        if (!c[5].firstChild || c[5].firstChild.textContent !== s.state) c[5].replaceChildren(badge(s.state, s.state === "completed" ? "processed" : s.state === "failed" ? "error" : s.state === "skipped" ? "quiet" : s.state));
         setText(c[6], s.dispatches);
         c[6].className = "num";
         setText(c[7], time(s.started_at));

@@ -345,6 +345,12 @@ impl RemoteSim {
         {
             fields.insert("pad".into(), "x".repeat(knobs.pad_bytes).into());
         }
+        if knobs.echo
+            && let Value::Object(fields) = &mut response
+        {
+            let sent = body.get("payload").cloned().unwrap_or_default();
+            fields.insert("echo".into(), sent);
+        }
         *stored = Some(response.clone());
         record(Outcome::Applied);
         if knobs.late_answer_ms > 0 {

@@ -3,11 +3,13 @@
 //! reply still counts and what it does to its step ([`scheduler`]), and
 //! what an operator may do ([`operator`]), and when the breaker shared by
 //! an agent's instances opens, probes and closes ([`breaker`]), and which
-//! ticks of a recurring order's schedule get an order ([`schedule`]). No I/O, no clock
+//! ticks of a recurring order's schedule get an order ([`schedule`]), and
+//! whether a ready step runs, with what, or is skipped ([`conditions`]). No I/O, no clock
 //! reads (`now` is an argument, from the database): the state store loads
 //! the order, asks the rule, and writes the decision back.
 
 pub mod breaker;
+pub mod conditions;
 pub mod flow;
 pub mod operator;
 pub mod order;
@@ -31,6 +33,7 @@ mod imports {
     const CORE: &[(&str, &str)] = &[
         ("rules/mod.rs", include_str!("mod.rs")),
         ("rules/breaker.rs", include_str!("breaker.rs")),
+        ("rules/conditions.rs", include_str!("conditions.rs")),
         ("rules/flow.rs", include_str!("flow.rs")),
         ("rules/operator.rs", include_str!("operator.rs")),
         ("rules/order.rs", include_str!("order.rs")),
@@ -45,6 +48,7 @@ mod imports {
         ("workflow.rs", include_str!("../workflow.rs")),
         ("messages.rs", include_str!("../messages.rs")),
         ("spec.rs", include_str!("../spec.rs")),
+        ("expr.rs", include_str!("../expr.rs")),
         ("applications.rs", include_str!("../applications.rs")),
     ];
 

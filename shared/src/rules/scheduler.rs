@@ -12,6 +12,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use super::breaker::{self, Admit};
+use super::conditions::Prepared;
 use super::flow;
 use super::order::{
     Context, Deciding, Decision, Effect, Event, Hold, Order, RuleError, undo_withdrawn,
@@ -295,18 +296,37 @@ impl<'c> Deciding<'c> {
     /// for the steps out, or finishes it. The order is held by the actor.
     pub(super) fn drive(&mut self) -> Result<(), RuleError> {
         let from = self.row().process_state;
-        let Some(next) = advance(from, &self.order.views()) else {
-            return Err(RuleError::UnexpectedState {
-                order_id: self.row().order_id,
-                found: from,
-                expected: "processing or compensating",
-            });
+        // Each round skips at least one step, so this ends.
+        let (next, payloads) = loop {
+            let Some(next) = advance(from, &self.order.views()) else {
+                return Err(RuleError::UnexpectedState {
+                    order_id: self.row().order_id,
+                    found: from,
+                    expected: "processing or compensating",
+                });
+            };
+            if let Advance::Dispatch {
+                steps,
+                direction: Direction::Forward,
+            } = &next
+            {
+                match self.prepare_forward(steps)? {
+                    Prepared::Go(payloads) => break (next, payloads),
+                    Prepared::Skipped => continue,
+                    Prepared::Broken(reason) => return self.give_up_and_drive(&reason),
+                }
+            }
+            break (next, Vec::new());
         };
         match next {
             Advance::Dispatch { steps, direction } => {
                 let mut gated = None;
                 for idx in steps {
-                    if let Some(hold) = self.dispatch(idx, direction)? {
+                    let payload = payloads
+                        .iter()
+                        .find(|(i, _)| *i == idx)
+                        .and_then(|(_, p)| p.clone());
+                    if let Some(hold) = self.dispatch(idx, direction, payload)? {
                         gated.get_or_insert(hold);
                     }
                 }
@@ -416,7 +436,8 @@ impl<'c> Deciding<'c> {
 
     /// Sends step `idx` to its agent (or its compensating agent) with a
     /// fresh dispatch id and a complete-by of now plus the step's timeout,
-    /// under the order's current claim.
+    /// under the order's current claim, with `payload` (`None`: the
+    /// order's; a step's `input` builds its own, §4d).
     ///
     /// While the agent's breaker is open, or the agent has no room under
     /// flow control, the step is not sent: why comes back (with the step's
@@ -425,6 +446,7 @@ impl<'c> Deciding<'c> {
         &mut self,
         idx: i32,
         direction: Direction,
+        payload: Option<Value>,
     ) -> Result<Option<(Gated<'c>, String)>, RuleError> {
         let now = self.ctx.now;
         let pos = self.step_pos(idx)?;
@@ -480,7 +502,7 @@ impl<'c> Deciding<'c> {
                 .clone()
                 .unwrap_or_else(|| self.ctx.actor.to_owned()),
             complete_by,
-            payload: o.payload.clone(),
+            payload: payload.unwrap_or_else(|| o.payload.clone()),
             results: self.order.results(),
             fencing_token: i64::from(self.order.steps[pos].dispatches),
             timeout_ms: Some(self.order.steps[pos].timeout_ms),

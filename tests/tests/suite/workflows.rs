@@ -654,3 +654,152 @@ async fn a_stored_definition_reads_back_whole_and_an_unreadable_one_as_none() {
     let again = store.definitions([stored.id()]).await.expect("read");
     assert_eq!(again.len(), 1);
 }
+
+/// The events of `step` in `state`.
+fn of_step<'e>(
+    events: &'e [serde_json::Value],
+    state: &str,
+    step: &str,
+) -> Vec<&'e serde_json::Value> {
+    events
+        .iter()
+        .filter(|e| e["state"] == state && e["step"] == step)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_false_condition_skips_its_step_a_true_one_runs_it_and_a_broken_one_undoes_the_order() {
+    let app = TestApp::builder()
+        .extra_config(
+            r#"[workflows.maybe]
+steps = [
+  { name = "a", agent = "a", compensate = "a-undo" },
+  { name = "b", agent = "b", when = "payload.total > 0 && results.a.ok" },
+  { name = "c", agent = "c" },
+]
+"#,
+        )
+        .build()
+        .await;
+    app.start_all().await;
+    let stands = |id: uuid::Uuid, step: &str| {
+        app.stats()
+            .keys
+            .get(&format!("{id}:{step}"))
+            .is_some_and(|k| k.standing)
+    };
+
+    // False: b is skipped with its event, c runs, the order succeeds.
+    let (id, events) = app
+        .run_with("maybe", serde_json::json!({ "total": 0 }))
+        .await;
+    assert_eq!(
+        sas_tests::states(&events),
+        [
+            "received",
+            "processing",
+            "step_succeeded",
+            "step_skipped",
+            "step_succeeded",
+            "processed"
+        ],
+        "{events:?}"
+    );
+    let skipped = of_step(&events, "step_skipped", "b");
+    assert_eq!(
+        skipped[0]["detail"]["when"],
+        "payload.total > 0 && results.a.ok"
+    );
+    assert!(
+        !app.stats().keys.contains_key(&format!("{id}:b")),
+        "b never called"
+    );
+    assert!(stands(id, "a") && stands(id, "c"));
+    let results = &events.last().expect("terminal")["detail"]["results"];
+    assert!(results.get("b").is_none(), "{results}");
+    let shown = run(&app, &["orders", "show", &id.to_string(), "--json"])
+        .await
+        .expect_code(0);
+    let json: serde_json::Value = serde_json::from_str(&shown.stdout).expect("json");
+    assert_eq!(json["steps"][1]["state"], "skipped", "{json}");
+
+    // True: b runs.
+    let (id, events) = app
+        .run_with("maybe", serde_json::json!({ "total": 5 }))
+        .await;
+    assert_eq!(
+        of_step(&events, "step_succeeded", "b").len(),
+        1,
+        "{events:?}"
+    );
+    assert!(
+        sas_tests::states(&events)
+            .iter()
+            .all(|s| *s != "step_skipped")
+    );
+    assert!(stands(id, "b"));
+
+    // Broken at run time (total is no number): b fails for good with the
+    // reason, and a, which ran, is undone.
+    let (id, events) = app
+        .run_with("maybe", serde_json::json!({ "total": "ten" }))
+        .await;
+    assert_eq!(
+        sas_tests::states(&events).last(),
+        Some(&"compensated"),
+        "{events:?}"
+    );
+    let giving_up = events
+        .iter()
+        .find(|e| e["state"] == "compensating")
+        .expect("compensating");
+    let error = giving_up["detail"]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("step b failed permanently: when:"),
+        "{error}"
+    );
+    assert!(!stands(id, "a") && app.stats().keys[&format!("{id}:a")].undone);
+    assert!(!app.stats().keys.contains_key(&format!("{id}:b")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mapped_input_is_the_payload_the_remote_sees() {
+    let app = TestApp::builder()
+        .extra_config(
+            r#"[workflows.mapped]
+steps = [
+  { name = "reserve", agent = "a" },
+  { name = "charge", agent = "b",
+    input = { amountCents = "payload.total * 100", reservation = "results.reserve.idempotency_key", skus = "payload.items.map(i, i.sku)" } },
+]
+"#,
+        )
+        .build()
+        .await;
+    for agent in ["a", "b"] {
+        app.knobs(
+            agent,
+            Knobs {
+                echo: true,
+                ..Knobs::default()
+            },
+        );
+    }
+    app.start_all().await;
+    let payload = serde_json::json!({ "total": 12, "items": [{ "sku": "x1" }, { "sku": "y2" }], "card": "secret" });
+    let (id, events) = app.run_with("mapped", payload.clone()).await;
+    assert_eq!(
+        sas_tests::states(&events).last(),
+        Some(&"processed"),
+        "{events:?}"
+    );
+    let seen = |step: &str| {
+        of_step(&events, "step_succeeded", step)[0]["detail"]["result"]["echo"].clone()
+    };
+    // A step without `input` is sent the order's payload as it came.
+    assert_eq!(seen("reserve"), payload);
+    assert_eq!(
+        seen("charge"),
+        serde_json::json!({ "amountCents": 1200, "reservation": format!("{id}:reserve"), "skus": ["x1", "y2"] })
+    );
+}

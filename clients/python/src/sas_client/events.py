@@ -21,6 +21,7 @@ KNOWN_STATES = frozenset(
         "rejected",
         "processing",
         "step_succeeded",
+        "step_skipped",
         "retry_scheduled",
         "deadline_warning",
         "heartbeat",
