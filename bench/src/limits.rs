@@ -238,7 +238,10 @@ fn workflow(name: &str, steps: usize) -> anyhow::Result<Workflow> {
             .enumerate()
             .map(|(i, s)| StepSpec {
                 name: (*s).into(),
-                agent: (*s).into(),
+                agent: Some((*s).into()),
+                wait: None,
+                until: None,
+                signal: None,
                 timeout: Duration::from_secs(5),
                 compensate: (steps > 1 && i + 1 < steps).then(|| format!("{s}-undo")),
                 retry: None,

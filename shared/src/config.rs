@@ -880,7 +880,7 @@ impl Settings {
         let mut names: Vec<String> = self.agents.keys().cloned().collect();
         for wf in self.workflows.values() {
             for step in &wf.steps {
-                names.push(step.agent.clone());
+                names.extend(step.agent.clone());
                 names.extend(step.compensate.clone());
             }
         }

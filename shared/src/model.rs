@@ -245,12 +245,19 @@ impl StepRow {
 
     /// The agent whose answer the step waits for while it is out: its own
     /// while `running`, its undo's while `compensating`; `None` otherwise.
+    /// For a step sas runs itself, its `agent` column ([`Self::kind`]):
+    /// no breaker or flow control knows it.
     pub fn out_with(&self) -> Option<&str> {
         match self.state {
             StepState::Running => Some(self.agent.as_str()),
             StepState::Compensating => self.compensate.as_deref(),
             _ => None,
         }
+    }
+
+    /// What runs it (§4d): an agent, or sas itself (a wait, a signal).
+    pub fn kind(&self) -> crate::workflow::StepKind<'_> {
+        crate::workflow::StepKind::of(&self.agent)
     }
 
     /// The indices of the steps it starts after.

@@ -175,8 +175,25 @@ pub struct RetrySpec {
 #[serde(deny_unknown_fields)]
 pub struct StepSpec {
     pub name: String,
-    /// The agent that runs the step.
-    pub agent: String,
+    /// The agent that runs the step; none for the steps sas runs itself
+    /// (`wait`, `until`, `signal`, §4d).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// §4d: a step that does nothing for this long.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub wait: Option<Duration>,
+    /// §4d: a step that does nothing until this time, a CEL expression
+    /// giving a timestamp (or an RFC 3339 string).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Expr>,
+    /// §4d: a step that waits for the application's signal of this name;
+    /// its `data` is the step's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
     /// The step's complete-by, counted from its dispatch.
     #[serde(with = "humantime_serde", default = "default_step_timeout")]
     pub timeout: Duration,

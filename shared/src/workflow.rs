@@ -99,7 +99,8 @@ impl Workflow {
                     step: s.name.clone(),
                 });
             }
-            if !valid_name(&s.agent) || s.compensate.as_deref().is_some_and(|c| !valid_name(c)) {
+            let kind = kind_of(s).map_err(bad)?;
+            if s.compensate.as_deref().is_some_and(|c| !valid_name(c)) {
                 return Err(bad(
                     "agent names must be ASCII letters, digits, '-', '_' or '.'",
                 ));
@@ -107,16 +108,18 @@ impl Workflow {
             if s.timeout < Duration::from_millis(10) {
                 return Err(bad("the timeout must be at least 10ms"));
             }
-            if s.max_duration < s.timeout {
+            // A wait's complete-by is its end: its timeout is its duration.
+            let timeout = s.wait.unwrap_or(s.timeout);
+            if kind.agent().is_some() && s.max_duration < s.timeout {
                 return Err(bad("max_duration must be at least the timeout"));
             }
             steps.push(Step {
                 name: s.name.clone(),
-                agent: s.agent.clone(),
-                timeout: s.timeout,
+                agent: kind.column(),
+                timeout,
                 compensate: s.compensate.clone(),
                 after: Vec::new(),
-                max_duration: s.max_duration,
+                max_duration: s.max_duration.max(timeout),
             });
         }
         for (i, s) in spec.steps.iter().enumerate() {
@@ -161,6 +164,88 @@ impl Workflow {
             definition: std::sync::Arc::new(definition),
         })
     }
+}
+
+/// What runs a step. Stored in the step's `agent` column: an agent's name,
+/// or, for the steps sas runs itself (§4d), a name no agent can have
+/// (agent names have no ':'): `wait:for`, `wait:until`, `signal:<name>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepKind<'a> {
+    /// The agent of this name calls its remote.
+    Agent(&'a str),
+    /// The step waits: for its timeout, or (`until`) until a time its
+    /// definition's expression gives.
+    Wait { until: bool },
+    /// The step waits for the application's signal of this name.
+    Signal(&'a str),
+}
+
+impl<'a> StepKind<'a> {
+    /// The kind of a step whose `agent` column holds `column`.
+    pub fn of(column: &'a str) -> Self {
+        match column.split_once(':') {
+            Some(("wait", "until")) => Self::Wait { until: true },
+            Some(("wait", _)) => Self::Wait { until: false },
+            Some(("signal", name)) => Self::Signal(name),
+            _ => Self::Agent(column),
+        }
+    }
+
+    /// What the step's `agent` column holds for this kind.
+    pub fn column(self) -> String {
+        match self {
+            Self::Agent(agent) => agent.to_owned(),
+            Self::Wait { until: false } => "wait:for".into(),
+            Self::Wait { until: true } => "wait:until".into(),
+            Self::Signal(name) => format!("signal:{name}"),
+        }
+    }
+
+    /// The agent that runs it, for a step an agent runs.
+    pub fn agent(self) -> Option<&'a str> {
+        match self {
+            Self::Agent(agent) => Some(agent),
+            _ => None,
+        }
+    }
+}
+
+/// The kind of step `s` declares: exactly one of `agent`, `wait`, `until`
+/// and `signal`; only an agent's step has `compensate` or `retry`.
+fn kind_of(s: &crate::spec::StepSpec) -> Result<StepKind<'_>, &'static str> {
+    let set = [
+        s.agent.is_some(),
+        s.wait.is_some(),
+        s.until.is_some(),
+        s.signal.is_some(),
+    ];
+    if s.signal.is_some() && s.agent.is_some() {
+        return Err("a signal step has no agent: sas waits for the signal itself");
+    }
+    match set.iter().filter(|b| **b).count() {
+        0 => return Err("a step needs an agent, or is a wait, until or signal step"),
+        1 => {}
+        _ => return Err("a step has one of agent, wait, until and signal"),
+    }
+    let kind = match (&s.agent, &s.signal) {
+        (Some(agent), _) => {
+            if !valid_name(agent) {
+                return Err("agent names must be ASCII letters, digits, '-', '_' or '.'");
+            }
+            return Ok(StepKind::Agent(agent));
+        }
+        (None, Some(name)) if !valid_name(name) => {
+            return Err("signal names must be ASCII letters, digits, '-', '_' or '.'");
+        }
+        (None, Some(name)) => StepKind::Signal(name),
+        (None, None) => StepKind::Wait {
+            until: s.until.is_some(),
+        },
+    };
+    if s.compensate.is_some() || s.retry.is_some() {
+        return Err("only a step an agent runs has compensate or retry");
+    }
+    Ok(kind)
 }
 
 /// The step before step `idx` in the list, which a step without `after`
@@ -352,7 +437,10 @@ mod tests {
                 .iter()
                 .map(|n| StepSpec {
                     name: (*n).into(),
-                    agent: format!("{n}-agent"),
+                    agent: Some(format!("{n}-agent")),
+                    wait: None,
+                    until: None,
+                    signal: None,
                     timeout: Duration::from_secs(1),
                     compensate: None,
                     retry: None,
@@ -364,6 +452,57 @@ mod tests {
                 .collect(),
             ..WorkflowSpec::default()
         }
+    }
+
+    #[test]
+    fn a_step_is_one_of_agent_wait_until_and_signal_and_only_an_agents_step_is_undone() {
+        let compile = |steps: serde_json::Value| {
+            let spec: WorkflowSpec =
+                serde_json::from_value(serde_json::json!({ "steps": steps })).expect("spec");
+            Workflow::compile("w", &spec)
+        };
+        let problem = |steps| match compile(steps) {
+            Err(WorkflowError::BadStep { problem, .. }) => problem,
+            other => panic!("{other:?}"),
+        };
+        use serde_json::json;
+        assert!(
+            problem(json!([{ "name": "a", "signal": "ok", "agent": "x" }])).contains("no agent")
+        );
+        assert!(problem(json!([{ "name": "a" }])).contains("needs an agent"));
+        assert!(
+            problem(json!([{ "name": "a", "wait": "1s", "until": "payload.t" }]))
+                .contains("one of")
+        );
+        assert!(
+            problem(json!([{ "name": "a", "wait": "1s", "compensate": "u" }]))
+                .contains("compensate")
+        );
+        assert!(problem(json!([{ "name": "a", "signal": "a b" }])).contains("signal names"));
+        let w = compile(json!([
+            { "name": "a", "agent": "x" },
+            { "name": "b", "wait": "10m" },
+            { "name": "c", "until": "payload.t" },
+            { "name": "d", "signal": "approval", "timeout": "24h" },
+        ]))
+        .expect("compiles");
+        let kinds: Vec<_> = w.steps.iter().map(|s| StepKind::of(&s.agent)).collect();
+        assert_eq!(
+            kinds,
+            [
+                StepKind::Agent("x"),
+                StepKind::Wait { until: false },
+                StepKind::Wait { until: true },
+                StepKind::Signal("approval")
+            ]
+        );
+        assert_eq!(w.steps[1].timeout, Duration::from_secs(600), "a wait's end");
+        assert_eq!(w.steps[3].timeout, Duration::from_secs(24 * 3600));
+        // An expression that does not compile is refused as the
+        // configuration is read.
+        let bad: Result<WorkflowSpec, _> =
+            serde_json::from_value(json!({ "steps": [{ "name": "c", "until": "payload." }] }));
+        assert!(bad.is_err());
     }
 
     #[test]

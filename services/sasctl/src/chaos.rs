@@ -451,8 +451,7 @@ impl Hostile {
             .and_then(|w| {
                 w.steps
                     .iter()
-                    .map(|s| s.agent.clone())
-                    .find(|a| !a.is_empty())
+                    .find_map(|s| s.agent.clone().filter(|a| !a.is_empty()))
             })
             .ok_or_else(|| Exit {
                 code: 2,

@@ -48,6 +48,11 @@ pub enum Command {
     /// --patch. Steps completed and not undone are kept; every other step
     /// runs again with the idempotency key `<order_id>:<step>:r<N>`.
     Redrive(RedriveArgs),
+    /// Send a `processing` order the signal its `signal` step waits for
+    /// (contract §4d): the step completes with --data as its result and the
+    /// order goes on. Refused when no step of the order waits for this
+    /// signal now; a refused signal is not kept.
+    Signal(SignalArgs),
     /// Delete ended orders (`processed`, `compensated`; not `error`) last
     /// changed longer ago than --older-than, in batches, archived first with --archive.
     ///
@@ -114,6 +119,19 @@ pub struct RedriveArgs {
     patch: Option<PathBuf>,
 }
 
+/// Options of `sasctl orders signal`.
+#[derive(Debug, clap::Args)]
+pub struct SignalArgs {
+    #[command(flatten)]
+    action: ActionArgs,
+    /// The signal's name, as the workflow's `signal` step names it.
+    #[arg(value_name = "SIGNAL")]
+    name: String,
+    /// The signal's data, JSON (the step's result) [default: {}].
+    #[arg(long, value_name = "JSON")]
+    data: Option<String>,
+}
+
 /// Options of `sasctl orders prune`.
 #[derive(Debug, clap::Args)]
 pub struct PruneArgs {
@@ -143,35 +161,41 @@ fn parse_state(text: &str) -> Result<ProcessState, String> {
 }
 
 /// An operator's action on one order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Action {
     Retry,
     Cancel,
-    Redrive,
+    /// With the payload's merge patch, if any.
+    Redrive(Option<Value>),
+    /// The signal's name and data.
+    Signal(String, Value),
 }
 
 impl Action {
-    fn verb(self) -> &'static str {
+    fn verb(&self) -> &'static str {
         match self {
             Self::Retry => "retry",
             Self::Cancel => "cancel",
-            Self::Redrive => "redrive",
+            Self::Redrive(_) => "redrive",
+            Self::Signal(..) => "signal",
         }
     }
 
-    fn done(self) -> &'static str {
+    fn done(&self) -> &'static str {
         match self {
             Self::Retry => "retried",
             Self::Cancel => "cancelled",
-            Self::Redrive => "redriven",
+            Self::Redrive(_) => "redriven",
+            Self::Signal(..) => "signalled",
         }
     }
 
-    fn doing(self) -> &'static str {
+    fn doing(&self) -> &'static str {
         match self {
             Self::Retry => "retrying",
             Self::Cancel => "cancelling",
-            Self::Redrive => "redriving",
+            Self::Redrive(_) => "redriving",
+            Self::Signal(..) => "signalling",
         }
     }
 }
@@ -181,14 +205,24 @@ pub async fn run(command: Command, settings: &Settings) -> anyhow::Result<()> {
     match command {
         Command::List(args) => list(args, settings).await,
         Command::Show(args) => show(args, settings).await,
-        Command::Retry(args) => operate(Action::Retry, args, None, settings).await,
-        Command::Cancel(args) => operate(Action::Cancel, args, None, settings).await,
+        Command::Retry(args) => operate(Action::Retry, args, settings).await,
+        Command::Cancel(args) => operate(Action::Cancel, args, settings).await,
         Command::Redrive(args) => {
             let patch = match &args.patch {
                 Some(path) => Some(read_patch(path, settings.submission.max_body_bytes)?),
                 None => None,
             };
-            operate(Action::Redrive, args.action, patch, settings).await
+            operate(Action::Redrive(patch), args.action, settings).await
+        }
+        Command::Signal(args) => {
+            let data = match &args.data {
+                None => json!({}),
+                Some(text) => serde_json::from_str(text).map_err(|e| Exit {
+                    code: Exit::USAGE,
+                    message: format!("--data is not JSON: {e}"),
+                })?,
+            };
+            operate(Action::Signal(args.name, data), args.action, settings).await
         }
         Command::Prune(args) => prune(args, settings).await,
     }
@@ -317,23 +351,19 @@ fn read_patch(path: &Path, max_bytes: usize) -> anyhow::Result<Value> {
         .map_err(|e| bad_patch(format!("the patch {name} is not JSON: {e}")))
 }
 
-async fn operate(
-    action: Action,
-    args: ActionArgs,
-    patch: Option<Value>,
-    settings: &Settings,
-) -> anyhow::Result<()> {
+async fn operate(action: Action, args: ActionArgs, settings: &Settings) -> anyhow::Result<()> {
     let store = connect(settings).await?;
     let transitions = Transitions::new(store.clone(), QueueNames::new(&settings.broker.prefix));
     let me = operator();
-    let outcome = match action {
+    let outcome = match &action {
         Action::Retry => transitions.retry(&me, args.id).await,
         Action::Cancel => transitions.cancel(&me, args.id).await,
-        Action::Redrive => {
+        Action::Redrive(patch) => {
             let limit = settings.submission.max_body_bytes;
             let redriven = transitions.redrive(&me, args.id, patch.as_ref(), limit);
             redriven.await
         }
+        Action::Signal(name, data) => transitions.signal(&me, args.id, name, data).await,
     };
     store.close().await;
     let outcome = outcome.with_context(|| format!("{} order {}", action.doing(), args.id))?;

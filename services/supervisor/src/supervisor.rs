@@ -171,6 +171,12 @@ fn report(ctx: &Context, recovered: &[Expired]) {
                     ctx.metrics.finished(&end.workflow, end.state, None);
                 }
             }
+            Expired::Woke { order_id, ended } => {
+                tracing::info!(%order_id, "a wait ended; order goes on");
+                if let Some(end) = ended {
+                    ctx.metrics.finished(&end.workflow, end.state, None);
+                }
+            }
         }
         ctx.metrics
             .supervisor_recoveries
@@ -186,6 +192,7 @@ fn action(expired: &Expired) -> &'static str {
         Expired::Requeued { .. } => "requeued",
         Expired::Held { .. } => "held",
         Expired::GaveUp { .. } => "gave_up",
+        Expired::Woke { .. } => "woke",
     }
 }
 
@@ -206,10 +213,14 @@ mod tests {
                 order_id,
                 ended: None,
             },
+            Expired::Woke {
+                order_id,
+                ended: None,
+            },
         ]
         .iter()
         .map(action)
         .collect::<Vec<_>>();
-        assert_eq!(actions, ["requeued", "held", "gave_up"]);
+        assert_eq!(actions, ["requeued", "held", "gave_up", "woke"]);
     }
 }

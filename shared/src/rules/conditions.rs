@@ -3,6 +3,7 @@
 //! builds the request's payload. An expression that fails at run time
 //! fails the step for good with its reason. Pure.
 
+use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use super::order::{Deciding, Event, RuleError};
@@ -10,12 +11,22 @@ use crate::expr::{Vars, build_input};
 use crate::messages::EventKind;
 use crate::spec::StepSpec;
 use crate::state::StepState;
+use crate::workflow::StepKind;
+
+/// How a ready forward step goes out.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Launch {
+    /// The request's payload (`None`: the order's).
+    pub payload: Option<Value>,
+    /// For an `until` step, the time it waits for.
+    pub until: Option<DateTime<Utc>>,
+}
 
 /// What a ready forward step does now.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Ready<'s> {
-    /// It runs, with this payload (`None`: the order's).
-    Run(Option<Value>),
+    /// It runs.
+    Run(Launch),
     /// Its condition (quoted) is false: it is passed over.
     Skip(&'s str),
     /// An expression of it failed: why.
@@ -26,7 +37,7 @@ pub enum Ready<'s> {
 /// runs with the order's payload) does over `vars`.
 pub fn ready<'s>(spec: Option<&'s StepSpec>, vars: Vars<'_>) -> Ready<'s> {
     let Some(spec) = spec else {
-        return Ready::Run(None);
+        return Ready::Run(Launch::default());
     };
     if let Some(when) = &spec.when {
         match when.holds(vars) {
@@ -35,19 +46,42 @@ pub fn ready<'s>(spec: Option<&'s StepSpec>, vars: Vars<'_>) -> Ready<'s> {
             Err(why) => return Ready::Broken(format!("when: {why}")),
         }
     }
-    match &spec.input {
-        None => Ready::Run(None),
+    let payload = match &spec.input {
+        None => None,
         Some(input) => match build_input(input, vars) {
-            Ok(payload) => Ready::Run(Some(payload)),
-            Err(why) => Ready::Broken(why),
+            Ok(payload) => Some(payload),
+            Err(why) => return Ready::Broken(why),
         },
-    }
+    };
+    let until = match &spec.until {
+        None => None,
+        Some(until) => match until.eval(vars).map(|v| timestamp(&v)) {
+            Ok(Some(at)) => Some(at),
+            Ok(None) => {
+                return Ready::Broken(format!(
+                    "until: {:?} is not a timestamp (RFC 3339)",
+                    until.source()
+                ));
+            }
+            Err(why) => return Ready::Broken(format!("until: {why}")),
+        },
+    };
+    Ready::Run(Launch { payload, until })
+}
+
+/// `v` as a time: CEL's timestamps come out as RFC 3339 strings, and a
+/// payload's own times are such strings too.
+fn timestamp(v: &Value) -> Option<DateTime<Utc>> {
+    let s = v.as_str()?;
+    DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
 }
 
 /// What a decision does with the forward steps ready to go.
 pub(super) enum Prepared {
-    /// Each step (index) with its request payload (`None`: the order's).
-    Go(Vec<(i32, Option<Value>)>),
+    /// Each step (index) with how it goes out.
+    Go(Vec<(i32, Launch)>),
     /// Some were skipped: what is ready is to be worked out again.
     Skipped,
     /// A step's expression failed: the step failed for good, with why.
@@ -65,14 +99,23 @@ impl Deciding<'_> {
         let mut skipped = Vec::new();
         for &idx in steps {
             let pos = self.step_pos(idx)?;
-            let name = &self.order.steps[pos].name;
+            let step = &self.order.steps[pos];
+            let name = &step.name;
             let spec = definition.and_then(|d| d.spec.steps.iter().find(|s| s.name == *name));
             let vars = Vars {
                 payload: &self.order.row.payload,
                 results: &results,
             };
-            match ready(spec, vars) {
-                Ready::Run(payload) => go.push((idx, payload)),
+            let verdict = match (spec, step.kind()) {
+                // An `until` needs its expression: a definition this build
+                // cannot read leaves nothing to wait for.
+                (None, StepKind::Wait { until: true }) => {
+                    Ready::Broken("until: the step's definition cannot be read".into())
+                }
+                _ => ready(spec, vars),
+            };
+            match verdict {
+                Ready::Run(launch) => go.push((idx, launch)),
                 Ready::Skip(when) => skipped.push((pos, when.to_owned())),
                 Ready::Broken(why) => {
                     let reason = format!("step {name} failed permanently: {why}");

@@ -4,7 +4,8 @@
 //! what an operator may do ([`operator`]), and when the breaker shared by
 //! an agent's instances opens, probes and closes ([`breaker`]), and which
 //! ticks of a recurring order's schedule get an order ([`schedule`]), and
-//! whether a ready step runs, with what, or is skipped ([`conditions`]). No I/O, no clock
+//! whether a ready step runs, with what, or is skipped ([`conditions`]), and
+//! the steps sas runs itself, waits and signals ([`waits`]). No I/O, no clock
 //! reads (`now` is an argument, from the database): the state store loads
 //! the order, asks the rule, and writes the decision back.
 
@@ -18,6 +19,7 @@ pub mod scheduler;
 pub mod stuck;
 pub mod submission;
 pub mod supervisor;
+pub mod waits;
 
 #[cfg(test)]
 mod net_effect;
@@ -42,6 +44,7 @@ mod imports {
         ("rules/stuck.rs", include_str!("stuck.rs")),
         ("rules/submission.rs", include_str!("submission.rs")),
         ("rules/supervisor.rs", include_str!("supervisor.rs")),
+        ("rules/waits.rs", include_str!("waits.rs")),
         ("rules/net_effect.rs", include_str!("net_effect.rs")),
         ("rules/properties.rs", include_str!("properties.rs")),
         ("model.rs", include_str!("../model.rs")),

@@ -64,6 +64,8 @@ pub fn cancel(order: &Order, ctx: Context<'_>) -> Result<Decision, &'static str>
         return Err(why);
     }
     let mut d = Deciding::new(order, ctx);
+    // Nothing is waited for once cancelled (§4d): no timer, no signal.
+    d.withdraw_own_waits();
     // A step out whose undo does not exist needs no waiting for.
     let (undoable_out, other_out): (Vec<_>, Vec<_>) = d
         .order

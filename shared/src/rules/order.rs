@@ -453,7 +453,8 @@ impl<'c> Deciding<'c> {
             match s.state {
                 StepState::Running => {
                     s.state = StepState::NotStarted;
-                    s.in_doubt = true;
+                    // A step sas runs itself (§4d) did nothing anywhere.
+                    s.in_doubt |= s.kind().agent().is_some();
                     // When its outcome became unknown: its place in the undo order.
                     s.finished_at = Some(now);
                 }

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use super::breaker::{self, Admit};
-use super::conditions::Prepared;
+use super::conditions::{Launch, Prepared};
 use super::flow;
 use super::order::{
     Context, Deciding, Decision, Effect, Event, Hold, Order, RuleError, undo_withdrawn,
@@ -297,7 +297,7 @@ impl<'c> Deciding<'c> {
     pub(super) fn drive(&mut self) -> Result<(), RuleError> {
         let from = self.row().process_state;
         // Each round skips at least one step, so this ends.
-        let (next, payloads) = loop {
+        let (next, launches) = loop {
             let Some(next) = advance(from, &self.order.views()) else {
                 return Err(RuleError::UnexpectedState {
                     order_id: self.row().order_id,
@@ -311,7 +311,7 @@ impl<'c> Deciding<'c> {
             } = &next
             {
                 match self.prepare_forward(steps)? {
-                    Prepared::Go(payloads) => break (next, payloads),
+                    Prepared::Go(launches) => break (next, launches),
                     Prepared::Skipped => continue,
                     Prepared::Broken(reason) => return self.give_up_and_drive(&reason),
                 }
@@ -322,11 +322,12 @@ impl<'c> Deciding<'c> {
             Advance::Dispatch { steps, direction } => {
                 let mut gated = None;
                 for idx in steps {
-                    let payload = payloads
+                    let launch = launches
                         .iter()
                         .find(|(i, _)| *i == idx)
-                        .and_then(|(_, p)| p.clone());
-                    if let Some(hold) = self.dispatch(idx, direction, payload)? {
+                        .map(|(_, l)| l.clone())
+                        .unwrap_or_default();
+                    if let Some(hold) = self.dispatch(idx, direction, launch)? {
                         gated.get_or_insert(hold);
                     }
                 }
@@ -436,8 +437,9 @@ impl<'c> Deciding<'c> {
 
     /// Sends step `idx` to its agent (or its compensating agent) with a
     /// fresh dispatch id and a complete-by of now plus the step's timeout,
-    /// under the order's current claim, with `payload` (`None`: the
-    /// order's; a step's `input` builds its own, §4d).
+    /// under the order's current claim, as `launch` says (its payload,
+    /// built by the step's `input`, §4d). A step sas runs itself (a wait,
+    /// a signal) is only marked out, with its end as its complete-by.
     ///
     /// While the agent's breaker is open, or the agent has no room under
     /// flow control, the step is not sent: why comes back (with the step's
@@ -446,11 +448,15 @@ impl<'c> Deciding<'c> {
         &mut self,
         idx: i32,
         direction: Direction,
-        payload: Option<Value>,
+        launch: Launch,
     ) -> Result<Option<(Gated<'c>, String)>, RuleError> {
         let now = self.ctx.now;
         let pos = self.step_pos(idx)?;
         let step = &self.order.steps[pos];
+        if direction == Direction::Forward && step.kind().agent().is_none() {
+            self.wait_out(pos, launch.until);
+            return Ok(None);
+        }
         let agent = agent_for(step, direction)
             .ok_or_else(|| RuleError::NoCompensation(step.name.clone()))?
             .to_owned();
@@ -502,7 +508,7 @@ impl<'c> Deciding<'c> {
                 .clone()
                 .unwrap_or_else(|| self.ctx.actor.to_owned()),
             complete_by,
-            payload: payload.unwrap_or_else(|| o.payload.clone()),
+            payload: launch.payload.unwrap_or_else(|| o.payload.clone()),
             results: self.order.results(),
             fencing_token: i64::from(self.order.steps[pos].dispatches),
             timeout_ms: Some(self.order.steps[pos].timeout_ms),

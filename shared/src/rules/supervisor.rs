@@ -138,7 +138,10 @@ pub fn warn(order: &Order, settings: &SupervisorSettings, ctx: Context<'_>) -> O
         .steps
         .iter()
         .enumerate()
-        .filter(|(_, s)| s.state == running)
+        // A wait is not late: its complete-by is its end (§4d).
+        .filter(|(_, s)| {
+            s.state == running && !matches!(s.kind(), crate::workflow::StepKind::Wait { .. })
+        })
         .min_by_key(|(_, s)| s.complete_by)
         .map(|(pos, _)| pos)?;
     let step = &order.steps[pos];
@@ -205,6 +208,7 @@ impl Deciding<'_> {
 
     /// The order given up; whether it is compensating (not failed).
     fn begin_giving_up(&mut self, reason: &str, drive: bool) -> bool {
+        self.withdraw_own_waits();
         if !workflow::anything_to_undo(&self.order.views()) {
             self.fail(reason);
             return false;

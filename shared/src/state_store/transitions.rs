@@ -102,6 +102,12 @@ pub enum Expired {
         order_id: Uuid,
         ended: Option<Ending>,
     },
+    /// Its waits had ended (§4d): completed, and the order went on (and
+    /// ended, when nothing was left).
+    Woke {
+        order_id: Uuid,
+        ended: Option<Ending>,
+    },
 }
 
 /// How an operator's action ended.
@@ -420,6 +426,13 @@ impl Transitions {
                     Some(d) => d.spec.failure_policy(&settings.supervisor),
                     None => settings.failure_policy(&order.row.workflow),
                 };
+                // A wait that has ended is no failure: it completes (§4d).
+                if let Some(decision) = rules::waits::wake(order, ctx) {
+                    let (order_id, ended) = (decision.order.row.order_id, Ending::of(&decision));
+                    unit.apply(i, decision, &self.queues)?;
+                    recovered.push(Expired::Woke { order_id, ended });
+                    continue;
+                }
                 let (decision, requeued) = rules::supervisor::expire(order, &policy, ctx);
                 let (order_id, ended) = (decision.order.row.order_id, Ending::of(&decision));
                 let held = decision.order.row.held_for.is_some();
@@ -504,6 +517,24 @@ impl Transitions {
     pub async fn cancel(&self, operator: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
         self.operate(operator, order_id, |order, ctx| {
             rules::operator::cancel(order, ctx)
+                .map_err(|why| Operated::NotAllowed(order.row.process_state, why))
+        })
+        .await
+    }
+
+    /// The application's signal `name` with `data` for an order (contract
+    /// §4d, [`rules::waits::signal`]): the step waiting for it completes
+    /// with `data` as its result and the order goes on. Refused with why
+    /// when nothing of the order waits for it; a refused signal is not kept.
+    pub async fn signal(
+        &self,
+        actor: &Actor,
+        order_id: Uuid,
+        name: &str,
+        data: &serde_json::Value,
+    ) -> Result<Operated, StoreError> {
+        self.operate(actor, order_id, |order, ctx| {
+            rules::waits::signal(order, name, data, ctx)
                 .map_err(|why| Operated::NotAllowed(order.row.process_state, why))
         })
         .await

@@ -803,3 +803,166 @@ steps = [
         serde_json::json!({ "amountCents": 1200, "reservation": format!("{id}:reserve"), "skus": ["x1", "y2"] })
     );
 }
+
+/// Waits until step `step` of order `id` is in `state`.
+async fn wait_step(app: &TestApp, id: uuid::Uuid, step: &str, state: &str) {
+    app.eventually(
+        &format!("step {step} of {id} is {state}"),
+        Duration::from_secs(20),
+        || async {
+            let found: Option<String> =
+                sqlx::query_scalar("SELECT state FROM steps WHERE order_id = $1 AND name = $2")
+                    .bind(id)
+                    .bind(step)
+                    .fetch_optional(&app.db)
+                    .await
+                    .expect("read step");
+            found.as_deref() == Some(state)
+        },
+    )
+    .await;
+}
+
+fn at(e: &serde_json::Value) -> chrono::DateTime<chrono::Utc> {
+    e["at"].as_str().and_then(|t| t.parse().ok()).expect("at")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_is_held_by_the_state_store_across_a_crash_of_the_scheduler_and_the_supervisor() {
+    let app = TestApp::builder()
+        .extra_config(
+            r#"[workflows.cool]
+steps = [
+  { name = "a", agent = "a" },
+  { name = "cool-off", wait = "3s" },
+  { name = "c", agent = "c" },
+]
+"#,
+        )
+        .build()
+        .await;
+    app.start_all().await;
+    let status = app.status_queue("cool").await;
+    let id = app.submit("cool", Some(&status)).await;
+    wait_step(&app, id, "cool-off", "running").await;
+    // Nothing sleeps in a process: both crash mid-wait and come back.
+    app.kill("scheduler");
+    app.kill("supervisor");
+    app.start("scheduler", "scheduler", &[]).await;
+    app.start("supervisor", "supervisor", &[]).await;
+    let events = app
+        .collect(&status, Duration::from_secs(30), |got| {
+            got.iter().any(sas_tests::is_terminal)
+        })
+        .await;
+    assert_eq!(
+        sas_tests::states(&events),
+        [
+            "received",
+            "processing",
+            "step_succeeded",
+            "step_succeeded",
+            "step_succeeded",
+            "processed"
+        ],
+        "{events:?}"
+    );
+    let (a, cool) = (&events[2], &events[3]);
+    assert_eq!(cool["step"], "cool-off");
+    let waited = at(cool) - at(a);
+    assert!(waited >= chrono::Duration::seconds(3), "waited {waited}");
+    let until: chrono::DateTime<chrono::Utc> = cool["detail"]["result"]["waited_until"]
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .expect("waited_until");
+    assert!(until <= at(cool), "it ended no sooner than its end");
+    assert!(
+        app.stats().keys.keys().all(|k| !k.contains("cool-off")),
+        "no agent ran it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_signal_completes_its_step_and_a_stray_one_is_refused_and_not_kept() {
+    let app = TestApp::builder()
+        .extra_config(
+            r#"[workflows.approved]
+steps = [
+  { name = "reserve", agent = "a", compensate = "a-undo" },
+  { name = "approve", signal = "approval", timeout = "60s" },
+  { name = "charge", agent = "b", input = { approved_by = "results.approve.by" } },
+]
+"#,
+        )
+        .build()
+        .await;
+    app.knobs(
+        "b",
+        Knobs {
+            echo: true,
+            ..Knobs::default()
+        },
+    );
+    app.start_all().await;
+    let status = app.status_queue("approved").await;
+    let id = app.submit("approved", Some(&status)).await;
+    let signal = |name: &'static str, data: &'static str| {
+        let id = id.to_string();
+        let app = &app;
+        async move { run(app, &["orders", "signal", &id, name, "--data", data]).await }
+    };
+    wait_step(&app, id, "approve", "running").await;
+    // A signal no step waits for: refused with the reason, nothing changes.
+    let stray = signal("refund", r#"{"by": "mallory"}"#)
+        .await
+        .expect_code(4);
+    assert!(
+        stray
+            .stderr
+            .contains("no step of the order waits for this signal"),
+        "{}",
+        stray.stderr
+    );
+    let unknown = run(
+        &app,
+        &[
+            "orders",
+            "signal",
+            &uuid::Uuid::now_v7().to_string(),
+            "approval",
+        ],
+    )
+    .await;
+    assert_ne!(unknown.code, Some(0), "an unknown order");
+    assert_eq!(app.order(id).await, Some(("processing".into(), 0)));
+    // Still waiting, without a failure counted.
+    wait_step(&app, id, "approve", "running").await;
+    let approved = signal("approval", r#"{"by": "ann", "note": "ok"}"#)
+        .await
+        .expect_code(0);
+    assert!(approved.stdout.contains("signalled"), "{}", approved.stdout);
+    let events = app
+        .collect(&status, Duration::from_secs(30), |got| {
+            got.iter().any(sas_tests::is_terminal)
+        })
+        .await;
+    assert_eq!(
+        sas_tests::states(&events).last(),
+        Some(&"processed"),
+        "{events:?}"
+    );
+    let approve = of_step(&events, "step_succeeded", "approve");
+    assert_eq!(
+        approve[0]["detail"]["result"],
+        serde_json::json!({ "by": "ann", "note": "ok" })
+    );
+    assert_eq!(approve[0]["detail"]["signal"], "approval");
+    let charge = of_step(&events, "step_succeeded", "charge");
+    assert_eq!(
+        charge[0]["detail"]["result"]["echo"],
+        serde_json::json!({ "approved_by": "ann" })
+    );
+    // Once it is over, the same signal is refused: it was not kept.
+    let late = signal("approval", "{}").await.expect_code(4);
+    assert!(late.stderr.contains("not running"), "{}", late.stderr);
+}

@@ -38,7 +38,9 @@ pub fn plan(
         .with_context(|| format!("no workflow {workflow:?} in the configuration"))?;
     let mut agents: Vec<(&str, bool)> = Vec::new();
     for step in &spec.steps {
-        agents.push((&step.agent, true));
+        if let Some(agent) = &step.agent {
+            agents.push((agent, true));
+        }
         if let Some(undo) = &step.compensate {
             agents.push((undo, false));
         }
