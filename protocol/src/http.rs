@@ -62,6 +62,21 @@ pub struct Cancelled {
     pub state: String,
 }
 
+/// `{"order_id", "signal", "state"}`: the answer to `POST
+/// /v1/orders/{id}/signals/{name}` (contract §4d).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schemars", schemars(title = "Signalled"))]
+pub struct Signalled {
+    /// The order's id.
+    pub order_id: Uuid,
+    /// The signal's name.
+    pub signal: String,
+    /// The order's state after the signal (`processing`, or `processed`
+    /// when the signal's step was its last).
+    pub state: String,
+}
+
 /// The body of every refusal: `{"error", "reason"}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]

@@ -84,6 +84,14 @@ pub enum RejectReason {
     /// strictly, so that no other message is taken for one).
     #[error("unknown field {0}")]
     UnknownField(Quoted),
+    /// A signal that nothing waits for (contract §4d): the order's state
+    /// and why. It is not kept.
+    #[error("order {order_id} is {state}: {why}")]
+    NotWaiting {
+        order_id: Uuid,
+        state: &'static str,
+        why: &'static str,
+    },
 }
 
 impl RejectReason {
@@ -105,6 +113,7 @@ impl RejectReason {
             Self::UnknownApplication(_) => "unknown_application",
             Self::NotTheApplicationsQueue { .. } => "not_the_applications_queue",
             Self::UnknownField(_) => "unknown_field",
+            Self::NotWaiting { .. } => "not_waiting",
         }
     }
 }
@@ -385,6 +394,66 @@ const REPLAY_FIELDS: [&str; 4] = ["order_id", "from_seq", "reply_to", "since"];
 
 /// What `from_seq` must be.
 const FROM_SEQ: &str = "an integer from 0 to 2147483647";
+
+/// A signal for an order's `signal` step (contract §4d), as applications
+/// send it to `<prefix>.signals`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SignalMessage {
+    /// The order, by the id its sender gave it.
+    pub order_id: Uuid,
+    /// The signal's name.
+    pub signal: String,
+    /// The step's result to be (`{}` when absent).
+    pub data: Value,
+}
+
+/// The fields a signal may have.
+const SIGNAL_FIELDS: [&str; 3] = ["order_id", "signal", "data"];
+
+/// The longest signal name: as long as a step's name may be.
+pub const MAX_SIGNAL_NAME_BYTES: usize = 100;
+
+/// Decodes and checks a signal (contract §4d): a JSON object of at most
+/// `max_bytes` with `order_id` (a UUID string), `signal` (a name of 1 to
+/// [`MAX_SIGNAL_NAME_BYTES`] bytes) and optionally `data`, and nothing else.
+pub fn decode_signal(body: &[u8], max_bytes: usize) -> Result<SignalMessage, RejectReason> {
+    if body.len() > max_bytes {
+        return Err(RejectReason::TooLarge {
+            size: body.len(),
+            limit: max_bytes,
+        });
+    }
+    let text = std::str::from_utf8(body).map_err(|_| RejectReason::NotUtf8)?;
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| RejectReason::MalformedJson(Quoted::new(&e.to_string())))?;
+    let Value::Object(mut obj) = value else {
+        return Err(RejectReason::NotAnObject);
+    };
+    if let Some(unknown) = obj.keys().find(|k| !SIGNAL_FIELDS.contains(&k.as_str())) {
+        return Err(RejectReason::UnknownField(Quoted::new(unknown)));
+    }
+    let order_id = match obj.get("order_id") {
+        None | Some(Value::Null) => return Err(RejectReason::MissingField("order_id")),
+        Some(Value::String(s)) => {
+            Uuid::parse_str(s).map_err(|_| wrong("order_id", "a UUID string"))?
+        }
+        Some(_) => return Err(wrong("order_id", "a UUID string")),
+    };
+    let signal = match obj.get("signal") {
+        None | Some(Value::Null) => return Err(RejectReason::MissingField("signal")),
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_SIGNAL_NAME_BYTES => s.clone(),
+        Some(_) => return Err(wrong("signal", "a name of 1 to 100 bytes")),
+    };
+    let data = match obj.remove("data") {
+        None | Some(Value::Null) => Value::Object(serde_json::Map::new()),
+        Some(data) => data,
+    };
+    Ok(SignalMessage {
+        order_id,
+        signal,
+        data,
+    })
+}
 
 /// Decodes and validates a replay request's body, strictly (contract
 /// §1b): a field other than the two forms' is refused, so no other
@@ -775,6 +844,53 @@ mod tests {
 
     fn decode(body: &str) -> Result<Submission, RejectReason> {
         decode_submission(body.as_bytes(), None, 1024, &names()).map_err(|(r, _)| r)
+    }
+
+    #[test]
+    fn a_signal_decodes_strictly_and_any_other_body_says_why() {
+        let id = Uuid::new_v4();
+        let ok = decode_signal(
+            format!(r#"{{"order_id":"{id}","signal":"approval","data":{{"by":"ann"}}}}"#)
+                .as_bytes(),
+            1024,
+        )
+        .expect("a signal");
+        assert_eq!((ok.order_id, ok.signal.as_str()), (id, "approval"));
+        assert_eq!(ok.data, serde_json::json!({ "by": "ann" }));
+        let bare = decode_signal(
+            format!(r#"{{"order_id":"{id}","signal":"s"}}"#).as_bytes(),
+            1024,
+        );
+        assert_eq!(bare.expect("no data").data, serde_json::json!({}));
+        let long = "s".repeat(MAX_SIGNAL_NAME_BYTES + 1);
+        for (body, label) in [
+            (String::new(), "malformed_json"),
+            ("[]".into(), "not_an_object"),
+            (r#"{"signal":"s"}"#.into(), "missing_field"),
+            (format!(r#"{{"order_id":"{id}"}}"#), "missing_field"),
+            (format!(r#"{{"order_id":"{id}","signal":1}}"#), "wrong_type"),
+            (
+                format!(r#"{{"order_id":"{id}","signal":""}}"#),
+                "wrong_type",
+            ),
+            (
+                format!(r#"{{"order_id":"{id}","signal":"{long}"}}"#),
+                "wrong_type",
+            ),
+            (r#"{"order_id":"x","signal":"s"}"#.into(), "wrong_type"),
+            (
+                format!(r#"{{"order_id":"{id}","signal":"s","x":1}}"#),
+                "unknown_field",
+            ),
+            ("x".repeat(2000), "too_large"),
+        ] {
+            let got = decode_signal(body.as_bytes(), 1024).expect_err("refused");
+            assert_eq!(got.label(), label, "{body:.60}: {got}");
+        }
+        assert_eq!(
+            decode_signal(b"\xff", 1024).unwrap_err().label(),
+            "not_utf8"
+        );
     }
 
     #[test]

@@ -50,6 +50,9 @@ pub struct Metrics {
     /// (cut at `submission.max_replay_events`) or the reason it was
     /// dead-lettered.
     pub replays: Family<Labels, Counter>,
+    /// Signals (contract §4d), by `outcome`: `applied` or the reason it was
+    /// dead-lettered (`not_waiting`, `unknown_order`, …).
+    pub signals: Family<Labels, Counter>,
     /// Orders claimed by a scheduler.
     pub orders_claimed: Counter,
     /// Agent replies, by `outcome` (`applied`, `stale`, `malformed`, `failed`:
@@ -111,6 +114,7 @@ impl Metrics {
             orders_duplicate: Counter::default(),
             orders_rejected: Family::default(),
             replays: Family::default(),
+            signals: Family::default(),
             orders_claimed: Counter::default(),
             replies: Family::default(),
             agent_calls: Family::default(),
@@ -158,6 +162,11 @@ impl Metrics {
             "replays",
             "Replay requests served or dead-lettered, by outcome",
             m.replays.clone(),
+        );
+        registry.register(
+            "signals",
+            "Signals applied or dead-lettered, by outcome",
+            m.signals.clone(),
         );
         registry.register(
             "handler_panics",

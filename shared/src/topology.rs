@@ -14,6 +14,8 @@ pub struct QueueNames {
     replies_dead: String,
     replay: String,
     replay_dead: String,
+    signals: String,
+    signals_dead: String,
 }
 
 impl QueueNames {
@@ -29,6 +31,8 @@ impl QueueNames {
             replies_dead: format!("{prefix}.scheduler.replies.dead"),
             replay: format!("{prefix}.replay"),
             replay_dead: format!("{prefix}.replay.dead"),
+            signals: format!("{prefix}.signals"),
+            signals_dead: format!("{prefix}.signals.dead"),
         }
     }
 
@@ -90,6 +94,17 @@ impl QueueNames {
         &self.replay_dead
     }
 
+    /// Where applications send the signals their orders' `signal` steps
+    /// wait for (contract §4d); the submission service serves it.
+    pub fn signals(&self) -> &str {
+        &self.signals
+    }
+
+    /// Signals refused, with `x-sas-reason`.
+    pub fn signals_dead(&self) -> &str {
+        &self.signals_dead
+    }
+
     /// The request queue of an agent.
     pub fn agent_requests(&self, agent: &str) -> String {
         format!("{}.agent.{agent}.requests", self.prefix)
@@ -117,6 +132,8 @@ impl QueueNames {
             queue(&self.replies, Some(&self.replies_dead), true),
             queue(&self.replay_dead, None, false),
             queue(&self.replay, Some(&self.replay_dead), false),
+            queue(&self.signals_dead, None, false),
+            queue(&self.signals, Some(&self.signals_dead), false),
         ];
         for agent in agents {
             let dead = self.agent_requests_dead(agent);
@@ -150,7 +167,9 @@ mod tests {
         assert_eq!(q.agent_requests("payments"), "t1.agent.payments.requests");
         assert_eq!(q.replay(), "t1.replay");
         assert_eq!(q.replay_dead(), "t1.replay.dead");
-        assert_eq!(q.all(["a"]).len(), 9);
+        assert_eq!(q.signals(), "t1.signals");
+        assert_eq!(q.signals_dead(), "t1.signals.dead");
+        assert_eq!(q.all(["a"]).len(), 11);
     }
 
     #[test]

@@ -11,8 +11,9 @@
 //!   `Last-Event-ID` resumes.
 //! - `POST /v1/orders/{id}/cancel`: the operator's cancel (the same
 //!   transition as `sasctl orders cancel`), `202` or `409` with the reason.
-//! - `POST /v1/orders/{id}/signals/{name}`: `409` for now: no workflow has
-//!   signal steps yet.
+//! - `POST /v1/orders/{id}/signals/{name}`: the application's signal to
+//!   the order's step that waits for it (§4d), `202`, or `409` with the
+//!   reason when none waits for it now.
 //! - `GET /v1/openapi.json`: the OpenAPI document ([`openapi`]), generated
 //!   from [`Endpoint::ALL`], which also builds the router.
 //!
@@ -36,7 +37,7 @@ use axum::routing::{MethodFilter, MethodRouter, on};
 use sas::messages::{EventKind, RejectReason, logged_event, truncate_bytes};
 use sas::service::Context;
 use sas::state_store::{EventRow, Operated, OrderRow, StepRow, StoreError, Submitted, Transitions};
-use sas_protocol::http::{Cancelled, OrderAccepted, OrderView, StepView};
+use sas_protocol::http::{Cancelled, OrderAccepted, OrderView, Signalled, StepView};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -467,9 +468,10 @@ async fn cancel(
     }
 }
 
-/// `POST /v1/orders/{id}/signals/{name}`: no workflow has signal steps
-/// yet (contract §4d), so no order ever waits for one: `409`, after the
-/// same checks a signal will get (the caller's order, a JSON body if any).
+/// `POST /v1/orders/{id}/signals/{name}`: the application's signal
+/// (contract §4d, the same transition as `sasctl orders signal`), its data
+/// the body (none: `{}`); `202`, or `409` with the reason when no step of
+/// the order waits for it now (it is not kept).
 async fn signal(
     State(api): State<Arc<Api>>,
     caller: Caller,
@@ -478,21 +480,42 @@ async fn signal(
 ) -> Result<Response, ApiError> {
     let given = parse_id(&id)?;
     let body = read_body(body)?;
-    if !body.is_empty() && serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err() {
-        return Err(ApiError::bad_request(
-            "malformed_json",
-            "the signal's data must be JSON",
-        ));
+    let data: Value = if body.is_empty() {
+        json!({})
+    } else {
+        serde_json::from_slice(&body).map_err(|_| {
+            ApiError::bad_request("malformed_json", "the signal's data must be JSON")
+        })?
+    };
+    let row = owned(&api, &caller, given).await?;
+    let store = api.ctx.store().map_err(|e| ApiError::internal(&e))?;
+    let transitions = Transitions::new(store.clone(), api.ctx.queues.clone());
+    let actor = caller.actor();
+    let outcome = transitions
+        .signal(&actor, row.order_id, &name, &data)
+        .await
+        .map_err(|e| ApiError::store(&e))?;
+    let shown = truncate_bytes(&name, 64);
+    match outcome {
+        Operated::Done(state) => {
+            tracing::info!(order_id = %row.order_id, actor = %actor.name, signal = %shown, "signal applied over HTTP");
+            let body = Signalled {
+                order_id: given,
+                signal: name,
+                state: state.as_str().to_owned(),
+            };
+            Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response())
+        }
+        Operated::NotAllowed(state, why) => Err(ApiError {
+            extra: Some(("state", Value::from(state.as_str()))),
+            ..ApiError::new(
+                StatusCode::CONFLICT,
+                "not_waiting",
+                format!("cannot signal {shown} to order {given}: it is {state} ({why})"),
+            )
+        }),
+        Operated::NotFound | Operated::PayloadRefused(_) => Err(ApiError::not_found(given)),
     }
-    owned(&api, &caller, given).await?;
-    Err(ApiError::new(
-        StatusCode::CONFLICT,
-        "not_waiting",
-        format!(
-            "no step of this order waits for signal {}",
-            truncate_bytes(&name, 64)
-        ),
-    ))
 }
 
 /// `GET /v1/openapi.json`: needs no credentials.

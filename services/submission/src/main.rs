@@ -2,10 +2,12 @@
 //! state record and `received` event in one transaction, dead-letters the rest;
 //! serves replay requests (`<prefix>.replay`, contract §9) from the event log,
 //! and the HTTP API of orders on its port (`/v1`, contract §9a), which stores
-//! orders through the same intake as the queue.
+//! orders through the same intake as the queue; applies the signals of
+//! `<prefix>.signals` to the orders' steps waiting for them (contract §4d).
 
 mod http_api;
 mod replay;
+mod signals;
 mod submission;
 
 use std::process::ExitCode;

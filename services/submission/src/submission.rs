@@ -2,7 +2,8 @@
 //! steps, `received` event, outbox) → ack. Bad messages are copied to
 //! `<prefix>.orders.dead` with the reason in `x-sas-reason`, answered with
 //! `rejected` where a reply queue is known, and only then acknowledged.
-//! Beside it, the same session serves `<prefix>.replay` ([`crate::replay`]).
+//! Beside it, the same session serves `<prefix>.replay` ([`crate::replay`])
+//! and `<prefix>.signals` ([`crate::signals`]).
 
 use std::sync::Arc;
 
@@ -23,6 +24,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::replay::Replayer;
+use crate::signals::Signaller;
 
 /// Runs the submission until shutdown, storing orders through `intake`
 /// (shared with the HTTP API, [`crate::http_api`]).
@@ -37,6 +39,11 @@ pub async fn run(ctx: Arc<Context>, intake: Arc<Intake>) -> anyhow::Result<()> {
     let replayer = Arc::new(Replayer {
         store,
         ctx: ctx.clone(),
+    });
+    let signaller = Arc::new(Signaller {
+        transitions: sas::state_store::Transitions::new(ctx.store()?.clone(), ctx.queues.clone()),
+        ctx: ctx.clone(),
+        actor: sas::state_store::Actor::new_instance("submission"),
     });
     let submission = Arc::new(Submitter {
         intake,
@@ -59,8 +66,17 @@ pub async fn run(ctx: Arc<Context>, intake: Arc<Intake>) -> anyhow::Result<()> {
                 "submission-replay",
             )
             .await?;
-        // The two consumers end together: whichever stops first (the
-        // broker lost, or shutdown) stops the other.
+        let signals = ctx
+            .subscribe(
+                broker,
+                &publisher,
+                ctx.queues.signals(),
+                SIGNAL_PREFETCH,
+                "submission-signals",
+            )
+            .await?;
+        // The consumers end together: whichever stops first (the broker
+        // lost, or shutdown) stops the others.
         let stop = ctx.shutdown.child_token();
         let orders = async {
             let end = broker::consume(
@@ -94,9 +110,24 @@ pub async fn run(ctx: Arc<Context>, intake: Arc<Intake>) -> anyhow::Result<()> {
             stop.cancel();
             end
         };
-        let end = match tokio::join!(orders, replaying) {
-            (Err(e), _) | (Ok(_), Err(e)) => Err(e),
-            (Ok(end), Ok(_)) => Ok(end),
+        let signalling = async {
+            let end = broker::consume(
+                signals,
+                &stop,
+                relay.lost(),
+                ctx.settings.shutdown.grace,
+                |delivery| {
+                    let signaller = signaller.clone();
+                    async move { signaller.handle(delivery).await }
+                },
+            )
+            .await;
+            stop.cancel();
+            end
+        };
+        let end = match tokio::join!(orders, replaying, signalling) {
+            (Err(e), _, _) | (Ok(_), Err(e), _) | (Ok(_), Ok(_), Err(e)) => Err(e),
+            (Ok(end), Ok(_), Ok(_)) => Ok(end),
         };
         relay.stop(end).await
     })
@@ -107,6 +138,9 @@ pub async fn run(ctx: Arc<Context>, intake: Arc<Intake>) -> anyhow::Result<()> {
 
 /// Replay requests worked on at once: each may publish thousands of events.
 const REPLAY_PREFETCH: u16 = 4;
+
+/// Signals worked on at once: each is one transition.
+const SIGNAL_PREFETCH: u16 = 16;
 
 /// An order to store, and what became of it.
 type Batcher = sas::batch::Batcher<(NewOrder, Workflow), Result<Submitted, Arc<StoreError>>>;

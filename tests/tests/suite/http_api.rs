@@ -442,7 +442,7 @@ async fn cancel_answers_202_then_409_once_ended_and_signals_are_refused() {
     assert_eq!(refused.status, 409);
     assert_eq!(refused.body["state"], "processed");
 
-    // Signals: no step waits for one.
+    // Signals: nothing of an ended order waits for one.
     let signal = api
         .post(
             &format!("/v1/orders/{id}/signals/approval"),
@@ -451,9 +451,15 @@ async fn cancel_answers_202_then_409_once_ended_and_signals_are_refused() {
         )
         .await;
     assert_eq!(signal.status, 409, "{}", signal.body);
-    assert_eq!(
-        signal.body["reason"],
-        "no step of this order waits for signal approval"
+    assert_eq!(signal.body["error"], "not_waiting");
+    assert_eq!(signal.body["state"], "compensated");
+    assert!(
+        signal.body["reason"]
+            .as_str()
+            .unwrap()
+            .contains("the order is not running"),
+        "{}",
+        signal.body
     );
     let unknown = Uuid::new_v4();
     for path in [
@@ -466,6 +472,67 @@ async fn cancel_answers_202_then_409_once_ended_and_signals_are_refused() {
         .post(&format!("/v1/orders/{id}/signals/approval"), "{oops", None)
         .await;
     assert_eq!(bad.status, 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_over_http_completes_the_step_waiting_for_it_and_a_stray_one_is_a_409() {
+    let app = TestApp::builder()
+        .extra_config(
+            r#"[workflows.approved]
+steps = [
+  { name = "reserve", agent = "a" },
+  { name = "approve", signal = "approval", timeout = "60s" },
+]
+"#,
+        )
+        .spawn()
+        .await;
+    let api = Api::new(&app);
+    let posted = api.submit(&order("approved", json!({})), None, None).await;
+    let id: Uuid = serde_json::from_value(posted.body["order_id"].clone()).unwrap();
+    app.eventually(
+        "the approve step waits",
+        Duration::from_secs(20),
+        || async {
+            let state: Option<String> = sqlx::query_scalar(
+                "SELECT state FROM steps WHERE order_id = $1 AND name = 'approve'",
+            )
+            .bind(id)
+            .fetch_optional(&app.db)
+            .await
+            .unwrap();
+            state.as_deref() == Some("running")
+        },
+    )
+    .await;
+    let stray = api
+        .post(&format!("/v1/orders/{id}/signals/refund"), "{}", None)
+        .await;
+    assert_eq!(stray.status, 409, "{}", stray.body);
+    assert_eq!(stray.body["state"], "processing");
+    assert!(
+        stray.body["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no step of the order waits for this signal")
+    );
+    let signalled = api
+        .post(
+            &format!("/v1/orders/{id}/signals/approval"),
+            r#"{"by": "ann"}"#,
+            None,
+        )
+        .await;
+    assert_eq!(signalled.status, 202, "{}", signalled.body);
+    assert_eq!(signalled.body["signal"], "approval");
+    assert_eq!(signalled.body["state"], "processed", "its last step");
+    let view = api.get(&format!("/v1/orders/{id}"), None).await.body;
+    assert_eq!(view["steps"][1]["result"], json!({ "by": "ann" }));
+    // The same again: nothing waits any more.
+    let again = api
+        .post(&format!("/v1/orders/{id}/signals/approval"), "", None)
+        .await;
+    assert_eq!(again.status, 409, "{}", again.body);
 }
 
 /// `sha256:` of `shop-token-1` and of `billing-token-1`.

@@ -152,6 +152,12 @@ fn every_example_of_the_asyncapi_document_is_read_as_it_says() {
         let wire: ReplayRequest = serde_json::from_value(request).expect("the wire type reads it");
         assert_eq!(wire, decoded);
     }
+    for signal in examples(&doc, "Signal") {
+        let body = serde_json::to_vec(&signal).expect("json");
+        let decoded = sas::messages::decode_signal(&body, 1 << 20)
+            .unwrap_or_else(|r| panic!("the server refuses {signal}: {r}"));
+        assert_eq!(decoded.data, signal["data"]);
+    }
     for alert in examples(&doc, "Alert") {
         let _: Alert = serde_json::from_value(alert).expect("an alert");
     }

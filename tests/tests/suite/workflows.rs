@@ -966,3 +966,160 @@ steps = [
     let late = signal("approval", "{}").await.expect_code(4);
     assert!(late.stderr.contains("not running"), "{}", late.stderr);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_on_the_queue_complete_their_step_and_hostile_ones_are_dead_lettered_with_the_neighbours_unharmed()
+ {
+    let app = TestApp::builder()
+        .extra_config(
+            r#"[workflows.approved]
+steps = [
+  { name = "reserve", agent = "a", compensate = "a-undo" },
+  { name = "approve", signal = "approval", timeout = "60s" },
+  { name = "charge", agent = "b" },
+]
+"#,
+        )
+        .build()
+        .await;
+    app.start_all().await;
+    let status = app.status_queue("approved").await;
+    let (first, second) = (
+        app.submit("approved", Some(&status)).await,
+        app.submit("approved", Some(&status)).await,
+    );
+    for id in [first, second] {
+        wait_step(&app, id, "approve", "running").await;
+    }
+    let publisher = app.publisher();
+    let send = |body: Vec<u8>| {
+        let publisher = publisher.clone();
+        let queue = app.queues.signals().to_owned();
+        async move {
+            publisher
+                .publish(&sas::broker::Outgoing {
+                    routing_key: &queue,
+                    body: &body,
+                    mandatory: true,
+                    ..sas::broker::Outgoing::default()
+                })
+                .await
+                .expect("publish signal");
+        }
+    };
+    let deep = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
+    let f = first.to_string();
+    let hostile: Vec<(Vec<u8>, &str)> = vec![
+        (b"".to_vec(), "not valid JSON"),
+        (b"\xff\xfe".to_vec(), "UTF-8"),
+        (b"[1, 2]".to_vec(), "JSON object"),
+        (b"null".to_vec(), "JSON object"),
+        (br#"{"signal": "approval"}"#.to_vec(), "order_id"),
+        (format!(r#"{{"order_id": "{f}"}}"#).into_bytes(), "signal"),
+        (
+            br#"{"order_id": 7, "signal": "approval"}"#.to_vec(),
+            "order_id",
+        ),
+        (
+            format!(r#"{{"order_id": "{f}", "signal": ""}}"#).into_bytes(),
+            "signal",
+        ),
+        (
+            format!(r#"{{"order_id": "{f}", "signal": "{}"}}"#, "s".repeat(101)).into_bytes(),
+            "signal",
+        ),
+        (
+            format!(r#"{{"order_id": "{f}", "signal": "approval", "step": "approve"}}"#)
+                .into_bytes(),
+            "unknown field",
+        ),
+        (
+            format!(r#"{{"order_id": "{f}", "signal": "approval", "data": {deep}}}"#).into_bytes(),
+            "not valid JSON",
+        ),
+        (
+            format!(r#"{{"order_id": "{f}", "signal": "refund"}}"#).into_bytes(),
+            "no step of the order waits for this signal",
+        ),
+        (
+            format!(
+                r#"{{"order_id": "{f}", "signal": "{}"}}"#,
+                app.queues.orders()
+            )
+            .into_bytes(),
+            "no step of the order waits",
+        ),
+        (
+            format!(
+                r#"{{"order_id": "{}", "signal": "approval"}}"#,
+                uuid::Uuid::now_v7()
+            )
+            .into_bytes(),
+            "unknown order",
+        ),
+        (vec![b' '; 2 * 1024 * 1024], ""),
+    ];
+    for (body, _) in &hostile {
+        send(body.clone()).await;
+    }
+    let dead = app.queues.signals_dead().to_owned();
+    app.eventually(
+        "every hostile signal dead-lettered",
+        Duration::from_secs(20),
+        || async { app.ready(&dead).await as usize == hostile.len() },
+    )
+    .await;
+    let letters = app.drain(&dead).await;
+    // Signals are handled concurrently: each is found by its body.
+    for (body, says) in &hostile {
+        let (_, reason) = letters
+            .iter()
+            .find(|(kept, _)| kept == body)
+            .unwrap_or_else(|| {
+                panic!(
+                    "{:.80} dead-lettered as sent",
+                    String::from_utf8_lossy(body)
+                )
+            });
+        let reason = reason.clone().unwrap_or_default();
+        assert!(reason.contains(says), "{reason:?} should say {says:?}");
+    }
+    // The neighbours are unharmed: both still wait, nothing counted.
+    for id in [first, second] {
+        assert_eq!(app.order(id).await, Some(("processing".into(), 0)));
+        wait_step(&app, id, "approve", "running").await;
+    }
+    app.assert_running(&["submission", "scheduler", "agent", "supervisor"]);
+    // A good signal on the queue completes the first; the second goes on waiting.
+    send(
+        format!(r#"{{"order_id": "{f}", "signal": "approval", "data": {{"by": "ann"}}}}"#)
+            .into_bytes(),
+    )
+    .await;
+    sas_tests::cli::wait_state(&app, first, "processed", Duration::from_secs(20)).await;
+    assert_eq!(app.order(second).await, Some(("processing".into(), 0)));
+    let steps: serde_json::Value =
+        sqlx::query_scalar("SELECT result FROM steps WHERE order_id = $1 AND name = 'approve'")
+            .bind(first)
+            .fetch_one(&app.db)
+            .await
+            .expect("result");
+    assert_eq!(steps, serde_json::json!({ "by": "ann" }));
+    // The same signal again is refused: it was not kept.
+    send(format!(r#"{{"order_id": "{f}", "signal": "approval"}}"#).into_bytes()).await;
+    app.eventually(
+        "the late signal dead-lettered",
+        Duration::from_secs(20),
+        || async { app.ready(&dead).await == 1 },
+    )
+    .await;
+    let late = app.drain(&dead).await;
+    assert!(
+        late[0]
+            .1
+            .as_deref()
+            .unwrap_or_default()
+            .contains("is processed"),
+        "{late:?}"
+    );
+}

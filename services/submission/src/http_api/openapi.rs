@@ -217,7 +217,7 @@ fn operation(endpoint: Endpoint, refs: &Refs) -> Value {
         Endpoint::Signal => json!({
             "operationId": "signalOrder",
             "summary": "Send a signal to an order's step that waits for it (contract §4d).",
-            "description": "No workflow has signal steps yet: every signal to an existing order is refused with 409.",
+            "description": "The step of the order that waits for this signal completes with the signal's data (the body; none: `{}`) as its result, and the order goes on. A signal that no step of the order waits for now is refused with 409 and not kept.",
             "parameters": [
                 id_parameter(),
                 {
@@ -234,8 +234,19 @@ fn operation(endpoint: Endpoint, refs: &Refs) -> Value {
                 "content": { "application/json": { "schema": {} } },
             },
             "responses": {
-                "202": { "description": "Applied." },
-                "409": refusal(refs, "No step of this order waits for this signal."),
+                "202": {
+                    "description": "Applied: `{\"order_id\", \"signal\", \"state\"}`, the state the order is in now.",
+                    "content": { "application/json": { "schema": {
+                        "type": "object",
+                        "properties": {
+                            "order_id": { "type": "string", "format": "uuid" },
+                            "signal": { "type": "string" },
+                            "state": { "type": "string" },
+                        },
+                        "required": ["order_id", "signal", "state"],
+                    } } },
+                },
+                "409": refusal(refs, "No step of this order waits for this signal now (`state` says the order's)."),
                 "413": refusal(refs, "A body over `submission.max_body_bytes`."),
             },
         }),

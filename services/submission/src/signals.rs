@@ -1,0 +1,106 @@
+//! Signals (contract §4d): `<prefix>.signals` → the order's step waiting
+//! for the signal completes with its `data` ([`Transitions::signal`]) →
+//! ack. A signal that cannot be applied (malformed, an unknown order, or
+//! one no step waits for now) is copied to `<prefix>.signals.dead` with
+//! the reason in `x-sas-reason`, counted, and acknowledged: it is never
+//! kept to be applied later by surprise.
+
+use std::sync::Arc;
+
+use sas::broker::{self, BrokerError, Received};
+use sas::messages::{RejectReason, decode_signal};
+use sas::metrics::labels;
+use sas::service::Context;
+use sas::state_store::{Actor, Operated, StoreError, Transitions};
+use tracing::Instrument;
+
+/// Serves signals.
+pub struct Signaller {
+    pub transitions: Transitions,
+    pub ctx: Arc<Context>,
+    /// Who signals, in the event log: the submission instance.
+    pub actor: Actor,
+}
+
+impl Signaller {
+    /// Handles one signal; an error means the broker is gone (the signal
+    /// comes again; once applied, again is refused: nothing waits for it).
+    pub async fn handle(&self, delivery: Received) -> Result<(), BrokerError> {
+        // With applications configured (contract §1b), only an
+        // application's, and only to its own orders: its ids map into its
+        // own namespace, where no other application's order is.
+        let sender = match self.ctx.applications.identify(delivery.user_id()) {
+            Ok(sender) => sender,
+            Err(unknown) => {
+                return self
+                    .reject(&delivery, &RejectReason::UnknownApplication(unknown))
+                    .await;
+            }
+        };
+        let max = self.ctx.settings.submission.max_body_bytes;
+        let signal = match decode_signal(delivery.body(), max) {
+            Ok(signal) => signal,
+            Err(reason) => return self.reject(&delivery, &reason).await,
+        };
+        let given = signal.order_id;
+        let order_id = sender.map_or(given, |app| app.order_id(given));
+        let span = tracing::info_span!("signal", %order_id, signal = %signal.signal);
+        let outcome = self
+            .transitions
+            .signal(&self.actor, order_id, &signal.signal, &signal.data)
+            .instrument(span.clone())
+            .await;
+        let _in = span.enter();
+        match outcome {
+            Ok(Operated::Done(state)) => {
+                tracing::info!(%state, "signal applied");
+                self.count("applied");
+                broker::ack(&delivery).await
+            }
+            Ok(Operated::NotAllowed(state, why)) => {
+                let reason = RejectReason::NotWaiting {
+                    order_id: given,
+                    state: state.as_str(),
+                    why,
+                };
+                self.reject(&delivery, &reason).await
+            }
+            Ok(Operated::NotFound | Operated::PayloadRefused(_)) => {
+                self.reject(&delivery, &RejectReason::UnknownOrder(given))
+                    .await
+            }
+            Err(e) => self.store_failed(&delivery, &e).await,
+        }
+    }
+
+    /// Dead-letters the signal with its reason, and counts it.
+    async fn reject(&self, delivery: &Received, reason: &RejectReason) -> Result<(), BrokerError> {
+        let text = reason.to_string();
+        tracing::warn!(reason = %text, "signal refused; dead-lettered");
+        self.count(reason.label());
+        if matches!(reason, RejectReason::TooLarge { .. }) {
+            // Through the broker, not copied: a copy holds it twice.
+            return broker::dead_letter(delivery).await;
+        }
+        broker::dead_letter_with(delivery, &text).await
+    }
+
+    /// The state store failed: a transient failure hands the signal back
+    /// after a pause; any other is retried a bounded number of times.
+    async fn store_failed(&self, delivery: &Received, e: &StoreError) -> Result<(), BrokerError> {
+        tracing::warn!(error = %e, transient = e.is_transient(), "could not apply a signal");
+        if e.is_transient() {
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            return broker::requeue(delivery).await;
+        }
+        broker::retry_counted(delivery, &format!("could not apply the signal: {e}")).await
+    }
+
+    fn count(&self, outcome: &str) {
+        self.ctx
+            .metrics
+            .signals
+            .get_or_create(&labels(&[("outcome", outcome)]))
+            .inc();
+    }
+}
