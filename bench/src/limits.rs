@@ -242,6 +242,8 @@ fn workflow(name: &str, steps: usize) -> anyhow::Result<Workflow> {
                 wait: None,
                 until: None,
                 signal: None,
+                for_each: None,
+                max_concurrency: None,
                 timeout: Duration::from_secs(5),
                 compensate: (steps > 1 && i + 1 < steps).then(|| format!("{s}-undo")),
                 retry: None,

@@ -54,6 +54,15 @@ impl Expr {
         })
     }
 
+    /// The variables it reads (`payload`, `results`, …), sorted.
+    pub fn references(&self) -> Vec<String> {
+        let refs = self.program.references();
+        let mut names: Vec<String> = refs.variables().into_iter().map(str::to_owned).collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
     /// The expression as written.
     pub fn source(&self) -> &str {
         &self.source

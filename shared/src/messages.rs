@@ -601,6 +601,14 @@ pub struct StepRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schemars", schemars(with = "Option<Value>"))]
     pub retry: Option<crate::spec::RetrySpec>,
+    /// For an item of a `for_each` step (§4d): the item, sent to the
+    /// remote as `item`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<Value>,
+    /// For an item of a `for_each` step: its index in the list, sent to
+    /// the remote as `index`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
 }
 
 fn is_zero(n: &i32) -> bool {
@@ -641,13 +649,19 @@ impl StepRequest {
 
     /// The HTTP body sent to the remote service (contract §4).
     pub fn remote_body(&self) -> Value {
-        serde_json::json!({
+        let mut body = serde_json::json!({
             "order_id": self.order_id,
             "step": self.step,
             "attempt": self.attempt,
             "payload": self.payload,
             "results": self.results,
-        })
+        });
+        // An item of a `for_each` step (§4d) says which.
+        if let (Some(item), Some(index)) = (&self.item, self.index) {
+            body["item"] = item.clone();
+            body["index"] = Value::from(index);
+        }
+        body
     }
 }
 
@@ -1613,6 +1627,8 @@ mod tests {
             redrive: 0,
             in_doubt: false,
             retry: None,
+            item: None,
+            index: None,
         };
         assert!(req.idempotency_key().ends_with(":charge:compensate"));
         let reply = StepReply::to(&req, StepOutcome::Failed { error: "no".into() });

@@ -106,9 +106,16 @@ impl WorkflowSpec {
         std::borrow::Cow::Owned(own)
     }
 
+    /// The step named `step`, or, for an item of a `for_each` step
+    /// (`<step>:<index>`), that step.
+    pub fn step(&self, step: &str) -> Option<&StepSpec> {
+        let name = crate::workflow::item_of(step).map_or(step, |(base, _)| base);
+        self.steps.iter().find(|s| s.name == name)
+    }
+
     /// `retry` of step `step`, if it sets one.
     pub fn step_retry(&self, step: &str) -> Option<RetrySpec> {
-        self.steps.iter().find(|s| s.name == step)?.retry
+        self.step(step)?.retry
     }
 }
 
@@ -194,6 +201,13 @@ pub struct StepSpec {
     /// its `data` is the step's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<String>,
+    /// §4d: a CEL expression over `payload` giving a list: the step runs
+    /// once per item.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_each: Option<Expr>,
+    /// §4d: the items of a `for_each` out at once, at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<u32>,
     /// The step's complete-by, counted from its dispatch.
     #[serde(with = "humantime_serde", default = "default_step_timeout")]
     pub timeout: Duration,

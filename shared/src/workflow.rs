@@ -65,6 +65,39 @@ pub struct Step {
     pub after: Vec<i32>,
     /// How far `202 Accepted` heartbeats may move its complete-by, from its first dispatch.
     pub max_duration: Duration,
+    /// Its `for_each` list (§4d), if it runs once per item.
+    pub for_each: Option<crate::expr::Expr>,
+}
+
+/// The most items a `for_each` step runs: a longer list fails the step.
+pub const MAX_ITEMS: usize = 1000;
+
+/// The most bytes of payload a `for_each` step's requests may carry in
+/// all (each item's request carries the order's payload): a longer list of
+/// a large payload fails the step rather than flood the broker.
+pub const MAX_FAN_OUT_BYTES: usize = 64 << 20;
+
+/// Why a list of `items` items of a step cannot run over `payload`: too
+/// many, or too many bytes for the broker in all.
+pub fn fan_out_refusal(items: usize, payload: &serde_json::Value) -> Option<String> {
+    if items > MAX_ITEMS {
+        return Some(format!(
+            "{items} items, more than the {MAX_ITEMS} a step may run"
+        ));
+    }
+    let bytes = serde_json::to_vec(payload).map_or(0, |b| b.len());
+    (items.saturating_mul(bytes) > MAX_FAN_OUT_BYTES).then(|| {
+        format!(
+            "{items} items of a payload of {bytes} bytes: more than the {MAX_FAN_OUT_BYTES} bytes the requests of a step may carry"
+        )
+    })
+}
+
+/// The step and item index of an item's name, `<step>:<index>` (a step's
+/// own name has no ':'), for an item of a `for_each` step.
+pub fn item_of(name: &str) -> Option<(&str, usize)> {
+    let (base, index) = name.rsplit_once(':')?;
+    Some((base, index.parse().ok()?))
 }
 
 fn valid_name(s: &str) -> bool {
@@ -113,6 +146,9 @@ impl Workflow {
             if kind.agent().is_some() && s.max_duration < s.timeout {
                 return Err(bad("max_duration must be at least the timeout"));
             }
+            if let Some(problem) = for_each_problem(s, kind) {
+                return Err(bad(problem));
+            }
             steps.push(Step {
                 name: s.name.clone(),
                 agent: kind.column(),
@@ -120,6 +156,7 @@ impl Workflow {
                 compensate: s.compensate.clone(),
                 after: Vec::new(),
                 max_duration: s.max_duration.max(timeout),
+                for_each: s.for_each.clone(),
             });
         }
         for (i, s) in spec.steps.iter().enumerate() {
@@ -246,6 +283,92 @@ fn kind_of(s: &crate::spec::StepSpec) -> Result<StepKind<'_>, &'static str> {
         return Err("only a step an agent runs has compensate or retry");
     }
     Ok(kind)
+}
+
+/// Why step `s`'s `for_each` cannot work: only an agent's step runs per
+/// item; its list is planned when the order is stored, so it may read only
+/// `payload`; a constant must be a list; `max_concurrency` goes with it
+/// and is at least 1.
+fn for_each_problem(s: &crate::spec::StepSpec, kind: StepKind<'_>) -> Option<&'static str> {
+    let Some(each) = &s.for_each else {
+        return s
+            .max_concurrency
+            .is_some()
+            .then_some("max_concurrency needs a for_each");
+    };
+    if kind.agent().is_none() {
+        return Some("only a step an agent runs has a for_each");
+    }
+    if s.max_concurrency == Some(0) {
+        return Some("max_concurrency must be at least 1");
+    }
+    let refs = each.references();
+    // (A macro's own variables, `items.map(i, …)`, are references too.)
+    if refs.iter().any(|r| r == "results") {
+        return Some(
+            "a for_each may read only payload: its items are planned when the order is stored",
+        );
+    }
+    if refs.is_empty() {
+        let empty = serde_json::Map::new();
+        let vars = crate::expr::Vars {
+            payload: &serde_json::Value::Null,
+            results: &empty,
+        };
+        if !each.eval(vars).is_ok_and(|v| v.is_array()) {
+            return Some("the for_each does not give a list");
+        }
+    }
+    None
+}
+
+impl Workflow {
+    /// The steps an order of `payload` stores: each step as compiled, but a
+    /// `for_each` step as one step per item of its list (`<step>:<index>`,
+    /// each with the step's agent, undo and `after`; the steps after it
+    /// wait for every item). A list that cannot be read, is empty or too
+    /// large ([`fan_out_refusal`]) leaves the step whole, and its dispatch
+    /// says why (an empty one skips it).
+    pub fn plan(&self, payload: &serde_json::Value) -> Vec<Step> {
+        if self.steps.iter().all(|s| s.for_each.is_none()) {
+            return self.steps.clone();
+        }
+        let empty = serde_json::Map::new();
+        let vars = crate::expr::Vars {
+            payload,
+            results: &empty,
+        };
+        let mut rows: Vec<Step> = Vec::with_capacity(self.steps.len());
+        // The rows of each step of the workflow, by the step's index.
+        let mut rows_of: Vec<Vec<i32>> = Vec::with_capacity(self.steps.len());
+        for s in &self.steps {
+            let items = s
+                .for_each
+                .as_ref()
+                .and_then(|each| each.eval(vars).ok())
+                .and_then(|list| list.as_array().map(Vec::len))
+                .filter(|&n| n > 0 && fan_out_refusal(n, payload).is_none());
+            let first = rows.len();
+            match items {
+                Some(n) => rows.extend((0..n).map(|i| Step {
+                    name: format!("{}:{i}", s.name),
+                    ..s.clone()
+                })),
+                None => rows.push(s.clone()),
+            }
+            rows_of.push((first..rows.len()).map(idx).collect());
+        }
+        for row in &mut rows {
+            row.after = row
+                .after
+                .iter()
+                .filter_map(|a| usize::try_from(*a).ok().and_then(|a| rows_of.get(a)))
+                .flatten()
+                .copied()
+                .collect();
+        }
+        rows
+    }
 }
 
 /// The step before step `idx` in the list, which a step without `after`
@@ -441,6 +564,8 @@ mod tests {
                     wait: None,
                     until: None,
                     signal: None,
+                    for_each: None,
+                    max_concurrency: None,
                     timeout: Duration::from_secs(1),
                     compensate: None,
                     retry: None,

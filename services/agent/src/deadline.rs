@@ -104,6 +104,8 @@ mod tests {
             redrive: 0,
             in_doubt: false,
             retry: None,
+            item: None,
+            index: None,
         }
     }
 

@@ -776,6 +776,8 @@ mod tests {
             redrive: 0,
             in_doubt: false,
             retry: None,
+            item: None,
+            index: None,
         };
         let d = Deadline::of(&request, Instant::now(), false, None);
         tokio::time::advance(Duration::from_millis(100)).await;

@@ -74,8 +74,9 @@ pub struct Knobs {
     /// simulator shuts down meanwhile, the call answers 503, but its effect
     /// stands. Not applied to polls of long-running operations. 0: off.
     pub late_answer_ms: u64,
-    /// An applied call's answer quotes the request's `payload` as `echo`:
-    /// what the remote was sent, for tests of the payload sas builds.
+    /// An applied call's answer quotes the request's `payload` as `echo`
+    /// (and a fan-out's `item` and `index`): what the remote was sent, for
+    /// tests of the payload sas builds.
     pub echo: bool,
 }
 

@@ -350,6 +350,12 @@ impl RemoteSim {
         {
             let sent = body.get("payload").cloned().unwrap_or_default();
             fields.insert("echo".into(), sent);
+            // An item of a fan-out (§4d) is quoted too.
+            for field in ["item", "index"] {
+                if let Some(value) = body.get(field) {
+                    fields.insert(field.into(), value.clone());
+                }
+            }
         }
         *stored = Some(response.clone());
         record(Outcome::Applied);

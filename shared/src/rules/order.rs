@@ -30,12 +30,32 @@ impl Order {
         self.steps.iter().map(StepRow::view).collect()
     }
 
-    /// The results of the completed steps, by step name.
+    /// The results of the completed steps, by step name; a `for_each`
+    /// step's is the list of its items' results in the items' order (null
+    /// for an item with none yet).
     pub fn results(&self) -> Map<String, Value> {
-        self.steps
-            .iter()
-            .filter_map(|s| s.result.clone().map(|r| (s.name.clone(), r)))
-            .collect()
+        let mut results = Map::new();
+        for s in &self.steps {
+            match crate::workflow::item_of(&s.name) {
+                None => {
+                    if let Some(r) = &s.result {
+                        results.insert(s.name.clone(), r.clone());
+                    }
+                }
+                Some((base, index)) => {
+                    let list = results
+                        .entry(base.to_owned())
+                        .or_insert_with(|| Value::Array(Vec::new()));
+                    if let Value::Array(items) = list {
+                        if items.len() <= index {
+                            items.resize(index + 1, Value::Null);
+                        }
+                        items[index] = s.result.clone().unwrap_or(Value::Null);
+                    }
+                }
+            }
+        }
+        results
     }
 }
 
@@ -108,7 +128,11 @@ pub enum Effect {
     /// Log (and announce) an event.
     Event(Logged),
     /// Send a step (or its undo) to this agent.
-    Request { agent: String, request: StepRequest },
+    /// (Boxed: a request is several times the size of the other effects.)
+    Request {
+        agent: String,
+        request: Box<StepRequest>,
+    },
     /// Tell the operators.
     Alert(Alert),
 }
@@ -145,7 +169,7 @@ impl Decision {
     /// The step requests sent, in order.
     pub fn requests(&self) -> impl Iterator<Item = (&str, &StepRequest)> {
         self.effects.iter().filter_map(|e| match e {
-            Effect::Request { agent, request } => Some((agent.as_str(), request)),
+            Effect::Request { agent, request } => Some((agent.as_str(), &**request)),
             _ => None,
         })
     }
@@ -531,6 +555,30 @@ pub(crate) mod fixture {
         }
     }
 
+    /// The definitions a test's orders run under.
+    pub type Known = Vec<(Uuid, std::sync::Arc<crate::spec::Definition>)>;
+
+    /// A pending order of the workflow of `steps` (as configured), with
+    /// `payload`, planned as the submission plans it, and its definition.
+    pub fn order_of(steps: serde_json::Value, payload: serde_json::Value) -> (Order, Known) {
+        let spec: crate::spec::WorkflowSpec =
+            serde_json::from_value(json!({ "steps": steps })).expect("spec");
+        let workflow = crate::workflow::Workflow::compile("w", &spec).expect("compiles");
+        let mut order = pending(0, |_| false);
+        order.steps = workflow
+            .plan(&payload)
+            .iter()
+            .zip(0..)
+            .map(|(s, idx)| StepRow::planned(order.row.order_id, idx, s))
+            .collect();
+        order.row.payload = payload;
+        order.row.definition = Some(workflow.definition_id);
+        (
+            order,
+            vec![(workflow.definition_id, workflow.definition.clone())],
+        )
+    }
+
     /// A pending order of `n` steps, each with an undo (`undo_agent`) when
     /// `undo` says so for its index.
     pub fn pending(n: i32, undo: impl Fn(i32) -> bool) -> Order {
@@ -549,6 +597,7 @@ pub(crate) mod fixture {
                     compensate: undo(idx).then(|| format!("u{idx}")),
                     after: crate::workflow::previous(idx).into_iter().collect(),
                     max_duration: std::time::Duration::from_secs(3600),
+                    for_each: None,
                 };
                 StepRow::planned(order_id, idx, &step)
             })

@@ -322,11 +322,12 @@ impl<'c> Deciding<'c> {
             Advance::Dispatch { steps, direction } => {
                 let mut gated = None;
                 for idx in steps {
-                    let launch = launches
-                        .iter()
-                        .find(|(i, _)| *i == idx)
-                        .map(|(_, l)| l.clone())
-                        .unwrap_or_default();
+                    // Forward, only what the definition lets go now.
+                    let launch = match launches.iter().find(|(i, _)| *i == idx) {
+                        Some((_, launch)) => launch.clone(),
+                        None if direction == Direction::Forward => continue,
+                        None => Launch::default(),
+                    };
                     if let Some(hold) = self.dispatch(idx, direction, launch)? {
                         gated.get_or_insert(hold);
                     }
@@ -517,8 +518,13 @@ impl<'c> Deciding<'c> {
             redrive: o.redrives,
             in_doubt: direction == Direction::Compensate && self.order.steps[pos].in_doubt,
             retry,
+            index: launch.item.as_ref().map(|(index, _)| *index),
+            item: launch.item.map(|(_, item)| item),
         };
-        self.effects.push(Effect::Request { agent, request });
+        self.effects.push(Effect::Request {
+            agent,
+            request: Box::new(request),
+        });
         Ok(None)
     }
 }

@@ -132,41 +132,15 @@ pub fn signal(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use chrono::Duration;
     use serde_json::json;
-    use uuid::Uuid;
 
-    use super::super::order::fixture::{ctx, now, pending};
+    use super::super::order::fixture::{Known, ctx, now, order_of};
     use super::super::order::{Context, Decision, Order};
     use super::super::scheduler::{Replied, apply_reply, claim};
     use super::*;
     use crate::messages::{Direction, StepOutcome, StepReply, StepRequest};
-    use crate::model::StepRow;
-    use crate::spec::{Definition, SupervisorSettings, WorkflowSpec};
-    use crate::workflow::Workflow;
-
-    type Known = Vec<(Uuid, Arc<Definition>)>;
-
-    /// A pending order of the workflow `steps` (as configured), with `payload`.
-    fn order_of(steps: serde_json::Value, payload: Value) -> (Order, Known) {
-        let spec: WorkflowSpec = serde_json::from_value(json!({ "steps": steps })).expect("spec");
-        let workflow = Workflow::compile("w", &spec).expect("compiles");
-        let mut order = pending(0, |_| false);
-        order.row.payload = payload;
-        order.row.definition = Some(workflow.definition_id);
-        order.steps = workflow
-            .steps
-            .iter()
-            .enumerate()
-            .map(|(i, s)| StepRow::planned(order.row.order_id, i32::try_from(i).expect("few"), s))
-            .collect();
-        (
-            order,
-            vec![(workflow.definition_id, workflow.definition.clone())],
-        )
-    }
+    use crate::spec::SupervisorSettings;
 
     fn at(known: &Known, secs: i64) -> Context<'_> {
         Context {

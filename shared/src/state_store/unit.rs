@@ -265,7 +265,7 @@ impl Unit {
             ..OrderRow::pending(order, self.now)
         };
         let steps = workflow
-            .steps
+            .plan(&order.payload)
             .iter()
             .zip(0..)
             .map(|(s, idx)| StepRow::planned(order.order_id, idx, s))

@@ -200,6 +200,8 @@ fn request(order_id: Uuid, complete_in_ms: i64) -> StepRequest {
         redrive: 0,
         in_doubt: false,
         retry: None,
+        item: None,
+        index: None,
     }
 }
 

@@ -31,6 +31,8 @@ fn request(complete_in_ms: i64) -> StepRequest {
         redrive: 0,
         in_doubt: false,
         retry: None,
+        item: None,
+        index: None,
     }
 }
 

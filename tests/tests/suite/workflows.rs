@@ -1123,3 +1123,82 @@ steps = [
         "{late:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_of_ten_items_keeps_three_at_the_remote_at_most_and_lists_their_results_in_order()
+{
+    let app = TestApp::builder()
+        .extra_config(
+            r#"[workflows.fan]
+steps = [
+  { name = "reserve", agent = "a", compensate = "a-undo", for_each = "payload.items", max_concurrency = 3 },
+  { name = "ship", agent = "b", input = { skus = "results.reserve.map(r, r.item.sku)" } },
+]
+"#,
+        )
+        .build()
+        .await;
+    app.knobs(
+        "b",
+        Knobs {
+            echo: true,
+            ..Knobs::default()
+        },
+    );
+    // Each item is in its call's body as `item`: echoed back.
+    app.knobs(
+        "a",
+        Knobs {
+            latency_ms: 150,
+            echo: true,
+            ..Knobs::default()
+        },
+    );
+    app.start_all().await;
+    let items: Vec<_> = (0..10)
+        .map(|i| serde_json::json!({ "sku": format!("k{i}") }))
+        .collect();
+    let (id, events) = app
+        .run_with("fan", serde_json::json!({ "items": items }))
+        .await;
+    assert_eq!(
+        sas_tests::states(&events).last(),
+        Some(&"processed"),
+        "{events:?}"
+    );
+    let stats = app.stats();
+    for i in 0..10 {
+        let key = &stats.keys[&format!("{id}:reserve:{i}")];
+        assert_eq!((key.calls, key.applied), (1, 1), "item {i}");
+    }
+    assert!(
+        stats.max_in_progress <= 3,
+        "{} at the remote at once",
+        stats.max_in_progress
+    );
+    assert!(
+        stats.max_in_progress >= 2,
+        "the items overlap: {}",
+        stats.max_in_progress
+    );
+    let results = &events.last().expect("terminal")["detail"]["results"];
+    let reserve = results["reserve"].as_array().expect("a list");
+    assert_eq!(reserve.len(), 10);
+    for (i, r) in reserve.iter().enumerate() {
+        assert_eq!(
+            r["idempotency_key"],
+            format!("{id}:reserve:{i}"),
+            "in the items' order"
+        );
+        assert_eq!(
+            (&r["index"], &r["item"]),
+            (&serde_json::json!(i), &items[i])
+        );
+    }
+    let ship = of_step(&events, "step_succeeded", "ship");
+    let skus: Vec<_> = (0..10).map(|i| format!("k{i}")).collect();
+    assert_eq!(
+        ship[0]["detail"]["result"]["echo"],
+        serde_json::json!({ "skus": skus })
+    );
+}
