@@ -278,10 +278,19 @@ impl StepRow {
 
     /// The row as operators' tools show it, among `steps` (its order's).
     pub fn to_json(&self, steps: &[StepRow]) -> Value {
+        use crate::workflow::StepKind;
+        // What runs it (§4d): an agent, a wait, or a signal (its name).
+        let (kind, signal) = match self.kind() {
+            StepKind::Agent(_) => ("agent", None),
+            StepKind::Wait { .. } => ("wait", None),
+            StepKind::Signal(name) => ("signal", Some(name)),
+        };
         serde_json::json!({
             "idx": self.idx,
             "name": self.name,
             "after": self.after_names(steps),
+            "kind": kind,
+            "signal": signal,
             "agent": self.agent,
             "compensate": self.compensate,
             "timeout_ms": self.timeout_ms,

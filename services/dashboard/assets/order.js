@@ -41,6 +41,46 @@
     }
   }
 
+  /** Sends the signal `name` a step waits for (contract §4d), with the data typed in ({} when empty). */
+  async function sendSignal(name, dataText) {
+    let body = {};
+    if (dataText.trim()) {
+      try {
+        body = { data: JSON.parse(dataText) };
+      } catch (e) {
+        sas.showMessage("error", `The signal's data is not JSON: ${e.message}`);
+        return false;
+      }
+    }
+    try {
+      const response = await fetch(`/api/orders/${encodeURIComponent(id)}/signals/${encodeURIComponent(name)}`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json", Accept: "application/json" },
+        body: JSON.stringify(body),
+      });
+      const answer = await response.json().catch(() => ({}));
+      if (response.ok) sas.showMessage("ok", `Signal ${name} sent to order ${id}: now ${answer.state}.`);
+      else sas.showMessage("error", `${response.status}: ${answer.error || response.statusText}`);
+      return response.ok;
+    } catch (e) {
+      sas.showMessage("error", `The signal did not reach the dashboard: ${e.message}`);
+      return false;
+    }
+  }
+
+  /** The controls of a step that waits for signal `name`: its data and a Send button. */
+  function signalControls(name) {
+    const data = el("textarea", { class: "signal-data", rows: 2, spellcheck: "false", placeholder: '{"approved": true}' });
+    const go = el("button", { type: "button", class: "signal", "data-action": "signal", "data-signal": name }, `Send ${name}`);
+    go.addEventListener("click", async () => {
+      go.disabled = true;
+      if (await sendSignal(name, data.value)) data.value = "";
+      go.disabled = false;
+      refresh();
+    });
+    return el("div", { class: "signal-form" }, data, go);
+  }
+
   /** The Redrive button and the form it opens: an optional merge patch and a confirming button. */
   function redriveControls() {
     const button = el("button", { type: "button", class: "redrive", "data-action": "redrive", "data-order-id": id }, "Redrive…");
@@ -192,9 +232,14 @@
         c[6].className = "num";
         setText(c[7], time(s.started_at));
         setText(c[8], time(s.finished_at));
-        setText(c[9], s.duration_ms === null ? (s.started_at ? "running" : "–") : duration(s.duration_ms));
+        const waiting = s.state === "running" && s.kind !== "agent";
+        // A wait's or a signal's time left (§4d), against the server's clock.
+        const left = waiting && s.complete_by ? `${s.kind === "wait" ? "ends" : "times out"} ${relative(s.complete_by, data.now)}` : null;
+        setText(c[9], left || (s.duration_ms === null ? (s.started_at ? "running" : "–") : duration(s.duration_ms)));
         c[9].className = "num";
-        setText(c[10], s.error || "");
+        const signalling = waiting && s.kind === "signal";
+        if (signalling && !c[10].querySelector(".signal-form")) c[10].replaceChildren(signalControls(s.signal));
+        else if (!signalling) setText(c[10], s.error || "");
         c[10].className = "wrap";
       },
     );

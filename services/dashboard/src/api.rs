@@ -23,6 +23,10 @@
 //!   allowed in the order's state, with `state`), 400 (not an order id) or
 //!   415 (not a JSON request: a plain HTML form from another site cannot send
 //!   one, so a page elsewhere cannot make a visitor's browser act here).
+//! - `POST /api/orders/{id}/signals/{name}`, body `{}` or `{"data": …}`:
+//!   the signal a `signal` step of the order waits for (contract §4d), as
+//!   `sasctl orders signal`, answered like retry and cancel (`409` with
+//!   the reason when no step waits for it now).
 //! - `POST /api/orders/{id}/redrive`, body `{}` or `{"patch": <JSON merge
 //!   patch>}`: the operator's redrive of an `error` or `compensated` order
 //!   (contract §9), as `sasctl orders redrive`, answered like retry and
@@ -73,6 +77,7 @@ pub fn routes(ctx: Arc<Context>) -> Router {
         .route("/api/orders/{id}/retry", post(retry))
         .route("/api/orders/{id}/cancel", post(cancel))
         .route("/api/orders/{id}/redrive", post(redrive))
+        .route("/api/orders/{id}/signals/{name}", post(signal))
         .route("/api/dead-letters", get(crate::dead_letters::overview))
         .route("/api/dead-letters/{queue}", get(crate::dead_letters::list))
         .route(
@@ -202,6 +207,8 @@ enum Action {
     Cancel,
     /// With the body as sent, read once the request is known to be JSON.
     Redrive(axum::body::Bytes),
+    /// The signal's name, and the body as sent (`{"data": …}` or `{}`).
+    Signal(String, axum::body::Bytes),
 }
 
 async fn retry(
@@ -230,6 +237,30 @@ async fn redrive(
     body: axum::body::Bytes,
 ) -> Result<axum::Json<Value>, ApiError> {
     operate(&ctx, &who, Action::Redrive(body), &id, &headers).await
+}
+
+/// `POST /api/orders/{id}/signals/{name}`, body `{}` or `{"data": …}`:
+/// the signal a step of the order waits for (contract §4d), as `sasctl
+/// orders signal`.
+async fn signal(
+    State(ctx): State<Arc<Context>>,
+    Operator(who): Operator,
+    Path((id, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<axum::Json<Value>, ApiError> {
+    operate(&ctx, &who, Action::Signal(name, body), &id, &headers).await
+}
+
+/// The data of a signal's body: `{}` (none: `{}`) or `{"data": …}`.
+fn signal_data(body: &[u8]) -> Result<Value, ApiError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(mut fields)) => Ok(fields
+            .remove("data")
+            .filter(|d| !d.is_null())
+            .unwrap_or_else(|| json!({}))),
+        _ => Err(ApiError::BadRequest("send {} or {\"data\": <JSON>}".into())),
+    }
 }
 
 /// The patch of a redrive's body: `{}` (none) or `{"patch": …}` (a JSON
@@ -267,6 +298,10 @@ async fn operate(
             let limit = ctx.settings.submission.max_body_bytes;
             let redriven = transitions.redrive(&me, id, patch.as_ref(), limit);
             (redriven.await?, "redrive")
+        }
+        Action::Signal(name, body) => {
+            let data = signal_data(&body)?;
+            (transitions.signal(&me, id, &name, &data).await?, "signal")
         }
     };
     match outcome {

@@ -1202,3 +1202,159 @@ steps = [
         serde_json::json!({ "skus": skus })
     );
 }
+
+/// An order waiting both for a long wait and for the signal `approval`,
+/// and a dashboard with a viewer and an operator.
+async fn waiting_order_and_a_dashboard() -> (TestApp, uuid::Uuid, String) {
+    let app = TestApp::builder()
+        .extra_config(format!(
+            r#"[workflows.held]
+steps = [
+  {{ name = "cool", wait = "10m", after = [] }},
+  {{ name = "approve", signal = "approval", timeout = "60s", after = [] }},
+]
+{}"#,
+            sas_tests::dashboard::token_auth()
+        ))
+        .spawn()
+        .await;
+    let id = app.submit("held", None).await;
+    wait_step(&app, id, "approve", "running").await;
+    wait_step(&app, id, "cool", "running").await;
+    app.start("dashboard", "dashboard", &[]).await;
+    let base = format!("http://127.0.0.1:{}", app.port("dashboard"));
+    (app, id, base)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_the_dashboard_an_operator_sends_a_waiting_steps_signal_and_a_viewer_cannot() {
+    use sas_tests::dashboard::{OPERATOR_TOKEN, VIEWER_TOKEN, answer};
+    let (app, id, base) = waiting_order_and_a_dashboard().await;
+    sas::tls::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let (status, page) = answer(
+        http.get(format!("{base}/api/orders/{id}"))
+            .bearer_auth(VIEWER_TOKEN),
+    )
+    .await;
+    assert_eq!(status, 200, "{page}");
+    let steps = page["steps"].as_array().expect("steps");
+    assert_eq!(
+        (&steps[0]["kind"], &steps[1]["kind"]),
+        (&serde_json::json!("wait"), &serde_json::json!("signal"))
+    );
+    assert_eq!(steps[1]["signal"], "approval");
+    assert!(
+        steps[0]["complete_by"].is_string(),
+        "the wait's end: {page}"
+    );
+    let url = |name: &str| format!("{base}/api/orders/{id}/signals/{name}");
+    let body = serde_json::json!({ "data": { "by": "alice" } });
+    let (status, _) = answer(
+        http.post(url("approval"))
+            .bearer_auth(VIEWER_TOKEN)
+            .json(&body),
+    )
+    .await;
+    assert_eq!(status, 403, "a viewer may not");
+    let (status, refused) = answer(
+        http.post(url("refund"))
+            .bearer_auth(OPERATOR_TOKEN)
+            .json(&body),
+    )
+    .await;
+    assert_eq!(status, 409, "{refused}");
+    assert!(
+        refused["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("no step of the order waits"),
+        "{refused}"
+    );
+    let (status, done) = answer(
+        http.post(url("approval"))
+            .bearer_auth(OPERATOR_TOKEN)
+            .json(&body),
+    )
+    .await;
+    assert_eq!(status, 200, "{done}");
+    wait_step(&app, id, "approve", "completed").await;
+    let result: serde_json::Value =
+        sqlx::query_scalar("SELECT result FROM steps WHERE order_id = $1 AND name = 'approve'")
+            .bind(id)
+            .fetch_one(&app.db)
+            .await
+            .expect("result");
+    assert_eq!(result, serde_json::json!({ "by": "alice" }));
+    let actor: String = sqlx::query_scalar(
+        "SELECT actor FROM order_events WHERE order_id = $1 AND event = 'step_succeeded'",
+    )
+    .bind(id)
+    .fetch_one(&app.db)
+    .await
+    .expect("actor");
+    assert_eq!(actor, "operator:alice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_chromium_the_order_page_shows_a_waits_time_left_and_sends_a_signal() {
+    use fantoccini::Locator;
+    use sas_tests::browser::Browser;
+    let (app, id, base) = waiting_order_and_a_dashboard().await;
+    let page = format!("{base}/orders/{id}");
+    let browser = Browser::start()
+        .await
+        .expect("headless Chromium through chromedriver (Debian's chromium and chromium-driver)");
+    browser.goto(&page).await.expect("open the order");
+    browser
+        .log_in(sas_tests::dashboard::OPERATOR_TOKEN)
+        .await
+        .expect("log in");
+    browser.goto(&page).await.expect("open the order");
+    app.eventually(
+        "the wait shows its time left",
+        Duration::from_secs(20),
+        || async {
+            let row = browser
+                .text_of("#steps tr[data-step=cool]")
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+            row.contains("ends in")
+        },
+    )
+    .await;
+    let send = browser
+        .find(Locator::Css(
+            "#steps tr[data-step=approve] button[data-action=signal]",
+        ))
+        .await
+        .expect("the waiting step has a Send button");
+    let data = browser
+        .find(Locator::Css(
+            "#steps tr[data-step=approve] textarea.signal-data",
+        ))
+        .await
+        .expect("and a data box");
+    data.send_keys(r#"{"by": "alice"}"#)
+        .await
+        .expect("type the data");
+    send.click().await.expect("send");
+    wait_step(&app, id, "approve", "completed").await;
+    app.eventually(
+        "the page shows the step completed",
+        Duration::from_secs(20),
+        || async {
+            let row = browser
+                .text_of("#steps tr[data-step=approve]")
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+            row.contains("completed") && !row.contains("Send approval")
+        },
+    )
+    .await;
+    browser.quit().await;
+}
