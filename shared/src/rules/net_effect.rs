@@ -20,7 +20,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use serde_json::json;
 
-use super::order::fixture::{ctx, pending};
+use super::order::fixture::{Known, ctx, order_of, pending};
 use super::scheduler::{Replied, apply_reply, claim};
 use super::{Decision, Order, operator, submission, supervisor};
 use crate::messages::{Direction, StepOutcome, StepReply, StepRequest};
@@ -165,6 +165,8 @@ impl Remotes {
 /// The order, what it sent and what its remotes did.
 struct World {
     order: Order,
+    /// The definition the order runs under, if it has one.
+    known: Known,
     sent: Vec<StepRequest>,
     /// The requests an agent called the remote with (or answered `held`).
     called: BTreeSet<usize>,
@@ -178,6 +180,14 @@ struct World {
 }
 
 impl World {
+    /// The rules' context for `actor`, with the order's definition.
+    fn cx<'a>(&'a self, actor: &'a str) -> super::Context<'a> {
+        super::Context {
+            definitions: &self.known,
+            ..ctx(actor)
+        }
+    }
+
     fn take(&mut self, d: Decision) {
         if self.order.row.process_state == ProcessState::Compensating
             && d.ended == Some(ProcessState::Error)
@@ -190,7 +200,7 @@ impl World {
 
     /// An agent's answer reaches a scheduler.
     fn answer(&mut self, reply: &StepReply) -> Result<(), TestCaseError> {
-        if let Replied::Applied(d) = apply_reply(&self.order, reply, ctx("s1"))
+        if let Replied::Applied(d) = apply_reply(&self.order, reply, self.cx("s1"))
             .map_err(|e| TestCaseError::fail(e.to_string()))?
         {
             self.take(*d);
@@ -205,7 +215,7 @@ impl World {
                 let claimable = row.process_state == ProcessState::Pending
                     || row.process_state == ProcessState::Compensating && row.locked_by.is_none();
                 if claimable {
-                    let d = claim(&self.order, ctx("s1"))
+                    let d = claim(&self.order, self.cx("s1"))
                         .map_err(|e| TestCaseError::fail(e.to_string()))?;
                     self.take(d);
                 }
@@ -233,22 +243,22 @@ impl World {
                         ProcessState::Processing | ProcessState::Compensating
                     );
                 if out {
-                    let (d, _) = supervisor::expire(&self.order, settings, ctx("sup"));
+                    let (d, _) = supervisor::expire(&self.order, settings, self.cx("sup"));
                     self.take(d);
                 }
             }
             Action::Retry => {
-                if let Ok(d) = operator::retry(&self.order, ctx("op")) {
+                if let Ok(d) = operator::retry(&self.order, self.cx("op")) {
                     self.take(d);
                 }
             }
             Action::Cancel => {
-                if let Ok(d) = operator::cancel(&self.order, ctx("op")) {
+                if let Ok(d) = operator::cancel(&self.order, self.cx("op")) {
                     self.take(d);
                 }
             }
             Action::Redrive => {
-                if let Ok(d) = operator::redrive(&self.order, None, 1 << 20, ctx("op")) {
+                if let Ok(d) = operator::redrive(&self.order, None, 1 << 20, self.cx("op")) {
                     self.take(d);
                 }
             }
@@ -262,14 +272,36 @@ impl World {
 #[derive(Debug, Default)]
 struct Reached {
     processed: usize,
+    /// Processed with a step skipped by its condition.
+    skipped: usize,
+    /// Processed with the items of a fan-out.
+    items: usize,
     undone_clean: usize,
     undone_in_doubt: usize,
     late_effects_undone: usize,
 }
 
+/// A history of an order of `steps` steps (in sequence, or after the
+/// earlier steps `after`'s bits name), each with an undo.
 fn run(
     steps: i32,
     after: Option<Vec<u8>>,
+    actions: Vec<Action>,
+    reached: &mut Reached,
+) -> Result<(), TestCaseError> {
+    let mut order = pending(steps, |_| true);
+    if let Some(after) = after {
+        for (i, (step, bits)) in order.steps.iter_mut().zip(after).enumerate() {
+            step.after_steps = Some((0..i as i32).filter(|b| bits & (1 << b) != 0).collect());
+        }
+    }
+    run_order(order, Vec::new(), actions, reached)
+}
+
+/// A history of `order`, which runs under the definition `known` has.
+fn run_order(
+    order: Order,
+    known: Known,
     actions: Vec<Action>,
     reached: &mut Reached,
 ) -> Result<(), TestCaseError> {
@@ -278,14 +310,9 @@ fn run(
         retry_schedule: vec![Duration::ZERO],
         ..SupervisorSettings::default()
     };
-    let mut order = pending(steps, |_| true);
-    if let Some(after) = after {
-        for (i, (step, bits)) in order.steps.iter_mut().zip(after).enumerate() {
-            step.after_steps = Some((0..i as i32).filter(|b| bits & (1 << b) != 0).collect());
-        }
-    }
     let received = submission::receive(&order, ctx("submission"));
     let mut w = World {
+        known,
         order: received.order,
         sent: Vec::new(),
         called: BTreeSet::new(),
@@ -333,15 +360,28 @@ fn run(
         ProcessState::Processed => {
             reached.processed += 1;
             for s in &order.steps {
+                // A skipped step (its condition false) never went out.
+                let once = usize::from(s.state != StepState::Skipped);
                 prop_assert_eq!(
                     w.remotes.standing_of(order, &s.name),
-                    1,
-                    "processed, but step {}'s effect is not there once: {:?}",
+                    once,
+                    "processed, but step {}'s effect is not there {} times: {:?}",
                     s.name,
+                    once,
                     w.remotes
                 );
             }
             prop_assert!(w.remotes.applied.values().all(|n| *n == 1));
+            if order.steps.iter().any(|s| s.state == StepState::Skipped) {
+                reached.skipped += 1;
+            }
+            if order
+                .steps
+                .iter()
+                .any(|s| crate::workflow::item_of(&s.name).is_some())
+            {
+                reached.items += 1;
+            }
         }
         ProcessState::Compensated | ProcessState::Error if !w.undo_trouble => {
             for s in &order.steps {
@@ -407,4 +447,71 @@ fn an_order_that_does_not_end_processed_leaves_no_net_effect() {
     assert!(r.undone_clean > 20, "{r:?}");
     assert!(r.undone_in_doubt > 50, "{r:?}");
     assert!(r.late_effects_undone > 20, "{r:?}");
+}
+
+/// A generated workflow (§4d): each step after the earlier steps its bits
+/// name, some with a condition (true, false, or over the payload or an
+/// earlier result) and some running once per item of the payload's list,
+/// a few at a time; every step with an undo.
+fn workflow() -> impl Strategy<Value = (serde_json::Value, serde_json::Value)> {
+    let step = (any::<u8>(), 0u8..5, 0u8..3, 1u32..3);
+    (proptest::collection::vec(step, 1..5), any::<bool>(), 0usize..4).prop_map(
+        |(steps, flag, items)| {
+            let steps: Vec<_> = steps
+                .iter()
+                .enumerate()
+                .map(|(i, &(bits, when, each, max))| {
+                    let mut s = json!({
+                        "name": format!("s{i}"),
+                        "agent": format!("a{i}"),
+                        "compensate": format!("u{i}"),
+                        "after": (0..i).filter(|b| bits & (1 << b) != 0).map(|b| format!("s{b}")).collect::<Vec<_>>(),
+                    });
+                    let earlier = i.checked_sub(1).map_or("true".to_owned(), |p| format!("has(results.s{p})"));
+                    match when {
+                        1 => s["when"] = json!("false"),
+                        2 => s["when"] = json!("payload.flag"),
+                        3 => s["when"] = json!(earlier),
+                        _ => {}
+                    }
+                    if each == 1 {
+                        s["for_each"] = json!("payload.items");
+                        s["max_concurrency"] = json!(max);
+                    }
+                    s
+                })
+                .collect();
+            let items: Vec<usize> = (0..items).collect();
+            (json!(steps), json!({ "flag": flag, "items": items }))
+        },
+    )
+}
+
+#[test]
+fn a_generated_workflow_with_conditions_and_fan_out_leaves_no_net_effect_unless_processed() {
+    let mut runner = super::order::fixture::runner();
+    let case = (workflow(), proptest::collection::vec(action(), 1..60));
+    let reached = std::sync::Mutex::new((Reached::default(), 0usize, 0usize));
+    runner
+        .run(&case, |((steps, payload), actions)| {
+            let (order, known) = order_of(steps, payload);
+            let mut r = Reached::default();
+            run_order(order, known, actions, &mut r)?;
+            if let Ok(mut all) = reached.lock() {
+                all.0.processed += r.processed;
+                all.0.undone_clean += r.undone_clean + r.undone_in_doubt;
+                all.1 += r.skipped;
+                all.2 += r.items;
+            }
+            Ok(())
+        })
+        .unwrap();
+    let (r, skipped, items) = &*reached.lock().unwrap();
+    assert!(r.processed > 50, "{r:?}");
+    assert!(r.undone_clean > 50, "{r:?}");
+    assert!(
+        *skipped > 50,
+        "processed orders with a skipped step: {skipped}"
+    );
+    assert!(*items > 50, "processed orders with a fan-out: {items}");
 }
