@@ -242,6 +242,7 @@ fn workflow(name: &str, steps: usize) -> anyhow::Result<Workflow> {
                 wait: None,
                 until: None,
                 signal: None,
+                workflow: None,
                 for_each: None,
                 max_concurrency: None,
                 timeout: Duration::from_secs(5),

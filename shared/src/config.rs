@@ -634,6 +634,9 @@ impl Settings {
     /// Checks what serde cannot: names, ranges and references between sections.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if let Some(problem) = crate::workflow::child_problem(&self.workflows) {
+            return invalid(problem);
+        }
         if self.broker.prefix.is_empty()
             || !self
                 .broker

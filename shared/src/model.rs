@@ -284,6 +284,7 @@ impl StepRow {
             StepKind::Agent(_) => ("agent", None),
             StepKind::Wait { .. } => ("wait", None),
             StepKind::Signal(name) => ("signal", Some(name)),
+            StepKind::Child(_) => ("workflow", None),
         };
         serde_json::json!({
             "idx": self.idx,

@@ -201,6 +201,10 @@ pub struct StepSpec {
     /// its `data` is the step's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<String>,
+    /// §4d: a step that runs this workflow as a child order and completes
+    /// with its results; undoing the step compensates the child.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
     /// §4d: a CEL expression over `payload` giving a list: the step runs
     /// once per item.
     #[serde(default, skip_serializing_if = "Option::is_none")]

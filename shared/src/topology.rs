@@ -16,6 +16,10 @@ pub struct QueueNames {
     replay_dead: String,
     signals: String,
     signals_dead: String,
+    children: String,
+    children_dead: String,
+    children_ended: String,
+    children_ended_dead: String,
 }
 
 impl QueueNames {
@@ -33,6 +37,10 @@ impl QueueNames {
             replay_dead: format!("{prefix}.replay.dead"),
             signals: format!("{prefix}.signals"),
             signals_dead: format!("{prefix}.signals.dead"),
+            children: format!("{prefix}.children.requests"),
+            children_dead: format!("{prefix}.children.requests.dead"),
+            children_ended: format!("{prefix}.children.ended"),
+            children_ended_dead: format!("{prefix}.children.ended.dead"),
         }
     }
 
@@ -105,6 +113,38 @@ impl QueueNames {
         &self.signals_dead
     }
 
+    /// The requests of child workflow steps (contract §4d), for sas's own
+    /// agent of children (the submission service): start or undo a child.
+    pub fn children(&self) -> &str {
+        &self.children
+    }
+
+    /// Child requests that could not be read, or were delivered too often.
+    pub fn children_dead(&self) -> &str {
+        &self.children_dead
+    }
+
+    /// Where child orders announce their end (their status queue, the one
+    /// queue of sas's own an order may name): the agent of children answers
+    /// the parent's step from here.
+    pub fn children_ended(&self) -> &str {
+        &self.children_ended
+    }
+
+    /// Child ends that could not be read.
+    pub fn children_ended_dead(&self) -> &str {
+        &self.children_ended_dead
+    }
+
+    /// The queue the requests of `agent` go to: its own, or for a child
+    /// workflow step (`workflow:<name>`), the children's.
+    pub fn requests_of(&self, agent: &str) -> String {
+        match crate::workflow::StepKind::of(agent) {
+            crate::workflow::StepKind::Child(_) => self.children.clone(),
+            _ => self.agent_requests(agent),
+        }
+    }
+
     /// The request queue of an agent.
     pub fn agent_requests(&self, agent: &str) -> String {
         format!("{}.agent.{agent}.requests", self.prefix)
@@ -134,6 +174,10 @@ impl QueueNames {
             queue(&self.replay, Some(&self.replay_dead), false),
             queue(&self.signals_dead, None, false),
             queue(&self.signals, Some(&self.signals_dead), false),
+            queue(&self.children_dead, None, false),
+            queue(&self.children, Some(&self.children_dead), false),
+            queue(&self.children_ended_dead, None, false),
+            queue(&self.children_ended, Some(&self.children_ended_dead), false),
         ];
         for agent in agents {
             let dead = self.agent_requests_dead(agent);
@@ -169,7 +213,9 @@ mod tests {
         assert_eq!(q.replay_dead(), "t1.replay.dead");
         assert_eq!(q.signals(), "t1.signals");
         assert_eq!(q.signals_dead(), "t1.signals.dead");
-        assert_eq!(q.all(["a"]).len(), 11);
+        assert_eq!(q.requests_of("workflow:ship"), "t1.children.requests");
+        assert_eq!(q.requests_of("pay"), "t1.agent.pay.requests");
+        assert_eq!(q.all(["a"]).len(), 15);
     }
 
     #[test]

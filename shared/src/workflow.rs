@@ -149,11 +149,16 @@ impl Workflow {
             if let Some(problem) = for_each_problem(s, kind) {
                 return Err(bad(problem));
             }
+            // A child is undone by compensating it, through the same agent.
+            let compensate = match kind {
+                StepKind::Child(_) => Some(kind.column()),
+                _ => s.compensate.clone(),
+            };
             steps.push(Step {
                 name: s.name.clone(),
                 agent: kind.column(),
                 timeout,
-                compensate: s.compensate.clone(),
+                compensate,
                 after: Vec::new(),
                 max_duration: s.max_duration.max(timeout),
                 for_each: s.for_each.clone(),
@@ -215,6 +220,9 @@ pub enum StepKind<'a> {
     Wait { until: bool },
     /// The step waits for the application's signal of this name.
     Signal(&'a str),
+    /// The step runs this workflow as a child order (`workflow:<name>`):
+    /// sas's own agent for children takes its requests.
+    Child(&'a str),
 }
 
 impl<'a> StepKind<'a> {
@@ -224,8 +232,15 @@ impl<'a> StepKind<'a> {
             Some(("wait", "until")) => Self::Wait { until: true },
             Some(("wait", _)) => Self::Wait { until: false },
             Some(("signal", name)) => Self::Signal(name),
+            Some(("workflow", name)) => Self::Child(name),
             _ => Self::Agent(column),
         }
+    }
+
+    /// Whether sas itself holds the step while it is out (a wait, a
+    /// signal): nothing is sent, nothing can have been done anywhere.
+    pub fn held_by_sas(self) -> bool {
+        matches!(self, Self::Wait { .. } | Self::Signal(_))
     }
 
     /// What the step's `agent` column holds for this kind.
@@ -235,6 +250,7 @@ impl<'a> StepKind<'a> {
             Self::Wait { until: false } => "wait:for".into(),
             Self::Wait { until: true } => "wait:until".into(),
             Self::Signal(name) => format!("signal:{name}"),
+            Self::Child(name) => format!("workflow:{name}"),
         }
     }
 
@@ -255,27 +271,29 @@ fn kind_of(s: &crate::spec::StepSpec) -> Result<StepKind<'_>, &'static str> {
         s.wait.is_some(),
         s.until.is_some(),
         s.signal.is_some(),
+        s.workflow.is_some(),
     ];
     if s.signal.is_some() && s.agent.is_some() {
         return Err("a signal step has no agent: sas waits for the signal itself");
     }
     match set.iter().filter(|b| **b).count() {
-        0 => return Err("a step needs an agent, or is a wait, until or signal step"),
+        0 => return Err("a step needs an agent, or is a wait, until, signal or workflow step"),
         1 => {}
-        _ => return Err("a step has one of agent, wait, until and signal"),
+        _ => return Err("a step has one of agent, wait, until, signal and workflow"),
     }
-    let kind = match (&s.agent, &s.signal) {
-        (Some(agent), _) => {
+    let kind = match (&s.agent, &s.signal, &s.workflow) {
+        (Some(agent), _, _) => {
             if !valid_name(agent) {
                 return Err("agent names must be ASCII letters, digits, '-', '_' or '.'");
             }
             return Ok(StepKind::Agent(agent));
         }
-        (None, Some(name)) if !valid_name(name) => {
-            return Err("signal names must be ASCII letters, digits, '-', '_' or '.'");
+        (None, Some(name), _) | (None, None, Some(name)) if !valid_name(name) => {
+            return Err("signal and workflow names must be ASCII letters, digits, '-', '_' or '.'");
         }
-        (None, Some(name)) => StepKind::Signal(name),
-        (None, None) => StepKind::Wait {
+        (None, Some(name), _) => StepKind::Signal(name),
+        (None, None, Some(name)) => StepKind::Child(name),
+        (None, None, None) => StepKind::Wait {
             until: s.until.is_some(),
         },
     };
@@ -283,6 +301,61 @@ fn kind_of(s: &crate::spec::StepSpec) -> Result<StepKind<'_>, &'static str> {
         return Err("only a step an agent runs has compensate or retry");
     }
     Ok(kind)
+}
+
+/// Why the workflows' child steps cannot work, in one line: a child
+/// workflow that is not configured, or workflows that start each other as
+/// children (a cycle: an order would never end).
+pub fn child_problem(
+    workflows: &std::collections::BTreeMap<String, WorkflowSpec>,
+) -> Option<String> {
+    let children = |name: &str| -> Vec<&str> {
+        workflows.get(name).map_or_else(Vec::new, |w| {
+            w.steps
+                .iter()
+                .filter_map(|s| s.workflow.as_deref())
+                .collect()
+        })
+    };
+    for (name, spec) in workflows {
+        for step in &spec.steps {
+            if let Some(child) = &step.workflow
+                && !workflows.contains_key(child)
+            {
+                return Some(format!(
+                    "workflow {name:?} step {:?} runs workflow {child:?}, which is not configured",
+                    step.name
+                ));
+            }
+        }
+    }
+    // Depth-first from each workflow: reaching it again is a cycle.
+    for start in workflows.keys() {
+        let mut path = vec![start.as_str()];
+        let mut stack = vec![children(start).into_iter()];
+        while let Some(next) = stack.last_mut().map(Iterator::next) {
+            match next {
+                None => {
+                    stack.pop();
+                    path.pop();
+                }
+                Some(child) if child == start => {
+                    path.push(child);
+                    return Some(format!(
+                        "workflows start each other as children and would never end: {}",
+                        path.join(" → ")
+                    ));
+                }
+                // Another cycle is found from its own start.
+                Some(child) if path.contains(&child) => {}
+                Some(child) => {
+                    path.push(child);
+                    stack.push(children(child).into_iter());
+                }
+            }
+        }
+    }
+    None
 }
 
 /// Why step `s`'s `for_each` cannot work: only an agent's step runs per
@@ -564,6 +637,7 @@ mod tests {
                     wait: None,
                     until: None,
                     signal: None,
+                    workflow: None,
                     for_each: None,
                     max_concurrency: None,
                     timeout: Duration::from_secs(1),
@@ -603,7 +677,7 @@ mod tests {
             problem(json!([{ "name": "a", "wait": "1s", "compensate": "u" }]))
                 .contains("compensate")
         );
-        assert!(problem(json!([{ "name": "a", "signal": "a b" }])).contains("signal names"));
+        assert!(problem(json!([{ "name": "a", "signal": "a b" }])).contains("signal and workflow names"));
         let w = compile(json!([
             { "name": "a", "agent": "x" },
             { "name": "b", "wait": "10m" },
@@ -628,6 +702,57 @@ mod tests {
         let bad: Result<WorkflowSpec, _> =
             serde_json::from_value(json!({ "steps": [{ "name": "c", "until": "payload." }] }));
         assert!(bad.is_err());
+    }
+
+    #[test]
+    fn a_child_workflow_step_is_undone_through_its_own_agent_and_unknown_children_or_cycles_are_refused()
+     {
+        use serde_json::json;
+        let spec = |steps: serde_json::Value| -> WorkflowSpec {
+            serde_json::from_value(json!({ "steps": steps })).expect("spec")
+        };
+        let w = Workflow::compile(
+            "p",
+            &spec(json!([{ "name": "ship", "workflow": "shipping" }])),
+        )
+        .expect("compiles");
+        assert_eq!(StepKind::of(&w.steps[0].agent), StepKind::Child("shipping"));
+        assert_eq!(w.steps[0].compensate.as_deref(), Some("workflow:shipping"));
+        assert!(!StepKind::Child("x").held_by_sas());
+        assert!(
+            Workflow::compile(
+                "p",
+                &spec(json!([{ "name": "s", "workflow": "q", "compensate": "u" }]))
+            )
+            .is_err()
+        );
+        let mut all = std::collections::BTreeMap::new();
+        all.insert(
+            "p".to_owned(),
+            spec(json!([{ "name": "s", "workflow": "q" }])),
+        );
+        assert!(child_problem(&all).is_some_and(|p| p.contains("not configured")));
+        all.insert("q".to_owned(), spec(json!([{ "name": "t", "agent": "a" }])));
+        assert_eq!(child_problem(&all), None, "p runs q: fine");
+        all.insert(
+            "r".to_owned(),
+            spec(json!([{ "name": "u", "workflow": "r" }])),
+        );
+        assert!(
+            child_problem(&all).is_some_and(|p| p.ends_with("r → r")),
+            "itself"
+        );
+        all.remove("r");
+        all.insert(
+            "q".to_owned(),
+            spec(json!([{ "name": "t", "workflow": "s" }])),
+        );
+        all.insert(
+            "s".to_owned(),
+            spec(json!([{ "name": "v", "workflow": "p" }])),
+        );
+        let cycle = child_problem(&all).unwrap_or_default();
+        assert!(cycle.contains("p → q → s → p"), "{cycle}");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! orders through the same intake as the queue; applies the signals of
 //! `<prefix>.signals` to the orders' steps waiting for them (contract §4d).
 
+mod children;
 mod http_api;
 mod replay;
 mod signals;

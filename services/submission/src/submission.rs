@@ -3,7 +3,8 @@
 //! `<prefix>.orders.dead` with the reason in `x-sas-reason`, answered with
 //! `rejected` where a reply queue is known, and only then acknowledged.
 //! Beside it, the same session serves `<prefix>.replay` ([`crate::replay`])
-//! and `<prefix>.signals` ([`crate::signals`]).
+//! `<prefix>.signals` ([`crate::signals`]) and the requests and ends of
+//! child workflows ([`crate::children`]).
 
 use std::sync::Arc;
 
@@ -23,6 +24,7 @@ use sas::workflow::Workflow;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use crate::children::Children;
 use crate::replay::Replayer;
 use crate::signals::Signaller;
 
@@ -39,6 +41,13 @@ pub async fn run(ctx: Arc<Context>, intake: Arc<Intake>) -> anyhow::Result<()> {
     let replayer = Arc::new(Replayer {
         store,
         ctx: ctx.clone(),
+    });
+    let children = Arc::new(Children {
+        intake: intake.clone(),
+        transitions: sas::state_store::Transitions::new(ctx.store()?.clone(), ctx.queues.clone()),
+        store: ctx.store()?.clone(),
+        ctx: ctx.clone(),
+        actor: sas::state_store::Actor::new_instance("submission"),
     });
     let signaller = Arc::new(Signaller {
         transitions: sas::state_store::Transitions::new(ctx.store()?.clone(), ctx.queues.clone()),
@@ -73,6 +82,24 @@ pub async fn run(ctx: Arc<Context>, intake: Arc<Intake>) -> anyhow::Result<()> {
                 ctx.queues.signals(),
                 SIGNAL_PREFETCH,
                 "submission-signals",
+            )
+            .await?;
+        let child_requests = ctx
+            .subscribe(
+                broker,
+                &publisher,
+                ctx.queues.children(),
+                SIGNAL_PREFETCH,
+                "submission-children",
+            )
+            .await?;
+        let child_ends = ctx
+            .subscribe(
+                broker,
+                &publisher,
+                ctx.queues.children_ended(),
+                SIGNAL_PREFETCH,
+                "submission-children-ended",
             )
             .await?;
         // The consumers end together: whichever stops first (the broker
@@ -125,9 +152,46 @@ pub async fn run(ctx: Arc<Context>, intake: Arc<Intake>) -> anyhow::Result<()> {
             stop.cancel();
             end
         };
-        let end = match tokio::join!(orders, replaying, signalling) {
-            (Err(e), _, _) | (Ok(_), Err(e), _) | (Ok(_), Ok(_), Err(e)) => Err(e),
-            (Ok(end), Ok(_), Ok(_)) => Ok(end),
+        let starting = async {
+            let end = broker::consume(
+                child_requests,
+                &stop,
+                relay.lost(),
+                ctx.settings.shutdown.grace,
+                |delivery| {
+                    let children = children.clone();
+                    let publisher = publisher.clone();
+                    async move { children.request(&publisher, delivery).await }
+                },
+            )
+            .await;
+            stop.cancel();
+            end
+        };
+        let ending = async {
+            let end = broker::consume(
+                child_ends,
+                &stop,
+                relay.lost(),
+                ctx.settings.shutdown.grace,
+                |delivery| {
+                    let children = children.clone();
+                    let publisher = publisher.clone();
+                    async move { children.event(&publisher, delivery).await }
+                },
+            )
+            .await;
+            stop.cancel();
+            end
+        };
+        let ends = tokio::join!(orders, replaying, signalling, starting, ending);
+        let end = match ends {
+            (Ok(end), Ok(_), Ok(_), Ok(_), Ok(_)) => Ok(end),
+            (Err(e), ..)
+            | (_, Err(e), ..)
+            | (_, _, Err(e), ..)
+            | (.., Err(e), _)
+            | (.., Err(e)) => Err(e),
         };
         relay.stop(end).await
     })
@@ -208,6 +272,11 @@ impl Intake {
             workflows,
             ctx,
         }))
+    }
+
+    /// The configured workflow `name`, compiled.
+    pub fn workflow(&self, name: &str) -> Option<Workflow> {
+        self.workflows.get(name).cloned()
     }
 
     /// Counts an order refused, whichever way it came in.

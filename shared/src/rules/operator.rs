@@ -59,10 +59,25 @@ pub const CANCELLED: &str = "cancelled by an operator";
 /// With nothing to undo and nothing out, the order ends `compensated` at
 /// once. Refused (why) in any other state.
 pub fn cancel(order: &Order, ctx: Context<'_>) -> Result<Decision, &'static str> {
-    let from = order.row.process_state;
-    if let Some(why) = cancel_refusal(from) {
+    if let Some(why) = cancel_refusal(order.row.process_state) {
         return Err(why);
     }
+    Ok(cancelled(order, ctx))
+}
+
+/// The undo of a child order by its parent's step (contract §4d): a cancel
+/// ([`cancel`]), which for a child that has been `processed` undoes its
+/// completed steps too. Refused (why) when it is being undone or was.
+pub fn undo_child(order: &Order, ctx: Context<'_>) -> Result<Decision, &'static str> {
+    match order.row.process_state {
+        ProcessState::Processed => Ok(cancelled(order, ctx)),
+        state => cancel_refusal(state).map_or_else(|| Ok(cancelled(order, ctx)), Err),
+    }
+}
+
+/// The cancel of `order`, allowed in its state.
+fn cancelled(order: &Order, ctx: Context<'_>) -> Decision {
+    let from = order.row.process_state;
     let mut d = Deciding::new(order, ctx);
     // Nothing is waited for once cancelled (§4d): no timer, no signal.
     d.withdraw_own_waits();
@@ -116,7 +131,7 @@ pub fn cancel(order: &Order, ctx: Context<'_>) -> Result<Decision, &'static str>
     } else if !d.any_out() {
         d.wake = true;
     }
-    Ok(d.done())
+    d.done()
 }
 
 /// Why a redrive was refused.

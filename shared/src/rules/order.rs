@@ -478,7 +478,7 @@ impl<'c> Deciding<'c> {
                 StepState::Running => {
                     s.state = StepState::NotStarted;
                     // A step sas runs itself (§4d) did nothing anywhere.
-                    s.in_doubt |= s.kind().agent().is_some();
+                    s.in_doubt |= !s.kind().held_by_sas();
                     // When its outcome became unknown: its place in the undo order.
                     s.finished_at = Some(now);
                 }

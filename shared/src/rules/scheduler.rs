@@ -454,7 +454,7 @@ impl<'c> Deciding<'c> {
         let now = self.ctx.now;
         let pos = self.step_pos(idx)?;
         let step = &self.order.steps[pos];
-        if direction == Direction::Forward && step.kind().agent().is_none() {
+        if direction == Direction::Forward && step.kind().held_by_sas() {
             self.wait_out(pos, launch.until);
             return Ok(None);
         }

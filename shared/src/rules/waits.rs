@@ -65,7 +65,7 @@ impl Deciding<'_> {
     /// up has nothing to wait for, and they did nothing to undo.
     pub(super) fn withdraw_own_waits(&mut self) {
         for step in &mut self.order.steps {
-            if step.state == StepState::Running && step.kind().agent().is_none() {
+            if step.state == StepState::Running && step.kind().held_by_sas() {
                 step.state = StepState::NotStarted;
                 step.dispatch_id = None;
                 step.complete_by = None;

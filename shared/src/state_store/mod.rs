@@ -10,6 +10,7 @@
 mod bounded;
 mod breaker_reports;
 mod breakers;
+mod children;
 mod dashboard;
 mod definitions;
 mod events;

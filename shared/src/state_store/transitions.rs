@@ -522,6 +522,17 @@ impl Transitions {
         .await
     }
 
+    /// The undo of child order `order_id` by its parent's step (contract
+    /// §4d, [`rules::operator::undo_child`]): a cancel, which also undoes a
+    /// processed child.
+    pub async fn undo_child(&self, actor: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
+        self.operate(actor, order_id, |order, ctx| {
+            rules::operator::undo_child(order, ctx)
+                .map_err(|why| Operated::NotAllowed(order.row.process_state, why))
+        })
+        .await
+    }
+
     /// The application's signal `name` with `data` for an order (contract
     /// §4d, [`rules::waits::signal`]): the step waiting for it completes
     /// with `data` as its result and the order goes on. Refused with why

@@ -327,7 +327,7 @@ impl Unit {
                     let message = self.message(
                         i,
                         "request",
-                        queues.agent_requests(&agent),
+                        queues.requests_of(&agent),
                         serde_json::to_vec(&request)?,
                     );
                     self.messages.push(NewMessage {
@@ -355,7 +355,11 @@ impl Unit {
     fn event(&mut self, i: usize, e: Logged, queues: &QueueNames) {
         let now = self.now;
         let o = &self.orders[i].order.row;
-        if let Some(queue) = e.announced_to(o, |q| queues.is_reserved(q)) {
+        // A child order's end goes to sas's agent of children (§4d): the
+        // one queue of sas's own an order may name, which only sas sets
+        // (an application's order naming it is refused as it comes in).
+        let reserved = |q: &str| queues.is_reserved(q) && q != queues.children_ended();
+        if let Some(queue) = e.announced_to(o, reserved) {
             // The same constructor as a replay's (contract §9), so a
             // replayed event is the event that was sent.
             let event = logged_event(

@@ -1358,3 +1358,93 @@ async fn in_chromium_the_order_page_shows_a_waits_time_left_and_sends_a_signal()
     .await;
     browser.quit().await;
 }
+
+const CHILDREN: &str = r#"[workflows.shipping]
+steps = [ { name = "pack", agent = "b", compensate = "b-undo" } ]
+
+[workflows.parent]
+steps = [
+  { name = "reserve", agent = "a", compensate = "a-undo" },
+  { name = "ship", workflow = "shipping", timeout = "20s" },
+  { name = "bill", agent = "c" },
+]
+"#;
+
+/// The child order of step `step` of order `parent`: `UUIDv5(parent, step)`.
+fn child_of(parent: uuid::Uuid, step: &str) -> uuid::Uuid {
+    uuid::Uuid::new_v5(&parent, step.as_bytes())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_workflow_that_succeeds_completes_its_step_with_the_childs_results() {
+    let app = TestApp::builder().extra_config(CHILDREN).build().await;
+    app.start_all().await;
+    let (id, events) = app.run_with("parent", serde_json::json!({ "n": 1 })).await;
+    assert_eq!(
+        sas_tests::states(&events).last(),
+        Some(&"processed"),
+        "{events:?}"
+    );
+    let child = child_of(id, "ship");
+    assert_eq!(app.order(child).await, Some(("processed".into(), 0)));
+    let ship = of_step(&events, "step_succeeded", "ship");
+    let pack = &ship[0]["detail"]["result"]["pack"];
+    assert_eq!(pack["idempotency_key"], format!("{child}:pack"), "{ship:?}");
+    let stats = app.stats();
+    assert!(stats.keys[&format!("{child}:pack")].standing);
+    assert!(stats.keys[&format!("{id}:bill")].standing);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_workflow_whose_parent_is_undone_is_compensated_with_it() {
+    let app = TestApp::builder().extra_config(CHILDREN).build().await;
+    app.knobs(
+        "c",
+        Knobs {
+            permanent: true,
+            ..Knobs::default()
+        },
+    );
+    app.start_all().await;
+    let (id, events) = app.run_with("parent", serde_json::json!({ "n": 1 })).await;
+    assert_eq!(
+        sas_tests::states(&events).last(),
+        Some(&"compensated"),
+        "{events:?}"
+    );
+    let child = child_of(id, "ship");
+    assert_eq!(
+        app.order(child).await.map(|(s, _)| s).as_deref(),
+        Some("compensated")
+    );
+    let stats = app.stats();
+    for key in [format!("{child}:pack"), format!("{id}:reserve")] {
+        let k = &stats.keys[&key];
+        assert!(!k.standing && k.undone, "{key} undone: {k:?}");
+    }
+    assert!(
+        stats.standing.is_empty(),
+        "no effect left anywhere: {:?}",
+        stats.standing
+    );
+}
+
+#[test]
+fn an_unknown_child_workflow_or_a_cycle_of_children_is_refused_at_start_up() {
+    sas_tests::assert_refused_at_start_up(
+        "scheduler",
+        r#"[workflows.p]
+steps = [ { name = "s", workflow = "nowhere" } ]
+"#,
+        "runs workflow \"nowhere\", which is not configured",
+    );
+    sas_tests::assert_refused_at_start_up(
+        "scheduler",
+        r#"[workflows.p]
+steps = [ { name = "s", workflow = "q" } ]
+[workflows.q]
+steps = [ { name = "t", agent = "a" }, { name = "u", workflow = "p" } ]
+"#,
+        "would never end: p → q → p",
+    );
+}
