@@ -285,14 +285,14 @@ mod tests {
     fn a_state_of_a_later_version_is_kept_by_name_and_is_not_terminal() {
         let event: StatusEvent = serde_json::from_value(json!({
             "order_id": "0192a0c0-0000-7000-8000-000000000001", "seq": 4,
-            "state": "step_skipped", "step": "ship", "at": "2026-11-27T10:00:00Z",
+            "state": "step_paused", "step": "ship", "at": "2026-11-27T10:00:00Z",
             "detail": {"why": "when was false"}, "later_field": true
         }))
         .unwrap();
-        assert_eq!(event.state, State::Other("step_skipped".into()));
+        assert_eq!(event.state, State::Other("step_paused".into()));
         assert!(!event.is_terminal());
         let again = serde_json::to_value(&event).unwrap();
-        assert_eq!(again["state"], "step_skipped");
+        assert_eq!(again["state"], "step_paused");
         assert_eq!(
             event.order_id(),
             Some(Uuid::from_u128(0x0192a0c0_0000_7000_8000_000000000001))

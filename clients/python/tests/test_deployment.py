@@ -126,7 +126,7 @@ def test_an_unknown_state_is_kept_and_does_not_end_a_wait(client, deployment, ra
     fake = {
         "order_id": order_id,
         "seq": 100,
-        "state": "step_skipped",
+        "state": "step_paused",
         "step": "a",
         "attempt": 1,
         "at": "2026-11-21T10:00:00.123456Z",
@@ -138,7 +138,7 @@ def test_an_unknown_state_is_kept_and_does_not_end_a_wait(client, deployment, ra
     with pytest.warns(UserWarning, match="not a status event"):
         with client.events(timeout=10) as stream:
             event = next(stream)
-            assert event.state == "step_skipped"
+            assert event.state == "step_paused"
             assert event.order_id == order_id and event.seq == 100 and event.step == "a"
             assert event.at == datetime(2026, 11, 21, 10, 0, 0, 123456, tzinfo=timezone.utc)
             assert not event.terminal and not event.known

@@ -34,10 +34,10 @@ def test_times_read_and_write_rfc3339_in_utc():
 
 def test_a_status_event_is_read_and_an_unknown_state_kept():
     e = StatusEvent.from_json(
-        b'{"order_id":"x","seq":3,"state":"step_skipped","step":"a","attempt":1,'
+        b'{"order_id":"x","seq":3,"state":"step_paused","step":"a","attempt":1,'
         b'"at":"2026-11-21T10:00:00Z","detail":{"k":1},"new_field":true}'
     )
-    assert (e.order_id, e.seq, e.state, e.step, e.attempt) == ("x", 3, "step_skipped", "a", 1)
+    assert (e.order_id, e.seq, e.state, e.step, e.attempt) == ("x", 3, "step_paused", "a", 1)
     assert e.detail == {"k": 1}
     assert not e.known and not e.terminal
     for bad in [b"", b"[]", b"not json", b'{"order_id":"x","seq":"1","state":"processed","at":"2026-11-21T10:00:00Z"}',
