@@ -21,9 +21,10 @@ use crate::suite::{PgCounters, Suite};
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct LoadSpec {
-    /// `one`, `three` or `diamond` (see [`sas_testkit::config`]).
+    /// `one`, `three`, `diamond` or `fanout` (see [`sas_testkit::config`]).
     pub workflow: &'static str,
-    /// Its steps (the diamond's four, though its longest path is three).
+    /// Its steps (the diamond's four, though its longest path is three;
+    /// the fan-out's eleven calls, two deep).
     pub steps: usize,
     /// Which status events the orders ask for (contract §2a).
     pub events: Events,

@@ -528,6 +528,8 @@ async fn sas_single(
             ("three", 3, sizes.three, Events::All),
             ("three", 3, sizes.three, Events::Terminal),
             ("diamond", 4, sizes.three, Events::All),
+            // Ten items at once, then one step (§4d): eleven calls, two deep.
+            ("fanout", 11, sizes.three / 3, Events::Terminal),
         ] {
             let full = full_load(&mut suite, workflow, steps, n, events).await?;
             // Per step: a 3-step order is about three 1-step orders' work.

@@ -677,7 +677,10 @@ mod tests {
             problem(json!([{ "name": "a", "wait": "1s", "compensate": "u" }]))
                 .contains("compensate")
         );
-        assert!(problem(json!([{ "name": "a", "signal": "a b" }])).contains("signal and workflow names"));
+        assert!(
+            problem(json!([{ "name": "a", "signal": "a b" }]))
+                .contains("signal and workflow names")
+        );
         let w = compile(json!([
             { "name": "a", "agent": "x" },
             { "name": "b", "wait": "10m" },

@@ -3,9 +3,14 @@
 //! `one` runs agent `a`; `three` runs `a`, `b` and `c`, with `a` and `b`
 //! undone by `a-undo` and `b-undo`; `diamond` runs `a`, then `b` and `c` at
 //! once, then `d` (agent `a` again) after both: four steps whose longest
-//! path is three.
+//! path is three; `fanout` runs `a` once per item of a list of ten, all at
+//! once, then `b`: eleven calls whose longest path is two.
 
 use std::fmt::Write as _;
+
+/// The fan-out of `fanout`'s first step (contract §4d): ten items, all at
+/// once; a constant list, so that any payload fans out.
+const FAN_OUT: &str = r#", for_each = "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]", max_concurrency = 10"#;
 
 /// The agents the workflows call.
 pub const WORKFLOW_AGENTS: [&str; 5] = ["a", "b", "c", "a-undo", "b-undo"];
@@ -81,6 +86,9 @@ steps = [ {a}, {b}, {c} ]
 [workflows.diamond]
 steps = [ {a}, {db}, {dc}, {dd} ]
 
+[workflows.fanout]
+steps = [ {fa}, {fb} ]
+
 {agents}{extra}
 "#,
             database_url = self.database_url,
@@ -98,6 +106,8 @@ steps = [ {a}, {db}, {dc}, {dd} ]
             db = self.step("b", "b", true, r#", after = ["a"]"#),
             dc = self.step("c", "c", false, r#", after = ["a"]"#),
             dd = self.step("d", "a", false, r#", after = ["b", "c"]"#),
+            fa = self.step("a", "a", true, FAN_OUT),
+            fb = self.step("b", "b", false, ""),
             extra = self.extra,
         )
     }
@@ -156,5 +166,7 @@ mod tests {
         assert!(settings.workflow("one").is_ok());
         assert!(settings.workflow("three").is_ok());
         assert!(settings.workflow("diamond").is_ok());
+        let fanout = settings.workflow("fanout").expect("fanout");
+        assert_eq!(fanout.plan(&serde_json::json!({})).len(), 11);
     }
 }
