@@ -453,7 +453,7 @@ fn an_order_that_does_not_end_processed_leaves_no_net_effect() {
 /// name, some with a condition (true, false, or over the payload or an
 /// earlier result) and some running once per item of the payload's list,
 /// a few at a time; every step with an undo.
-fn workflow() -> impl Strategy<Value = (serde_json::Value, serde_json::Value)> {
+pub(super) fn workflow() -> impl Strategy<Value = (serde_json::Value, serde_json::Value)> {
     let step = (any::<u8>(), 0u8..5, 0u8..3, 1u32..3);
     (proptest::collection::vec(step, 1..5), any::<bool>(), 0usize..4).prop_map(
         |(steps, flag, items)| {
