@@ -1448,3 +1448,43 @@ steps = [ { name = "t", agent = "a" }, { name = "u", workflow = "p" } ]
         "would never end: p → q → p",
     );
 }
+
+#[test]
+fn a_definition_that_cannot_work_is_refused_at_start_up_in_one_line() {
+    for (step, says) in [
+        (
+            r#"{ name = "s", agent = "a", when = "payload.total >" }"#,
+            "does not compile",
+        ),
+        (
+            r#"{ name = "s", agent = "a", input = { x = "((" } }"#,
+            "does not compile",
+        ),
+        (r#"{ name = "s", until = "payload." }"#, "does not compile"),
+        (
+            r#"{ name = "s", agent = "a", for_each = "42" }"#,
+            "does not give a list",
+        ),
+        (
+            r#"{ name = "s", agent = "a", for_each = "results.r" }"#,
+            "may read only payload",
+        ),
+        (
+            r#"{ name = "s", signal = "ok", agent = "a" }"#,
+            "a signal step has no agent",
+        ),
+        (
+            r#"{ name = "s", wait = "1m", compensate = "a-undo" }"#,
+            "only a step an agent runs",
+        ),
+        (r#"{ name = "s" }"#, "a step needs an agent"),
+    ] {
+        for binary in ["scheduler", "submission"] {
+            sas_tests::assert_refused_at_start_up(
+                binary,
+                &format!("[workflows.w]\nsteps = [ {step} ]\n"),
+                says,
+            );
+        }
+    }
+}
