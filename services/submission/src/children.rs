@@ -33,9 +33,15 @@ pub struct Children {
     pub actor: Actor,
 }
 
-/// The id of the child order of step `step` of order `parent`.
-pub fn child_id(parent: Uuid, step: &str) -> Uuid {
-    Uuid::new_v5(&parent, step.as_bytes())
+/// The id of the child order of `request`'s step: `UUIDv5(order_id,
+/// step)`, or, in the order's redrive N (contract §9), of `<step>:r<N>`,
+/// as its idempotency key is: a redriven step runs a new child.
+pub fn child_id(request: &StepRequest) -> Uuid {
+    let name = match request.redrive {
+        0 => request.step.clone(),
+        n => format!("{}:r{n}", request.step),
+    };
+    Uuid::new_v5(&request.order_id, name.as_bytes())
 }
 
 impl Children {
@@ -50,7 +56,7 @@ impl Children {
             tracing::warn!("an unreadable child workflow request; dead-lettered");
             return broker::dead_letter_with(&delivery, "not a step request").await;
         };
-        let child = child_id(request.order_id, &request.step);
+        let child = child_id(&request);
         let span = tracing::info_span!("child", order_id = %request.order_id, step = %request.step, %child);
         let _in = span.enter();
         let store = &self.store;
