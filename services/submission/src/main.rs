@@ -7,6 +7,7 @@
 
 mod children;
 mod http_api;
+mod refusal;
 mod replay;
 mod signals;
 mod submission;

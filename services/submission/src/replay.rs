@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use sas::applications::Application;
-use sas::broker::{self, BrokerError, Outgoing, PublishError, Publisher, Received};
+use sas::broker::{self, BrokerError, Outgoing, PublishError, Publisher, Received, Verdict};
 use sas::messages::{Quoted, RejectReason, ReplayRequest, decode_replay, is_queue_name};
 use sas::metrics::labels;
 use sas::service::Context;
@@ -163,25 +163,20 @@ impl Replayer {
 
     /// Dead-letters the request with its reason, and counts it.
     async fn reject(&self, delivery: &Received, reason: &RejectReason) -> Result<(), BrokerError> {
-        let text = reason.to_string();
-        tracing::warn!(reason = %text, "replay request rejected; dead-lettered");
+        tracing::warn!(reason = %reason, "replay request rejected; dead-lettered");
         self.count(reason.label());
-        if matches!(reason, RejectReason::TooLarge { .. }) {
-            // Through the broker, not copied: a copy holds it twice.
-            return broker::dead_letter(delivery).await;
-        }
-        broker::dead_letter_with(delivery, &text).await
+        crate::refusal::refuse(delivery, reason).await
     }
 
     /// The state store failed: a transient failure hands the request back
     /// after a pause; any other is retried a bounded number of times.
     async fn store_failed(&self, delivery: &Received, e: &StoreError) -> Result<(), BrokerError> {
         tracing::warn!(error = %e, transient = e.is_transient(), "could not read the event log for a replay");
-        if e.is_transient() {
-            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-            return broker::requeue(delivery).await;
-        }
-        broker::retry_counted(delivery, &format!("could not read the event log: {e}")).await
+        Verdict::failed(e.is_transient(), || {
+            format!("could not read the event log: {e}")
+        })
+        .settle(delivery)
+        .await
     }
 
     fn count(&self, outcome: &str) {

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use sas::broker::{self, BrokerError, Received};
+use sas::broker::{self, BrokerError, Received, Verdict};
 use sas::messages::{RejectReason, decode_signal};
 use sas::metrics::labels;
 use sas::service::Context;
@@ -75,25 +75,20 @@ impl Signaller {
 
     /// Dead-letters the signal with its reason, and counts it.
     async fn reject(&self, delivery: &Received, reason: &RejectReason) -> Result<(), BrokerError> {
-        let text = reason.to_string();
-        tracing::warn!(reason = %text, "signal refused; dead-lettered");
+        tracing::warn!(reason = %reason, "signal refused; dead-lettered");
         self.count(reason.label());
-        if matches!(reason, RejectReason::TooLarge { .. }) {
-            // Through the broker, not copied: a copy holds it twice.
-            return broker::dead_letter(delivery).await;
-        }
-        broker::dead_letter_with(delivery, &text).await
+        crate::refusal::refuse(delivery, reason).await
     }
 
     /// The state store failed: a transient failure hands the signal back
     /// after a pause; any other is retried a bounded number of times.
     async fn store_failed(&self, delivery: &Received, e: &StoreError) -> Result<(), BrokerError> {
         tracing::warn!(error = %e, transient = e.is_transient(), "could not apply a signal");
-        if e.is_transient() {
-            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-            return broker::requeue(delivery).await;
-        }
-        broker::retry_counted(delivery, &format!("could not apply the signal: {e}")).await
+        Verdict::failed(e.is_transient(), || {
+            format!("could not apply the signal: {e}")
+        })
+        .settle(delivery)
+        .await
     }
 
     fn count(&self, outcome: &str) {

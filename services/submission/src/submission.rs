@@ -105,99 +105,60 @@ pub async fn run(ctx: Arc<Context>, intake: Arc<Intake>) -> anyhow::Result<()> {
         // The consumers end together: whichever stops first (the broker
         // lost, or shutdown) stops the others.
         let stop = ctx.shutdown.child_token();
-        let orders = async {
-            let end = broker::consume(
-                consumer,
-                &stop,
-                relay.lost(),
-                ctx.settings.shutdown.grace,
-                |delivery| {
-                    let submission = submission.clone();
-                    let publisher = publisher.clone();
-                    async move { submission.handle(&publisher, delivery).await }
-                },
-            )
-            .await;
-            stop.cancel();
-            end
-        };
-        let replaying = async {
-            let end = broker::consume(
-                replays,
-                &stop,
-                relay.lost(),
-                ctx.settings.shutdown.grace,
-                |delivery| {
-                    let replayer = replayer.clone();
-                    let publisher = publisher.clone();
-                    async move { replayer.handle(&publisher, delivery).await }
-                },
-            )
-            .await;
-            stop.cancel();
-            end
-        };
-        let signalling = async {
-            let end = broker::consume(
-                signals,
-                &stop,
-                relay.lost(),
-                ctx.settings.shutdown.grace,
-                |delivery| {
-                    let signaller = signaller.clone();
-                    async move { signaller.handle(delivery).await }
-                },
-            )
-            .await;
-            stop.cancel();
-            end
-        };
-        let starting = async {
-            let end = broker::consume(
-                child_requests,
-                &stop,
-                relay.lost(),
-                ctx.settings.shutdown.grace,
-                |delivery| {
-                    let children = children.clone();
-                    let publisher = publisher.clone();
-                    async move { children.request(&publisher, delivery).await }
-                },
-            )
-            .await;
-            stop.cancel();
-            end
-        };
-        let ending = async {
-            let end = broker::consume(
-                child_ends,
-                &stop,
-                relay.lost(),
-                ctx.settings.shutdown.grace,
-                |delivery| {
-                    let children = children.clone();
-                    let publisher = publisher.clone();
-                    async move { children.event(&publisher, delivery).await }
-                },
-            )
-            .await;
-            stop.cancel();
-            end
-        };
-        let ends = tokio::join!(orders, replaying, signalling, starting, ending);
-        let end = match ends {
-            (Ok(end), Ok(_), Ok(_), Ok(_), Ok(_)) => Ok(end),
-            (Err(e), ..)
-            | (_, Err(e), ..)
-            | (_, _, Err(e), ..)
-            | (.., Err(e), _)
-            | (.., Err(e)) => Err(e),
-        };
+        let grace = ctx.settings.shutdown.grace;
+        let lost = relay.lost();
+        let submitting = serve(consumer, &stop, lost, grace, |delivery| -> Handling {
+            let (submission, publisher) = (submission.clone(), publisher.clone());
+            Box::pin(async move { submission.handle(&publisher, delivery).await })
+        });
+        let replaying = serve(replays, &stop, lost, grace, |delivery| -> Handling {
+            let (replayer, publisher) = (replayer.clone(), publisher.clone());
+            Box::pin(async move { replayer.handle(&publisher, delivery).await })
+        });
+        let signalling = serve(signals, &stop, lost, grace, |delivery| -> Handling {
+            let signaller = signaller.clone();
+            Box::pin(async move { signaller.handle(delivery).await })
+        });
+        let starting = serve(child_requests, &stop, lost, grace, |delivery| -> Handling {
+            let (children, publisher) = (children.clone(), publisher.clone());
+            Box::pin(async move { children.request(&publisher, delivery).await })
+        });
+        let ending = serve(child_ends, &stop, lost, grace, |delivery| -> Handling {
+            let (children, publisher) = (children.clone(), publisher.clone());
+            Box::pin(async move { children.event(&publisher, delivery).await })
+        });
+        let (orders, replays, signals, starts, ends) =
+            tokio::join!(submitting, replaying, signalling, starting, ending);
+        // The first error wins; else the orders' consumer says how it ended.
+        let end = orders.and_then(|end| {
+            [replays, signals, starts, ends]
+                .into_iter()
+                .find_map(Result::err)
+                .map_or(Ok(end), Err)
+        });
         relay.stop(end).await
     })
     .await
     .context("RabbitMQ")?;
     Ok(())
+}
+
+/// A handler's future, boxed so that one [`serve`] serves every consumer.
+type Handling =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), BrokerError>> + Send>>;
+
+/// Consumes `subscription` with `handler` until shutdown or the broker is
+/// lost; ending, it stops the session's other consumers (`stop`).
+async fn serve(
+    subscription: broker::Subscription,
+    stop: &tokio_util::sync::CancellationToken,
+    lost: &tokio_util::sync::CancellationToken,
+    grace: std::time::Duration,
+    handler: impl Fn(Received) -> Handling,
+) -> Result<broker::SessionEnd, BrokerError> {
+    let end = broker::consume(subscription, stop, lost, grace, handler).await;
+    stop.cancel();
+    end
 }
 
 /// Replay requests worked on at once: each may publish thousands of events.
