@@ -304,3 +304,67 @@ fn outcome(
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_childs_end_answers_a_forward_request_and_only_its_compensation_answers_an_undo() {
+        let child = Uuid::now_v7();
+        let results = json!({ "pack": { "ok": true } });
+        let forward = |state| outcome(Direction::Forward, state, &results, Some("no stock"), child);
+        let undo = |state| outcome(Direction::Compensate, state, &results, None, child);
+        assert_eq!(
+            forward(ProcessState::Processed),
+            Some(StepOutcome::Succeeded {
+                result: results.clone()
+            })
+        );
+        for state in [ProcessState::Compensated, ProcessState::Error] {
+            let Some(StepOutcome::Failed { error }) = forward(state) else {
+                panic!("{state}: the step fails");
+            };
+            assert!(
+                error.contains(&child.to_string()) && error.contains("no stock"),
+                "{error}"
+            );
+        }
+        assert_eq!(
+            undo(ProcessState::Processed),
+            None,
+            "its undo is on its way"
+        );
+        assert_eq!(
+            undo(ProcessState::Compensated),
+            Some(StepOutcome::Succeeded { result: json!({}) })
+        );
+        assert!(matches!(
+            undo(ProcessState::Error),
+            Some(StepOutcome::Failed { .. })
+        ));
+        assert_eq!(forward(ProcessState::Processing), None, "not ended");
+    }
+
+    #[test]
+    fn a_redriven_step_runs_a_child_of_its_own() {
+        let request: StepRequest = serde_json::from_value(json!({
+            "order_id": Uuid::now_v7(), "workflow": "p", "step": "ship", "step_index": 1,
+            "direction": "forward", "attempt": 1, "dispatch_id": Uuid::now_v7(),
+            "locked_by": "s", "complete_by": "2026-11-27T10:00:00Z", "payload": {}, "results": {},
+        }))
+        .expect("a request");
+        let first = child_id(&request);
+        assert_eq!(
+            first,
+            Uuid::new_v5(&request.order_id, b"ship"),
+            "UUIDv5(order_id, step)"
+        );
+        let redriven = StepRequest {
+            redrive: 1,
+            ..request.clone()
+        };
+        assert_ne!(child_id(&redriven), first);
+        assert_eq!(child_id(&request), first, "the same step, the same child");
+    }
+}
