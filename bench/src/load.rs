@@ -120,6 +120,8 @@ pub struct LoadResult {
     /// `processing→step a` … (dispatch, relay, agent, HTTP call, reply, apply),
     /// `processed→delivered` (commit, relay, broker, our consumer).
     pub stages_ms: Vec<(String, Percentiles)>,
+    /// The remote calls of one processed order (a fan-out's items each).
+    pub calls_per_order: usize,
     /// CPU used during the run, per process group.
     pub cpu: CpuUse,
     /// CPU milliseconds per order, per process group.
@@ -489,6 +491,7 @@ pub async fn run(suite: &mut Suite, spec: &LoadSpec) -> anyhow::Result<LoadResul
         throughput: orders_done as f64 / elapsed_s,
         latency_ms: Percentiles::of(latencies),
         stages_ms,
+        calls_per_order: spec.steps,
         cpu,
         cpu_ms_per_order,
         events,

@@ -147,7 +147,7 @@ impl Report {
             if let Some(rate) = res.offered_rate {
                 note.push(format!("offered {rate:.0}/s"));
             }
-            let steps = res.stages_ms.len().saturating_sub(3) as u64;
+            let steps = res.calls_per_order as u64;
             // Undo calls add effects, so compare only when every order was processed.
             if let Some(applied) = res.remote_applied
                 && res.other_terminal == 0
