@@ -40,9 +40,13 @@ async fn main() -> anyhow::Result<()> {
         };
         client.replay(&request, None).await?;
     }
+    // One Ctrl-C future for the whole loop: a new one per round would miss
+    // an interrupt that came while the round before was printing.
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
     loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
+            _ = &mut interrupted => break,
             next = events.next() => match next {
                 Some(Ok(event)) => println!("{}", serde_json::to_string(&event)?),
                 Some(Err(e @ sas_client::Error::NotAStatusEvent { .. })) => eprintln!("skipped: {e}"),

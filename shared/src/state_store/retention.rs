@@ -226,7 +226,8 @@ ORDER BY created_at, order_id LIMIT $3 \
 FOR UPDATE SKIP LOCKED";
 
 /// Deletes the picked orders (`$1`) that are still ended (`$2`) and old
-/// (`$3`), with their steps, events and outbox rows; returns each deleted
+/// (`$3`), with their steps, events and outbox rows (and, for a child
+/// order, what its parent's step asked of it); returns each deleted
 /// order, the time, the rows deleted with them, and with `$4` its archive
 /// line, read from what was deleted (the statement's snapshot still shows
 /// the steps and events it deletes).
@@ -238,7 +239,8 @@ WITH gone AS ( \
 ids AS MATERIALIZED (SELECT coalesce(array_agg(order_id), '{}') AS ids FROM gone), \
 s AS (DELETE FROM steps WHERE order_id = ANY((SELECT ids FROM ids)::uuid[]) RETURNING 1), \
 e AS (DELETE FROM order_events WHERE order_id = ANY((SELECT ids FROM ids)::uuid[]) RETURNING 1), \
-m AS (DELETE FROM outbox WHERE order_id = ANY((SELECT ids FROM ids)::uuid[]) RETURNING 1) \
+m AS (DELETE FROM outbox WHERE order_id = ANY((SELECT ids FROM ids)::uuid[]) RETURNING 1), \
+c AS (DELETE FROM children WHERE child_id = ANY((SELECT ids FROM ids)::uuid[])) \
 SELECT g.order_id, now() AS at, \
   CASE WHEN $4 THEN jsonb_build_object( \
     'order', to_jsonb(g), \

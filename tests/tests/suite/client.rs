@@ -396,7 +396,18 @@ async fn the_clients_examples_run_against_the_services() {
     let _ = std::process::Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status();
-    let status = child.wait().expect("the consumer exits");
+    // Bounded: a consumer that misses its interrupt fails the test, not CI.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("the consumer's status") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().ok();
+            panic!("the consumer did not exit within 10 s of its interrupt");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert!(status.success(), "interrupted, it exits 0: {status:?}");
     let events: Vec<StatusEvent> = lines
         .iter()

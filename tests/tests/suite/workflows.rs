@@ -1393,6 +1393,20 @@ async fn a_child_workflow_that_succeeds_completes_its_step_with_the_childs_resul
     let stats = app.stats();
     assert!(stats.keys[&format!("{child}:pack")].standing);
     assert!(stats.keys[&format!("{id}:bill")].standing);
+    // Retention prunes the child with what its parent's step asked of it.
+    let remembered = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM children WHERE child_id = $1")
+            .bind(child)
+            .fetch_one(&app.db)
+            .await
+            .expect("children")
+    };
+    assert_eq!(remembered().await, 1);
+    run(&app, &["orders", "prune", "--older-than", "1ms"])
+        .await
+        .expect_code(0);
+    assert_eq!(app.order(child).await, None);
+    assert_eq!(remembered().await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
