@@ -19,6 +19,7 @@ use sas::state::ProcessState;
 use sas::state_store::{Actor, Operated, StateStore, StoreError, Submitted, Transitions};
 use sas::workflow::StepKind;
 use serde_json::{Value, json};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::submission::{Accepted, Intake};
@@ -58,22 +59,24 @@ impl Children {
         };
         let child = child_id(&request);
         let span = tracing::info_span!("child", order_id = %request.order_id, step = %request.step, %child);
-        let _in = span.enter();
-        let store = &self.store;
-        match store.remember_child_request(child, &request).await {
-            Ok(true) => {}
-            Ok(false) => {
-                let error = "a newer dispatch or undo of the step superseded this request";
-                return self
-                    .answer(publisher, &delivery, &request, failed(error))
-                    .await;
+        async {
+            match self.store.remember_child_request(child, &request).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    let error = "a newer dispatch or undo of the step superseded this request";
+                    return self
+                        .answer(publisher, &delivery, &request, failed(error))
+                        .await;
+                }
+                Err(e) => return self.failed(&delivery, &e).await,
             }
-            Err(e) => return self.failed(&delivery, &e).await,
+            match request.direction {
+                Direction::Forward => self.start(publisher, &delivery, &request, child).await,
+                Direction::Compensate => self.undo(publisher, &delivery, &request, child).await,
+            }
         }
-        match request.direction {
-            Direction::Forward => self.start(publisher, &delivery, &request, child).await,
-            Direction::Compensate => self.undo(publisher, &delivery, &request, child).await,
-        }
+        .instrument(span)
+        .await
     }
 
     /// Starts the child (once: its id is the step's), or, when it has

@@ -45,17 +45,29 @@ impl Signaller {
         let given = signal.order_id;
         let order_id = sender.map_or(given, |app| app.order_id(given));
         let span = tracing::info_span!("signal", %order_id, signal = %signal.signal);
-        let outcome = self
-            .transitions
-            .signal(&self.actor, order_id, &signal.signal, &signal.data)
-            .instrument(span.clone())
-            .await;
-        let _in = span.enter();
+        async {
+            let outcome = self
+                .transitions
+                .signal(&self.actor, order_id, &signal.signal, &signal.data)
+                .await;
+            self.settle(&delivery, given, outcome).await
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Acknowledges a signal applied, or refuses it with why.
+    async fn settle(
+        &self,
+        delivery: &Received,
+        given: uuid::Uuid,
+        outcome: Result<Operated, StoreError>,
+    ) -> Result<(), BrokerError> {
         match outcome {
             Ok(Operated::Done(state)) => {
                 tracing::info!(%state, "signal applied");
                 self.count("applied");
-                broker::ack(&delivery).await
+                broker::ack(delivery).await
             }
             Ok(Operated::NotAllowed(state, why)) => {
                 let reason = RejectReason::NotWaiting {
@@ -63,13 +75,13 @@ impl Signaller {
                     state: state.as_str(),
                     why,
                 };
-                self.reject(&delivery, &reason).await
+                self.reject(delivery, &reason).await
             }
             Ok(Operated::NotFound | Operated::PayloadRefused(_)) => {
-                self.reject(&delivery, &RejectReason::UnknownOrder(given))
+                self.reject(delivery, &RejectReason::UnknownOrder(given))
                     .await
             }
-            Err(e) => self.store_failed(&delivery, &e).await,
+            Err(e) => self.store_failed(delivery, &e).await,
         }
     }
 
