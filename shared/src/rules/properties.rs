@@ -241,6 +241,9 @@ impl World {
                         self.holds.1 += 1;
                         self.in_hold = false;
                     }
+                    // A step passed over by its condition (§4d) is no
+                    // dispatch: the order may still be waiting to resume.
+                    EventKind::StepSkipped => {}
                     _ => self.in_hold = false,
                 }
             }
