@@ -440,28 +440,43 @@ async fn cancel(
 ) -> Result<Response, ApiError> {
     let given = parse_id(&id)?;
     let row = owned(&api, &caller, given).await?;
-    let store = api.ctx.store().map_err(|e| ApiError::internal(&e))?;
-    let transitions = Transitions::new(store.clone(), api.ctx.queues.clone());
     let actor = caller.actor();
-    let outcome = transitions
+    let outcome = transitions(&api)?
         .cancel(&actor, row.order_id)
         .await
         .map_err(|e| ApiError::store(&e))?;
+    let state = operated(outcome, given, "not_allowed", "cancel")?;
+    tracing::info!(order_id = %row.order_id, actor = %actor.name, state = %state, "order cancelled over HTTP");
+    let body = Cancelled {
+        order_id: given,
+        state: state.as_str().to_owned(),
+    };
+    Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response())
+}
+
+/// The transitions of the service's state store.
+fn transitions(api: &Api) -> Result<Transitions, ApiError> {
+    let store = api.ctx.store().map_err(|e| ApiError::internal(&e))?;
+    Ok(Transitions::new(store.clone(), api.ctx.queues.clone()))
+}
+
+/// The state an action (`doing`, as in "cannot <doing> order …") left the
+/// order `given` in, or its refusal: `409` with `error`, the reason and
+/// the order's `state`; `404` for an order that is gone.
+fn operated(
+    outcome: Operated,
+    given: Uuid,
+    error: &'static str,
+    doing: &str,
+) -> Result<sas::state::ProcessState, ApiError> {
     match outcome {
-        Operated::Done(state) => {
-            tracing::info!(order_id = %row.order_id, actor = %actor.name, state = %state, "order cancelled over HTTP");
-            let body = Cancelled {
-                order_id: given,
-                state: state.as_str().to_owned(),
-            };
-            Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response())
-        }
+        Operated::Done(state) => Ok(state),
         Operated::NotAllowed(state, why) => Err(ApiError {
             extra: Some(("state", Value::from(state.as_str()))),
             ..ApiError::new(
                 StatusCode::CONFLICT,
-                "not_allowed",
-                format!("cannot cancel order {given}: it is {state} ({why})"),
+                error,
+                format!("cannot {doing} order {given}: it is {state} ({why})"),
             )
         }),
         Operated::NotFound | Operated::PayloadRefused(_) => Err(ApiError::not_found(given)),
@@ -488,34 +503,20 @@ async fn signal(
         })?
     };
     let row = owned(&api, &caller, given).await?;
-    let store = api.ctx.store().map_err(|e| ApiError::internal(&e))?;
-    let transitions = Transitions::new(store.clone(), api.ctx.queues.clone());
     let actor = caller.actor();
-    let outcome = transitions
+    let outcome = transitions(&api)?
         .signal(&actor, row.order_id, &name, &data)
         .await
         .map_err(|e| ApiError::store(&e))?;
     let shown = truncate_bytes(&name, 64);
-    match outcome {
-        Operated::Done(state) => {
-            tracing::info!(order_id = %row.order_id, actor = %actor.name, signal = %shown, "signal applied over HTTP");
-            let body = Signalled {
-                order_id: given,
-                signal: name,
-                state: state.as_str().to_owned(),
-            };
-            Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response())
-        }
-        Operated::NotAllowed(state, why) => Err(ApiError {
-            extra: Some(("state", Value::from(state.as_str()))),
-            ..ApiError::new(
-                StatusCode::CONFLICT,
-                "not_waiting",
-                format!("cannot signal {shown} to order {given}: it is {state} ({why})"),
-            )
-        }),
-        Operated::NotFound | Operated::PayloadRefused(_) => Err(ApiError::not_found(given)),
-    }
+    let state = operated(outcome, given, "not_waiting", &format!("signal {shown} to"))?;
+    tracing::info!(order_id = %row.order_id, actor = %actor.name, signal = %shown, "signal applied over HTTP");
+    let body = Signalled {
+        order_id: given,
+        signal: name,
+        state: state.as_str().to_owned(),
+    };
+    Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response())
 }
 
 /// `GET /v1/openapi.json`: needs no credentials.
