@@ -87,8 +87,17 @@ async fn rows(url: &str) -> BTreeMap<(String, &'static str), i64> {
             .fetch_all(&mut conn)
             .await
             .expect("pg_stat_user_indexes");
+    // The system catalogs' too: a worker's transactions count in the run's.
+    let autovacuumed: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0)::bigint \
+         FROM pg_stat_all_tables",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .expect("pg_stat_all_tables");
     conn.close().await.ok();
     let mut rows = BTreeMap::new();
+    rows.insert((AUTOVACUUM.to_owned(), "runs"), autovacuumed);
     for (index, read) in indexes {
         rows.insert((index, "entries read"), read);
     }
@@ -101,6 +110,10 @@ async fn rows(url: &str) -> BTreeMap<(String, &'static str), i64> {
     }
     rows
 }
+
+/// The pseudo-table under which [`rows`] counts autovacuum and autoanalyze
+/// runs on any of the database's tables, the system catalogs included.
+const AUTOVACUUM: &str = "(autovacuum)";
 
 /// Polls `read` until two reads in a row agree (other backends' statistics
 /// reach `pg_stat_*` up to a few hundred milliseconds late); panics if they
@@ -390,7 +403,27 @@ async fn run_batch(app: &TestApp, workflow: &str, publishing: Publishing, events
 /// [`run_batch`], with `kept` ended orders (one step each) stored once the
 /// batch is submitted: the run's connection made its plans while the
 /// tables held the batch alone, as a new deployment's connections do.
+///
+/// Autovacuum cannot be turned off for the system catalogs, which the
+/// migrations filled: a run during which a worker vacuumed or analysed one
+/// (its transactions count in the database's) is run again with new orders.
 async fn run_batch_keeping(
+    app: &TestApp,
+    workflow: &str,
+    publishing: Publishing,
+    events: Events,
+    kept: i64,
+) -> Cost {
+    for _ in 0..4 {
+        let cost = run_batch_once(app, workflow, publishing, events, kept).await;
+        if cost.rows(AUTOVACUUM, "runs") == 0 {
+            return cost;
+        }
+    }
+    panic!("autovacuum ran during each of four runs");
+}
+
+async fn run_batch_once(
     app: &TestApp,
     workflow: &str,
     publishing: Publishing,
@@ -490,9 +523,12 @@ async fn run_batch_keeping(
     );
     store.close().await;
     let after = Counters::after(&app.db_url).await;
-    let processed: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE process_state = $1")
-        .bind(ProcessState::Processed.as_str())
-        .fetch_one(&app.db)
+    let processed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM orders WHERE process_state = $1 AND order_id = ANY($2)",
+    )
+    .bind(ProcessState::Processed.as_str())
+    .bind(&ids)
+    .fetch_one(&app.db)
         .await
         .expect("count");
     assert_eq!(processed, N as i64);
