@@ -20,11 +20,6 @@ pub struct OutboxRow {
     pub body: Vec<u8>,
 }
 
-/// How long a follower (a [`take`] with `wait`) waits for an order's outbox
-/// lock before it gives up and leaves the order to the relay's passes: a
-/// publisher holds the lock for a publish and a delete, milliseconds.
-pub(super) const LOCK_TIMEOUT: &str = "30s";
-
 /// The SQL of an order's outbox lock key, for the order id in `column`: one
 /// advisory lock per order, held by whoever is publishing its messages (a
 /// connection handed over with [`Held`], by a transition or a [`take`]).
@@ -49,6 +44,20 @@ pub struct Committed {
     /// their messages go once the locks come free.
     pub follow: Vec<Uuid>,
 }
+
+/// [`Held::release`]'s statement: the delete is read (and so run) before
+/// the session's locks go, and each order's transaction-level lock is taken
+/// before them (the same session's, so at once).
+static RELEASE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), \
+         gone AS (DELETE FROM outbox WHERE id = ANY($1) RETURNING order_id), \
+         fenced AS (SELECT count(*) AS n FROM (SELECT DISTINCT order_id FROM gone) g \
+           WHERE pg_advisory_xact_lock({key})::text IS NOT NULL) \
+         SELECT pg_advisory_unlock_all() FROM relaxed, fenced",
+        key = lock_key("order_id")
+    )
+});
 
 /// A pooled connection holding orders' outbox locks (session-level advisory
 /// locks, taken by the transition that wrote their messages and kept past
@@ -82,16 +91,12 @@ impl Held {
         let Some(mut conn) = self.conn.take() else {
             return Ok(());
         };
-        // The locks go only once the rows are deleted (the delete is read
-        // first): a relay waiting for a lock must find its order's published
-        // rows deleted, if not yet committed, or it would publish them again.
-        // An unread data-modifying `WITH` runs after the rest of its statement.
-        let release = sqlx::query(
-            "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), \
-             gone AS (DELETE FROM outbox WHERE id = ANY($1) RETURNING 1) \
-             SELECT pg_advisory_unlock_all() FROM relaxed, (SELECT count(*) FROM gone) g",
-        )
-        .bind(published)
+        // The session's locks go in this statement, but a lock of the
+        // transaction's own, taken first on each order whose rows it deletes,
+        // keeps those orders until the delete commits: a relay that gets the
+        // lock then never finds the published rows ([`take`]).
+        let release = sqlx::query(sqlx::AssertSqlSafe(RELEASE.as_str()))
+            .bind(published)
         .execute(&mut *conn);
         // Past the bound the connection may be silent: it is closed below.
         let done = match tokio::time::timeout(self.bound, release).await {
@@ -147,47 +152,29 @@ pub struct Taken {
 }
 
 /// Takes these orders for publishing, on `conn`, in one statement that
-/// commits at once: the orders no other publisher holds right now (a
-/// session-level advisory lock per order, [`lock_key`], kept past the
-/// statement), so each order's messages are published by one publisher at a
-/// time, in sequence, and relays never wait on each other; with `wait`,
-/// every order, once its publisher lets it go (give `order_ids` sorted, so
-/// that two waiters cannot deadlock). Returns the orders taken and their
-/// messages, in the order they were written. No transaction stays open
-/// while they are published: [`Held::release`] deletes them afterwards.
+/// commits at once (`sas_outbox_take`, migration 20261206000001): the orders
+/// no other publisher holds right now (a session-level advisory lock per
+/// order, [`lock_key`], kept past the statement), so each order's messages
+/// are published by one publisher at a time, in sequence, and relays never
+/// wait on each other; with `wait`, every order, once its publisher lets it
+/// go (give `order_ids` sorted, so that two waiters cannot deadlock; a lock
+/// not had within 30 s fails the statement). Returns the orders taken and
+/// their messages, in the order they were written. No transaction stays
+/// open while they are published: [`Held::release`] deletes them afterwards.
 ///
-/// The rows are read `FOR UPDATE`: a publisher that lets an order's lock go
-/// while its own delete of the published rows is not yet committed
-/// ([`Held::release`]) leaves them locked, and this waits for that delete
-/// and skips them, instead of publishing them again.
-///
-/// Locking the rows writes to the log, but nothing a crash must keep: the
-/// statement commits without waiting for the disk. On an error the locks
-/// taken so far stay with the session: the caller closes the connection.
+/// The messages are read after the locks are had, by a statement of their
+/// own: a publisher lets an order's lock go only once its delete of the
+/// published rows has committed, so they are never read again. The take
+/// locks no row and writes nothing. On an error the locks taken so far stay
+/// with the session: the caller closes the connection.
 pub(super) async fn take(
     conn: &mut PgConnection,
     order_ids: &[Uuid],
     wait: bool,
 ) -> Result<(Vec<Uuid>, Vec<OutboxRow>), sqlx::Error> {
-    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        format!(
-            "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), \
-             taken AS MATERIALIZED ( \
-               SELECT id FROM relaxed, unnest($1::uuid[]) AS t(id) \
-               WHERE CASE WHEN $2 \
-                 THEN set_config('lock_timeout', '{LOCK_TIMEOUT}', true) IS NOT NULL \
-                   AND pg_advisory_lock({key})::text IS NOT NULL \
-                 ELSE pg_try_advisory_lock({key}) END), \
-             queued AS ( \
-               SELECT o.* FROM outbox o JOIN taken t ON o.order_id = t.id FOR UPDATE OF o) \
-             SELECT t.id AS taken, q.id, q.kind, q.routing_key, q.correlation_id, q.reply_to, \
-               q.traceparent, q.body \
-             FROM taken t LEFT JOIN queued q ON q.order_id = t.id \
-             ORDER BY q.id NULLS LAST",
-            key = lock_key("id")
-        )
-    });
-    let found: Vec<TakenRow> = sqlx::query_as(sqlx::AssertSqlSafe(SQL.as_str()))
+    const SQL: &str = "SELECT taken, id, kind, routing_key, correlation_id, reply_to, \
+        traceparent, body FROM sas_outbox_take($1, $2)";
+    let found: Vec<TakenRow> = sqlx::query_as(SQL)
         .bind(order_ids)
         .bind(wait)
         .fetch_all(&mut *conn)
