@@ -239,6 +239,15 @@ pub struct StepSpec {
     pub input: Option<BTreeMap<String, Expr>>,
 }
 
+impl StepSpec {
+    /// Whether an expression of the step may read the earlier steps'
+    /// `results` (`when`, `input`, `until`; a `for_each` reads the payload
+    /// only): else a dispatch need not gather them.
+    pub fn reads_results(&self) -> bool {
+        self.when.is_some() || self.input.is_some() || self.until.is_some()
+    }
+}
+
 fn default_max_duration() -> Duration {
     Duration::from_secs(3600)
 }

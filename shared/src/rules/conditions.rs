@@ -139,7 +139,9 @@ impl Deciding<'_> {
     pub(super) fn prepare_forward(&mut self, steps: &[i32]) -> Result<Prepared, RuleError> {
         let definition = self.ctx.definition(self.row());
         let steps = self.within_concurrency(steps, definition);
-        let results = self.order.results();
+        // Gathered once, and only for a step whose expressions read them.
+        let mut results = None;
+        let unread = serde_json::Map::new();
         let mut go = Vec::with_capacity(steps.len());
         let mut skipped = Vec::new();
         for idx in steps {
@@ -149,7 +151,12 @@ impl Deciding<'_> {
             let spec = definition.and_then(|d| d.spec.step(name));
             let vars = Vars {
                 payload: &self.order.row.payload,
-                results: &results,
+                results: match spec {
+                    Some(spec) if spec.reads_results() => {
+                        results.get_or_insert_with(|| self.order.results())
+                    }
+                    _ => &unread,
+                },
             };
             let verdict = match (spec, step.kind()) {
                 // An `until` needs its expression: a definition this build
