@@ -5,11 +5,11 @@
 # builds (A = the revision, B = this checkout) so that the machine's drift
 # falls on both alike, and prints each run's throughput, CPU per order (sas,
 # Postgres, RabbitMQ and the remote) and low-load latency, and the medians per build. Peers, the machine's limit and the recovery run
-# are skipped; the 10%-load runs offer both builds the same rate.
+# are skipped; the low-load runs offer both builds the same rate.
 #
 #   scripts/bench-compare.sh <git-rev> [pairs] [harness options...]
 #   scripts/bench-compare.sh 437ede7 3 --orders-one 6000
-#   scripts/bench-compare.sh fa03836 2 --skip-http   # a revision without the HTTP API
+#   scripts/bench-compare.sh fa03836 2 --skip-http --skip-fanout   # a revision before #41 and #43
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,7 +28,7 @@ cargo build --release \
 
 out=".bench/compare/out"
 mkdir -p "$out"
-common=(--quick --skip-peers --skip-limits --skip-recovery --low-rate 100
+common=(--quick --skip-peers --skip-limits --skip-floor --skip-recovery --low-rate 100
         --orders-one 6000 --orders-three 3000 --scaled-orders 3000 --low-orders 600
         --low-max-secs 15 "$@")
 for i in $(seq 1 "$pairs"); do

@@ -1,5 +1,6 @@
-//! The sequence of one bench run: the machine's limit, sas with one
-//! scheduler and one agent (full load and 10% load, 1 and 3 steps), with two
+//! The sequence of one bench run: the machine's limit, the floor of sas's
+//! chain, sas with one scheduler and one agent (full load and low load, 1
+//! and 3 steps, a diamond and a fan-out), with two
 //! of each, an agent SIGKILLed mid-run, then the peers (Celery,
 //! procrastinate, Restate, DBOS); then the report.
 //! Everything it creates (databases, queues, processes) is removed at the
@@ -124,6 +125,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         run_id,
         sas_env,
         vacuum_every: None,
+        skip_fanout: args.skip_fanout,
     };
     let mut env = env;
     let autovacuum = server_setting(&env, "autovacuum").await;
@@ -231,7 +233,7 @@ async fn measure(args: &Args, env: &Env, autovacuum: Option<String>) -> anyhow::
     wait_idle(args.wait_idle).await;
     let load_before = procs::load_average();
     let outcome = measure_with(args, env, &sizes).await;
-    let (sas, memory_mib, limits, peers, peer_errors, peer_versions) = outcome?;
+    let (sas, memory_mib, limits, floor, peers, peer_errors, peer_versions) = outcome?;
     let mut report = Report {
         started_at,
         finished_at: Utc::now().to_rfc3339(),
@@ -248,6 +250,7 @@ async fn measure(args: &Args, env: &Env, autovacuum: Option<String>) -> anyhow::
         sas,
         memory_mib,
         limits,
+        floor,
         peers,
         peer_errors,
         targets: Vec::new(),
@@ -263,6 +266,7 @@ type Measured = (
     Vec<SasRun>,
     std::collections::BTreeMap<String, f64>,
     Option<Limits>,
+    Option<crate::floor::Floor>,
     Vec<peers::PeerResult>,
     Vec<String>,
     Option<String>,
@@ -289,6 +293,17 @@ async fn measure_with(args: &Args, env: &Env, sizes: &Sizes) -> anyhow::Result<M
         )
         .await?;
         Some(Limits { workflows, http })
+    };
+    // 1b. The floor of sas's own chain, with nothing else running.
+    let floor = if args.skip_floor {
+        None
+    } else {
+        eprintln!("== floor of the chain");
+        let floor = crate::floor::measure(env).await?;
+        for c in &floor.chains {
+            eprintln!("   {}: {:.1} ms", c.workflow, c.ms);
+        }
+        Some(floor)
     };
 
     let mut runs = Vec::new();
@@ -331,6 +346,7 @@ async fn measure_with(args: &Args, env: &Env, sizes: &Sizes) -> anyhow::Result<M
         runs,
         memory,
         limits,
+        floor,
         peer_results,
         peer_errors,
         peer_versions,
@@ -381,7 +397,7 @@ fn wanted_peers(args: &Args) -> Vec<Peer> {
 }
 
 /// Section 5: each of `wanted`, one-step then three-step, at full load and
-/// at 10% of its own full-load throughput. A peer that cannot be set up is
+/// at low load, at the rate sas is offered ([`low_rate`]). A peer that cannot be set up is
 /// reported and left out; the others run.
 async fn peer_runs(
     args: &Args,
@@ -474,10 +490,10 @@ async fn peer_runs(
                     None
                 }
             };
-            let Some(t) = throughput.filter(|_| !args.skip_peer_low) else {
+            if throughput.is_none() || args.skip_peer_low {
                 continue;
-            };
-            let rate = t * 0.1;
+            }
+            let rate = low_rate(args, workflow, steps);
             let low_n = sizes
                 .peer_low
                 .min((rate * sizes.low_max_secs / 2.0) as usize)
@@ -491,7 +507,7 @@ async fn peer_runs(
             };
             wait_quiet(args.wait_idle).await;
             eprintln!(
-                "== {}: {workflow}, 10% load, {low_n} orders at {rate:.1}/s",
+                "== {}: {workflow}, low load, {low_n} orders at {rate:.1}/s",
                 peer.name()
             );
             match run_peer(env, &setup, peer, &low).await {
@@ -499,7 +515,7 @@ async fn peer_runs(
                     print_peer(&r);
                     peer_results.push(r);
                 }
-                Err(e) => peer_errors.push(format!("{} {workflow} 10%: {e:#}", peer.name())),
+                Err(e) => peer_errors.push(format!("{} {workflow} low load: {e:#}", peer.name())),
             }
         }
     }
@@ -507,7 +523,8 @@ async fn peer_runs(
 }
 
 /// Section 2: sas with 1 scheduler and 1 agent, each workflow with every
-/// status event and with the terminal one only, at full and at 10% load.
+/// status event and with the terminal one only, at full and at low load
+/// ([`low_rate`]).
 async fn sas_single(
     args: &Args,
     env: &Env,
@@ -530,12 +547,12 @@ async fn sas_single(
             ("diamond", 4, sizes.three, Events::All),
             // Ten items at once, then one step (§4d): eleven calls, two deep.
             ("fanout", 11, sizes.three / 3, Events::Terminal),
-        ] {
+        ]
+        .into_iter()
+        .filter(|(workflow, ..)| *workflow != "fanout" || !args.skip_fanout)
+        {
             let full = full_load(&mut suite, workflow, steps, n, events).await?;
-            // Per step: a 3-step order is about three 1-step orders' work.
-            let rate = args
-                .low_rate
-                .map_or(full.throughput * 0.1, |r| r / steps as f64);
+            let rate = low_rate(args, workflow, steps);
             let low_n = sizes.low.min((rate * sizes.low_max_secs) as usize).max(50);
             let deployment = "1 scheduler, 1 agent".to_owned();
             runs.push(SasRun {
@@ -556,7 +573,7 @@ async fn sas_single(
                 });
             }
             eprintln!(
-                "   {workflow} (events {}): 10% load, {low_n} orders at {rate:.1}/s",
+                "   {workflow} (events {}): low load, {low_n} orders at {rate:.1}/s",
                 events.as_str()
             );
             let low = load::run(
@@ -577,7 +594,7 @@ async fn sas_single(
             suite.reset_store().await?;
             runs.push(SasRun {
                 deployment,
-                load: "10%".into(),
+                load: "low".into(),
                 result: low,
                 compared: None,
             });
@@ -587,6 +604,20 @@ async fn sas_single(
     .await;
     merge_memory(memory, suite.peak_memory());
     finish(suite, result, args.keep_logs).await
+}
+
+/// The rate of a workflow's low-load runs, the same for sas and the peers
+/// (#44: what a steady deployment sees): 50 one-step and 20 three-step
+/// orders/s; other workflows 50 calls' worth; with `--low-rate r`, r
+/// one-step orders/s and r divided by the steps for the others (a
+/// three-step order is about three one-step orders' work).
+pub fn low_rate(args: &Args, workflow: &str, steps: usize) -> f64 {
+    match (args.low_rate, workflow) {
+        (Some(r), _) => r / steps as f64,
+        (None, "one") => 50.0,
+        (None, "three" | "diamond") => 20.0,
+        (None, _) => 50.0 / steps as f64,
+    }
 }
 
 /// The load name of a full-load run submitted over HTTP.

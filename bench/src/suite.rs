@@ -37,6 +37,24 @@ pub struct Env {
     /// Run `VACUUM (ANALYZE)` on each deployment's tables this often, as
     /// autovacuum would (for a server that runs with `autovacuum = off`).
     pub vacuum_every: Option<Duration>,
+    /// Leave the `fanout` workflow out of the configuration (`--skip-fanout`).
+    pub skip_fanout: bool,
+}
+
+/// `toml` without the section headed `header` (up to the next header).
+fn without_section(toml: &str, header: &str) -> String {
+    let mut out = String::with_capacity(toml.len());
+    let mut inside = false;
+    for line in toml.lines() {
+        if line.starts_with('[') {
+            inside = line.trim() == header;
+        }
+        if !inside {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 impl Env {
@@ -244,7 +262,7 @@ impl Suite {
         std::fs::create_dir_all(&dir)?;
         let config = dir.join("sas.toml");
         let agents_url = format!("{}/bench", sim.url());
-        ConfigFile {
+        let text = ConfigFile {
             database_url: &db_url,
             max_connections: None,
             broker_url: &env.amqp,
@@ -260,7 +278,13 @@ impl Suite {
             warn_at: "[0.5, 0.8]",
             extra: "",
         }
-        .write(&config)?;
+        .to_toml();
+        let text = if env.skip_fanout {
+            without_section(&text, "[workflows.fanout]")
+        } else {
+            text
+        };
+        std::fs::write(&config, text).with_context(|| format!("writing {}", config.display()))?;
         let db = PgPool::connect(&db_url).await?;
         let broker_settings = env.broker_settings(&prefix);
         let broker = Broker::connect(&broker_settings, "sas-bench").await?;
@@ -589,6 +613,15 @@ mod tests {
                 ("follow".to_owned(), 2.0),
                 ("agent replies".to_owned(), 5.0)
             ]
+        );
+    }
+
+    #[test]
+    fn a_section_is_left_out_up_to_the_next_header() {
+        let toml = "[a]\nx = 1\n\n[workflows.fanout]\nsteps = []\n\n[b]\ny = 2\n";
+        assert_eq!(
+            super::without_section(toml, "[workflows.fanout]"),
+            "[a]\nx = 1\n\n[b]\ny = 2\n"
         );
     }
 }
