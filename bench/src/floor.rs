@@ -182,12 +182,11 @@ async fn deliveries(env: &Env, kind: QueueType, what: &str) -> anyhow::Result<f6
                     ..Outgoing::default()
                 })
                 .await?;
-            let delivered = match tokio::time::timeout(Duration::from_secs(10), consumer.next())
-                .await
-            {
-                Ok(Some(Ok(d))) => d,
-                _ => anyhow::bail!("{queue}: no delivery within 10 s"),
-            };
+            let delivered =
+                match tokio::time::timeout(Duration::from_secs(10), consumer.next()).await {
+                    Ok(Some(Ok(d))) => d,
+                    _ => anyhow::bail!("{queue}: no delivery within 10 s"),
+                };
             if i >= WARM_UP {
                 samples.push(started.elapsed());
             }

@@ -97,7 +97,7 @@ impl Held {
         // lock then never finds the published rows ([`take`]).
         let release = sqlx::query(sqlx::AssertSqlSafe(RELEASE.as_str()))
             .bind(published)
-        .execute(&mut *conn);
+            .execute(&mut *conn);
         // Past the bound the connection may be silent: it is closed below.
         let done = match tokio::time::timeout(self.bound, release).await {
             Ok(done) => done,

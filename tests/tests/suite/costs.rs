@@ -529,8 +529,8 @@ async fn run_batch_once(
     .bind(ProcessState::Processed.as_str())
     .bind(&ids)
     .fetch_one(&app.db)
-        .await
-        .expect("count");
+    .await
+    .expect("count");
     assert_eq!(processed, N as i64);
     let cost = Cost {
         commits: after.commits - before.commits - setup,
