@@ -910,6 +910,37 @@ async fn a_transition_does_not_wait_for_the_previous_publisher_and_its_messages_
 }
 
 #[tokio::test]
+async fn a_relay_pass_takes_its_orders_without_locking_or_writing_their_rows() {
+    let app = TestApp::new().await;
+    let (order, store, held, _) = submitted_still_publishing(&app, "take").await;
+    // Nothing published: the hand-over lets go and leaves `received` queued.
+    held.release(&[]).await.expect("release");
+    let taken = store
+        .take_outbox(&[order.order_id], false)
+        .await
+        .expect("take");
+    assert_eq!(taken.rows.len(), 1, "received");
+    // A row lock would mark the rows (`xmax`): a write, and a WAL record,
+    // per message on every pass. The order's advisory lock is enough.
+    let marked: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE order_id = $1 AND xmax::text <> '0'")
+            .bind(order.order_id)
+            .fetch_one(&app.db)
+            .await
+            .expect("xmax");
+    assert_eq!(marked, 0, "the take locked no outbox row");
+    let published: Vec<i64> = taken.rows.iter().map(|r| r.id).collect();
+    taken.held.release(&published).await.expect("release");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE order_id = $1")
+        .bind(order.order_id)
+        .fetch_one(&app.db)
+        .await
+        .expect("count");
+    assert_eq!(left, 0, "published and deleted");
+    store.close().await;
+}
+
+#[tokio::test]
 async fn a_hand_over_lets_its_outbox_locks_go_only_once_its_messages_are_deleted() {
     let app = TestApp::new().await;
     let (order, store, held, received) = submitted_still_publishing(&app, "release").await;
