@@ -64,6 +64,18 @@ impl Target {
             ratio: Some(ratio),
         }
     }
+
+    /// The target "`x` at most `factor` times `y`", both measured in this
+    /// run; `figures` says them.
+    fn at_most(what: String, factor: f64, (x, y): (f64, f64), figures: String) -> Self {
+        Self::ratio(
+            what,
+            format!("≤ {factor}×"),
+            x / y,
+            x <= factor * y,
+            format!("{:.2}×: {figures}", x / y),
+        )
+    }
 }
 
 /// Everything one bench run measured.
@@ -684,36 +696,30 @@ pub fn targets(r: &Report, recovery_bound_s: f64) -> Vec<Target> {
         if let Some(ours) = low(wf, "terminal") {
             let x = ours.result.latency_ms.p50;
             if let Some(floor) = r.floor.as_ref().and_then(|f| f.of(wf)) {
-                t.push(Target::ratio(
+                t.push(Target::at_most(
                     format!("{name} p50 at low load, events terminal, vs the floor of its chain"),
-                    "≤ 1.5×".into(),
-                    x / floor,
-                    x <= 1.5 * floor,
-                    format!("{:.2}×: {x:.1} vs {floor:.1} ms", x / floor),
+                    1.5,
+                    (x, floor),
+                    format!("{x:.1} vs {floor:.1} ms"),
                 ));
             }
             if let Some(theirs) = peer("restate", wf, false) {
                 let y = theirs.latency_ms.p50;
-                t.push(Target::ratio(
+                let rate = ours.result.offered_rate.unwrap_or_default();
+                t.push(Target::at_most(
                     format!("{name} p50 at low load, events terminal, vs restate"),
-                    "≤ 2×".into(),
-                    x / y,
-                    x <= 2.0 * y,
-                    format!(
-                        "{:.2}×: {x:.1} vs {y:.1} ms at {:.0}/s",
-                        x / y,
-                        ours.result.offered_rate.unwrap_or_default()
-                    ),
+                    2.0,
+                    (x, y),
+                    format!("{x:.1} vs {y:.1} ms at {rate:.0}/s"),
                 ));
             }
             if let Some(full) = best(wf, "terminal") {
                 let (x, y) = (cpu_of(&ours.result), cpu_of(&full.result));
-                t.push(Target::ratio(
+                t.push(Target::at_most(
                     format!("{name} CPU per order at low load vs at full load, events terminal"),
-                    "≤ 2×".into(),
-                    x / y,
-                    x <= 2.0 * y,
-                    format!("{:.2}×: {x:.2} vs {y:.2} ms", x / y),
+                    2.0,
+                    (x, y),
+                    format!("{x:.2} vs {y:.2} ms"),
                 ));
             }
         }
@@ -789,4 +795,21 @@ pub fn targets(r: &Report, recovery_bound_s: f64) -> Vec<Target> {
         });
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Target;
+
+    #[test]
+    fn an_at_most_target_is_met_up_to_its_factor_and_says_its_ratio() {
+        let met = Target::at_most("p50".into(), 1.5, (3.0, 2.0), "3 vs 2 ms".into());
+        assert!(met.met);
+        assert_eq!(met.target, "≤ 1.5×");
+        assert_eq!(met.measured, "1.50×: 3 vs 2 ms");
+        assert_eq!(met.ratio, Some(1.5));
+        let missed = Target::at_most("cpu".into(), 2.0, (4.1, 2.0), String::new());
+        assert!(!missed.met);
+        assert_eq!(missed.target, "≤ 2×");
+    }
 }
