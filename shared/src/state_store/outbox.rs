@@ -231,7 +231,11 @@ mod tests {
     #[test]
     fn the_take_function_locks_the_keys_every_other_publisher_locks() {
         let take = include_str!("../../../migrations/20261206000001_outbox_take.sql");
-        assert_eq!(take.matches(&super::lock_key("t.id")).count(), 2, "both ways of taking");
+        assert_eq!(
+            take.matches(&super::lock_key("t.id")).count(),
+            2,
+            "both ways of taking"
+        );
         assert!(super::RELEASE.contains(&super::lock_key("order_id")));
     }
 }
