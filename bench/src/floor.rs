@@ -14,7 +14,6 @@ use anyhow::Context;
 use sas::broker::{Broker, Outgoing};
 use sas::config::QueueType;
 use serde::Serialize;
-use serde_json::json;
 use sqlx::Connection;
 use uuid::Uuid;
 
@@ -209,22 +208,8 @@ async fn calls(env: &Env) -> anyhow::Result<f64> {
         let url = format!("{}/bench/floor", sim.url());
         let mut samples = Vec::with_capacity(SAMPLES);
         for i in 0..WARM_UP + SAMPLES {
-            let id = Uuid::new_v4();
             let started = Instant::now();
-            let answer = client
-                .post(&url)
-                .header("Idempotency-Key", format!("{id}:a"))
-                .json(&json!({
-                    "order_id": id, "step": "a", "attempt": 1, "payload": {}, "results": {}
-                }))
-                .send()
-                .await?;
-            anyhow::ensure!(
-                answer.status().is_success(),
-                "remote-sim answered {}",
-                answer.status()
-            );
-            answer.bytes().await?;
+            crate::limits::call_as_the_agent(&client, &url, Uuid::new_v4()).await?;
             if i >= WARM_UP {
                 samples.push(started.elapsed());
             }

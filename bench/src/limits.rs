@@ -755,24 +755,7 @@ async fn http_limit(sim: &Sim, calls: usize, concurrency: usize) -> anyhow::Resu
     let seconds = on_tasks(items, concurrency, move |_, id| {
         let (client, url) = (client.clone(), url.clone());
         let id = *id;
-        async move {
-            let body = json!({
-                "order_id": id, "step": "a", "attempt": 1, "payload": {}, "results": {}
-            });
-            let r = client
-                .post(&url)
-                .header("Idempotency-Key", format!("{id}:a"))
-                .json(&body)
-                .send()
-                .await?;
-            anyhow::ensure!(
-                r.status().is_success(),
-                "remote-sim answered {}",
-                r.status()
-            );
-            r.bytes().await?;
-            Ok(())
-        }
+        async move { call_as_the_agent(&client, &url, id).await }
     })
     .await?;
     sim.reset().await;
@@ -782,4 +765,29 @@ async fn http_limit(sim: &Sim, calls: usize, concurrency: usize) -> anyhow::Resu
         seconds,
         calls_per_s: calls as f64 / seconds,
     })
+}
+
+/// One POST to remote-sim at `url`, as the agent makes it for step `a` of
+/// order `id`, answered in full.
+pub async fn call_as_the_agent(
+    client: &reqwest::Client,
+    url: &str,
+    id: Uuid,
+) -> anyhow::Result<()> {
+    let body = json!({
+        "order_id": id, "step": "a", "attempt": 1, "payload": {}, "results": {}
+    });
+    let r = client
+        .post(url)
+        .header("Idempotency-Key", format!("{id}:a"))
+        .json(&body)
+        .send()
+        .await?;
+    anyhow::ensure!(
+        r.status().is_success(),
+        "remote-sim answered {}",
+        r.status()
+    );
+    r.bytes().await?;
+    Ok(())
 }
