@@ -56,11 +56,46 @@ pub struct Chain {
 /// The floor: the hops, timed, and the chains of the workflows measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct Floor {
+    /// The hops the chains add up: the mean of every timing in `timed`.
     pub hops: Hops,
     pub chains: Vec<Chain>,
+    /// Each timing of the hops (before sas's runs, and after them when
+    /// sas ran): the machine drifts within a run.
+    pub timed: Vec<Hops>,
 }
 
 impl Floor {
+    /// The floor of `timed` (at least one timing): each hop's mean.
+    fn of_timings(timed: Vec<Hops>) -> Self {
+        let n = timed.len().max(1) as f64;
+        let mean = |hop: fn(&Hops) -> f64| timed.iter().map(hop).sum::<f64>() / n;
+        let hops = Hops {
+            commit_ms: mean(|h| h.commit_ms),
+            order_delivery_ms: mean(|h| h.order_delivery_ms),
+            step_delivery_ms: mean(|h| h.step_delivery_ms),
+            status_delivery_ms: mean(|h| h.status_delivery_ms),
+            call_ms: mean(|h| h.call_ms),
+            samples: timed.iter().map(|h| h.samples).sum(),
+        };
+        let chains = [("one", 1), ("three", 3)]
+            .into_iter()
+            .map(|(workflow, steps)| chain(&hops, workflow, steps))
+            .collect();
+        Self {
+            hops,
+            chains,
+            timed,
+        }
+    }
+
+    /// Times the hops once more (after sas's runs) and takes it into the
+    /// means.
+    pub async fn again(self, env: &Env) -> anyhow::Result<Self> {
+        let mut timed = self.timed;
+        timed.push(hops(env).await?);
+        Ok(Self::of_timings(timed))
+    }
+
     /// The floor of `workflow`'s chain, milliseconds.
     pub fn of(&self, workflow: &str) -> Option<f64> {
         self.chains
@@ -80,25 +115,25 @@ const BODY_BYTES: usize = 300;
 /// Times each hop and adds up the chains of the one- and three-step
 /// workflows.
 pub async fn measure(env: &Env) -> anyhow::Result<Floor> {
+    Ok(Floor::of_timings(vec![hops(env).await?]))
+}
+
+/// Each hop, timed once.
+async fn hops(env: &Env) -> anyhow::Result<Hops> {
     let commit_ms = commits(env).await.context("timing commits")?;
     let settings = env.broker_settings(&format!("sasbench{}floor", env.run_id));
     let order_delivery_ms = deliveries(env, QueueType::Quorum, "orders").await?;
     let step_delivery_ms = deliveries(env, settings.step_queues, "steps").await?;
     let status_delivery_ms = deliveries(env, QueueType::Classic, "status").await?;
     let call_ms = calls(env).await.context("timing remote calls")?;
-    let hops = Hops {
+    Ok(Hops {
         commit_ms,
         order_delivery_ms,
         step_delivery_ms,
         status_delivery_ms,
         call_ms,
         samples: SAMPLES,
-    };
-    let chains = [("one", 1), ("three", 3)]
-        .into_iter()
-        .map(|(workflow, steps)| chain(&hops, workflow, steps))
-        .collect();
-    Ok(Floor { hops, chains })
+    })
 }
 
 /// The chain of an order of `steps` sequential steps.
@@ -241,6 +276,24 @@ mod tests {
         let three = chain(&h, "three", 3);
         assert_eq!((three.commits, three.deliveries, three.calls), (5, 8, 3));
         assert_eq!(three.ms, 5.0 + 10.0 + 600.0 + 1000.0 + 30_000.0);
+    }
+
+    #[test]
+    fn two_timings_of_the_hops_give_their_means() {
+        let hops = |ms: f64| Hops {
+            commit_ms: ms,
+            order_delivery_ms: ms,
+            step_delivery_ms: ms,
+            status_delivery_ms: ms,
+            call_ms: ms,
+            samples: 200,
+        };
+        let floor = Floor::of_timings(vec![hops(1.0), hops(3.0)]);
+        assert_eq!(floor.hops.commit_ms, 2.0);
+        assert_eq!(floor.hops.samples, 400);
+        assert_eq!(floor.timed.len(), 2);
+        // One step: 3 commits, 4 deliveries, 1 call, each 2 ms.
+        assert_eq!(floor.of("one"), Some(16.0));
     }
 
     #[test]
