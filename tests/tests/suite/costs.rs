@@ -74,7 +74,11 @@ async fn commits(url: &str) -> i64 {
 /// updates that wrote no index entry (heap-only tuples); `scanned whole`
 /// counts the table's sequential scans. Per index, the `entries read`.
 async fn rows(url: &str) -> BTreeMap<(String, &'static str), i64> {
-    let mut conn = PgConnection::connect(url).await.expect("connect");
+    let options = url
+        .parse::<PgConnectOptions>()
+        .expect("url")
+        .application_name(RUN);
+    let mut conn = PgConnection::connect_with(&options).await.expect("connect");
     let tables: Vec<(String, i64, i64, i64, i64, i64)> = sqlx::query_as(
         "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_del, n_tup_hot_upd, seq_scan \
          FROM pg_stat_user_tables",
@@ -140,13 +144,17 @@ impl Counters {
     /// reader's own transaction has been counted.
     async fn before(url: &str) -> Self {
         let rows = settled(async || rows(url).await).await;
+        gone(url).await;
         let commits = settled(async || commits(url).await).await;
         Self { commits, rows }
     }
 
     /// After a run whose connections are closed: the transactions first, so
-    /// that the rows reader's own transaction is not among them.
+    /// that the rows reader's own transaction is not among them. A backend
+    /// reports its counts as it exits, which comes after the client closed
+    /// it: the counts are read once every connection of [`pool`] is gone.
     async fn after(url: &str) -> Self {
+        gone(url).await;
         let commits = settled(async || commits(url).await).await;
         let rows = settled(async || rows(url).await).await;
         Self { commits, rows }
@@ -158,6 +166,56 @@ impl Counters {
     }
 }
 
+/// The `application_name` of the connections [`pool`] and [`rows`] open.
+const RUN: &str = "sas-costs-run";
+
+/// Waits (at most 30 s) until no connection of [`pool`] or [`rows`] to the
+/// database of `url` is left.
+async fn gone(url: &str) {
+    let database = url.rsplit('/').next().unwrap_or_default();
+    let mut admin = PgConnection::connect(sas_tests::pg_admin())
+        .await
+        .expect("connect");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND datname = $2",
+        )
+        .bind(RUN)
+        .bind(database)
+        .fetch_one(&mut admin)
+        .await
+        .expect("pg_stat_activity");
+        if left == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{left} connections of the run still open after 30s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    admin.close().await.ok();
+}
+
+/// Makes every open connection of `pool` report its counts now. An idle
+/// backend that reported less than a second ago keeps its counts for up to
+/// ten seconds: reported during a run, they would count as the run's
+/// (CI saw the test app's set-up land in a connection's cost).
+async fn report_now(pool: &sqlx::PgPool) {
+    let mut conns = Vec::new();
+    for _ in 0..pool.size() {
+        conns.push(pool.acquire().await.expect("acquire"));
+    }
+    for conn in &mut conns {
+        // The backend reports as it goes idle, before it answers.
+        sqlx::query("SELECT pg_stat_force_next_flush()")
+            .execute(&mut **conn)
+            .await
+            .expect("pg_stat_force_next_flush");
+    }
+}
+
 /// A pool of one connection, planning as the services' do
 /// ([`Plans::Generic`]: a statement that no index serves scans its table
 /// whole, which [`Cost::scans`] counts, however few rows it holds).
@@ -165,7 +223,8 @@ async fn pool(url: &str) -> sqlx::PgPool {
     let options = url
         .parse::<PgConnectOptions>()
         .expect("url")
-        .options(Plans::Generic.settings().iter().copied());
+        .options(Plans::Generic.settings().iter().copied())
+        .application_name(RUN);
     PgPoolOptions::new()
         .max_connections(1)
         .test_before_acquire(false)
@@ -434,6 +493,7 @@ async fn run_batch_once(
     let wf = settings.workflow(workflow).expect("workflow");
     let status = app.status_queue("costs").await;
     quiet_autovacuum(app).await;
+    report_now(&app.db).await;
     let setup = connect_cost(&app.db_url).await;
     let before = Counters::before(&app.db_url).await;
     let store = StateStore::from_pool(pool(&app.db_url).await);
@@ -475,6 +535,7 @@ async fn run_batch_once(
         .execute(&app.db)
         .await
         .expect("kept orders");
+        report_now(&app.db).await;
     }
     let note = |rows: &[sas::state_store::OutboxRow], relayed: &mut BTreeMap<String, usize>| {
         for r in rows {
