@@ -60,6 +60,9 @@ pub struct Outgoing<'a> {
     pub headers: &'a [(&'a str, &'a str)],
     /// Return the message (a failure) when no queue takes it.
     pub mandatory: bool,
+    /// Sent non-persistent (delivery mode 1): a classic queue keeps it in
+    /// memory only, and a broker restart loses it. Persistent by default.
+    pub transient: bool,
 }
 
 /// A channel in confirm mode.
@@ -77,7 +80,7 @@ impl Publisher {
         Ok(Self { channel })
     }
 
-    /// Sends a persistent JSON message; the returned confirm resolves when
+    /// Sends a JSON message, persistent unless `transient`; the returned confirm resolves when
     /// the broker has it.
     pub async fn send(&self, msg: &Outgoing<'_>) -> Result<PendingConfirm, PublishError> {
         // lapin cannot encode a longer short string (it panics or breaks
@@ -96,7 +99,7 @@ impl Publisher {
         }
         let mut props = BasicProperties::default()
             .with_content_type("application/json".into())
-            .with_delivery_mode(2);
+            .with_delivery_mode(if msg.transient { 1 } else { 2 });
         if let Some(c) = msg.correlation_id {
             props = props.with_correlation_id(c.into());
         }

@@ -185,6 +185,30 @@ pub struct BrokerSettings {
     /// a message to a waiting consumer without first writing it to a
     /// replicated log, which is most of a step's latency at low load.
     pub step_queues: QueueType,
+    /// Whether the step messages (requests and replies) are persistent.
+    /// Postgres holds every step: a request or reply a broker restart loses
+    /// is re-dispatched once its complete-by passes, with its idempotency
+    /// key. `transient` spares a classic queue's disk at the cost of that
+    /// wait after a restart; on a quorum queue every message is on disk.
+    pub step_messages: Durability,
+}
+
+/// Whether messages outlive a broker restart (AMQP `delivery-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// Written to disk before the broker confirms them (delivery mode 2).
+    #[default]
+    Persistent,
+    /// Kept in memory only (delivery mode 1).
+    Transient,
+}
+
+impl Durability {
+    /// Whether messages are sent non-persistent.
+    pub fn transient(self) -> bool {
+        self == Self::Transient
+    }
 }
 
 /// A RabbitMQ queue type (`x-queue-type`).
@@ -221,6 +245,7 @@ impl Default for BrokerSettings {
             connect_timeout: Duration::from_secs(30),
             heartbeat: Duration::from_secs(10),
             step_queues: QueueType::Classic,
+            step_messages: Durability::Persistent,
         }
     }
 }
@@ -959,6 +984,29 @@ mod tests {
         assert_eq!(quorum.broker.step_queues.as_str(), "quorum");
         let err = load("stream").expect_err("stream");
         assert!(err.to_string().contains("stream"), "{err}");
+    }
+
+    #[test]
+    fn the_step_messages_are_persistent_unless_told_transient() {
+        assert_eq!(
+            Settings::default().broker.step_messages,
+            Durability::Persistent
+        );
+        let load = |v: &str| {
+            let env = [("SAS__BROKER__STEP_MESSAGES".to_owned(), v.to_owned())]
+                .into_iter()
+                .collect();
+            Settings::load_with(None, Some(env))
+        };
+        assert!(
+            load("transient")
+                .expect("transient")
+                .broker
+                .step_messages
+                .transient()
+        );
+        let err = load("durable").expect_err("durable");
+        assert!(err.to_string().contains("durable"), "{err}");
     }
 
     #[test]

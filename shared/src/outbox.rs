@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::broker::{BrokerError, Outgoing, PublishError, Publisher};
-use crate::config::OutboxSettings;
+use crate::config::{Durability, OutboxSettings};
 use crate::metrics::{Metrics, labels};
 use crate::state_store::{Committed, Held, OutboxRow, StateStore};
 
@@ -33,6 +33,8 @@ use crate::state_store::{Committed, Held, OutboxRow, StateStore};
 pub struct Relay {
     store: StateStore,
     settings: OutboxSettings,
+    /// How step requests are sent (`broker.step_messages`).
+    requests: Durability,
     metrics: Arc<Metrics>,
     /// Orders with rows this process committed and has not yet relayed.
     pending: Mutex<Pending>,
@@ -141,7 +143,7 @@ impl Relay {
         let (done, outcome) = if rows.is_empty() {
             (Vec::new(), Ok(()))
         } else {
-            publish_rows(publisher, &self.metrics, path, rows).await
+            publish_rows(publisher, &self.metrics, self.requests, path, rows).await
         };
         crate::crash::point("outbox.after_publish");
         if let Err(e) = held.release(&done).await {
@@ -202,11 +204,17 @@ impl Pending {
 const MAX_HANDOFFS: usize = 4;
 
 impl Relay {
-    /// A relay over `store`.
-    pub fn new(store: StateStore, settings: OutboxSettings, metrics: Arc<Metrics>) -> Arc<Self> {
+    /// A relay over `store`, sending step requests as `requests` says.
+    pub fn new(
+        store: StateStore,
+        settings: OutboxSettings,
+        requests: Durability,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             store,
             settings,
+            requests,
             metrics,
             pending: Mutex::new(Pending::default()),
             wake: Notify::new(),
@@ -335,10 +343,12 @@ impl Relay {
 
 /// Publishes rows pipelined: every message first, then every confirmation.
 /// Returns the ids that may be deleted, and whether the broker is still usable.
-/// `path` labels the count: `handoff` or `relay`.
+/// `path` labels the count: `handoff` or `relay`; step requests go as
+/// `requests` says, every other message persistent.
 async fn publish_rows(
     publisher: &Publisher,
     metrics: &Metrics,
+    requests: Durability,
     path: &str,
     rows: Vec<OutboxRow>,
 ) -> (Vec<i64>, Result<(), BrokerError>) {
@@ -357,6 +367,7 @@ async fn publish_rows(
             reply_to: row.reply_to.as_deref(),
             headers: trace.as_ref().map_or(&[], |h| h.as_slice()),
             mandatory: true,
+            transient: row.kind == "request" && requests.transient(),
             ..Outgoing::default()
         };
         match publisher.send(&msg).await {

@@ -29,6 +29,7 @@ impl Pipeline {
         let relay = Relay::new(
             store.clone(),
             ctx.settings.outbox.clone(),
+            ctx.settings.broker.step_messages,
             ctx.metrics.clone(),
         );
         Self {

@@ -866,6 +866,11 @@ breaker_cooldown = "{cooldown}"
         (got, messages)
     }
 
+    /// Takes one message from `queue`, if any, unsettled: ack it or put it back.
+    pub async fn take(&self, queue: &str) -> Option<sas::broker::Taken> {
+        self.conn().broker().take(queue).await.expect("basic.get")
+    }
+
     /// Takes one message from `queue`, if any: `(body, x-sas-reason)`.
     pub async fn get(&self, queue: &str) -> Option<(Vec<u8>, Option<String>)> {
         let taken = self.conn().broker().take(queue).await.expect("basic.get")?;

@@ -117,7 +117,11 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
     let sessions = ctx
         .run_sessions(&names, async |broker| {
             let publisher = broker.publisher().await?;
-            let replies = Replies::start(publisher.clone(), ctx.metrics.clone());
+            let replies = Replies::start(
+                publisher.clone(),
+                ctx.settings.broker.step_messages,
+                ctx.metrics.clone(),
+            );
             // One loop per agent, all on this session's connection; the first
             // to lose the broker stops the others.
             let lost = CancellationToken::new();

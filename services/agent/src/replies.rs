@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use sas::broker::{Outgoing, PublishError, Publisher};
+use sas::config::Durability;
 use sas::messages::{StepReply, encode_replies};
 use sas::metrics::Metrics;
 use tokio::sync::{mpsc, oneshot};
@@ -33,11 +34,11 @@ pub struct Replies {
 }
 
 impl Replies {
-    /// A sender publishing over `publisher`, counting its messages in
-    /// `sas_reply_messages_total`.
-    pub fn start(publisher: Publisher, metrics: Arc<Metrics>) -> Self {
+    /// A sender publishing over `publisher` as `durability` says (the
+    /// step messages'), counting its messages in `sas_reply_messages_total`.
+    pub fn start(publisher: Publisher, durability: Durability, metrics: Arc<Metrics>) -> Self {
         let (queue, waiting) = mpsc::unbounded_channel();
-        tokio::spawn(run(publisher, metrics, waiting));
+        tokio::spawn(run(publisher, durability, metrics, waiting));
         Self { queue }
     }
 
@@ -63,18 +64,30 @@ impl Replies {
 /// of their own, until every handle is gone.
 async fn run(
     publisher: Publisher,
+    durability: Durability,
     metrics: Arc<Metrics>,
     mut waiting: mpsc::UnboundedReceiver<Reply>,
 ) {
+    let sender = Sender {
+        publisher,
+        transient: durability.transient(),
+    };
     let mut taken = Vec::with_capacity(MAX_TAKE);
     while waiting.recv_many(&mut taken, MAX_TAKE).await > 0 {
-        send(&publisher, &metrics, std::mem::take(&mut taken)).await;
+        send(&sender, &metrics, std::mem::take(&mut taken)).await;
     }
+}
+
+/// The confirm channel replies go over, and how.
+struct Sender {
+    publisher: Publisher,
+    /// Sent non-persistent (`broker.step_messages = "transient"`).
+    transient: bool,
 }
 
 /// Publishes `replies`, those for one queue packed together; each reply's
 /// waiter learns its message's confirm.
-async fn send(publisher: &Publisher, metrics: &Metrics, replies: Vec<Reply>) {
+async fn send(sender: &Sender, metrics: &Metrics, replies: Vec<Reply>) {
     // Almost always one queue (`<prefix>.scheduler.replies`); kept apart
     // when not, each in the order they came.
     let mut queues: Vec<(String, Vec<Reply>)> = Vec::new();
@@ -90,7 +103,7 @@ async fn send(publisher: &Publisher, metrics: &Metrics, replies: Vec<Reply>) {
         let mut members = members.into_iter();
         for (body, range) in bodies {
             let carried: Vec<Reply> = members.by_ref().take(range.len()).collect();
-            let sent = publish(publisher, &queue, &body, &carried).await;
+            let sent = publish(sender, &queue, &body, &carried).await;
             if sent.is_ok() {
                 metrics.reply_messages.inc();
             }
@@ -112,7 +125,7 @@ async fn send(publisher: &Publisher, metrics: &Metrics, replies: Vec<Reply>) {
 /// id and trace in the properties, as every message of sas does; a pack's
 /// replies carry theirs in the body.
 async fn publish(
-    publisher: &Publisher,
+    sender: &Sender,
     queue: &str,
     body: &[u8],
     carried: &[Reply],
@@ -124,13 +137,15 @@ async fn publish(
     let correlation = alone.map(|r| r.dispatch_id.to_string());
     let trace = alone.and_then(|r| r.traceparent.as_deref());
     let headers = trace.map(|t| [(sas::trace::HEADER, t)]);
-    publisher
+    sender
+        .publisher
         .send(&Outgoing {
             routing_key: queue,
             body,
             correlation_id: correlation.as_deref(),
             headers: headers.as_ref().map_or(&[], |h| h.as_slice()),
             mandatory: true,
+            transient: sender.transient,
             ..Outgoing::default()
         })
         .await

@@ -88,6 +88,12 @@ impl Delivery {
         self.inner.properties.user_id().as_ref().map(|s| s.as_str())
     }
 
+    /// Whether the message was sent persistent (AMQP `delivery-mode` 2):
+    /// a durable queue keeps it across a broker restart.
+    pub fn persistent(&self) -> bool {
+        *self.inner.properties.delivery_mode() == Some(2)
+    }
+
     /// The AMQP `message_id`.
     pub fn message_id(&self) -> Option<&str> {
         self.inner

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use remote_sim::Knobs;
 use sas_tests::{TestApp, amqp_address, http_get, pg_address};
 
 const ALL: [&str; 4] = ["submission", "scheduler", "agent", "supervisor"];
@@ -198,10 +199,45 @@ async fn ready(app: &TestApp, name: &str) -> u16 {
         .map_or(0, |(code, _)| code)
 }
 
-async fn rabbitmq_restart(full: bool) {
-    let app = TestApp::spawn().await;
+/// How the step messages go in [`rabbitmq_restart`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Steps {
+    Persistent,
+    /// `broker.step_messages = "transient"`, and the restart comes while
+    /// requests wait in a step queue: the broker drops them.
+    Transient,
+}
+
+/// Restarts RabbitMQ (the node when `full`, else its application) while
+/// orders run.
+async fn rabbitmq_restart(full: bool, steps: Steps) {
+    let app = TestApp::builder().build().await;
+    let env: &[(&str, &str)] = match steps {
+        Steps::Persistent => &[],
+        Steps::Transient => &[("SAS__BROKER__STEP_MESSAGES", "transient")],
+    };
+    for name in ALL {
+        app.start_with_env(name, name, &[], env).await;
+    }
     let status = app.status_queue("status").await;
+    if steps == Steps::Transient {
+        // A slow second step: its requests queue up behind the agent's.
+        app.knobs(
+            "b",
+            Knobs {
+                latency_ms: 100,
+                ..Knobs::default()
+            },
+        );
+    }
     let mut ids = app.submit_many("three", 150, Some(&status)).await;
+    if steps == Steps::Transient {
+        let queue = app.queues.agent_requests("b");
+        app.eventually("requests waiting", Duration::from_secs(20), || async {
+            app.ready(&queue).await > 0
+        })
+        .await;
+    }
     let guard = tokio::task::block_in_place(|| {
         if full {
             RabbitGuard::stop_node()
@@ -251,12 +287,19 @@ async fn rabbitmq_restart(full: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_stop_app_and_start_app_under_load_loses_and_repeats_nothing() {
-    rabbitmq_restart(false).await;
+    rabbitmq_restart(false, Steps::Persistent).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_restart_with_transient_step_messages_loses_no_order_and_repeats_nothing() {
+    // The restart drops the step messages in flight; each of their steps
+    // is dispatched again once its complete-by passes, with its key.
+    rabbitmq_restart(false, Steps::Transient).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_full_stop_and_start_under_load_loses_and_repeats_nothing() {
-    rabbitmq_restart(true).await;
+    rabbitmq_restart(true, Steps::Persistent).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -288,3 +288,61 @@ async fn a_broker_connection_takes_the_servers_frame_max_unless_its_url_says_oth
     assert!(e.to_string().contains("frame_max=100"), "{e}");
     assert!(!e.to_string().contains("guest:guest"), "no password: {e}");
 }
+
+/// `broker.step_messages = "transient"` for a service, as an environment override.
+const TRANSIENT: [(&str, &str); 1] = [("SAS__BROKER__STEP_MESSAGES", "transient")];
+
+/// Waits for a message on `queue` and takes it: whether it was sent
+/// persistent. It is put back, for the service that reads it.
+async fn persistent_in(app: &TestApp, queue: &str) -> bool {
+    app.eventually(queue, Duration::from_secs(20), || async {
+        app.ready(queue).await > 0
+    })
+    .await;
+    let taken = app.take(queue).await.expect("a message");
+    let persistent = taken.delivery.persistent();
+    taken.release().await.expect("put back");
+    persistent
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn step_messages_are_persistent_by_default_and_transient_when_told_while_status_events_stay_persistent()
+ {
+    for (env, steps) in [(&[][..], true), (&TRANSIENT[..], false)] {
+        let app = TestApp::new().await;
+        for name in ["submission", "scheduler", "supervisor"] {
+            app.start_with_env(name, name, &[], env).await;
+        }
+        let status = app.status_queue("durability").await;
+        let id = app.submit("one", Some(&status)).await;
+        // The scheduler's request, before any agent runs.
+        let requests = app.queues.agent_requests("a");
+        assert_eq!(
+            persistent_in(&app, &requests).await,
+            steps,
+            "request, {env:?}"
+        );
+        // The agent's reply, before any scheduler reads it.
+        app.kill("scheduler");
+        app.start_with_env("agent", "agent", &[], env).await;
+        let replies = app.queues.replies().to_owned();
+        assert_eq!(persistent_in(&app, &replies).await, steps, "reply, {env:?}");
+        app.start_with_env("scheduler", "scheduler", &[], env).await;
+        // Every status event goes persistent: the application's queue.
+        let mut states = Vec::new();
+        while states.last().is_none_or(|s| s != "processed") {
+            app.eventually("a status event", Duration::from_secs(20), || async {
+                app.ready(&status).await > 0
+            })
+            .await;
+            let taken = app.take(&status).await.expect("event");
+            assert!(taken.delivery.persistent(), "status event, {env:?}");
+            let event: serde_json::Value =
+                serde_json::from_slice(taken.delivery.body()).expect("event");
+            assert_eq!(event["order_id"], id.to_string());
+            states.push(event["state"].as_str().unwrap_or_default().to_owned());
+            taken.ack().await.expect("ack");
+        }
+        assert_eq!(app.stats().keys[&format!("{id}:a")].applied, 1, "{env:?}");
+    }
+}
