@@ -10,6 +10,11 @@
 #   scripts/bench-compare.sh <git-rev> [pairs] [harness options...]
 #   scripts/bench-compare.sh 437ede7 3 --orders-one 6000
 #   scripts/bench-compare.sh fa03836 2 --skip-http --skip-fanout   # a revision before #41 and #43
+#
+# With SAS_COMPARE_B_ENV="KEY=VALUE ..." the B runs give sas's services
+# those settings too (--sas-env); with the revision `self`, A is this
+# checkout's build as well: one build, with and without the settings.
+#   SAS_COMPARE_B_ENV=SAS__BROKER__STEP_MESSAGES=transient scripts/bench-compare.sh self 2
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,14 +22,23 @@ rev="${1:?usage: scripts/bench-compare.sh <git-rev> [pairs] [harness options...]
 pairs="${2:-3}"
 shift $(( $# >= 2 ? 2 : 1 ))
 
-base=".bench/compare/$(git rev-parse --short "$rev")"
-if [ ! -d "$base" ]; then
-    git worktree add --detach "$base" "$rev" >/dev/null
-fi
-(cd "$base" && cargo build --release -p submission -p scheduler -p agent -p supervisor -p remote-sim)
 target="${CARGO_TARGET_DIR:-target}"
 cargo build --release \
     -p submission -p scheduler -p agent -p supervisor -p remote-sim -p sas-bench
+if [ "$rev" = self ]; then
+    a_bins="$target/release"
+else
+    base=".bench/compare/$(git rev-parse --short "$rev")"
+    if [ ! -d "$base" ]; then
+        git worktree add --detach "$base" "$rev" >/dev/null
+    fi
+    (cd "$base" && cargo build --release -p submission -p scheduler -p agent -p supervisor -p remote-sim)
+    a_bins="$base/target/release"
+fi
+b_env=()
+for kv in ${SAS_COMPARE_B_ENV:-}; do
+    b_env+=(--sas-env "$kv")
+done
 
 out=".bench/compare/out"
 mkdir -p "$out"
@@ -32,8 +46,8 @@ common=(--quick --skip-peers --skip-limits --skip-floor --skip-recovery --low-ra
         --orders-one 6000 --orders-three 3000 --scaled-orders 3000 --low-orders 600
         --low-max-secs 15 "$@")
 for i in $(seq 1 "$pairs"); do
-    "$target/release/sas-bench" --bin-dir "$base/target/release" --out "$out/A-$i.json" "${common[@]}"
-    "$target/release/sas-bench" --bin-dir "$target/release" --out "$out/B-$i.json" "${common[@]}"
+    "$target/release/sas-bench" --bin-dir "$a_bins" --out "$out/A-$i.json" "${common[@]}"
+    "$target/release/sas-bench" --bin-dir "$target/release" --out "$out/B-$i.json" "${common[@]}" ${b_env[@]+"${b_env[@]}"}
 done
 
 python3 - "$out" "$pairs" "$rev" <<'PY'
@@ -43,22 +57,24 @@ rows = {}
 for build in "AB":
     for i in range(1, pairs + 1):
         report = json.load(open(f"{out}/{build}-{i}.json"))
+        for proc, mib in report.get("memory_mib", {}).items():
+            rows.setdefault(("peak RSS", proc, "", "run"), {"A": [], "B": []})[build].append(mib)
         for run in report["sas"]:
             r = run["result"]
-            key = (run["deployment"], r["workflow"], run["load"])
+            key = (run["deployment"], r["workflow"], r["status_events"], run["load"])
             value = r["throughput"] if run["load"] == "full" else r["latency_ms"]["p50"]
             rows.setdefault(key, {"A": [], "B": []})[build].append(value)
             if run["load"] == "full":
                 # sas's processes, Postgres, RabbitMQ and the remote; not
                 # `other` (whatever else the machine ran).
                 cpu = sum(v for k, v in r.get("cpu_ms_per_order", {}).items() if k != "other")
-                rows.setdefault(key[:2] + ("full cpu",), {"A": [], "B": []})[build].append(cpu)
+                rows.setdefault(key[:3] + ("full cpu",), {"A": [], "B": []})[build].append(cpu)
 print(f"A = {rev}, B = this checkout; {pairs} alternating runs each")
-print("| deployment | workflow | load | measure | A runs | B runs | A median | B median | B/A |")
-print("|---|---|---|---|---|---|--:|--:|--:|")
-for (dep, wf, load), v in sorted(rows.items()):
-    what = {"full": "orders/s", "full cpu": "CPU ms/order"}.get(load, "p50 ms")
+print("| deployment | workflow | events | load | measure | A runs | B runs | A median | B median | B/A |")
+print("|---|---|---|---|---|---|---|--:|--:|--:|")
+for (dep, wf, events, load), v in sorted(rows.items()):
+    what = {"full": "orders/s", "full cpu": "CPU ms/order", "run": "MiB"}.get(load, "p50 ms")
     a, b = statistics.median(v["A"]), statistics.median(v["B"])
     fmt = lambda xs: ", ".join(f"{x:.1f}" for x in xs)
-    print(f"| {dep} | {wf} | {load} | {what} | {fmt(v['A'])} | {fmt(v['B'])} | {a:.1f} | {b:.1f} | {b / a:.3f} |")
+    print(f"| {dep} | {wf} | {events} | {load} | {what} | {fmt(v['A'])} | {fmt(v['B'])} | {a:.1f} | {b:.1f} | {b / a:.3f} |")
 PY
