@@ -15,12 +15,17 @@
 #                                     # (scripts/cluster.sh) vs one node, quorum step queues
 #   scripts/bench.sh --help           # sizes, skips and other options
 #
-# Measure on an otherwise idle machine: --wait-idle 0.5 waits (up to 10
-# minutes) for the 1-minute load average to drop below 0.5.
+# Measure on an otherwise idle machine: the run first waits (up to 10
+# minutes) for the 1-minute load average to drop below 0.5, as after a
+# build or a test run; --wait-idle 0 does not wait.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 target="${CARGO_TARGET_DIR:-target}"
 cargo build --release \
     -p submission -p scheduler -p agent -p supervisor -p remote-sim -p sas-bench
-exec "$target/release/sas-bench" --bin-dir "$target/release" "$@"
+wait_idle=(--wait-idle 0.5)
+for arg in "$@"; do
+    case "$arg" in --wait-idle | --wait-idle=*) wait_idle=() ;; esac
+done
+exec "$target/release/sas-bench" --bin-dir "$target/release" ${wait_idle[@]+"${wait_idle[@]}"} "$@"
