@@ -198,7 +198,8 @@ impl Agent {
             waited += STORE_POLL;
         }
         let store = self.shared.store()?;
-        match store.clock().await {
+        // Boxed: see `Shared::lets_through`.
+        match Box::pin(store.clock()).await {
             Ok(now) => Some(now),
             Err(e) => {
                 tracing::debug!(error = %e, "cannot read the state store's clock; using this host's");
