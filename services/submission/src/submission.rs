@@ -515,7 +515,9 @@ impl Submitter {
             .map(|given| sender.map_or(given, |app| app.order_id(given)));
         if let Some(id) = id {
             let exists = match self.ctx.store() {
-                Ok(store) => store.order_exists(id).await.unwrap_or(true),
+                // Boxed: inline, this statement's future (tens of KB) would
+                // be held by every order's task, rejected or not.
+                Ok(store) => Box::pin(store.order_exists(id)).await.unwrap_or(true),
                 Err(_) => true,
             };
             if exists {
