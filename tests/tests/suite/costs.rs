@@ -169,49 +169,43 @@ impl Counters {
 /// Waits (at most 60 s) until no autovacuum worker is connected to the
 /// database of `url`.
 async fn no_autovacuum_worker(url: &str) {
+    until_none(
+        url,
+        "backend_type = 'autovacuum worker'",
+        "autovacuum workers",
+    )
+    .await;
+}
+
+/// The `application_name` of the connections [`pool`] and [`rows`] open.
+const RUN: &str = "sas-costs-run";
+
+/// Waits (at most 60 s) until no connection of [`pool`] or [`rows`] to the
+/// database of `url` is left.
+async fn gone(url: &str) {
+    until_none(
+        url,
+        "application_name = 'sas-costs-run'",
+        "connections of the run",
+    )
+    .await;
+}
+
+/// Waits (at most 60 s) until no backend connected to the database of
+/// `url` has `kind` as its `backend_type` or its `application_name`.
+async fn until_none(url: &str, kind: &str, what: &str) {
     let database = url.rsplit('/').next().unwrap_or_default();
     let mut admin = PgConnection::connect(sas_tests::pg_admin())
         .await
         .expect("connect");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        let at_work: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE backend_type = 'autovacuum worker' AND datname = $1",
-        )
-        .bind(database)
-        .fetch_one(&mut admin)
-        .await
-        .expect("pg_stat_activity");
-        if at_work == 0 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "an autovacuum worker still at work after 60s"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    admin.close().await.ok();
-}
-
-/// The `application_name` of the connections [`pool`] and [`rows`] open.
-const RUN: &str = "sas-costs-run";
-
-/// Waits (at most 30 s) until no connection of [`pool`] or [`rows`] to the
-/// database of `url` is left.
-async fn gone(url: &str) {
-    let database = url.rsplit('/').next().unwrap_or_default();
-    let mut admin = PgConnection::connect(sas_tests::pg_admin())
-        .await
-        .expect("connect");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
         let left: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND datname = $2",
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = $1 AND $2 IN (backend_type, application_name)",
         )
-        .bind(RUN)
         .bind(database)
+        .bind(kind)
         .fetch_one(&mut admin)
         .await
         .expect("pg_stat_activity");
@@ -220,7 +214,7 @@ async fn gone(url: &str) {
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "{left} connections of the run still open after 30s"
+            "{left} {what} still there after 60s"
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
