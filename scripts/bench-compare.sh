@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Compares this checkout's sas with another git revision's, back to back:
 # builds that revision's release binaries in a worktree of its own
-# (.bench/compare/<rev>), then alternates runs of the harness on the two
+# (.bench/compare/<rev>/src; every revision shares one target directory,
+# .bench/compare/target, and keeps its binaries in .bench/compare/<rev>/bin),
+# then alternates runs of the harness on the two
 # builds (A = the revision, B = this checkout) so that the machine's drift
 # falls on both alike, and prints each run's throughput, CPU per order (sas,
 # Postgres, RabbitMQ and the remote) and low-load latency, and the medians per build. Peers, the machine's limit and the recovery run
@@ -15,6 +17,8 @@
 # those settings too (--sas-env); with the revision `self`, A is this
 # checkout's build as well: one build, with and without the settings.
 #   SAS_COMPARE_B_ENV=SAS__BROKER__STEP_MESSAGES=transient scripts/bench-compare.sh self 2
+# With SAS_COMPARE_B_REV=<rev>, B is that revision's build (to bisect):
+#   SAS_COMPARE_B_REV=b0d1168 scripts/bench-compare.sh fa03836 2 --skip-http --skip-fanout
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,15 +29,36 @@ shift $(( $# >= 2 ? 2 : 1 ))
 target="${CARGO_TARGET_DIR:-target}"
 cargo build --release \
     -p submission -p scheduler -p agent -p supervisor -p remote-sim -p sas-bench
+services=(submission scheduler agent supervisor remote-sim)
+
+# The release binaries of revision $1, built once in a worktree of its own;
+# every revision shares one target directory, so that only sas's own
+# crates are built again per revision. Prints the binaries' directory.
+built() {
+    local short base
+    short="$(git rev-parse --short "$1")"
+    base="$PWD/.bench/compare/$short"
+    if [ ! -x "$base/bin/remote-sim" ]; then
+        [ -d "$base/src" ] || git worktree add --detach "$base/src" "$1" >/dev/null
+        (cd "$base/src" && CARGO_TARGET_DIR="$PWD/../../target" cargo build --release \
+            $(printf -- '-p %s ' "${services[@]}")) >&2
+        mkdir -p "$base/bin"
+        for s in "${services[@]}"; do cp ".bench/compare/target/release/$s" "$base/bin/"; done
+    fi
+    echo "$base/bin"
+}
+
 if [ "$rev" = self ]; then
     a_bins="$target/release"
 else
-    base=".bench/compare/$(git rev-parse --short "$rev")"
-    if [ ! -d "$base" ]; then
-        git worktree add --detach "$base" "$rev" >/dev/null
-    fi
-    (cd "$base" && cargo build --release -p submission -p scheduler -p agent -p supervisor -p remote-sim)
-    a_bins="$base/target/release"
+    a_bins="$(built "$rev")"
+fi
+# SAS_COMPARE_B_REV=<rev>: B is that revision's build, not this checkout's
+# (to bisect: both ends are revisions).
+if [ -n "${SAS_COMPARE_B_REV:-}" ]; then
+    b_bins="$(built "$SAS_COMPARE_B_REV")"
+else
+    b_bins="$target/release"
 fi
 b_env=()
 for kv in ${SAS_COMPARE_B_ENV:-}; do
@@ -47,12 +72,12 @@ common=(--quick --skip-peers --skip-limits --skip-floor --skip-recovery --low-ra
         --low-max-secs 15 "$@")
 for i in $(seq 1 "$pairs"); do
     "$target/release/sas-bench" --bin-dir "$a_bins" --out "$out/A-$i.json" "${common[@]}"
-    "$target/release/sas-bench" --bin-dir "$target/release" --out "$out/B-$i.json" "${common[@]}" ${b_env[@]+"${b_env[@]}"}
+    "$target/release/sas-bench" --bin-dir "$b_bins" --out "$out/B-$i.json" "${common[@]}" ${b_env[@]+"${b_env[@]}"}
 done
 
-python3 - "$out" "$pairs" "$rev" <<'PY'
+python3 - "$out" "$pairs" "$rev" "${SAS_COMPARE_B_REV:-this checkout}" <<'PY'
 import json, statistics, sys
-out, pairs, rev = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+out, pairs, rev, b = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 rows = {}
 for build in "AB":
     for i in range(1, pairs + 1):
@@ -69,7 +94,7 @@ for build in "AB":
                 # `other` (whatever else the machine ran).
                 cpu = sum(v for k, v in r.get("cpu_ms_per_order", {}).items() if k != "other")
                 rows.setdefault(key[:3] + ("full cpu",), {"A": [], "B": []})[build].append(cpu)
-print(f"A = {rev}, B = this checkout; {pairs} alternating runs each")
+print(f"A = {rev}, B = {b}; {pairs} alternating runs each")
 print("| deployment | workflow | events | load | measure | A runs | B runs | A median | B median | B/A |")
 print("|---|---|---|---|---|---|---|--:|--:|--:|")
 for (dep, wf, events, load), v in sorted(rows.items()):
