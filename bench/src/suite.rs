@@ -41,6 +41,24 @@ pub struct Env {
     pub skip_fanout: bool,
 }
 
+/// The broker URL sas's services get: `amqp` asking for the `frame_max`
+/// that sas's deployment files give RabbitMQ
+/// ([`sas::broker::RECOMMENDED_FRAME_MAX`], `deploy/rabbitmq/rabbitmq.conf`),
+/// unless it names one. The machine's RabbitMQ keeps its default (128 KiB),
+/// and with it each connection of sas keeps 8 MiB of frame buffers (1 MiB
+/// at 16 KiB), which cost the one-step runs a tenth of their throughput
+/// (docs/performance.md): the bench measures sas as it is deployed.
+fn as_deployed(amqp: &str) -> String {
+    if amqp.contains("frame_max=") {
+        return amqp.to_owned();
+    }
+    let joint = if amqp.contains('?') { '&' } else { '?' };
+    format!(
+        "{amqp}{joint}frame_max={}",
+        sas::broker::RECOMMENDED_FRAME_MAX
+    )
+}
+
 /// `toml` without the section headed `header` (up to the next header).
 fn without_section(toml: &str, header: &str) -> String {
     let mut out = String::with_capacity(toml.len());
@@ -262,10 +280,11 @@ impl Suite {
         std::fs::create_dir_all(&dir)?;
         let config = dir.join("sas.toml");
         let agents_url = format!("{}/bench", sim.url());
+        let broker_url = as_deployed(&env.amqp);
         let text = ConfigFile {
             database_url: &db_url,
             max_connections: None,
-            broker_url: &env.amqp,
+            broker_url: &broker_url,
             step_queues: env.broker_settings(&prefix).step_queues.as_str(),
             prefix: &prefix,
             agents_url: &agents_url,
@@ -599,6 +618,18 @@ fn published_by_path(text: &str) -> Vec<(String, f64)> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sas_connects_with_the_deployed_frame_max_unless_the_url_names_one() {
+        let url = "amqp://guest:guest@127.0.0.1:5672/%2f";
+        assert_eq!(super::as_deployed(url), format!("{url}?frame_max=16384"));
+        assert_eq!(
+            super::as_deployed(&format!("{url}?heartbeat=10")),
+            format!("{url}?heartbeat=10&frame_max=16384")
+        );
+        let named = format!("{url}?frame_max=131072");
+        assert_eq!(super::as_deployed(&named), named);
+    }
+
     #[test]
     fn published_counts_are_read_by_path() {
         let text = "# TYPE sas_outbox_published counter\n\
