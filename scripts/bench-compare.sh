@@ -67,9 +67,16 @@ done
 
 out=".bench/compare/out"
 mkdir -p "$out"
-common=(--quick --skip-peers --skip-limits --skip-floor --skip-recovery --low-rate 100
-        --orders-one 6000 --orders-three 3000 --scaled-orders 3000 --low-orders 600
-        --low-max-secs 15 "$@")
+common=(--quick --skip-peers --skip-limits --skip-floor --skip-recovery)
+# Sizes the caller did not give (the harness refuses an option twice).
+for default in "--low-rate 100" "--orders-one 6000" "--orders-three 3000" \
+    "--scaled-orders 3000" "--low-orders 600" "--low-max-secs 15"; do
+    case " $* " in
+        *" ${default%% *} "*) ;;
+        *) common+=($default) ;;
+    esac
+done
+common+=("$@")
 for i in $(seq 1 "$pairs"); do
     "$target/release/sas-bench" --bin-dir "$a_bins" --out "$out/A-$i.json" "${common[@]}"
     "$target/release/sas-bench" --bin-dir "$b_bins" --out "$out/B-$i.json" "${common[@]}" ${b_env[@]+"${b_env[@]}"}
