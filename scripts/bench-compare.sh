@@ -20,6 +20,8 @@
 # With SAS_COMPARE_B_REV=<rev>, B is that revision's build (to bisect):
 #   SAS_COMPARE_B_REV=b0d1168 scripts/bench-compare.sh fa03836 2 --skip-http --skip-fanout
 set -euo pipefail
+# A failed build inside $(built ...) stops the script too.
+shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 
 rev="${1:?usage: scripts/bench-compare.sh <git-rev> [pairs] [harness options...]}"
