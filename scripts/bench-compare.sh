@@ -69,7 +69,7 @@ done
 
 out=".bench/compare/out"
 mkdir -p "$out"
-common=(--quick --skip-peers --skip-limits --skip-floor --skip-recovery)
+common=(--quick --skip-peers --skip-limits --skip-floor --skip-recovery --skip-hops)
 # Sizes the caller did not give (the harness refuses an option twice).
 for default in "--low-rate 100" "--orders-one 6000" "--orders-three 3000" \
     "--scaled-orders 3000" "--low-orders 600" "--low-max-secs 15"; do

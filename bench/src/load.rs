@@ -145,6 +145,18 @@ pub struct LoadResult {
     /// (`handoff`, `follow`, `relay`), and the agents' messages of replies
     /// (`agent replies`); see [`Suite::published`].
     pub outbox_paths: std::collections::BTreeMap<String, f64>,
+    /// Each order's publish and receipt times, for [`crate::hops`].
+    #[serde(skip)]
+    pub timeline: Vec<Timeline>,
+}
+
+/// One order's times in a run, µs since the Unix epoch.
+#[derive(Debug, Clone)]
+pub struct Timeline {
+    pub order_id: Uuid,
+    pub submitted_us: f64,
+    /// When its `processed` event came, if it did.
+    pub delivered_us: Option<f64>,
 }
 
 impl LoadResult {
@@ -469,6 +481,20 @@ pub async fn run(suite: &mut Suite, spec: &LoadSpec) -> anyhow::Result<LoadResul
         }
     });
     let stages_ms = stages(&seen, &sub, spec.steps);
+    let timeline = ids
+        .iter()
+        .zip(&seen)
+        .enumerate()
+        .map(|(i, (id, s))| Timeline {
+            order_id: *id,
+            submitted_us: wall_start + sub(i),
+            delivered_us: s
+                .terminal
+                .as_ref()
+                .filter(|(_, state)| state == "processed")
+                .map(|(t, _)| wall_start + t),
+        })
+        .collect();
     let orders_done = processed + other_terminal;
     let cpu_ms_per_order = cpu.per_order_ms(orders_done);
     let outbox_paths = published_after
@@ -504,6 +530,7 @@ pub async fn run(suite: &mut Suite, spec: &LoadSpec) -> anyhow::Result<LoadResul
         pg_profile,
         remote_applied: suite.sim.applied().await,
         outbox_paths,
+        timeline,
     })
 }
 

@@ -3,6 +3,7 @@
 //! it; see docs/performance.md.
 
 mod floor;
+mod hops;
 mod limits;
 mod load;
 mod peers;
@@ -78,6 +79,10 @@ pub struct Args {
     /// Skip timing the floor of sas's chain (its hops, one at a time).
     #[arg(long)]
     pub skip_floor: bool,
+    /// Skip the low-load runs with spans exported that time each hop of an
+    /// order (`hops` in the report).
+    #[arg(long)]
+    pub skip_hops: bool,
     /// Skip every peer (Celery, procrastinate, Restate, DBOS).
     #[arg(long)]
     pub skip_peers: bool,

@@ -233,7 +233,7 @@ async fn measure(args: &Args, env: &Env, autovacuum: Option<String>) -> anyhow::
     wait_idle(args.wait_idle).await;
     let load_before = procs::load_average();
     let outcome = measure_with(args, env, &sizes).await;
-    let (sas, memory_mib, limits, floor, peers, peer_errors, peer_versions) = outcome?;
+    let (sas, memory_mib, limits, floor, hops, peers, peer_errors, peer_versions) = outcome?;
     let mut report = Report {
         started_at,
         finished_at: Utc::now().to_rfc3339(),
@@ -251,6 +251,7 @@ async fn measure(args: &Args, env: &Env, autovacuum: Option<String>) -> anyhow::
         memory_mib,
         limits,
         floor,
+        hops,
         peers,
         peer_errors,
         targets: Vec::new(),
@@ -267,6 +268,7 @@ type Measured = (
     std::collections::BTreeMap<String, f64>,
     Option<Limits>,
     Option<crate::floor::Floor>,
+    Vec<crate::hops::Hops>,
     Vec<peers::PeerResult>,
     Vec<String>,
     Option<String>,
@@ -325,6 +327,13 @@ async fn measure_with(args: &Args, env: &Env, sizes: &Sizes) -> anyhow::Result<M
             });
         }
     }
+    // 2b. Where an order's milliseconds go, from the spans (apart: exporting
+    // costs CPU).
+    let hops = if args.skip_sas || args.skip_hops {
+        Vec::new()
+    } else {
+        sas_hops(args, env, sizes).await?
+    };
     let (restate, others): (Vec<Peer>, Vec<Peer>) = if args.skip_peers {
         (Vec::new(), Vec::new())
     } else {
@@ -358,6 +367,7 @@ async fn measure_with(args: &Args, env: &Env, sizes: &Sizes) -> anyhow::Result<M
         memory,
         limits,
         floor,
+        hops,
         peer_results,
         peer_errors,
         peer_versions,
@@ -615,6 +625,78 @@ async fn sas_single(
     .await;
     merge_memory(memory, suite.peak_memory());
     finish(suite, result, args.keep_logs).await
+}
+
+/// Section 2b: sas with 1 scheduler and 1 agent exporting their spans to
+/// the harness, each workflow at its low-load rate with terminal events:
+/// the time between each hop of an order ([`crate::hops`]).
+async fn sas_hops(args: &Args, env: &Env, sizes: &Sizes) -> anyhow::Result<Vec<crate::hops::Hops>> {
+    wait_quiet(args.wait_idle).await;
+    eprintln!("== sas: 1 scheduler, 1 agent, spans exported (the hops)");
+    let receiver = crate::hops::Receiver::start().await?;
+    let mut env = env.clone();
+    env.sas_env.extend([
+        (
+            "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
+            receiver.endpoint.clone(),
+        ),
+        // Sent in small batches, so that the queue never drops a span.
+        ("OTEL_BSP_SCHEDULE_DELAY".to_owned(), "200".to_owned()),
+    ]);
+    let mut suite = Suite::create(&env, "hops", SuiteOptions::default()).await?;
+    let mut all = Vec::new();
+    let result = async {
+        suite.start_services(1, 1).await?;
+        suite.start_maintenance();
+        warm_up(&mut suite, sizes.warmup).await?;
+        for (workflow, steps) in [("one", 1), ("three", 3)] {
+            let rate = low_rate(args, workflow, steps);
+            let n = sizes.low.min((rate * sizes.low_max_secs) as usize).max(50);
+            receiver
+                .settle(Duration::from_millis(500), Duration::from_secs(10))
+                .await;
+            receiver.take();
+            eprintln!("   {workflow}: {n} orders at {rate:.1}/s");
+            let low = load::run(
+                &mut suite,
+                &LoadSpec {
+                    workflow,
+                    steps,
+                    events: Events::Terminal,
+                    orders: n,
+                    rate: Some(rate),
+                    timeout: timeout_for(n) + Duration::from_secs_f64(n as f64 / rate),
+                    kill: None,
+                    via: Via::Queue,
+                },
+            )
+            .await?;
+            receiver
+                .settle(Duration::from_millis(1000), Duration::from_secs(15))
+                .await;
+            let (orders, hops) = crate::hops::breakdown(&receiver.take(), &low.timeline, steps);
+            eprintln!(
+                "   → p50 {:.1} ms; {orders} of {} processed orders with every span",
+                low.latency_ms.p50, low.processed
+            );
+            for (hop, p) in &hops {
+                eprintln!("     {:6.2} ms  {hop}", p.p50);
+            }
+            all.push(crate::hops::Hops {
+                workflow: workflow.to_owned(),
+                status_events: Events::Terminal.as_str(),
+                offered_rate: Some(rate),
+                orders,
+                latency_p50_ms: low.latency_ms.p50,
+                hops,
+            });
+            suite.reset_store().await?;
+        }
+        Ok::<(), anyhow::Error>(())
+    }
+    .await;
+    finish(suite, result, args.keep_logs).await?;
+    Ok(all)
 }
 
 /// The rate of a workflow's low-load runs, the same for sas and the peers

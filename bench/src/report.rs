@@ -102,6 +102,8 @@ pub struct Report {
     pub limits: Option<Limits>,
     /// The floor of sas's own chain (hops timed one after another).
     pub floor: Option<crate::floor::Floor>,
+    /// Where an order's milliseconds go at low load, from the spans.
+    pub hops: Vec<crate::hops::Hops>,
     pub peers: Vec<PeerResult>,
     /// Peer runs that could not run at all, with why.
     pub peer_errors: Vec<String>,
@@ -447,6 +449,7 @@ impl Report {
             )
             .ok();
         }
+        out.push_str(&self.hops_table());
         out.push_str("\n#### CPU per order (ms of CPU time, all cores), by process\n\n");
         out.push_str("| run | workflow | load | CPU busy | per order |\n|---|---|---|--:|---|\n");
         for r in &self.sas {
@@ -582,6 +585,45 @@ impl Report {
     }
 
     /// The whole report as Markdown.
+    /// The hops of an order at low load, from the spans, one column per
+    /// workflow (empty without hop runs).
+    fn hops_table(&self) -> String {
+        let mut out = String::new();
+        let Some(first) = self.hops.first() else {
+            return out;
+        };
+        out.push_str(
+            "\n#### sas: each hop of an order at low load, from the spans (1 scheduler, 1 agent, spans exported; median ms)\n\n| hop |",
+        );
+        for h in &self.hops {
+            write!(
+                out,
+                " {} at {:.0}/s ({} orders) |",
+                h.workflow,
+                h.offered_rate.unwrap_or_default(),
+                h.orders
+            )
+            .ok();
+        }
+        out.push_str("\n|---|");
+        out.push_str(&"--:|".repeat(self.hops.len()));
+        out.push('\n');
+        for (i, (hop, _)) in first.hops.iter().enumerate() {
+            write!(out, "| {hop} |").ok();
+            for h in &self.hops {
+                let p50 = h.hops.get(i).map_or(f64::NAN, |(_, p)| p.p50);
+                write!(out, " {p50:.2} |").ok();
+            }
+            out.push('\n');
+        }
+        out.push_str("| p50, submit → terminal event received |");
+        for h in &self.hops {
+            write!(out, " {} |", ms(h.latency_p50_ms)).ok();
+        }
+        out.push('\n');
+        out
+    }
+
     pub fn markdown(&self) -> String {
         let mut out = String::new();
         writeln!(

@@ -1,0 +1,371 @@
+//! Where an order's milliseconds go, hop by hop, from the spans the services
+//! export (`submit`, `transition`, `step`, `remote_call`, `reply`; see
+//! `sas::telemetry`): a deployment whose services export to a small OTLP/HTTP
+//! receiver in the harness runs at low load, and each processed order's
+//! spans, with the harness's own publish and receipt times, give the time
+//! between consecutive hops. Exporting costs CPU, so these runs are apart
+//! from the measured ones. Every process runs on this machine: one clock.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context as _;
+use axum::body::Bytes;
+use axum::extract::State;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::AnyValue;
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use prost::Message as _;
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::load::{Percentiles, Timeline};
+
+/// One exported span, as the breakdown needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Span {
+    pub name: String,
+    pub span_id: Vec<u8>,
+    /// Empty for a root span.
+    pub parent: Vec<u8>,
+    /// The span's `order_id` field, when it has one.
+    pub order_id: Option<Uuid>,
+    /// Start and end, µs since the Unix epoch.
+    pub start: f64,
+    pub end: f64,
+}
+
+type Store = Arc<Mutex<Vec<Span>>>;
+
+/// An OTLP/HTTP (protobuf) receiver on a free loopback port.
+pub struct Receiver {
+    /// The base URL for `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    pub endpoint: String,
+    spans: Store,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Receiver {
+    /// Listens until dropped.
+    pub async fn start() -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("binding the span receiver")?;
+        let endpoint = format!("http://{}", listener.local_addr()?);
+        let spans = Store::default();
+        let app = axum::Router::new()
+            .route("/v1/traces", axum::routing::post(receive))
+            .with_state(spans.clone());
+        let server = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                eprintln!("warning: the span receiver stopped: {e}");
+            }
+        });
+        Ok(Self {
+            endpoint,
+            spans,
+            server,
+        })
+    }
+
+    /// Spans received so far.
+    pub fn len(&self) -> usize {
+        self.spans.lock().map_or(0, |s| s.len())
+    }
+
+    /// Takes every span received so far.
+    pub fn take(&self) -> Vec<Span> {
+        self.spans
+            .lock()
+            .map(|mut s| std::mem::take(&mut *s))
+            .unwrap_or_default()
+    }
+
+    /// Waits until no span has come for `quiet` (the exporters send in
+    /// batches), at most `bound`.
+    pub async fn settle(&self, quiet: std::time::Duration, bound: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut seen = self.len();
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(quiet).await;
+            let now = self.len();
+            if now == seen {
+                return;
+            }
+            seen = now;
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+async fn receive(State(spans): State<Store>, body: Bytes) -> Vec<u8> {
+    let Ok(request) = ExportTraceServiceRequest::decode(body) else {
+        return Vec::new();
+    };
+    let text = |v: &Option<AnyValue>| match v.as_ref().and_then(|v| v.value.as_ref()) {
+        Some(Value::StringValue(s)) => Some(s.clone()),
+        _ => None,
+    };
+    let mut got = Vec::new();
+    for s in request
+        .resource_spans
+        .into_iter()
+        .flat_map(|r| r.scope_spans)
+        .flat_map(|s| s.spans)
+    {
+        let order_id = s
+            .attributes
+            .iter()
+            .find(|a| a.key == "order_id")
+            .and_then(|a| text(&a.value))
+            .and_then(|t| Uuid::parse_str(&t).ok());
+        got.push(Span {
+            name: s.name,
+            span_id: s.span_id,
+            parent: s.parent_span_id,
+            order_id,
+            start: s.start_time_unix_nano as f64 / 1000.0,
+            end: s.end_time_unix_nano as f64 / 1000.0,
+        });
+    }
+    if let Ok(mut all) = spans.lock() {
+        all.extend(got);
+    }
+    // An empty ExportTraceServiceResponse.
+    Vec::new()
+}
+
+/// One low-load run's hops.
+#[derive(Debug, Clone, Serialize)]
+pub struct Hops {
+    pub workflow: String,
+    pub status_events: &'static str,
+    pub offered_rate: Option<f64>,
+    /// Processed orders whose every span came (a step tried again is left out).
+    pub orders: usize,
+    /// Submit → `processed` received, for the whole run (spans exported).
+    pub latency_p50_ms: f64,
+    /// Each hop's milliseconds over those orders, in the order's sequence;
+    /// the steps' hops pooled over the steps.
+    pub hops: Vec<(String, Percentiles)>,
+}
+
+/// The hops, in sequence: each waits for the one before. `per step` ones
+/// repeat for each step. The agent's confirm of its reply and its ack of
+/// the request come after the scheduler has the reply: off the chain.
+const HOPS: [&str; 9] = [
+    "publish → submission takes the order (broker)",
+    "submission: stored (batch, write-back)",
+    "stored → claim decided (NOTIFY, the claim's load)",
+    "per step: decided → agent takes the request (write-back, relay, broker)",
+    "per step: agent, before the call",
+    "per step: the remote call (HTTP)",
+    "per step: call answered → scheduler takes the reply (agent's publish, broker)",
+    "per step: scheduler, reply decided (batch, load)",
+    "last step decided → terminal event received (write-back, relay, broker)",
+];
+
+/// The hops of `timeline`'s processed orders with `steps` steps each,
+/// from `spans`; returns how many orders had every span, and each hop's
+/// percentiles (ms).
+pub fn breakdown(
+    spans: &[Span],
+    timeline: &[Timeline],
+    steps: usize,
+) -> (usize, Vec<(String, Percentiles)>) {
+    let mut of_order: HashMap<Uuid, Vec<&Span>> = HashMap::new();
+    let mut calls: HashMap<&[u8], &Span> = HashMap::new();
+    for s in spans {
+        if let Some(id) = s.order_id {
+            of_order.entry(id).or_default().push(s);
+        }
+        if s.name == "remote_call" {
+            calls.insert(&s.parent, s);
+        }
+    }
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); HOPS.len()];
+    let mut complete = 0;
+    for t in timeline {
+        let Some(delivered) = t.delivered_us else {
+            continue;
+        };
+        let Some(spans) = of_order.get(&t.order_id) else {
+            continue;
+        };
+        let Some(order) = OrderSpans::of(spans, &calls, steps) else {
+            continue;
+        };
+        complete += 1;
+        let ms = |a: f64, b: f64| (b - a) / 1000.0;
+        samples[0].push(ms(t.submitted_us, order.submit.start));
+        samples[1].push(ms(order.submit.start, order.submit.end));
+        samples[2].push(ms(order.submit.end, order.dispatched[0]));
+        for k in 0..steps {
+            let (step, call, reply) = (order.steps[k], order.calls[k], order.replies[k]);
+            samples[3].push(ms(order.dispatched[k], step.start));
+            samples[4].push(ms(step.start, call.start));
+            samples[5].push(ms(call.start, call.end));
+            samples[6].push(ms(call.end, reply.start));
+            samples[7].push(ms(reply.start, order.decided[k]));
+        }
+        samples[8].push(ms(order.decided[steps - 1], delivered));
+    }
+    let hops = HOPS
+        .iter()
+        .zip(samples)
+        .map(|(name, s)| ((*name).to_owned(), Percentiles::of(s)))
+        .collect();
+    (complete, hops)
+}
+
+/// One order's spans, lined up: `dispatched[k]` is the transition that sent
+/// step k, `decided[k]` the one that applied its reply.
+struct OrderSpans<'a> {
+    submit: &'a Span,
+    steps: Vec<&'a Span>,
+    calls: Vec<&'a Span>,
+    replies: Vec<&'a Span>,
+    dispatched: Vec<f64>,
+    decided: Vec<f64>,
+}
+
+impl<'a> OrderSpans<'a> {
+    /// `None` unless the order has one submit and exactly `steps` steps,
+    /// calls and replies, each reply deciding a transition.
+    fn of(spans: &[&'a Span], calls: &HashMap<&[u8], &'a Span>, steps: usize) -> Option<Self> {
+        let named = |name: &str| {
+            let mut v: Vec<&'a Span> = spans.iter().copied().filter(|s| s.name == name).collect();
+            v.sort_by(|a, b| a.start.total_cmp(&b.start));
+            v
+        };
+        let submits = named("submit");
+        let transitions = named("transition");
+        let step_spans = named("step");
+        let replies = named("reply");
+        if submits.len() != 1 || step_spans.len() != steps || replies.len() != steps || steps == 0 {
+            return None;
+        }
+        let step_calls: Vec<&'a Span> = step_spans
+            .iter()
+            .map(|s| calls.get(s.span_id.as_slice()).copied())
+            .collect::<Option<_>>()?;
+        // The last transition before the agent took the step sent it.
+        let dispatched: Vec<f64> = step_spans
+            .iter()
+            .map(|s| {
+                transitions
+                    .iter()
+                    .rev()
+                    .find(|t| t.start <= s.start)
+                    .map(|t| t.start)
+            })
+            .collect::<Option<_>>()?;
+        // The transition within the reply's span applied it.
+        let decided: Vec<f64> = replies
+            .iter()
+            .map(|r| {
+                transitions
+                    .iter()
+                    .find(|t| t.start >= r.start && t.start <= r.end)
+                    .map(|t| t.start)
+            })
+            .collect::<Option<_>>()?;
+        Some(Self {
+            submit: submits[0],
+            steps: step_spans,
+            calls: step_calls,
+            replies,
+            dispatched,
+            decided,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(name: &str, id: u8, parent: u8, order: Option<Uuid>, start: f64, end: f64) -> Span {
+        Span {
+            name: name.into(),
+            span_id: vec![id],
+            parent: if parent == 0 {
+                Vec::new()
+            } else {
+                vec![parent]
+            },
+            order_id: order,
+            start: start * 1000.0,
+            end: end * 1000.0,
+        }
+    }
+
+    #[test]
+    fn a_one_step_order_s_hops_are_the_gaps_between_its_spans() {
+        let id = Uuid::new_v4();
+        let o = Some(id);
+        let spans = vec![
+            span("submit", 1, 0, o, 1.0, 3.0),
+            span("transition", 2, 1, o, 2.0, 2.0),
+            span("transition", 3, 1, o, 4.0, 4.0),
+            // The agent's span ends after the scheduler has the reply.
+            span("step", 4, 3, o, 6.0, 12.0),
+            span("remote_call", 5, 4, None, 7.0, 9.0),
+            span("reply", 6, 4, o, 11.0, 14.0),
+            span("transition", 7, 1, o, 13.0, 13.0),
+            // Another order's spans change nothing.
+            span("submit", 8, 0, Some(Uuid::new_v4()), 0.0, 50.0),
+        ];
+        let timeline = [Timeline {
+            order_id: id,
+            submitted_us: 0.0,
+            delivered_us: Some(16_000.0),
+        }];
+        let (n, hops) = breakdown(&spans, &timeline, 1);
+        assert_eq!(n, 1);
+        let p50: Vec<f64> = hops.iter().map(|(_, p)| p.p50).collect();
+        assert_eq!(
+            p50,
+            [1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 2.0, 2.0, 3.0],
+            "{hops:?}"
+        );
+        assert_eq!(
+            p50.iter().sum::<f64>(),
+            16.0,
+            "the hops add up to the latency"
+        );
+    }
+
+    #[test]
+    fn an_order_with_a_span_missing_or_a_step_tried_twice_is_left_out() {
+        let id = Uuid::new_v4();
+        let o = Some(id);
+        let mut spans = vec![
+            span("submit", 1, 0, o, 1.0, 3.0),
+            span("transition", 3, 1, o, 4.0, 4.0),
+            span("step", 4, 3, o, 6.0, 10.0),
+            span("reply", 6, 4, o, 11.0, 14.0),
+            span("transition", 7, 1, o, 13.0, 13.0),
+        ];
+        let timeline = [Timeline {
+            order_id: id,
+            submitted_us: 0.0,
+            delivered_us: Some(16_000.0),
+        }];
+        assert_eq!(breakdown(&spans, &timeline, 1).0, 0, "no remote_call");
+        spans.push(span("remote_call", 5, 4, None, 7.0, 9.0));
+        assert_eq!(breakdown(&spans, &timeline, 1).0, 1);
+        spans.push(span("step", 9, 3, o, 20.0, 21.0));
+        assert_eq!(breakdown(&spans, &timeline, 1).0, 0, "two tries");
+        let undelivered = [Timeline {
+            delivered_us: None,
+            ..timeline[0].clone()
+        }];
+        assert_eq!(breakdown(&spans[..6], &undelivered, 1).0, 0);
+    }
+}
