@@ -160,8 +160,8 @@ pub struct Hops {
 /// the request come after the scheduler has the reply: off the chain.
 const HOPS: [&str; 9] = [
     "publish → submission takes the order (broker)",
-    "submission: stored (batch, write-back)",
-    "stored → claim decided (NOTIFY, the claim's load)",
+    "submission: order decided (batch)",
+    "decided → claim decided (write-back, NOTIFY, the claim's load)",
     "per step: decided → agent takes the request (write-back, relay, broker)",
     "per step: agent, before the call",
     "per step: the remote call (HTTP)",
@@ -203,8 +203,8 @@ pub fn breakdown(
         complete += 1;
         let ms = |a: f64, b: f64| (b - a) / 1000.0;
         samples[0].push(ms(t.submitted_us, order.submit.start));
-        samples[1].push(ms(order.submit.start, order.submit.end));
-        samples[2].push(ms(order.submit.end, order.dispatched[0]));
+        samples[1].push(ms(order.submit.start, order.received));
+        samples[2].push(ms(order.received, order.dispatched[0]));
         for k in 0..steps {
             let (step, call, reply) = (order.steps[k], order.calls[k], order.replies[k]);
             samples[3].push(ms(order.dispatched[k], step.start));
@@ -223,10 +223,13 @@ pub fn breakdown(
     (complete, hops)
 }
 
-/// One order's spans, lined up: `dispatched[k]` is the transition that sent
-/// step k, `decided[k]` the one that applied its reply.
+/// One order's spans, lined up: `received` is the submission's transition
+/// (the submit span goes on past the write-back, to the order's ack: off
+/// the chain), `dispatched[k]` the transition that sent step k,
+/// `decided[k]` the one that applied its reply.
 struct OrderSpans<'a> {
     submit: &'a Span,
+    received: f64,
     steps: Vec<&'a Span>,
     calls: Vec<&'a Span>,
     replies: Vec<&'a Span>,
@@ -254,6 +257,13 @@ impl<'a> OrderSpans<'a> {
             .iter()
             .map(|s| calls.get(s.span_id.as_slice()).copied())
             .collect::<Option<_>>()?;
+        let within = |outer: &Span| {
+            transitions
+                .iter()
+                .find(|t| t.start >= outer.start && t.start <= outer.end)
+                .map(|t| t.start)
+        };
+        let received = within(submits[0])?;
         // The last transition before the agent took the step sent it.
         let dispatched: Vec<f64> = step_spans
             .iter()
@@ -266,17 +276,10 @@ impl<'a> OrderSpans<'a> {
             })
             .collect::<Option<_>>()?;
         // The transition within the reply's span applied it.
-        let decided: Vec<f64> = replies
-            .iter()
-            .map(|r| {
-                transitions
-                    .iter()
-                    .find(|t| t.start >= r.start && t.start <= r.end)
-                    .map(|t| t.start)
-            })
-            .collect::<Option<_>>()?;
+        let decided: Vec<f64> = replies.iter().map(|r| within(r)).collect::<Option<_>>()?;
         Some(Self {
             submit: submits[0],
+            received,
             steps: step_spans,
             calls: step_calls,
             replies,
@@ -331,7 +334,7 @@ mod tests {
         let p50: Vec<f64> = hops.iter().map(|(_, p)| p.p50).collect();
         assert_eq!(
             p50,
-            [1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 2.0, 2.0, 3.0],
+            [1.0, 1.0, 2.0, 2.0, 1.0, 2.0, 2.0, 2.0, 3.0],
             "{hops:?}"
         );
         assert_eq!(
@@ -347,6 +350,7 @@ mod tests {
         let o = Some(id);
         let mut spans = vec![
             span("submit", 1, 0, o, 1.0, 3.0),
+            span("transition", 2, 1, o, 2.0, 2.0),
             span("transition", 3, 1, o, 4.0, 4.0),
             span("step", 4, 3, o, 6.0, 10.0),
             span("reply", 6, 4, o, 11.0, 14.0),
@@ -366,6 +370,16 @@ mod tests {
             delivered_us: None,
             ..timeline[0].clone()
         }];
-        assert_eq!(breakdown(&spans[..6], &undelivered, 1).0, 0);
+        assert_eq!(breakdown(&spans[..7], &undelivered, 1).0, 0);
+        let no_received: Vec<Span> = spans[..7]
+            .iter()
+            .filter(|s| s.span_id != [2])
+            .cloned()
+            .collect();
+        assert_eq!(
+            breakdown(&no_received, &timeline, 1).0,
+            0,
+            "no submission's decision"
+        );
     }
 }
