@@ -308,8 +308,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_one_step_order_s_hops_are_the_gaps_between_its_spans() {
+    /// A one-step order's spans (ids 1 to 7; 5 is its remote call), and
+    /// its timeline: published at 0, terminal event at 16 ms.
+    fn one_step_order() -> (Vec<Span>, [Timeline; 1]) {
         let id = Uuid::new_v4();
         let o = Some(id);
         let spans = vec![
@@ -321,14 +322,20 @@ mod tests {
             span("remote_call", 5, 4, None, 7.0, 9.0),
             span("reply", 6, 4, o, 11.0, 14.0),
             span("transition", 7, 1, o, 13.0, 13.0),
-            // Another order's spans change nothing.
-            span("submit", 8, 0, Some(Uuid::new_v4()), 0.0, 50.0),
         ];
         let timeline = [Timeline {
             order_id: id,
             submitted_us: 0.0,
             delivered_us: Some(16_000.0),
         }];
+        (spans, timeline)
+    }
+
+    #[test]
+    fn a_one_step_order_s_hops_are_the_gaps_between_its_spans() {
+        let (mut spans, timeline) = one_step_order();
+        // Another order's spans change nothing.
+        spans.push(span("submit", 8, 0, Some(Uuid::new_v4()), 0.0, 50.0));
         let (n, hops) = breakdown(&spans, &timeline, 1);
         assert_eq!(n, 1);
         let p50: Vec<f64> = hops.iter().map(|(_, p)| p.p50).collect();
@@ -346,36 +353,20 @@ mod tests {
 
     #[test]
     fn an_order_with_a_span_missing_or_a_step_tried_twice_is_left_out() {
-        let id = Uuid::new_v4();
-        let o = Some(id);
-        let mut spans = vec![
-            span("submit", 1, 0, o, 1.0, 3.0),
-            span("transition", 2, 1, o, 2.0, 2.0),
-            span("transition", 3, 1, o, 4.0, 4.0),
-            span("step", 4, 3, o, 6.0, 10.0),
-            span("reply", 6, 4, o, 11.0, 14.0),
-            span("transition", 7, 1, o, 13.0, 13.0),
-        ];
-        let timeline = [Timeline {
-            order_id: id,
-            submitted_us: 0.0,
-            delivered_us: Some(16_000.0),
-        }];
-        assert_eq!(breakdown(&spans, &timeline, 1).0, 0, "no remote_call");
-        spans.push(span("remote_call", 5, 4, None, 7.0, 9.0));
-        assert_eq!(breakdown(&spans, &timeline, 1).0, 1);
-        spans.push(span("step", 9, 3, o, 20.0, 21.0));
-        assert_eq!(breakdown(&spans, &timeline, 1).0, 0, "two tries");
+        let (all, timeline) = one_step_order();
+        let without =
+            |id: u8| -> Vec<Span> { all.iter().filter(|s| s.span_id != [id]).cloned().collect() };
+        assert_eq!(breakdown(&all, &timeline, 1).0, 1);
+        assert_eq!(breakdown(&without(5), &timeline, 1).0, 0, "no remote_call");
+        let mut twice = all.clone();
+        twice.push(span("step", 9, 3, Some(timeline[0].order_id), 20.0, 21.0));
+        assert_eq!(breakdown(&twice, &timeline, 1).0, 0, "two tries");
         let undelivered = [Timeline {
             delivered_us: None,
             ..timeline[0].clone()
         }];
-        assert_eq!(breakdown(&spans[..7], &undelivered, 1).0, 0);
-        let no_received: Vec<Span> = spans[..7]
-            .iter()
-            .filter(|s| s.span_id != [2])
-            .cloned()
-            .collect();
+        assert_eq!(breakdown(&all, &undelivered, 1).0, 0);
+        let no_received = without(2);
         assert_eq!(
             breakdown(&no_received, &timeline, 1).0,
             0,
