@@ -7,137 +7,17 @@
 //! from the measured ones. Every process runs on this machine: one clock.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 
-use anyhow::Context as _;
-use axum::body::Bytes;
-use axum::extract::State;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::AnyValue;
-use opentelemetry_proto::tonic::common::v1::any_value::Value;
-use prost::Message as _;
+use sas_testkit::otlp::Span;
 use serde::Serialize;
 use uuid::Uuid;
 
 use crate::load::{Percentiles, Timeline};
 
-/// One exported span, as the breakdown needs it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Span {
-    pub name: String,
-    pub span_id: Vec<u8>,
-    /// Empty for a root span.
-    pub parent: Vec<u8>,
-    /// The span's `order_id` field, when it has one.
-    pub order_id: Option<Uuid>,
-    /// Start and end, µs since the Unix epoch.
-    pub start: f64,
-    pub end: f64,
-}
-
-type Store = Arc<Mutex<Vec<Span>>>;
-
-/// An OTLP/HTTP (protobuf) receiver on a free loopback port.
-pub struct Receiver {
-    /// The base URL for `OTEL_EXPORTER_OTLP_ENDPOINT`.
-    pub endpoint: String,
-    spans: Store,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl Receiver {
-    /// Listens until dropped.
-    pub async fn start() -> anyhow::Result<Self> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .context("binding the span receiver")?;
-        let endpoint = format!("http://{}", listener.local_addr()?);
-        let spans = Store::default();
-        let app = axum::Router::new()
-            .route("/v1/traces", axum::routing::post(receive))
-            .with_state(spans.clone());
-        let server = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                eprintln!("warning: the span receiver stopped: {e}");
-            }
-        });
-        Ok(Self {
-            endpoint,
-            spans,
-            server,
-        })
-    }
-
-    /// Spans received so far.
-    pub fn len(&self) -> usize {
-        self.spans.lock().map_or(0, |s| s.len())
-    }
-
-    /// Takes every span received so far.
-    pub fn take(&self) -> Vec<Span> {
-        self.spans
-            .lock()
-            .map(|mut s| std::mem::take(&mut *s))
-            .unwrap_or_default()
-    }
-
-    /// Waits until no span has come for `quiet` (the exporters send in
-    /// batches), at most `bound`.
-    pub async fn settle(&self, quiet: std::time::Duration, bound: std::time::Duration) {
-        let deadline = tokio::time::Instant::now() + bound;
-        let mut seen = self.len();
-        while tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(quiet).await;
-            let now = self.len();
-            if now == seen {
-                return;
-            }
-            seen = now;
-        }
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
-}
-
-async fn receive(State(spans): State<Store>, body: Bytes) -> Vec<u8> {
-    let Ok(request) = ExportTraceServiceRequest::decode(body) else {
-        return Vec::new();
-    };
-    let text = |v: &Option<AnyValue>| match v.as_ref().and_then(|v| v.value.as_ref()) {
-        Some(Value::StringValue(s)) => Some(s.clone()),
-        _ => None,
-    };
-    let mut got = Vec::new();
-    for s in request
-        .resource_spans
-        .into_iter()
-        .flat_map(|r| r.scope_spans)
-        .flat_map(|s| s.spans)
-    {
-        let order_id = s
-            .attributes
-            .iter()
-            .find(|a| a.key == "order_id")
-            .and_then(|a| text(&a.value))
-            .and_then(|t| Uuid::parse_str(&t).ok());
-        got.push(Span {
-            name: s.name,
-            span_id: s.span_id,
-            parent: s.parent_span_id,
-            order_id,
-            start: s.start_time_unix_nano as f64 / 1000.0,
-            end: s.end_time_unix_nano as f64 / 1000.0,
-        });
-    }
-    if let Ok(mut all) = spans.lock() {
-        all.extend(got);
-    }
-    // An empty ExportTraceServiceResponse.
-    Vec::new()
+/// The span's `order_id` field, when it has one.
+fn order_of(s: &Span) -> Option<Uuid> {
+    s.attribute("order_id")
+        .and_then(|t| Uuid::parse_str(t).ok())
 }
 
 /// One low-load run's hops.
@@ -179,9 +59,9 @@ pub fn breakdown(
     steps: usize,
 ) -> (usize, Vec<(String, Percentiles)>) {
     let mut of_order: HashMap<Uuid, Vec<&Span>> = HashMap::new();
-    let mut calls: HashMap<&[u8], &Span> = HashMap::new();
+    let mut calls: HashMap<&str, &Span> = HashMap::new();
     for s in spans {
-        if let Some(id) = s.order_id {
+        if let Some(id) = order_of(s) {
             of_order.entry(id).or_default().push(s);
         }
         if s.name == "remote_call" {
@@ -202,16 +82,16 @@ pub fn breakdown(
         };
         complete += 1;
         let ms = |a: f64, b: f64| (b - a) / 1000.0;
-        samples[0].push(ms(t.submitted_us, order.submit.start));
-        samples[1].push(ms(order.submit.start, order.received));
+        samples[0].push(ms(t.submitted_us, order.submit.start_us));
+        samples[1].push(ms(order.submit.start_us, order.received));
         samples[2].push(ms(order.received, order.dispatched[0]));
         for k in 0..steps {
             let (step, call, reply) = (order.steps[k], order.calls[k], order.replies[k]);
-            samples[3].push(ms(order.dispatched[k], step.start));
-            samples[4].push(ms(step.start, call.start));
-            samples[5].push(ms(call.start, call.end));
-            samples[6].push(ms(call.end, reply.start));
-            samples[7].push(ms(reply.start, order.decided[k]));
+            samples[3].push(ms(order.dispatched[k], step.start_us));
+            samples[4].push(ms(step.start_us, call.start_us));
+            samples[5].push(ms(call.start_us, call.end_us));
+            samples[6].push(ms(call.end_us, reply.start_us));
+            samples[7].push(ms(reply.start_us, order.decided[k]));
         }
         samples[8].push(ms(order.decided[steps - 1], delivered));
     }
@@ -240,10 +120,10 @@ struct OrderSpans<'a> {
 impl<'a> OrderSpans<'a> {
     /// `None` unless the order has one submit and exactly `steps` steps,
     /// calls and replies, each reply deciding a transition.
-    fn of(spans: &[&'a Span], calls: &HashMap<&[u8], &'a Span>, steps: usize) -> Option<Self> {
+    fn of(spans: &[&'a Span], calls: &HashMap<&str, &'a Span>, steps: usize) -> Option<Self> {
         let named = |name: &str| {
             let mut v: Vec<&'a Span> = spans.iter().copied().filter(|s| s.name == name).collect();
-            v.sort_by(|a, b| a.start.total_cmp(&b.start));
+            v.sort_by(|a, b| a.start_us.total_cmp(&b.start_us));
             v
         };
         let submits = named("submit");
@@ -255,13 +135,13 @@ impl<'a> OrderSpans<'a> {
         }
         let step_calls: Vec<&'a Span> = step_spans
             .iter()
-            .map(|s| calls.get(s.span_id.as_slice()).copied())
+            .map(|s| calls.get(s.span_id.as_str()).copied())
             .collect::<Option<_>>()?;
         let within = |outer: &Span| {
             transitions
                 .iter()
-                .find(|t| t.start >= outer.start && t.start <= outer.end)
-                .map(|t| t.start)
+                .find(|t| t.start_us >= outer.start_us && t.start_us <= outer.end_us)
+                .map(|t| t.start_us)
         };
         let received = within(submits[0])?;
         // The last transition before the agent took the step sent it.
@@ -271,8 +151,8 @@ impl<'a> OrderSpans<'a> {
                 transitions
                     .iter()
                     .rev()
-                    .find(|t| t.start <= s.start)
-                    .map(|t| t.start)
+                    .find(|t| t.start_us <= s.start_us)
+                    .map(|t| t.start_us)
             })
             .collect::<Option<_>>()?;
         // The transition within the reply's span applied it.
@@ -295,16 +175,21 @@ mod tests {
 
     fn span(name: &str, id: u8, parent: u8, order: Option<Uuid>, start: f64, end: f64) -> Span {
         Span {
+            service: "test".into(),
             name: name.into(),
-            span_id: vec![id],
+            trace_id: "t".into(),
+            span_id: format!("{id:02x}"),
             parent: if parent == 0 {
-                Vec::new()
+                String::new()
             } else {
-                vec![parent]
+                format!("{parent:02x}")
             },
-            order_id: order,
-            start: start * 1000.0,
-            end: end * 1000.0,
+            attributes: order
+                .map(|o| ("order_id".to_owned(), o.to_string()))
+                .into_iter()
+                .collect(),
+            start_us: start * 1000.0,
+            end_us: end * 1000.0,
         }
     }
 
@@ -354,8 +239,12 @@ mod tests {
     #[test]
     fn an_order_with_a_span_missing_or_a_step_tried_twice_is_left_out() {
         let (all, timeline) = one_step_order();
-        let without =
-            |id: u8| -> Vec<Span> { all.iter().filter(|s| s.span_id != [id]).cloned().collect() };
+        let without = |id: u8| -> Vec<Span> {
+            all.iter()
+                .filter(|s| s.span_id != format!("{id:02x}"))
+                .cloned()
+                .collect()
+        };
         assert_eq!(breakdown(&all, &timeline, 1).0, 1);
         assert_eq!(breakdown(&without(5), &timeline, 1).0, 0, "no remote_call");
         let mut twice = all.clone();

@@ -633,7 +633,7 @@ async fn sas_single(
 async fn sas_hops(args: &Args, env: &Env, sizes: &Sizes) -> anyhow::Result<Vec<crate::hops::Hops>> {
     wait_quiet(args.wait_idle).await;
     eprintln!("== sas: 1 scheduler, 1 agent, spans exported (the hops)");
-    let receiver = crate::hops::Receiver::start().await?;
+    let receiver = sas_testkit::otlp::Otlp::start().await?;
     let mut env = env.clone();
     env.sas_env.extend([
         (

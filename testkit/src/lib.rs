@@ -14,6 +14,7 @@ pub mod broker;
 pub mod config;
 pub mod database;
 pub mod fixtures;
+pub mod otlp;
 
 /// A port that was free a moment ago on 127.0.0.1.
 pub fn free_port() -> std::io::Result<u16> {

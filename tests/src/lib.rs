@@ -18,7 +18,7 @@ pub mod browser;
 pub mod cli;
 pub mod dashboard;
 pub mod hostile;
-pub mod otlp;
+pub use sas_testkit::otlp;
 pub mod proxy;
 pub mod raw_amqp;
 pub mod tls;

@@ -138,7 +138,9 @@ async fn one_orders_trace_id_matches_across_every_service_and_reaches_the_remote
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_orders_spans_are_exported_over_otlp_as_one_nested_trace() {
-    let otlp = sas_tests::otlp::Otlp::start().await;
+    let otlp = sas_tests::otlp::Otlp::start()
+        .await
+        .expect("an OTLP receiver");
     let app = TestApp::builder().build().await;
     let env = [
         ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint.as_str()),
