@@ -28,8 +28,8 @@ use sas::broker::{Broker, Outgoing};
 use sas::config::{DatabaseSettings, QueueType, StepSpec, WorkflowSpec};
 use sas::messages::{StepOutcome, StepReply, StepRequest};
 use sas::state_store::{
-    Actor, Committed, Done, Held, NewOrder, OutboxRow, ReplyOutcome, StateStore, StoreError,
-    Submitted, Transitions,
+    Actor, ClaimBounds, Committed, Done, Held, NewOrder, OutboxRow, ReplyOutcome, StateStore,
+    StoreError, Submitted, Transitions,
 };
 use sas::topology::QueueNames;
 use sas::workflow::Workflow;
@@ -549,7 +549,10 @@ impl Handing {
     }
 
     async fn claim(&self, me: &Actor, limit: u32, max: u32) -> Result<Vec<Uuid>, StoreError> {
-        Ok(self.took(self.t.claim(me, limit, max, Self::HAND_OVER).await?))
+        let bounds = ClaimBounds::orders(limit, max);
+        Ok(self
+            .took(self.t.claim(me, bounds, Self::HAND_OVER).await?)
+            .ids)
     }
 
     async fn apply_replies(

@@ -362,6 +362,12 @@ pub struct SchedulerSettings {
     /// Orders claimed per claim transaction: like `database.batch_size`,
     /// a claim costs about the same round trips whatever its size.
     pub claim_batch: u32,
+    /// A claim stops deciding once the orders it claimed have this many
+    /// messages to send, and claims the rest at once in another: a burst of
+    /// fan-out orders (many requests each) then never holds `claim_batch`
+    /// times its fan-out in memory. Orders of one or two messages never
+    /// reach it.
+    pub claim_messages: u32,
     /// Most orders this instance holds at once (claimed and not yet ended).
     /// Beyond it, orders wait as `pending` in the state store rather than as
     /// requests in the agents' queues, where they would outlive complete-by.
@@ -374,6 +380,7 @@ impl Default for SchedulerSettings {
             instance_id: None,
             poll_interval: Duration::from_millis(500),
             claim_batch: 256,
+            claim_messages: 1024,
             max_in_flight: 1000,
         }
     }
@@ -700,6 +707,9 @@ impl Settings {
         }
         if self.scheduler.claim_batch == 0 {
             return invalid("scheduler.claim_batch must be at least 1".into());
+        }
+        if self.scheduler.claim_messages == 0 {
+            return invalid("scheduler.claim_messages must be at least 1".into());
         }
         if self.database.max_connections == 0 {
             return invalid("database.max_connections must be at least 1".into());

@@ -12,7 +12,8 @@ use crate::messages::StepReply;
 use crate::outbox::{Relay, RelayTask};
 use crate::service::Context;
 use crate::state_store::{
-    Actor, Done, Expired, NewOrder, ReplyOutcome, StateStore, StoreError, Submitted, Transitions,
+    Actor, ClaimBounds, Claimed, Done, Expired, NewOrder, ReplyOutcome, StateStore, StoreError,
+    Submitted, Transitions,
 };
 use crate::workflow::Workflow;
 
@@ -76,17 +77,9 @@ impl Pipeline {
     }
 
     /// [`Transitions::claim`].
-    pub async fn claim(
-        &self,
-        me: &Actor,
-        limit: u32,
-        max_held: u32,
-    ) -> Result<Vec<uuid::Uuid>, StoreError> {
+    pub async fn claim(&self, me: &Actor, bounds: ClaimBounds) -> Result<Claimed, StoreError> {
         let hand_over = self.relay.ready();
-        let done = self
-            .transitions
-            .claim(me, limit, max_held, hand_over)
-            .await?;
+        let done = self.transitions.claim(me, bounds, hand_over).await?;
         Ok(self.settle(done))
     }
 

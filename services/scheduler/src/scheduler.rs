@@ -17,7 +17,7 @@ use sas::messages::{Quoted, StepReply, decode_replies};
 use sas::metrics::labels;
 use sas::pipeline::Pipeline;
 use sas::service::Context;
-use sas::state_store::{Actor, ReplyOutcome, StoreError};
+use sas::state_store::{Actor, ClaimBounds, ReplyOutcome, StoreError};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -169,21 +169,26 @@ impl Scheduler {
     /// Claims batches until there is nothing left to claim; false when a
     /// claim failed.
     async fn claim_all(&self, stop: &CancellationToken) -> bool {
-        let batch = self.ctx.settings.scheduler.claim_batch;
-        let max_in_flight = self.ctx.settings.scheduler.max_in_flight;
+        let settings = &self.ctx.settings.scheduler;
+        let bounds = ClaimBounds {
+            orders: settings.claim_batch,
+            max_held: settings.max_in_flight,
+            messages: settings.claim_messages,
+        };
         while !stop.is_cancelled() {
-            match self.pipeline.claim(&self.me, batch, max_in_flight).await {
-                Ok(ids) => {
-                    let n = ids.len();
+            match self.pipeline.claim(&self.me, bounds).await {
+                Ok(claimed) => {
+                    let n = claimed.ids.len();
                     if n > 0 {
                         sas::crash::point("scheduler.after_dispatch");
                         tracing::debug!(claimed = n, "claimed orders");
                         self.ctx.metrics.orders_claimed.inc_by(n as u64);
                         self.held.fetch_add(n, Ordering::Relaxed);
                     }
-                    // Fewer than a batch: caught up, others hold the rest, or
-                    // this instance holds all it may.
-                    if n < batch as usize {
+                    // Fewer than a batch, and not stopped by its messages:
+                    // caught up, others hold the rest, or this instance holds
+                    // all it may.
+                    if n < bounds.orders as usize && !claimed.more {
                         return true;
                     }
                 }

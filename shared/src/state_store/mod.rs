@@ -60,7 +60,8 @@ pub use search::{
 pub use stats::Stats;
 pub use steps::{StepRow, stage_names};
 pub use transitions::{
-    Actor, Done, Ending, Expired, Operated, ReplyOutcome, Submitted, Transitions, any_undone,
+    Actor, ClaimBounds, Claimed, Done, Ending, Expired, Operated, ReplyOutcome, Submitted,
+    Transitions, any_undone,
 };
 
 use crate::config::DatabaseSettings;

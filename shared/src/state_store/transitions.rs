@@ -123,6 +123,42 @@ pub enum Operated {
     PayloadRefused(crate::messages::RejectReason),
 }
 
+/// What a claim took.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Claimed {
+    /// The orders claimed, in the order they were decided.
+    pub ids: Vec<Uuid>,
+    /// The claim stopped at its bound of messages with orders it had read
+    /// left undecided: claim again at once.
+    pub more: bool,
+}
+
+/// The bounds of one claim ([`Transitions::claim`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimBounds {
+    /// Most orders read and claimed.
+    pub orders: u32,
+    /// Most orders the claimer may hold once it has claimed.
+    pub max_held: u32,
+    /// Once the claimed orders' messages reach this many, the claim stops
+    /// deciding: a burst of fan-out orders (many requests each) is then
+    /// claimed in several smaller write-backs, each holding fewer messages
+    /// in memory at once, rather than one of `orders` times their fan-out.
+    pub messages: u32,
+}
+
+impl ClaimBounds {
+    /// Up to `orders` orders while holding at most `max_held`, with no
+    /// bound on the messages.
+    pub fn orders(orders: u32, max_held: u32) -> Self {
+        Self {
+            orders,
+            max_held,
+            messages: u32::MAX,
+        }
+    }
+}
+
 /// What a transition did, and the messages it committed for its caller to
 /// hand to the relay.
 #[derive(Debug)]
@@ -262,36 +298,44 @@ impl Transitions {
         })
     }
 
-    /// Claims up to `limit` orders for `me`, as long as `me` then holds no
-    /// more than `max_held`, and dispatches each one's next step
-    /// ([`rules::scheduler::claim`]). Returns the claimed orders' ids.
+    /// Claims up to `bounds.orders` orders for `me`, as long as `me` then
+    /// holds no more than `bounds.max_held`, and dispatches each one's next
+    /// step ([`rules::scheduler::claim`]), stopping early once their
+    /// messages reach `bounds.messages`.
     pub async fn claim(
         &self,
         me: &Actor,
-        limit: u32,
-        max_held: u32,
+        bounds: ClaimBounds,
         hand_over: bool,
-    ) -> Result<Done<Vec<Uuid>>, StoreError> {
-        again(|| self.claim_once(me, limit, max_held, hand_over)).await
+    ) -> Result<Done<Claimed>, StoreError> {
+        again(|| self.claim_once(me, bounds, hand_over)).await
     }
 
     async fn claim_once(
         &self,
         me: &Actor,
-        limit: u32,
-        max_held: u32,
+        bounds: ClaimBounds,
         hand_over: bool,
-    ) -> Result<Done<(Vec<Uuid>, Vec<Uuid>)>, StoreError> {
+    ) -> Result<Done<(Claimed, Vec<Uuid>)>, StoreError> {
         let mut conn = self.store.conn().await?;
-        let (limit, max_held) = (i64::from(limit), i64::from(max_held));
+        let (limit, max_held) = (i64::from(bounds.orders), i64::from(bounds.max_held));
+        let max_messages = usize::try_from(bounds.messages).unwrap_or(usize::MAX);
         let loaded = conn
             .run(|c| orders::claimable(c, limit, &me.name, max_held, hand_over))
             .await;
         let loaded = self.defined(&mut conn, loaded).await;
         let decided = loaded.and_then(|(loaded, definitions)| {
             let mut unit = Unit::load(loaded, true, definitions);
-            let mut ids = Vec::with_capacity(unit.len());
+            let mut claimed = Claimed {
+                ids: Vec::with_capacity(unit.len()),
+                more: false,
+            };
             for i in 0..unit.len() {
+                if unit.messages() >= max_messages {
+                    // The rest stay as they were read, for the next claim.
+                    claimed.more = true;
+                    break;
+                }
                 let order = &unit.get(i).order;
                 let decision =
                     match rules::scheduler::claim_or_wait(order, context(&unit, &me.name))? {
@@ -299,10 +343,10 @@ impl Transitions {
                         // Held for its agent's room already: left as it was.
                         rules::scheduler::Claim::Waits => continue,
                     };
-                ids.push(order.row.order_id);
+                claimed.ids.push(order.row.order_id);
                 unit.apply(i, decision, &self.queues)?;
             }
-            Ok((ids, unit))
+            Ok((claimed, unit))
         });
         self.write_back(conn, decided, hand_over).await
     }

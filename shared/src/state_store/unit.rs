@@ -287,6 +287,11 @@ impl Unit {
         self.orders.len()
     }
 
+    /// How many messages the unit's decisions have produced so far.
+    pub fn messages(&self) -> usize {
+        self.messages.len()
+    }
+
     /// The `i`-th order.
     pub fn get(&self, i: usize) -> &Tracked {
         &self.orders[i]

@@ -115,3 +115,44 @@ async fn the_claim_query_takes_exactly_the_orders_the_rule_says_are_claimable() 
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_stopped_by_its_bound_of_messages_is_followed_at_once_by_the_next() {
+    // Slow polls: had the scheduler waited for a wake-up after a claim that
+    // stopped at its bound, the orders stored before it started (whose
+    // wake-ups it missed) would wait a minute.
+    let app = TestApp::builder().scheduler_poll("60s").build().await;
+    for name in ["submission", "agent", "supervisor"] {
+        app.start(name, name, &[]).await;
+    }
+    let status = app.status_queue("bound").await;
+    let ids = app.submit_many("three", 20, Some(&status)).await;
+    app.eventually(
+        "orders stored",
+        std::time::Duration::from_secs(20),
+        || async {
+            let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+                .fetch_one(&app.db)
+                .await
+                .expect("count");
+            stored == 20
+        },
+    )
+    .await;
+    // One message per claim: every claim of more than one order stops at it.
+    app.start_with_env(
+        "scheduler",
+        "scheduler",
+        &[],
+        &[("SAS__SCHEDULER__CLAIM_MESSAGES", "1")],
+    )
+    .await;
+    let stories = app
+        .assert_invariants(&status, &ids, &[], std::time::Duration::from_secs(30))
+        .await;
+    assert!(
+        stories
+            .values()
+            .all(|s| s.last().expect("events")["state"] == "processed")
+    );
+}

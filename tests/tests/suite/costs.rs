@@ -11,8 +11,8 @@ use sas::config::Settings;
 use sas::messages::{Events, StepOutcome, StepReply, StepRequest};
 use sas::state::ProcessState;
 use sas::state_store::{
-    Actor, Committed, Done, Held, NewOrder, OutboxRow, Plans, ReplyOutcome, StateStore, StoreError,
-    Submitted, Transitions,
+    Actor, ClaimBounds, Committed, Done, Held, NewOrder, OutboxRow, Plans, ReplyOutcome,
+    StateStore, StoreError, Submitted, Transitions,
 };
 use sas::workflow::Workflow;
 use sas_tests::TestApp;
@@ -368,7 +368,8 @@ impl Handed {
     }
 
     async fn claim(&self, me: &Actor, limit: u32, max: u32) -> Result<Vec<Uuid>, StoreError> {
-        Ok(self.took(self.t.claim(me, limit, max, self.ready()).await?))
+        let bounds = ClaimBounds::orders(limit, max);
+        Ok(self.took(self.t.claim(me, bounds, self.ready()).await?).ids)
     }
 
     async fn apply_reply(&self, me: &Actor, r: &StepReply) -> Result<ReplyOutcome, StoreError> {
@@ -748,6 +749,78 @@ async fn a_batch_of_diamond_orders_runs_its_parallel_steps_in_one_transition_eac
     assert_eq!(c.rows("outbox", "deleted"), 11 * n);
     assert_eq!(c.relayed.get("status"), Some(&(7 * N)));
     assert_eq!(c.relayed.get("request"), Some(&(4 * N)));
+}
+
+#[tokio::test]
+async fn a_claim_stops_at_its_bound_of_messages_and_the_next_claims_the_rest() {
+    // A burst of fan-out orders: a claim of `claim_batch` of them would hold
+    // `claim_batch` times their fan-out in messages at once.
+    let app = TestApp::builder()
+        .extra_config(
+            r#"[workflows.fan]
+steps = [{ name = "reserve", agent = "a", for_each = "payload.items" }]
+"#,
+        )
+        .build()
+        .await;
+    let settings = Settings::load(Some(&app.config)).expect("settings");
+    let wf = settings.workflow("fan").expect("workflow");
+    let status = app.status_queue("bound").await;
+    let store = StateStore::from_pool(pool(&app.db_url).await);
+    let t = Transitions::new(store.clone(), app.queues.clone());
+    // Five requests per order, and with terminal events nothing else.
+    let mut orders = sas_testkit::fixtures::new_orders("fan", 8, &status);
+    for o in &mut orders {
+        o.payload = json!({ "items": [1, 2, 3, 4, 5] });
+        o.events = Events::Terminal;
+    }
+    let batch: Vec<(&NewOrder, &Workflow)> = orders.iter().map(|o| (o, &wf)).collect();
+    t.submit_many(&batch, false).await.expect("submit");
+    let count = async |sql: &'static str| -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(&app.db)
+            .await
+            .expect("count")
+    };
+    let me = Actor::new_instance("scheduler");
+    let bounds = ClaimBounds {
+        messages: 12,
+        ..ClaimBounds::orders(8, 8)
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    // Each claim decides orders until their requests reach twelve: three
+    // (fifteen requests), three more, then the last two with room to spare.
+    for (claimed, more) in [(3, true), (3, true), (2, false)] {
+        let done = t.claim(&me, bounds, false).await.expect("claim");
+        assert_eq!((done.value.ids.len(), done.value.more), (claimed, more));
+        assert!(done.value.ids.iter().all(|id| seen.insert(*id)));
+        let requests = count("SELECT count(*) FROM outbox WHERE kind = 'request'").await;
+        assert_eq!(requests, 5 * seen.len() as i64);
+        // The orders read but not decided are as they were: pending, free.
+        let free = count(
+            "SELECT count(*) FROM orders WHERE process_state = 'pending' AND locked_by IS NULL",
+        )
+        .await;
+        assert_eq!(free, (orders.len() - seen.len()) as i64);
+    }
+    // A bound below one order's messages still claims one at a time.
+    let mut more = sas_testkit::fixtures::new_orders("fan", 2, &status);
+    for o in &mut more {
+        o.payload = json!({ "items": [1, 2, 3, 4, 5] });
+    }
+    let batch: Vec<(&NewOrder, &Workflow)> = more.iter().map(|o| (o, &wf)).collect();
+    t.submit_many(&batch, false).await.expect("submit");
+    let tight = ClaimBounds {
+        messages: 1,
+        ..bounds
+    };
+    let me = Actor::new_instance("scheduler");
+    let first = t.claim(&me, tight, false).await.expect("claim").value;
+    assert_eq!((first.ids.len(), first.more), (1, true));
+    let second = t.claim(&me, tight, false).await.expect("claim").value;
+    assert_eq!(second.ids.len(), 1);
+    assert_ne!(first.ids, second.ids);
+    store.close().await;
 }
 
 #[tokio::test]

@@ -331,7 +331,7 @@ async fn snapshot(app: &TestApp, id: Uuid) -> Value {
 /// again against the order and steps as that transaction left them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_that_waited_for_the_orders_lock_sees_the_steps_as_they_were_left() {
-    use sas::state_store::{Actor, NewOrder, ReplyOutcome, StateStore, Transitions};
+    use sas::state_store::{Actor, ClaimBounds, NewOrder, ReplyOutcome, StateStore, Transitions};
     use sqlx::Connection as _;
 
     let app = TestApp::new().await;
@@ -354,8 +354,11 @@ async fn a_reply_that_waited_for_the_orders_lock_sees_the_steps_as_they_were_lef
     };
     t.submit(&order, &wf, false).await.expect("submit");
     let me = Actor::new_instance("scheduler");
-    let claimed = t.claim(&me, 1, 1, false).await.expect("claim");
-    assert_eq!(claimed.value.len(), 1);
+    let claimed = t
+        .claim(&me, ClaimBounds::orders(1, 1), false)
+        .await
+        .expect("claim");
+    assert_eq!(claimed.value.ids.len(), 1);
     let (dispatch_id, attempt): (Uuid, i32) = sqlx::query_as(
         "SELECT s.dispatch_id, o.failure_count + 1 FROM steps s JOIN orders o USING (order_id) \
          WHERE order_id = $1",

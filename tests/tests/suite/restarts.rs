@@ -214,7 +214,12 @@ async fn rabbitmq_restart(full: bool, steps: Steps) {
     let app = TestApp::builder().build().await;
     let env: &[(&str, &str)] = match steps {
         Steps::Persistent => &[],
-        Steps::Transient => &[("SAS__BROKER__STEP_MESSAGES", "transient")],
+        // Four requests at a time per agent: with the slow step below, its
+        // requests wait in the queue however fast or slow the machine is.
+        Steps::Transient => &[
+            ("SAS__BROKER__STEP_MESSAGES", "transient"),
+            ("SAS__AGENT__CONCURRENCY", "4"),
+        ],
     };
     for name in ALL {
         app.start_with_env(name, name, &[], env).await;
