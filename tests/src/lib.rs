@@ -1353,6 +1353,24 @@ fn reason_of(delivery: &Delivery) -> Option<String> {
     sas::broker::dead_letter_reason(delivery)
 }
 
+/// A workflow `parent` whose step `ship` runs the child workflow
+/// `shipping` (one step, `pack`, on agent `b`, undone by `b-undo`).
+pub const CHILD_WORKFLOWS: &str = r#"[workflows.shipping]
+steps = [ { name = "pack", agent = "b", compensate = "b-undo" } ]
+
+[workflows.parent]
+steps = [
+  { name = "reserve", agent = "a", compensate = "a-undo" },
+  { name = "ship", workflow = "shipping", timeout = "20s" },
+  { name = "bill", agent = "c" },
+]
+"#;
+
+/// The child order of step `step` of order `parent`: `UUIDv5(parent, step)`.
+pub fn child_of(parent: Uuid, step: &str) -> Uuid {
+    Uuid::new_v5(&parent, step.as_bytes())
+}
+
 /// Whether a status event ends its order.
 pub fn is_terminal(e: &Value) -> bool {
     matches!(

@@ -60,6 +60,27 @@ impl Children {
         let child = child_id(&request);
         let span = tracing::info_span!("child", order_id = %request.order_id, step = %request.step, %child);
         async {
+            // Only the step's current dispatch may start, undo or be
+            // remembered: a stranger's request (any fencing token, any
+            // order's id) or a superseded one touches no child.
+            let workflow = match self.store.current_dispatch(&request).await {
+                Ok(Some(agent)) => match StepKind::of(&agent) {
+                    StepKind::Child(name) => name.to_owned(),
+                    _ => {
+                        return broker::dead_letter_with(&delivery, "not a child workflow step")
+                            .await;
+                    }
+                },
+                Ok(None) => {
+                    tracing::warn!("not a current dispatch of a step; dead-lettered");
+                    return broker::dead_letter_with(
+                        &delivery,
+                        "not the current dispatch of a child workflow step",
+                    )
+                    .await;
+                }
+                Err(e) => return self.failed(&delivery, &e).await,
+            };
             match self.store.remember_child_request(child, &request).await {
                 Ok(true) => {}
                 Ok(false) => {
@@ -71,7 +92,10 @@ impl Children {
                 Err(e) => return self.failed(&delivery, &e).await,
             }
             match request.direction {
-                Direction::Forward => self.start(publisher, &delivery, &request, child).await,
+                Direction::Forward => {
+                    self.start(publisher, &delivery, &request, child, workflow)
+                        .await
+                }
                 Direction::Compensate => self.undo(publisher, &delivery, &request, child).await,
             }
         }
@@ -87,16 +111,8 @@ impl Children {
         delivery: &Received,
         request: &StepRequest,
         child: Uuid,
+        workflow: String,
     ) -> Result<(), BrokerError> {
-        let store = &self.store;
-        let workflow = match store.step_agent(request.order_id, request.step_index).await {
-            Ok(Some(agent)) => match StepKind::of(&agent) {
-                StepKind::Child(name) => name.to_owned(),
-                _ => return broker::dead_letter_with(delivery, "not a child workflow step").await,
-            },
-            Ok(None) => return broker::dead_letter_with(delivery, "no such step").await,
-            Err(e) => return self.failed(delivery, &e).await,
-        };
         let Some(compiled) = self.intake.workflow(&workflow) else {
             let error = format!("child workflow {workflow:?} is not configured");
             return self
@@ -128,7 +144,7 @@ impl Children {
             }
             // Started before: if it has ended, its end answered an older
             // request; this one is answered now.
-            Ok(Submitted::Duplicate) => match self.ended(child).await {
+            Ok(Submitted::Duplicate) => match self.ended(child, Direction::Forward).await {
                 Ok(Some(outcome)) => self.answer(publisher, delivery, request, outcome).await,
                 Ok(None) => broker::ack(delivery).await,
                 Err(e) => self.failed(delivery, &e).await,
@@ -171,9 +187,13 @@ impl Children {
         }
     }
 
-    /// What a started child's end answers a forward request with, if it
-    /// has ended.
-    async fn ended(&self, child: Uuid) -> Result<Option<StepOutcome>, StoreError> {
+    /// What a started child's end, as stored, answers a request in
+    /// `direction` with, if it has ended so.
+    async fn ended(
+        &self,
+        child: Uuid,
+        direction: Direction,
+    ) -> Result<Option<StepOutcome>, StoreError> {
         let store = &self.store;
         let Some((order, steps, _)) = store.order_details(child).await? else {
             return Ok(None);
@@ -184,7 +204,7 @@ impl Children {
         }
         .results();
         Ok(outcome(
-            Direction::Forward,
+            direction,
             order.process_state,
             &Value::Object(results),
             order.last_error.as_deref(),
@@ -208,14 +228,6 @@ impl Children {
         else {
             return broker::dead_letter_with(&delivery, "no order id").await;
         };
-        let Some(state) = event.state.kind().and_then(|k| match k.as_str() {
-            "processed" => Some(ProcessState::Processed),
-            "compensated" => Some(ProcessState::Compensated),
-            "failed" => Some(ProcessState::Error),
-            _ => None,
-        }) else {
-            return broker::ack(&delivery).await;
-        };
         let store = &self.store;
         let request = match store.child_request(child).await {
             Ok(Some(request)) => request,
@@ -225,12 +237,15 @@ impl Children {
             }
             Err(e) => return self.failed(&delivery, &e).await,
         };
-        let results = event.detail.get("results").cloned().unwrap_or_default();
-        let error = event.detail.get("error").and_then(Value::as_str);
-        match outcome(request.direction, state, &results, error, child) {
-            Some(outcome) => self.answer(publisher, &delivery, &request, outcome).await,
-            // A processed child whose undo is on its way: its end answers.
-            None => broker::ack(&delivery).await,
+        // The event only says which child to look at: its end, results and
+        // error are read from the state store, so that an event a stranger
+        // sends (any state, any results) answers nothing the child did not.
+        match self.ended(child, request.direction).await {
+            Ok(Some(outcome)) => self.answer(publisher, &delivery, &request, outcome).await,
+            // Still running, or a processed child whose undo is on its
+            // way: its end answers.
+            Ok(None) => broker::ack(&delivery).await,
+            Err(e) => self.failed(&delivery, &e).await,
         }
     }
 

@@ -7,7 +7,8 @@
 use uuid::Uuid;
 
 use super::{StateStore, StoreError};
-use crate::messages::StepRequest;
+use crate::messages::{Direction, StepRequest};
+use crate::state::StepState;
 
 impl StateStore {
     /// Remembers `request` as the newest of child `child_id`'s parent
@@ -56,15 +57,33 @@ impl StateStore {
         })
     }
 
-    /// What runs step `idx` of order `order_id` (its `agent` column).
-    pub async fn step_agent(&self, order_id: Uuid, idx: i32) -> Result<Option<String>, StoreError> {
+    /// What runs the step `request` is for (its `agent` column), if the
+    /// request is that step's current dispatch: the step of its order and
+    /// index has its name, is running (forward) or compensating (undo)
+    /// under its dispatch id, and has been dispatched as many times as its
+    /// fencing token says. Anything else is stale or forged.
+    pub async fn current_dispatch(
+        &self,
+        request: &StepRequest,
+    ) -> Result<Option<String>, StoreError> {
+        let state = match request.direction {
+            Direction::Forward => StepState::Running,
+            Direction::Compensate => StepState::Compensating,
+        };
         self.conn()
             .await?
             .run(|c| {
-                sqlx::query_scalar("SELECT agent FROM steps WHERE order_id = $1 AND idx = $2")
-                    .bind(order_id)
-                    .bind(idx)
-                    .fetch_optional(c)
+                sqlx::query_scalar(
+                    "SELECT agent FROM steps WHERE order_id = $1 AND idx = $2 AND name = $3 \
+                     AND state = $4 AND dispatch_id = $5 AND dispatches::bigint = $6",
+                )
+                .bind(request.order_id)
+                .bind(request.step_index)
+                .bind(&request.step)
+                .bind(state.as_str())
+                .bind(request.dispatch_id)
+                .bind(request.fencing_token)
+                .fetch_optional(c)
             })
             .await
     }

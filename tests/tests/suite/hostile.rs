@@ -836,3 +836,149 @@ async fn a_bad_message_carrying_a_live_orders_id_never_reaches_its_application_a
         forged.len() + 1
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_child_workflow_requests_and_ends_touch_no_child_and_no_parent() {
+    // sas's own agent of child workflows reads `<prefix>.children.requests`
+    // and `<prefix>.children.ended`. A stranger who can publish there and
+    // knows a parent's id and its step's name (ids and step names are the
+    // applications' own) tries to undo a live child, to take its parent's
+    // step over with the largest fencing token, and to end a child early.
+    let app = TestApp::builder()
+        .extra_config(sas_tests::CHILD_WORKFLOWS)
+        .build()
+        .await;
+    // The children's one step is slow: they are live while the forgeries come.
+    app.knobs(
+        "b",
+        Knobs {
+            latency_ms: 1500,
+            ..Knobs::default()
+        },
+    );
+    start(&app).await;
+    let status = app.status_queue("status").await;
+    let q = &app.queues;
+    let parents = [
+        app.submit("parent", Some(&status)).await,
+        app.submit("parent", Some(&status)).await,
+    ];
+    let children = parents.map(|p| sas_tests::child_of(p, "ship"));
+    // Each child's request as the step sent it: what a forgery starts from.
+    let mut real = Vec::new();
+    for child in children {
+        let remembered = || async {
+            sqlx::query_scalar::<_, Value>("SELECT request FROM children WHERE child_id = $1")
+                .bind(child)
+                .fetch_optional(&app.db)
+                .await
+                .expect("children")
+        };
+        app.eventually("the child started", Duration::from_secs(20), || async {
+            remembered().await.is_some()
+        })
+        .await;
+        real.push(remembered().await.expect("remembered"));
+    }
+    let forge = |real: &Value, changes: Value| {
+        let mut forged = real.clone();
+        for (k, v) in changes.as_object().expect("changes") {
+            forged[k] = v.clone();
+        }
+        forged.to_string().into_bytes()
+    };
+    let token = json!(i64::MAX);
+    let requests = [
+        // Undo the first child, with a token above every dispatch's.
+        forge(
+            &real[0],
+            json!({ "direction": "compensate", "dispatch_id": Uuid::new_v4(), "fencing_token": token }),
+        ),
+        // Take the second parent's step over: its child's end would answer
+        // this request, and the step's next dispatch be refused as older.
+        forge(
+            &real[1],
+            json!({ "dispatch_id": Uuid::new_v4(), "fencing_token": token }),
+        ),
+        // The real dispatch id with another token, or as an undo.
+        forge(&real[1], json!({ "fencing_token": token })),
+        forge(&real[0], json!({ "direction": "compensate" })),
+        // A step that is not a child workflow's, and a step of no order.
+        forge(
+            &real[0],
+            json!({ "step": "reserve", "step_index": 0, "direction": "compensate" }),
+        ),
+        forge(&real[0], json!({ "order_id": Uuid::new_v4() })),
+        b"not a request".to_vec(),
+    ];
+    // Ends no child reached: failed, compensated, processed with results
+    // of the stranger's own.
+    let event = |child: Uuid, state: &str, detail: Value| {
+        json!({ "order_id": child, "seq": 3, "state": state, "at": "2026-01-01T00:00:00Z", "detail": detail })
+            .to_string()
+            .into_bytes()
+    };
+    let forged_ends = [
+        event(children[0], "failed", json!({ "error": "forged" })),
+        event(
+            children[1],
+            "processed",
+            json!({ "results": { "forged": true } }),
+        ),
+        event(children[0], "compensated", json!({})),
+    ];
+    let publisher = app.publisher();
+    for (queue, bodies) in [
+        (q.children(), &requests[..]),
+        (q.children_ended(), &forged_ends[..]),
+    ] {
+        for body in bodies {
+            publisher
+                .publish(&Outgoing {
+                    routing_key: queue,
+                    body,
+                    mandatory: true,
+                    ..Outgoing::default()
+                })
+                .await
+                .expect("published");
+        }
+    }
+    let events = app
+        .collect(&status, Duration::from_secs(60), |got| {
+            ends(got).len() >= parents.len()
+        })
+        .await;
+    let ended = ends(&events);
+    for parent in parents {
+        assert_eq!(ended[&parent.to_string()], "processed", "{events:?}");
+    }
+    for child in children {
+        assert_eq!(
+            app.order(child).await.map(|(s, _)| s).as_deref(),
+            Some("processed")
+        );
+    }
+    // Each step's result is its child's, not the stranger's.
+    assert!(
+        !events.iter().any(|e| e.to_string().contains("forged")),
+        "{events:?}"
+    );
+    app.eventually(
+        "the forged requests set aside",
+        Duration::from_secs(20),
+        || async { app.ready(q.children_dead()).await == requests.len() as u32 },
+    )
+    .await;
+    let dead = app.drain(q.children_dead()).await;
+    for (_, why) in &dead {
+        assert!(why.is_some(), "{dead:?}");
+    }
+    let stats = app.stats();
+    assert!(
+        stats.keys.values().all(|k| !k.undone),
+        "nothing was undone: {:?}",
+        stats.keys
+    );
+    assert_unharmed(&app).await;
+}

@@ -1359,25 +1359,12 @@ async fn in_chromium_the_order_page_shows_a_waits_time_left_and_sends_a_signal()
     browser.quit().await;
 }
 
-const CHILDREN: &str = r#"[workflows.shipping]
-steps = [ { name = "pack", agent = "b", compensate = "b-undo" } ]
-
-[workflows.parent]
-steps = [
-  { name = "reserve", agent = "a", compensate = "a-undo" },
-  { name = "ship", workflow = "shipping", timeout = "20s" },
-  { name = "bill", agent = "c" },
-]
-"#;
-
-/// The child order of step `step` of order `parent`: `UUIDv5(parent, step)`.
-fn child_of(parent: uuid::Uuid, step: &str) -> uuid::Uuid {
-    uuid::Uuid::new_v5(&parent, step.as_bytes())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_child_workflow_that_succeeds_completes_its_step_with_the_childs_results() {
-    let app = TestApp::builder().extra_config(CHILDREN).build().await;
+    let app = TestApp::builder()
+        .extra_config(sas_tests::CHILD_WORKFLOWS)
+        .build()
+        .await;
     app.start_all().await;
     let (id, events) = app.run_with("parent", serde_json::json!({ "n": 1 })).await;
     assert_eq!(
@@ -1385,7 +1372,7 @@ async fn a_child_workflow_that_succeeds_completes_its_step_with_the_childs_resul
         Some(&"processed"),
         "{events:?}"
     );
-    let child = child_of(id, "ship");
+    let child = sas_tests::child_of(id, "ship");
     assert_eq!(app.order(child).await, Some(("processed".into(), 0)));
     let ship = of_step(&events, "step_succeeded", "ship");
     let pack = &ship[0]["detail"]["result"]["pack"];
@@ -1411,7 +1398,10 @@ async fn a_child_workflow_that_succeeds_completes_its_step_with_the_childs_resul
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_child_workflow_whose_parent_is_undone_is_compensated_with_it() {
-    let app = TestApp::builder().extra_config(CHILDREN).build().await;
+    let app = TestApp::builder()
+        .extra_config(sas_tests::CHILD_WORKFLOWS)
+        .build()
+        .await;
     app.knobs(
         "c",
         Knobs {
@@ -1426,7 +1416,7 @@ async fn a_child_workflow_whose_parent_is_undone_is_compensated_with_it() {
         Some(&"compensated"),
         "{events:?}"
     );
-    let child = child_of(id, "ship");
+    let child = sas_tests::child_of(id, "ship");
     assert_eq!(
         app.order(child).await.map(|(s, _)| s).as_deref(),
         Some("compensated")
