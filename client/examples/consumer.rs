@@ -19,7 +19,7 @@ async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt::init();
     let env =
         |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_owned());
-    let url = env("SAS_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
+    let url = env("SAS_URL", "amqp://guest:guest@127.0.0.1:55673/%2f");
     let prefix = env("SAS_PREFIX", "sas");
     let args: Vec<String> = std::env::args().skip(1).collect();
     let queue = args

@@ -4,7 +4,7 @@
 //! cargo run -p sas-client --example submit_and_wait -- order '{"sku":"A-1"}'
 //! ```
 //!
-//! `SAS_URL` (default: the local RabbitMQ), `SAS_PREFIX` (default `sas`)
+//! `SAS_URL` (default: the RabbitMQ of `scripts/run-local.sh`), `SAS_PREFIX` (default `sas`)
 //! and `SAS_STATUS_QUEUE` (default `example.status`) name the deployment
 //! and the application's status queue.
 
@@ -19,7 +19,7 @@ async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt::init();
     let env =
         |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_owned());
-    let url = env("SAS_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
+    let url = env("SAS_URL", "amqp://guest:guest@127.0.0.1:55673/%2f");
     let options = Options::new(url, env("SAS_PREFIX", "sas"))
         .status_queue(env("SAS_STATUS_QUEUE", "example.status"));
     let mut args = std::env::args().skip(1);

@@ -1,8 +1,8 @@
 //! # sas-client: a Rust application's side of sas
 //!
-//! An application talks to sas through RabbitMQ (contract §1, §2, §9) and,
-//! for what the broker does not carry, the submission service's HTTP API
-//! (§9a). This crate does both the way the contract asks, so that an
+//! An application talks to [sas] through RabbitMQ ([contract] §1, §2, §9)
+//! and, for what the broker does not carry, the submission service's HTTP
+//! API (§9a). This crate does both the way the contract asks, so that an
 //! application writes no AMQP message by hand. It depends on nothing of
 //! the server: the wire types are [`sas_protocol`]'s.
 //!
@@ -47,6 +47,36 @@
 //! Errors are typed ([`Error`]) and each says what the caller can do;
 //! nothing here panics on I/O or input.
 //!
+//! # Known limitation: hostile headers on the status queue
+//!
+//! sas builds lapin's AMQP parser, `amq-protocol-types`, with two fixes
+//! that no release carries yet (10.6.3 is the newest; see
+//! [`third_party/README.md`]). This crate, built from crates.io, gets the
+//! parser without them. So a message on the application's status queue
+//! whose headers nest tables some 24,000 levels deep (120 KB, which
+//! RabbitMQ forwards) overflows the stack of lapin's I/O thread and
+//! aborts the process, and comes again after every restart; a header name
+//! or property that is not UTF-8 closes the connection, and the
+//! [`StatusStream`], consuming again, reads it again without end.
+//!
+//! Only whoever can publish to the status queue can do this; sas's
+//! services never do. Protect the application in either way:
+//! - let no one but sas's services write to its status queues: the broker
+//!   permissions of [`docs/security.md`] (the application's own user
+//!   writes to sas's `<prefix>.submit`, and `<prefix>.replay` or
+//!   `<prefix>.signals` if it uses them, never to a queue);
+//! - or build with sas's patched copy, in your workspace's `Cargo.toml`
+//!   (`Cargo.lock` then pins the commit):
+//!
+//! ```toml
+//! [patch.crates-io]
+//! amq-protocol-types = { git = "https://github.com/sas-rs/sas" }
+//! ```
+//!
+//! [sas]: https://github.com/sas-rs/sas
+//! [contract]: https://github.com/sas-rs/sas/blob/main/docs/contract.md
+//! [`third_party/README.md`]: https://github.com/sas-rs/sas/blob/main/third_party/README.md
+//! [`docs/security.md`]: https://github.com/sas-rs/sas/blob/main/docs/security.md#broker-users-least-privilege-for-applications
 //! [`Stream`]: futures_util::Stream
 
 pub mod connect;

@@ -1,5 +1,5 @@
-//! The wire types of sas, the Scheduler Agent Supervisor suite: what an
-//! application sends and reads (contract §1, §2, §9), and nothing of the
+//! The wire types of [sas], the Scheduler Agent Supervisor suite: what an
+//! application sends and reads ([contract] §1, §2, §9), and nothing of the
 //! server. The services, `sasctl` and the clients all use these types, so
 //! there is one definition of each message.
 //!
@@ -12,7 +12,7 @@
 //!
 //! With the `schemars` feature every type implements
 //! `schemars::JsonSchema`; the repository keeps the generated schemas in
-//! `docs/schemas/` and a test fails when they drift.
+//! [`docs/schemas/`] and a test fails when they drift.
 //!
 //! ```
 //! use sas_protocol::{Order, StatusEvent, EventKind};
@@ -28,6 +28,10 @@
 //! assert_eq!(event.state.kind(), Some(EventKind::Processed));
 //! assert!(event.state.is_terminal());
 //! ```
+//!
+//! [sas]: https://github.com/sas-rs/sas
+//! [contract]: https://github.com/sas-rs/sas/blob/main/docs/contract.md
+//! [`docs/schemas/`]: https://github.com/sas-rs/sas/tree/main/docs/schemas
 
 mod alert;
 mod event;

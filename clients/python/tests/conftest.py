@@ -22,7 +22,7 @@ from typing import Iterator, List
 import pika
 import pytest
 
-from sas_client import Client
+from sas_saga_client import Client
 
 
 @dataclass

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 import pika
 import pytest
 
-from sas_client import (
+from sas_saga_client import (
     Client,
     InvalidOrder,
     InvalidQueue,

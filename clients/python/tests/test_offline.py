@@ -7,8 +7,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from sas_client import StatusEvent, uuid7
-from sas_client.events import Seen, format_time, parse_time
+from sas_saga_client import StatusEvent, uuid7
+from sas_saga_client.events import Seen, format_time, parse_time
 
 
 def test_uuid7_has_version_7_the_variant_and_increases():

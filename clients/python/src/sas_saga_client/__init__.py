@@ -1,4 +1,4 @@
-"""sas-client: a Python application's side of sas (Scheduler Agent Supervisor).
+"""sas-saga-client: a Python application's side of sas (Scheduler Agent Supervisor).
 
 The same operations as the Rust client (``client/``), over RabbitMQ with
 pika, as the contract asks (docs/contract.md §1, §2, §9):
@@ -13,9 +13,9 @@ pika, as the contract asks (docs/contract.md §1, §2, §9):
 
 ::
 
-    from sas_client import Client
+    from sas_saga_client import Client
 
-    with Client("amqp://guest:guest@127.0.0.1:5672/%2f", "sas", status_queue="shop.status") as sas:
+    with Client("amqp://guest:guest@127.0.0.1:55673/%2f", "sas", status_queue="shop.status") as sas:
         order_id = sas.submit("order", {"sku": "A-1"})
         print(sas.wait(order_id, timeout=60).state)
 """

@@ -29,7 +29,7 @@ from .errors import (
 )
 from .events import TERMINAL_STATES, Seen, StatusEvent, format_time, parse_time
 
-log = logging.getLogger("sas_client")
+log = logging.getLogger("sas_saga_client")
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2f"
 

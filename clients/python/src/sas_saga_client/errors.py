@@ -39,7 +39,7 @@ class Nacked(PublishError):
 
 class NoStatusQueue(SasError):
     """The operation needs the client's status queue: give ``status_queue``
-    to :class:`~sas_client.Client`."""
+    to :class:`~sas_saga_client.Client`."""
 
 
 class StreamEnded(SasError):
