@@ -18,8 +18,9 @@ with-keda/), the rendered objects must:
 - not make a program refuse its configuration for want of a dashboard token
   (each one checks [dashboard]), nor run the dashboard with no login.
 The placeholder Secret must hold only REPLACE_ME values, and
-docker-compose.yml must parse, its services' stop_grace_period above the
-grace of config/demo.toml.
+docker-compose.yml must parse (with a dashboard token, and be refused
+without one), its services' stop_grace_period above the grace of
+config/demo.toml.
 
 Rendering uses `kubectl kustomize` when kubectl is installed, else a small
 renderer of the kustomize features these files use (resources, namespace,
@@ -33,10 +34,12 @@ from __future__ import annotations
 
 import argparse
 import base64
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -352,12 +355,26 @@ def check_placeholder_secret() -> None:
 def check_compose() -> None:
     where = "docker-compose.yml"
     if shutil.which("docker-compose"):
-        out = subprocess.run(["docker-compose", "-f", str(ROOT / where), "config", "-q"],
-                             capture_output=True, text=True, cwd=ROOT)
+        # The dashboard's token is a required variable: the file is valid
+        # with one, and without one compose must refuse it, naming it. No
+        # .env of the checkout takes part (an empty --env-file instead).
+        env = {k: v for k, v in os.environ.items() if k != "SAS_DASHBOARD_TOKEN"}
+        with tempfile.NamedTemporaryFile(suffix=".env") as empty:
+            config = ["docker-compose", "--env-file", empty.name, "-f", str(ROOT / where),
+                      "config", "-q"]
+            token = {"SAS_DASHBOARD_TOKEN": "check-deploy-placeholder"}
+            out = subprocess.run(config, capture_output=True, text=True, cwd=ROOT,
+                                 env={**env, **token})
+            without = subprocess.run(config, capture_output=True, text=True, cwd=ROOT, env=env)
         if out.returncode != 0:
             problem(where, f"docker-compose config: {out.stderr.strip()}")
         else:
             print(f"ok   {where} (docker-compose config -q)")
+        if without.returncode == 0 or "SAS_DASHBOARD_TOKEN" not in without.stderr:
+            problem(where, "docker-compose config passes without SAS_DASHBOARD_TOKEN: the "
+                           "dashboard's token must be required (${SAS_DASHBOARD_TOKEN:?...})")
+        else:
+            print(f"ok   {where}: refused without SAS_DASHBOARD_TOKEN")
     else:
         print(f"     {where}: docker-compose is not installed; parsing it instead")
     try:

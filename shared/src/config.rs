@@ -111,14 +111,14 @@ pub struct DatabaseSettings {
     /// ones that arrive while a transaction commits share the next one, up
     /// to this many: a batch costs about the same round trips and fixed
     /// work whatever its size, so under load larger batches do more per
-    /// commit (BENCHMARKS.md, "larger batches"). A batch can be no larger than
+    /// commit (docs/performance.md). A batch can be no larger than
     /// `broker.prefetch` allows: keep that at least twice this, so that the
     /// next batch can gather while one commits.
     pub batch_size: usize,
     /// Such transactions in flight at once per process. One by default:
     /// the replies that arrive while it commits make a larger next batch,
     /// which costs less per order than several small ones side by side
-    /// (BENCHMARKS.md, "Batch workers").
+    /// (docs/performance.md).
     pub batch_workers: usize,
     /// A PEM file of CA certificates that Postgres's certificate may chain
     /// to, trusted beside the system's roots. Setting it asks for verified
