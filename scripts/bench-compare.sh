@@ -29,8 +29,9 @@ pairs="${2:-3}"
 shift $(( $# >= 2 ? 2 : 1 ))
 
 target="${CARGO_TARGET_DIR:-target}"
-cargo build --release \
-    -p submission -p scheduler -p agent -p supervisor -p remote-sim -p sas-bench
+# The whole workspace, as scripts/run-local.sh builds it: a -p subset unifies
+# the dependencies' features otherwise and rebuilds most of the tree.
+cargo build --release --workspace
 services=(submission scheduler agent supervisor remote-sim)
 
 # The release binaries of revision $1, built once in a worktree of its own;
@@ -42,8 +43,7 @@ built() {
     base="$PWD/.bench/compare/$short"
     if [ ! -x "$base/bin/remote-sim" ]; then
         [ -d "$base/src" ] || git worktree add --detach "$base/src" "$1" >/dev/null
-        (cd "$base/src" && CARGO_TARGET_DIR="$PWD/../../target" cargo build --release \
-            $(printf -- '-p %s ' "${services[@]}")) >&2
+        (cd "$base/src" && CARGO_TARGET_DIR="$PWD/../../target" cargo build --release --workspace) >&2
         mkdir -p "$base/bin"
         for s in "${services[@]}"; do cp ".bench/compare/target/release/$s" "$base/bin/"; done
     fi

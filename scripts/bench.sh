@@ -22,8 +22,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 target="${CARGO_TARGET_DIR:-target}"
-cargo build --release \
-    -p submission -p scheduler -p agent -p supervisor -p remote-sim -p sas-bench
+# The whole workspace, as scripts/run-local.sh builds it: a -p subset unifies
+# the dependencies' features otherwise and rebuilds most of the tree.
+cargo build --release --workspace
 wait_idle=(--wait-idle 0.5)
 for arg in "$@"; do
     case "$arg" in --wait-idle | --wait-idle=*) wait_idle=() ;; esac

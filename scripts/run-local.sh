@@ -35,9 +35,10 @@
 #                         sas); the database is created when missing
 #   SAS__BROKER__URL      AMQP URL (default: the private node's). With both
 #                         given no server is started
-#   SAS_LOCAL_SERVERS=0   start no server: the URLs of the configuration file
-#                         (config/local.toml: the machine's own servers on
-#                         127.0.0.1:5432 and :5672) or of the two variables above
+#   SAS_LOCAL_SERVERS=0   start no server: the URLs of the two variables above
+#                         (the machine's own servers on 127.0.0.1:5432 and :5672,
+#                         say), or those of the configuration file
+#                         (config/local.toml names the private servers' defaults)
 #   SAS_LOCAL_SERVERS_DIR the private servers' directory (default
 #                         target/sas-servers-local)
 #   SAS_LOCAL_PG_PORT, SAS_LOCAL_AMQP_PORT, SAS_LOCAL_DIST_PORT
@@ -48,7 +49,9 @@
 #   DEMO_ORDERS           orders the demo submits (default 20)
 #   DEMO_QUEUE            the demo's status queue (default <prefix>-demo.status)
 #   DEMO_WATCH_TIMEOUT    how long the demo watches for events (default 30s)
-#   SAS_SKIP_BUILD=1      use the binaries already in target/release
+#   SAS_SKIP_BUILD=1      use the binaries already built (in SAS_BIN_DIR)
+#   SAS_BIN_DIR           where the binaries are (default target/release; CI
+#                         gives target/debug, which the tests built)
 #   SAS_KEEP_RUNNING=1    keep the suite running after the demo until Ctrl-C
 #   READY_TIMEOUT         seconds to wait for each process to be ready (default 90)
 #   STOP_TIMEOUT          seconds each process gets to stop after SIGTERM (default 20)
@@ -73,7 +76,7 @@ for arg in "$@"; do
 done
 
 run_dir="$root/.run"
-bin_dir="${CARGO_TARGET_DIR:-$root/target}/release"
+bin_dir="${SAS_BIN_DIR:-${CARGO_TARGET_DIR:-$root/target}/release}"
 ready_timeout=${READY_TIMEOUT:-90}
 stop_timeout=${STOP_TIMEOUT:-20}
 remote_sim_port=8081
@@ -307,14 +310,17 @@ if [[ ${SAS_LOCAL_SERVERS:-1} != 0 && (-z ${SAS__DATABASE__URL:-} || -z ${SAS__B
     )
     [[ -n ${broker:-} ]] || die "scripts/servers.sh env gave no URLs"
     # What sasctl needs to reach them, said when the suite keeps running.
+    # config/local.toml names the default ports; other ports need these.
     reach=()
     if [[ -z ${SAS__DATABASE__URL:-} ]]; then
         export SAS__DATABASE__URL="${db_admin%/postgres}/sas"
-        reach+=("SAS__DATABASE__URL='$SAS__DATABASE__URL'")
+        [[ $SAS__DATABASE__URL == postgres://postgres@127.0.0.1:55433/sas ]] ||
+            reach+=("SAS__DATABASE__URL='$SAS__DATABASE__URL'")
     fi
     if [[ -z ${SAS__BROKER__URL:-} ]]; then
         export SAS__BROKER__URL="$broker"
-        reach+=("SAS__BROKER__URL='$SAS__BROKER__URL'")
+        [[ $SAS__BROKER__URL == "amqp://guest:guest@127.0.0.1:55673/%2f" ]] ||
+            reach+=("SAS__BROKER__URL='$SAS__BROKER__URL'")
     fi
 fi
 log "configuration ${SAS_CONFIG}, prefix ${SAS__BROKER__PREFIX:-sas}"
@@ -371,10 +377,8 @@ fi
 
 if [[ ${SAS_KEEP_RUNNING:-0} == 1 ]]; then
     log "the suite keeps running (dashboard on http://127.0.0.1:9105/, metrics on http://127.0.0.1:910{1..5}/metrics); Ctrl-C stops it"
-    if ((${#reach[@]} > 0)); then
-        # The private servers' URLs, which config/local.toml does not name.
-        log "sasctl reaches its servers with: export SAS_CONFIG=config/local.toml ${reach[*]}"
-    fi
+    # sasctl and the clients: config/local.toml names the default ports.
+    log "sasctl reaches the suite with: export SAS_CONFIG=config/local.toml${reach[*]:+ ${reach[*]}}"
     wait
 fi
 exit "$demo_status"

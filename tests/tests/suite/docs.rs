@@ -172,6 +172,58 @@ fn the_readme_gives_the_test_command_that_ci_runs() {
     );
 }
 
+/// The fenced block that follows `<!-- first-order: NAME -->` in a text:
+/// what `scripts/check-docs.sh` runs against run-local's suite in CI.
+fn first_order_block(text: &str, name: &str) -> Option<String> {
+    let marker = format!("<!-- first-order: {name} -->");
+    let mut lines = text.lines().skip_while(|l| l.trim() != marker).skip(1);
+    let fence = lines.find(|l| !l.trim().is_empty())?;
+    if !fence.starts_with("```") {
+        return None;
+    }
+    let body: Vec<&str> = lines.take_while(|l| !l.starts_with("```")).collect();
+    Some(body.join("\n"))
+}
+
+#[test]
+fn the_first_orders_a_newcomer_runs_are_marked_for_ci_and_ci_runs_them() {
+    let readme = read(&root().join("README.md"));
+    for name in ["sasctl", "rust", "python", "http"] {
+        assert!(
+            first_order_block(&readme, name).is_some_and(|b| !b.trim().is_empty()),
+            "README.md has no fenced block marked `<!-- first-order: {name} -->`"
+        );
+    }
+    let started = read(&root().join("docs/getting-started.md"));
+    assert!(
+        first_order_block(&started, "sasctl").is_some(),
+        "docs/getting-started.md's first order is no longer marked `<!-- first-order: sasctl -->`"
+    );
+    let ci = read(&root().join(".ci/run"));
+    assert!(
+        ci.lines()
+            .any(|l| !l.trim_start().starts_with('#') && l.contains("scripts/check-docs.sh")),
+        ".ci/run no longer runs scripts/check-docs.sh, which runs the marked blocks"
+    );
+}
+
+#[test]
+fn the_readmes_rust_first_order_is_the_compiled_example() {
+    // CI compiles and runs the example; the README shows it from `use` on.
+    let readme = first_order_block(&read(&root().join("README.md")), "rust")
+        .expect("README.md's Rust first order");
+    let example = read(&root().join("client/examples/first_order.rs"));
+    let from_use = example
+        .find("\nuse ")
+        .map(|at| example[at + 1..].trim_end())
+        .expect("client/examples/first_order.rs has a `use`");
+    assert_eq!(
+        readme.trim_end(),
+        from_use,
+        "README.md's Rust first order differs from client/examples/first_order.rs: copy the example into the README"
+    );
+}
+
 #[test]
 fn every_relative_link_of_the_readme_and_the_manual_leads_to_a_file_and_heading_that_exist() {
     let mut broken = Vec::new();
