@@ -55,15 +55,35 @@ fn limit_broken_at(v: &Value, depth: usize) -> Option<&'static str> {
     }
 }
 
+/// What an order's payload must be free of: Postgres stores no NUL
+/// character in text or jsonb.
+const NUL_FREE: &str = "free of NUL characters (\\u0000), which cannot be stored";
+
 /// What a payload breaks of what sas can store and carry, if anything
 /// (what it should be instead): the checks of an order's `payload` beyond
 /// its being an object.
 pub fn payload_broken(payload: &Map<String, Value>) -> Option<&'static str> {
-    // Postgres stores no NUL character in text or jsonb.
     if payload.iter().any(|(k, v)| k.contains('\0') || has_nul(v)) {
-        return Some("free of NUL characters (\\u0000), which cannot be stored");
+        return Some(NUL_FREE);
     }
     payload.values().find_map(|v| limit_broken_at(v, 1))
+}
+
+/// What any other value an application sends for sas to store (a
+/// signal's data, which becomes a step's result) breaks, if anything: the
+/// same checks as a payload's, on a value of any type.
+pub fn value_broken(value: &Value) -> Option<&'static str> {
+    if has_nul(value) {
+        return Some(NUL_FREE);
+    }
+    json_limit_broken(value)
+}
+
+/// Whether `name` can name a step or a signal: 1 to `max` bytes, no
+/// control characters (a NUL cannot be stored; a newline would forge log
+/// lines, and no step is named so).
+pub fn is_step_name(name: &str, max: usize) -> bool {
+    !name.is_empty() && name.len() <= max && !name.chars().any(char::is_control)
 }
 
 /// `text` cut to at most `max` bytes, on a character boundary.
@@ -114,9 +134,24 @@ mod tests {
     fn payloads_too_deep_with_nul_or_huge_numbers_are_named() {
         let deep = (0..70).fold(json!(1), |v, _| json!([v]));
         let map = |v: Value| json!({ "x": v }).as_object().cloned().unwrap_or_default();
-        assert!(payload_broken(&map(deep)).is_some());
+        assert!(payload_broken(&map(deep.clone())).is_some());
         assert!(payload_broken(&map(json!("a\u{0}b"))).is_some());
         assert!(payload_broken(&map(json!(1e308))).is_some());
         assert!(payload_broken(&map(json!({"a": [1, "b", null]}))).is_none());
+        assert!(
+            value_broken(&json!("a\u{0}b")).is_some(),
+            "a NUL in any value"
+        );
+        assert!(
+            value_broken(&json!({"k\u{0}": 1})).is_some(),
+            "and in a key"
+        );
+        assert!(value_broken(&json!([1e308])).is_some());
+        assert!(value_broken(&deep).is_some());
+        assert!(value_broken(&json!({"ok": ["a", 1, null]})).is_none());
+        assert!(is_step_name("approve", 100));
+        assert!(!is_step_name("", 100));
+        assert!(!is_step_name("a\nINFO forged", 100));
+        assert!(!is_step_name(&"x".repeat(101), 100));
     }
 }

@@ -8,11 +8,11 @@ use uuid::Uuid;
 
 use crate::topology::QueueNames;
 
-use sas_protocol::limits::payload_broken;
 pub use sas_protocol::limits::{
     MAX_JSON_DEPTH, MAX_JSON_NUMBER, MAX_NAME_BYTES, is_queue_name, json_limit_broken,
     truncate_bytes,
 };
+use sas_protocol::limits::{is_step_name, payload_broken, value_broken};
 pub use sas_protocol::{
     Alert, EventKind, Events, Order, Priority, ReplayRequest, State, StatusEvent, rfc3339,
 };
@@ -439,20 +439,39 @@ pub fn decode_signal(body: &[u8], max_bytes: usize) -> Result<SignalMessage, Rej
         }
         Some(_) => return Err(wrong("order_id", "a UUID string")),
     };
-    let signal = match obj.get("signal") {
+    let signal = match obj.remove("signal") {
         None | Some(Value::Null) => return Err(RejectReason::MissingField("signal")),
-        Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_SIGNAL_NAME_BYTES => s.clone(),
-        Some(_) => return Err(wrong("signal", "a name of 1 to 100 bytes")),
+        Some(Value::String(s)) => s,
+        Some(_) => return Err(wrong("signal", SIGNAL_NAME)),
     };
     let data = match obj.remove("data") {
         None | Some(Value::Null) => Value::Object(serde_json::Map::new()),
         Some(data) => data,
     };
+    if let Some(why) = signal_refusal(&signal, &data) {
+        return Err(why);
+    }
     Ok(SignalMessage {
         order_id,
         signal,
         data,
     })
+}
+
+/// What a signal's name must be.
+const SIGNAL_NAME: &str = "a name of 1 to 100 bytes without control characters";
+
+/// Why a signal named `name` with `data` cannot be applied, if it cannot:
+/// the one check of a signal's name and data, however it came (the
+/// signals queue, the HTTP API, sasctl), so that the same signal gets the
+/// same answer on every way in. The data, a step's result to be, takes the
+/// checks of an order's payload (no NUL, numbers and nesting within sas's
+/// limits); its size is bounded by the body that carried it.
+pub fn signal_refusal(name: &str, data: &Value) -> Option<RejectReason> {
+    if !is_step_name(name, MAX_SIGNAL_NAME_BYTES) {
+        return Some(wrong("signal", SIGNAL_NAME));
+    }
+    value_broken(data).map(|expected| wrong("data", expected))
 }
 
 /// Decodes and validates a replay request's body, strictly (contract
@@ -895,6 +914,23 @@ mod tests {
             (
                 format!(r#"{{"order_id":"{id}","signal":"s","x":1}}"#),
                 "unknown_field",
+            ),
+            // A name that would forge a log line; data Postgres cannot store.
+            (
+                format!(r#"{{"order_id":"{id}","signal":"s\nINFO forged"}}"#),
+                "wrong_type",
+            ),
+            (
+                format!(r#"{{"order_id":"{id}","signal":"s","data":{{"a":"x\u0000"}}}}"#),
+                "wrong_type",
+            ),
+            (
+                format!(r#"{{"order_id":"{id}","signal":"s","data":"\u0000"}}"#),
+                "wrong_type",
+            ),
+            (
+                format!(r#"{{"order_id":"{id}","signal":"s","data":[1e308]}}"#),
+                "wrong_type",
             ),
             ("x".repeat(2000), "too_large"),
         ] {

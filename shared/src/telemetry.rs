@@ -9,6 +9,8 @@
 //! (`traceparent`), so that one order is one trace. Off, no span is
 //! created for export and nothing changes in what sas sends.
 
+mod escape;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use opentelemetry::trace::{
@@ -124,7 +126,12 @@ fn install(settings: &LogSettings, tracer: Option<opentelemetry_sdk::trace::SdkT
             .with_current_span(true)
             .with_filter(filter)
             .boxed(),
-        LogFormat::Pretty => lines.compact().with_filter(filter).boxed(),
+        // JSON escapes every field; the pretty format's own writer does not.
+        LogFormat::Pretty => lines
+            .compact()
+            .fmt_fields(escape::fields())
+            .with_filter(filter)
+            .boxed(),
     };
     // The spans are exported whatever level the log lines are kept at.
     let export = tracer.map(|t| {

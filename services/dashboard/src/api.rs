@@ -316,9 +316,16 @@ async fn operate(
             message: format!("cannot {verb} order {id}: it is {state} ({why})"),
             state,
         }),
-        Operated::PayloadRefused(why) => Err(ApiError::Unprocessable(format!(
-            "cannot {verb} order {id}: the patched payload is refused: {why}"
-        ))),
+        Operated::PayloadRefused(why) => {
+            let what = if verb == "signal" {
+                "the signal"
+            } else {
+                "the patched payload"
+            };
+            Err(ApiError::Unprocessable(format!(
+                "cannot {verb} order {id}: {what} is refused: {why}"
+            )))
+        }
     }
 }
 

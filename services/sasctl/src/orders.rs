@@ -382,8 +382,12 @@ async fn operate(action: Action, args: ActionArgs, settings: &Settings) -> anyho
             .into());
         }
         Operated::PayloadRefused(why) => {
+            let what = match action {
+                Action::Signal(..) => "the signal",
+                _ => "the patched payload",
+            };
             return Err(bad_patch(format!(
-                "cannot {} order {}: the patched payload is refused: {why}",
+                "cannot {} order {}: {what} is refused: {why}",
                 action.verb(),
                 args.id
             )));

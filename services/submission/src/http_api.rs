@@ -34,7 +34,7 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
-use sas::messages::{EventKind, RejectReason, logged_event, truncate_bytes};
+use sas::messages::{EventKind, RejectReason, logged_event, signal_refusal, truncate_bytes};
 use sas::service::Context;
 use sas::state_store::{EventRow, Operated, OrderRow, StepRow, StoreError, Submitted, Transitions};
 use sas_protocol::http::{Cancelled, OrderAccepted, OrderView, Signalled, StepView};
@@ -217,9 +217,26 @@ impl ApiError {
         )
     }
 
-    /// A failure of the state store: `503` when it should pass.
+    /// What the request carries refused ([`RejectReason`]): `413` when too
+    /// large, else `400`, with the reason's label as `error`.
+    fn refused(reason: &RejectReason) -> Self {
+        let status = match reason {
+            RejectReason::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        Self::new(status, reason.label(), reason.to_string())
+    }
+
+    /// A failure of the state store: `503` when it should pass, `400` when
+    /// it refused a value the request carried (never a `500`).
     fn store(e: &StoreError) -> Self {
-        if e.is_transient() {
+        if e.is_refusal_of_input() {
+            tracing::warn!(error = %e, "HTTP API request: the state store refused a value");
+            Self::bad_request(
+                "refused_by_store",
+                format!("the state store refused the request: {e}"),
+            )
+        } else if e.is_transient() {
             tracing::warn!(error = %e, "HTTP API request: the state store is unavailable");
             Self::unavailable("the state store is unavailable; try again")
         } else {
@@ -321,11 +338,7 @@ async fn submit(
         .accept(&body, None, sender)
         .map_err(|(reason, _)| {
             api.intake.count_rejected(&reason);
-            let status = match reason {
-                RejectReason::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-                _ => StatusCode::BAD_REQUEST,
-            };
-            ApiError::new(status, reason.label(), reason.to_string())
+            ApiError::refused(&reason)
         })?;
     let given = match (key, order.order_id) {
         (Some(key), Some(id)) if key != id => {
@@ -479,7 +492,8 @@ fn operated(
                 format!("cannot {doing} order {given}: it is {state} ({why})"),
             )
         }),
-        Operated::NotFound | Operated::PayloadRefused(_) => Err(ApiError::not_found(given)),
+        Operated::NotFound => Err(ApiError::not_found(given)),
+        Operated::PayloadRefused(why) => Err(ApiError::refused(&why)),
     }
 }
 
@@ -502,6 +516,10 @@ async fn signal(
             ApiError::bad_request("malformed_json", "the signal's data must be JSON")
         })?
     };
+    // The one check of every way a signal comes in, before anything is read.
+    if let Some(why) = signal_refusal(&name, &data) {
+        return Err(ApiError::refused(&why));
+    }
     let row = owned(&api, &caller, given).await?;
     let actor = caller.actor();
     let outcome = transitions(&api)?

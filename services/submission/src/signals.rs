@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use sas::broker::{self, BrokerError, Received, Verdict};
-use sas::messages::{RejectReason, decode_signal};
+use sas::messages::{Quoted, RejectReason, decode_signal};
 use sas::metrics::labels;
 use sas::service::Context;
 use sas::state_store::{Actor, Operated, StoreError, Transitions};
@@ -77,8 +77,15 @@ impl Signaller {
                 };
                 self.reject(delivery, &reason).await
             }
-            Ok(Operated::NotFound | Operated::PayloadRefused(_)) => {
+            Ok(Operated::NotFound) => {
                 self.reject(delivery, &RejectReason::UnknownOrder(given))
+                    .await
+            }
+            Ok(Operated::PayloadRefused(why)) => self.reject(delivery, &why).await,
+            // A value the store cannot take is refused with its reason, not retried.
+            Err(e) if e.is_refusal_of_input() => {
+                let text = format!("the state store refused the signal: {e}");
+                self.reject(delivery, &RejectReason::Internal(Quoted::new(&text)))
                     .await
             }
             Err(e) => self.store_failed(delivery, &e).await,

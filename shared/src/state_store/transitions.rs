@@ -119,7 +119,9 @@ pub enum Operated {
     NotFound,
     /// The action is not allowed: the order's state, and why.
     NotAllowed(ProcessState, &'static str),
-    /// A redrive's patch gives a payload no order may carry: why.
+    /// What the action carries is refused, unstored: a redrive's patch
+    /// that gives a payload no order may carry, a signal whose name or data
+    /// sas cannot store ([`crate::messages::signal_refusal`]). Why.
     PayloadRefused(crate::messages::RejectReason),
 }
 
@@ -588,6 +590,10 @@ impl Transitions {
         name: &str,
         data: &serde_json::Value,
     ) -> Result<Operated, StoreError> {
+        // Every way in (queue, HTTP, sasctl, dashboard) gets this answer.
+        if let Some(why) = crate::messages::signal_refusal(name, data) {
+            return Ok(Operated::PayloadRefused(why));
+        }
         self.operate(actor, order_id, |order, ctx| {
             rules::waits::signal(order, name, data, ctx)
                 .map_err(|why| Operated::NotAllowed(order.row.process_state, why))

@@ -510,6 +510,26 @@ steps = [
         .await;
     assert_eq!(stray.status, 409, "{}", stray.body);
     assert_eq!(stray.body["state"], "processing");
+    // What the store cannot keep, or a log line cannot hold, is a 400 with
+    // why (a NUL in the data was a 500), and the step still waits.
+    for (path, body, says) in [
+        ("approval", r#"{"a": "x\u0000"}"#, "NUL"),
+        ("approval", r#""\u0000""#, "NUL"),
+        ("approval", r#"{"k\u0000": 1}"#, "NUL"),
+        ("approval", "[1e308]", "1e300"),
+        ("approval%0AINFO%20forged", "{}", "control characters"),
+        ("approval%1B%5B31m", "{}", "control characters"),
+    ] {
+        let refused = api
+            .post(&format!("/v1/orders/{id}/signals/{path}"), body, None)
+            .await;
+        assert_eq!(refused.status, 400, "{path} {body}: {}", refused.body);
+        assert!(
+            refused.body["reason"].as_str().unwrap().contains(says),
+            "{path} {body}: {}",
+            refused.body
+        );
+    }
     assert!(
         stray.body["reason"]
             .as_str()

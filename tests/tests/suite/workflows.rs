@@ -1041,6 +1041,29 @@ steps = [
             format!(r#"{{"order_id": "{f}", "signal": "refund"}}"#).into_bytes(),
             "no step of the order waits for this signal",
         ),
+        // The signal the step waits for, with what Postgres cannot store
+        // or a log line cannot hold: refused with why, never retried.
+        (
+            format!(r#"{{"order_id": "{f}", "signal": "approval", "data": {{"a": "x\u0000"}}}}"#)
+                .into_bytes(),
+            "NUL",
+        ),
+        (
+            format!(r#"{{"order_id": "{f}", "signal": "approval", "data": "\u0000"}}"#)
+                .into_bytes(),
+            "NUL",
+        ),
+        (
+            format!(r#"{{"order_id": "{f}", "signal": "approval", "data": [1e308]}}"#).into_bytes(),
+            "1e300",
+        ),
+        (
+            format!(
+                r#"{{"order_id": "{f}", "signal": "approval\n2026-11-28T00:00:00Z INFO forged"}}"#
+            )
+            .into_bytes(),
+            "control characters",
+        ),
         (
             format!(
                 r#"{{"order_id": "{f}", "signal": "{}"}}"#,
