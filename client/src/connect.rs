@@ -93,6 +93,15 @@ pub struct Connected {
     pub node: String,
 }
 
+/// The user a node's URL logs in as: none with `EXTERNAL` or `ANONYMOUS`
+/// authentication, where the broker names it.
+pub fn user_of(uri: &AMQPUri) -> Option<String> {
+    match uri.query.auth_mechanism.unwrap_or_default() {
+        SASLMechanism::External | SASLMechanism::Anonymous => None,
+        _ => Some(uri.authority.userinfo.username.clone()),
+    }
+}
+
 /// Parses a node's URL, with `redact` to show it in an error without its
 /// password.
 pub fn parse_node(url: &str, redact: impl Fn(&str) -> String) -> Result<AMQPUri, ConnectError> {
@@ -179,10 +188,7 @@ pub async fn connect_nodes(
                 });
             match attempt {
                 Ok(connection) => {
-                    let user = match uri.query.auth_mechanism.unwrap_or_default() {
-                        SASLMechanism::External | SASLMechanism::Anonymous => None,
-                        _ => Some(uri.authority.userinfo.username.clone()),
-                    };
+                    let user = user_of(uri);
                     return Ok(Connected {
                         connection,
                         user,

@@ -11,8 +11,14 @@
 //!   [`Application::order_id`] (the UUIDv5 of `x` in `a`'s namespace), so the
 //!   same `x` from two applications is two orders, and no application can
 //!   name, squat or replay another's. Its status events still say `x`.
+//!
+//! A copy that sas itself republishes (a counted retry, a dead letter
+//! replayed by `sasctl`) is sent by sas's own user, with the original
+//! sender's user in the header `x-sas-user-id`: that header is believed
+//! only on a message whose `user_id` is one of sas's own users (which
+//! RabbitMQ vouches for, as for any `user_id`), and is the sender then.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use uuid::Uuid;
 
@@ -25,6 +31,9 @@ pub struct Applications {
     by_user: BTreeMap<String, Application>,
     /// Whether any is configured: then a message must come from one.
     configured: bool,
+    /// sas's own RabbitMQ users: the only ones whose copies may say who
+    /// sent the original.
+    own_users: BTreeSet<String>,
 }
 
 /// One application.
@@ -48,8 +57,9 @@ pub enum Unknown {
 }
 
 impl Applications {
-    /// The applications of the configuration.
-    pub fn new(specs: &BTreeMap<String, ApplicationSpec>) -> Self {
+    /// The applications of the configuration, and sas's own broker users
+    /// (whose republished copies carry their original's sender).
+    pub fn new(specs: &BTreeMap<String, ApplicationSpec>, own_users: BTreeSet<String>) -> Self {
         let by_user = specs
             .iter()
             .filter_map(|(name, spec)| {
@@ -60,7 +70,32 @@ impl Applications {
         Self {
             by_user,
             configured: !specs.is_empty(),
+            own_users,
         }
+    }
+
+    /// Who sent a message with this `user_id` carrying `carried` in
+    /// `x-sas-user-id`: the carried sender on a copy sas's own user
+    /// republished, else the `user_id` (a stranger's header is ignored).
+    pub fn sender<'a>(
+        &self,
+        user_id: Option<&'a str>,
+        carried: Option<&'a str>,
+    ) -> Option<&'a str> {
+        match (user_id, carried) {
+            (Some(user), Some(original)) if self.own_users.contains(user) => Some(original),
+            _ => user_id,
+        }
+    }
+
+    /// [`Applications::identify`] of the sender of a message with this
+    /// `user_id` and `x-sas-user-id` ([`Applications::sender`]).
+    pub fn identify_sender(
+        &self,
+        user_id: Option<&str>,
+        carried: Option<&str>,
+    ) -> Result<Option<&Application>, Unknown> {
+        self.identify(self.sender(user_id, carried))
     }
 
     /// Whether any application is configured.
@@ -164,17 +199,20 @@ mod tests {
 
     #[test]
     fn a_message_is_an_applications_by_its_user_once_any_is_configured() {
-        let none = Applications::new(&BTreeMap::new());
+        let none = Applications::new(&BTreeMap::new(), BTreeSet::new());
         assert_eq!(none.identify(None), Ok(None));
         assert_eq!(none.identify(Some("x")), Ok(None));
 
-        let apps = Applications::new(&BTreeMap::from([
-            ("shop".to_owned(), spec("shop-user", &["shop.*"])),
-            (
-                "billing".to_owned(),
-                spec("billing-user", &["billing.status"]),
-            ),
-        ]));
+        let apps = Applications::new(
+            &BTreeMap::from([
+                ("shop".to_owned(), spec("shop-user", &["shop.*"])),
+                (
+                    "billing".to_owned(),
+                    spec("billing-user", &["billing.status"]),
+                ),
+            ]),
+            BTreeSet::from(["sas".to_owned()]),
+        );
         assert!(apps.configured());
         assert_eq!(apps.identify(None), Err(Unknown::NoUser));
         assert_eq!(
@@ -191,5 +229,36 @@ mod tests {
         assert_ne!(shop.order_id(given), billing.order_id(given));
         assert_ne!(shop.order_id(given), given);
         assert_eq!(shop.order_id(given), shop.order_id(given));
+    }
+
+    #[test]
+    fn a_copy_says_who_sent_its_original_only_when_sas_itself_republished_it() {
+        let apps = Applications::new(
+            &BTreeMap::from([
+                ("shop".to_owned(), spec("shop-user", &["shop.*"])),
+                ("billing".to_owned(), spec("billing-user", &["b.*"])),
+            ]),
+            BTreeSet::from(["sas".to_owned()]),
+        );
+        // sas's retry or replay of the shop's message is the shop's.
+        assert_eq!(
+            apps.sender(Some("sas"), Some("shop-user")),
+            Some("shop-user")
+        );
+        let shop = apps.identify_sender(Some("sas"), Some("shop-user"));
+        assert_eq!(shop.unwrap().unwrap().name, "shop");
+        // Anyone else's header is ignored: billing cannot pose as the shop,
+        // nor can a message without a user_id.
+        let posing = apps.identify_sender(Some("billing-user"), Some("shop-user"));
+        assert_eq!(posing.unwrap().unwrap().name, "billing");
+        assert_eq!(
+            apps.identify_sender(None, Some("shop-user")),
+            Err(Unknown::NoUser)
+        );
+        // sas's own message without the header is sas's (no application).
+        assert_eq!(
+            apps.identify_sender(Some("sas"), None),
+            Err(Unknown::User("sas".into()))
+        );
     }
 }

@@ -773,6 +773,7 @@ impl Settings {
     fn validate_applications(&self) -> Result<(), ConfigError> {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
         let names = crate::topology::QueueNames::new(&self.broker.prefix);
+        let own = crate::broker::own_users(&self.broker);
         let mut users = std::collections::BTreeSet::new();
         for (name, app) in &self.applications {
             if !crate::messages::is_queue_name(name) {
@@ -784,6 +785,13 @@ impl Settings {
                 if !crate::messages::is_queue_name(user) {
                     return invalid(format!(
                         "applications.{name}.user must be 1 to 255 bytes without control characters"
+                    ));
+                }
+                if own.contains(user) {
+                    // sas's copies say who sent their original: an application
+                    // logged in as sas could say anything.
+                    return invalid(format!(
+                        "applications.{name}.user {user:?} is sas's own broker user; give the application a user of its own"
                     ));
                 }
                 if !users.insert(user.as_str()) {

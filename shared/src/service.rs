@@ -198,7 +198,10 @@ where
     let ctx = Arc::new(Context {
         name,
         queues: QueueNames::new(&settings.broker.prefix),
-        applications: crate::applications::Applications::new(&settings.applications),
+        applications: crate::applications::Applications::new(
+            &settings.applications,
+            crate::broker::own_users(&settings.broker),
+        ),
         settings,
         store: store.clone(),
         metrics: metrics.clone(),

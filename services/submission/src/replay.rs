@@ -41,7 +41,11 @@ impl Replayer {
         let settings = &self.ctx.settings.submission;
         // With applications configured (contract §1b), only an
         // application's, and only of its own orders, to its own queues.
-        let sender = match self.ctx.applications.identify(delivery.user_id()) {
+        let sender = match self
+            .ctx
+            .applications
+            .identify_sender(delivery.user_id(), delivery.carried_sender().as_deref())
+        {
             Ok(sender) => sender,
             Err(unknown) => {
                 return self

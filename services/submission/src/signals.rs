@@ -29,7 +29,11 @@ impl Signaller {
         // With applications configured (contract §1b), only an
         // application's, and only to its own orders: its ids map into its
         // own namespace, where no other application's order is.
-        let sender = match self.ctx.applications.identify(delivery.user_id()) {
+        let sender = match self
+            .ctx
+            .applications
+            .identify_sender(delivery.user_id(), delivery.carried_sender().as_deref())
+        {
             Ok(sender) => sender,
             Err(unknown) => {
                 return self

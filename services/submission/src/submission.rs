@@ -365,7 +365,11 @@ impl Submitter {
         sas::crash::panic_if_marked(delivery.body());
         // Who sent it (contract §1b): with applications configured, only
         // one of them, and its events only to its own queues.
-        let sender = match self.ctx.applications.identify(delivery.user_id()) {
+        let sender = match self
+            .ctx
+            .applications
+            .identify_sender(delivery.user_id(), delivery.carried_sender().as_deref())
+        {
             Ok(sender) => sender,
             Err(unknown) => {
                 let reason = RejectReason::UnknownApplication(unknown);

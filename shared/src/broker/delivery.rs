@@ -88,6 +88,13 @@ impl Delivery {
         self.inner.properties.user_id().as_ref().map(|s| s.as_str())
     }
 
+    /// The sender a copy says its original had (`x-sas-user-id`), believed
+    /// only when sas's own user sent the copy
+    /// ([`crate::applications::Applications::sender`]).
+    pub fn carried_sender(&self) -> Option<String> {
+        self.header(super::headers::USER_ID_HEADER)
+    }
+
     /// Whether the message was sent persistent (AMQP `delivery-mode` 2):
     /// a durable queue keeps it across a broker restart.
     pub fn persistent(&self) -> bool {

@@ -180,6 +180,18 @@ pub struct Broker {
     user: Option<String>,
 }
 
+/// The RabbitMQ users sas's own connections log in as (the users of
+/// `broker.url`'s nodes that name one): whose republished copies may say
+/// who sent their original (contract §1b).
+pub fn own_users(settings: &BrokerSettings) -> std::collections::BTreeSet<String> {
+    settings
+        .nodes()
+        .into_iter()
+        .filter_map(|node| sas_client::connect::parse_node(node, crate::tls::redact_url).ok())
+        .filter_map(|uri| sas_client::connect::user_of(&uri))
+        .collect()
+}
+
 /// The `frame_max` recommended for RabbitMQ (`rabbitmq.conf`): sas's
 /// messages are a few hundred bytes, a larger one goes as several frames,
 /// and it keeps lapin's buffers at 1 MiB per connection.
@@ -268,7 +280,7 @@ impl Broker {
 
     /// A channel in confirm mode for publishing.
     pub async fn publisher(&self) -> Result<Publisher, BrokerError> {
-        Publisher::new(self.channel().await?, self.frame_max()).await
+        Publisher::new(self.channel().await?, self.frame_max(), self.user.clone()).await
     }
 
     /// Declares every queue of the deployment (idempotent): durable queues,

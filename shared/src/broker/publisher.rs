@@ -24,9 +24,10 @@ pub enum Header<'a> {
 /// The properties of a copy of a message that sas publishes: the
 /// original's but for `user_id`, which RabbitMQ refuses from a connection
 /// of another user (a copy of an application's message would close sas's
-/// channel, again at every redelivery), and `expiration`, which would let
-/// a dead letter expire before an operator sees it. Headers are set by
-/// the caller.
+/// channel, again at every redelivery): the copy's is sas's own, and the
+/// original's sender goes in `x-sas-user-id`; and `expiration`, which
+/// would let a dead letter expire before an operator sees it. Headers are
+/// set by the caller.
 fn copied(original: &BasicProperties) -> BasicProperties {
     let mut props = BasicProperties::default();
     if let Some(v) = original.content_type() {
@@ -71,12 +72,41 @@ pub struct Publisher {
     inner: sas_client::publish::Publisher,
     /// The connection's largest frame: a copy's content header must fit one.
     frame_max: u32,
+    /// The user the connection logged in as, when its URL names it: the
+    /// `user_id` of the copies it publishes, which RabbitMQ vouches for.
+    user: Option<String>,
 }
 
 impl Publisher {
-    pub(super) async fn new(channel: lapin::Channel, frame_max: u32) -> Result<Self, BrokerError> {
+    pub(super) async fn new(
+        channel: lapin::Channel,
+        frame_max: u32,
+        user: Option<String>,
+    ) -> Result<Self, BrokerError> {
         let inner = sas_client::publish::Publisher::new(channel).await?;
-        Ok(Self { inner, frame_max })
+        Ok(Self {
+            inner,
+            frame_max,
+            user,
+        })
+    }
+
+    /// Who sent `original`: the sender its copy carries when this
+    /// publisher's user sent it (a copy of a copy), else its `user_id`.
+    fn sender_of(&self, original: &BasicProperties) -> Option<String> {
+        let user = original.user_id().as_ref()?.as_str();
+        if self.user.as_deref() != Some(user) {
+            return Some(user.to_owned());
+        }
+        let carried = original
+            .headers()
+            .as_ref()?
+            .inner()
+            .get(super::headers::USER_ID_HEADER)?;
+        match carried {
+            AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+            _ => None,
+        }
     }
 
     /// Sends a persistent JSON message; the returned future resolves on the broker's confirm.
@@ -114,14 +144,24 @@ impl Publisher {
             table.insert((*k).into(), v);
         }
         let original = &delivery.inner.properties;
-        if let Some(user) = original.user_id() {
-            // Kept for operators: who sent it (see [`copied`]).
-            table.insert(
-                super::headers::USER_ID_HEADER.into(),
-                AMQPValue::LongString(user.as_str().into()),
-            );
+        // Who sent the original, kept on the copy (see [`copied`]): believed
+        // by the services because the copy's `user_id` is sas's own; a
+        // stranger's header of that name never passes on.
+        match self.sender_of(original) {
+            Some(sender) => {
+                table.insert(
+                    super::headers::USER_ID_HEADER.into(),
+                    AMQPValue::LongString(sender.as_str().into()),
+                );
+            }
+            None => {
+                table.remove(super::headers::USER_ID_HEADER);
+            }
         }
-        let props = copied(original).with_headers(FieldTable::from(table));
+        let mut props = copied(original).with_headers(FieldTable::from(table));
+        if let Some(user) = &self.user {
+            props = props.with_user_id(user.as_str().into());
+        }
         self.inner
             .publish_with("", routing_key, true, delivery.body(), props)
             .await?

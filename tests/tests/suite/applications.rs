@@ -321,3 +321,165 @@ async fn an_application_on_the_rust_client_is_known_by_its_user_without_a_word_o
     assert_eq!(application.as_deref(), Some("shop"));
     client.close().await;
 }
+
+/// Makes the submission's store fail, with an error neither transient nor
+/// a refusal of the order's values (so the message is retried, counted),
+/// on an order whose payload's `case` is `retry` (its first insert only)
+/// or is listed in `test_failing` (until the row goes).
+async fn inject_store_failures(app: &TestApp) {
+    for statement in [
+        "CREATE SEQUENCE test_retry",
+        "CREATE TABLE test_failing (case_ text PRIMARY KEY)",
+        "CREATE FUNCTION test_fail() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           IF (NEW.payload->>'case' = 'retry' AND nextval('test_retry') = 1) \
+              OR EXISTS (SELECT 1 FROM test_failing WHERE case_ = NEW.payload->>'case') THEN \
+             RAISE EXCEPTION 'injected store failure' USING ERRCODE = 'P0001'; \
+           END IF; \
+           RETURN NEW; \
+         END $$",
+        "CREATE TRIGGER test_fail BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION test_fail()",
+    ] {
+        sqlx::query(statement)
+            .execute(&app.db)
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_retried_or_replayed_by_sas_stays_its_senders_and_no_other_user_can_pose_as_one()
+{
+    let run = format!("r{}", &Uuid::new_v4().simple().to_string()[..10]);
+    let [shop_user, billing_user] = ["shop", "billing"]
+        .map(|name| BrokerUser::create(&format!("{run}-{name}"), ".*", ".*", ".*"));
+    let config = format!(
+        "[applications.shop]\nuser = \"{}\"\nreply_to = [\"{run}-shop.*\"]\n\n\
+         [applications.billing]\nuser = \"{}\"\nreply_to = [\"{run}-billing.*\"]\n",
+        shop_user.name, billing_user.name
+    );
+    let app = TestApp::builder().extra_config(config).build().await;
+    inject_store_failures(&app).await;
+    sqlx::query("INSERT INTO test_failing VALUES ('dead')")
+        .execute(&app.db)
+        .await
+        .expect("failing case");
+    app.start_all().await;
+    let shop_q = format!("{run}-shop.status");
+    app.declare_queue(&shop_q, None).await;
+    let q = app.queues.clone();
+    let mut shop = AppClient::connect(shop_user).await;
+    let mut billing = AppClient::connect(billing_user).await;
+    let order = |id: Uuid, case: &str| json!({ "order_id": id, "workflow": "one", "payload": { "case": case }, "reply_to": shop_q });
+
+    // Retried after a store failure: sas's copy is still the shop's.
+    let retried = Uuid::new_v4();
+    shop.send(q.orders(), None, &order(retried, "retry")).await;
+    // Failing on every try, then dead-lettered; replayed by sasctl once the
+    // store takes it again: still the shop's.
+    let replayed = Uuid::new_v4();
+    shop.send(q.orders(), None, &order(replayed, "dead")).await;
+    app.eventually(
+        "the failing order dead-lettered",
+        Duration::from_secs(60),
+        || async { app.ready(q.orders_dead()).await == 1 },
+    )
+    .await;
+    sqlx::query("DELETE FROM test_failing")
+        .execute(&app.db)
+        .await
+        .expect("store mended");
+    let out = sas_tests::cli::output_with(
+        {
+            let mut cmd = sas_tests::cli::sasctl(&app);
+            cmd.args(["dead-letters", "replay", "--json"]);
+            cmd
+        },
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(out.code, Some(0), "{out:#?}");
+
+    let events = app
+        .collect(&shop_q, Duration::from_secs(60), |got| {
+            let ends = ends(got);
+            [retried, replayed]
+                .iter()
+                .all(|id| ends.contains_key(&id.to_string()))
+        })
+        .await;
+    let ends = ends(&events);
+    for id in [retried, replayed] {
+        assert_eq!(ends[&id.to_string()], "processed", "{events:#?}");
+    }
+    let stored: Vec<(String, Uuid)> = sqlx::query_as(
+        "SELECT application, app_order_id FROM orders WHERE app_order_id = ANY($1) ORDER BY application",
+    )
+    .bind([retried, replayed].to_vec())
+    .fetch_all(&app.db)
+    .await
+    .expect("orders");
+    assert_eq!(stored.len(), 2, "{stored:?}");
+    assert!(stored.iter().all(|(who, _)| who == "shop"), "{stored:?}");
+    let retries: i64 = sqlx::query_scalar("SELECT last_value FROM test_retry")
+        .fetch_one(&app.db)
+        .await
+        .expect("sequence");
+    assert!(retries >= 2, "the retry case failed once, then was retried");
+
+    // A forged sender header is believed from no other user: billing's
+    // order claiming to be the shop's is billing's (and may not name the
+    // shop's queue), and one without a user_id is nobody's.
+    let header = sas_tests::raw_amqp::table(&[(
+        b"x-sas-user-id".to_vec(),
+        sas_tests::raw_amqp::Field::LongString(shop.user.name.clone().into_bytes()),
+    )]);
+    let posing = Uuid::new_v4();
+    let mut props = Properties::new(None, Some(&header));
+    props.flags |= flag::USER_ID;
+    short_string(&mut props.list, &billing.user.name.clone());
+    billing
+        .raw
+        .publish(
+            q.orders(),
+            &props,
+            order(posing, "posing").to_string().as_bytes(),
+        )
+        .await
+        .expect("the broker takes it");
+    let nobody = Uuid::new_v4();
+    let mut guest = RawPublisher::connect().await.expect("guest");
+    guest
+        .publish(
+            q.orders(),
+            &Properties::new(None, Some(&header)),
+            order(nobody, "nobody").to_string().as_bytes(),
+        )
+        .await
+        .expect("the broker takes it");
+    app.eventually(
+        "both forged orders dead-lettered",
+        Duration::from_secs(30),
+        || async { app.ready(q.orders_dead()).await == 2 },
+    )
+    .await;
+    let reasons: Vec<String> = app
+        .drain(q.orders_dead())
+        .await
+        .into_iter()
+        .filter_map(|(_, why)| why)
+        .collect();
+    assert!(
+        reasons.iter().any(|w| w.contains("no user_id")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|w| w.contains("not among application")),
+        "{reasons:?}"
+    );
+    let posed: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE app_order_id = ANY($1)")
+        .bind([posing, nobody].to_vec())
+        .fetch_one(&app.db)
+        .await
+        .expect("count");
+    assert_eq!(posed, 0, "no order stored for a forged sender");
+}
