@@ -1228,6 +1228,22 @@ url = "http://127.0.0.1:8081/inventory/reserve"
     }
 
     #[test]
+    fn an_application_may_not_be_given_sas_own_broker_user() {
+        let with = |user: &str| {
+            load_text(&format!(
+                "[broker]\nurl = \"amqp://sas:pw@mq.example:5672/%2f\"\n\n\
+                 [applications.shop]\nuser = \"{user}\"\nreply_to = [\"shop.*\"]\n"
+            ))
+        };
+        assert!(with("shop").is_ok());
+        let refused = with("sas").expect_err("sas's own user");
+        assert!(
+            refused.to_string().contains("sas's own broker user"),
+            "{refused}"
+        );
+    }
+
+    #[test]
     fn conditions_and_inputs_load_as_written_and_a_bad_one_is_refused_in_one_line() {
         let s = load_text(
             r#"
