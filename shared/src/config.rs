@@ -339,6 +339,20 @@ pub struct SubmissionSettings {
     /// replay is one query and one burst of publishes, so a request for a
     /// busy queue's whole history must not hold the submission for long.
     pub max_replay_events: u32,
+    /// HTTP event streams (contract §9a) open at once in this instance.
+    pub max_streams: u32,
+    /// HTTP event streams one application may have open at once, so that
+    /// one cannot shut the others out (callers of no application share
+    /// `max_streams`).
+    pub max_streams_per_application: u32,
+    /// How long an HTTP event stream stays open at most; it then ends, and
+    /// the client resumes with `Last-Event-ID`.
+    #[serde(with = "humantime_serde")]
+    pub stream_lifetime: Duration,
+    /// How often an idle HTTP event stream sends a comment line, so that
+    /// proxies and clients do not take it for dead.
+    #[serde(with = "humantime_serde")]
+    pub stream_heartbeat: Duration,
 }
 
 impl Default for SubmissionSettings {
@@ -346,6 +360,10 @@ impl Default for SubmissionSettings {
         Self {
             max_body_bytes: 1024 * 1024,
             max_replay_events: 10_000,
+            max_streams: 256,
+            max_streams_per_application: 64,
+            stream_lifetime: Duration::from_secs(30 * 60),
+            stream_heartbeat: Duration::from_secs(15),
         }
     }
 }
@@ -668,6 +686,17 @@ impl Settings {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
         if let Some(problem) = crate::workflow::child_problem(&self.workflows) {
             return invalid(problem);
+        }
+        let streams = &self.submission;
+        if streams.max_streams == 0
+            || streams.max_streams_per_application == 0
+            || streams.stream_lifetime.is_zero()
+            || streams.stream_heartbeat.is_zero()
+        {
+            return invalid(
+                "submission.max_streams, max_streams_per_application, stream_lifetime and stream_heartbeat must be above zero"
+                    .into(),
+            );
         }
         if self.broker.prefix.is_empty()
             || !self

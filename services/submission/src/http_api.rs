@@ -24,6 +24,7 @@
 mod auth;
 mod openapi;
 mod stream;
+mod watches;
 
 use std::sync::{Arc, OnceLock};
 
@@ -50,8 +51,8 @@ pub struct Api {
     intake: Arc<Intake>,
     /// Who may call.
     gate: Gate,
-    /// Event streams open at once, at most [`stream::MAX_STREAMS`].
-    streams: Arc<tokio::sync::Semaphore>,
+    /// The open event streams: their places and watches.
+    streams: stream::Streams,
     /// The OpenAPI document, generated once.
     openapi: Bytes,
 }
@@ -72,10 +73,15 @@ pub fn routes(ctx: Arc<Context>, intake: &OnceLock<Arc<Intake>>) -> Router {
     let gate = Gate::new(&ctx.settings);
     gate.log_start(&ctx.settings.http.host);
     let body_limit = ctx.settings.submission.max_body_bytes;
+    let Ok(store) = ctx.store().cloned() else {
+        tracing::error!("no state store; the HTTP API is not served");
+        return Router::new();
+    };
+    let streams = stream::Streams::new(&ctx.settings.submission, store, ctx.shutdown.clone());
     let api = Arc::new(Api {
         gate,
         intake: made,
-        streams: Arc::new(tokio::sync::Semaphore::new(stream::MAX_STREAMS)),
+        streams,
         openapi: Bytes::from(openapi::document().to_string()),
         ctx,
     });

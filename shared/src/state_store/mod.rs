@@ -28,6 +28,7 @@ mod stats;
 mod steps;
 mod transitions;
 mod unit;
+mod watches;
 
 use std::time::Duration;
 
@@ -63,6 +64,7 @@ pub use transitions::{
     Actor, ClaimBounds, Claimed, Done, Ending, Expired, Operated, ReplyOutcome, Submitted,
     Transitions, any_undone,
 };
+pub use watches::{EVENTS_CHANNEL, EventListener, Heard};
 
 use crate::config::DatabaseSettings;
 
@@ -387,6 +389,40 @@ impl StateStore {
             Ok::<_, sqlx::Error>(listener)
         })
         .await
+    }
+
+    /// A listener for [`EVENTS_CHANNEL`]: the ids of watched orders with
+    /// new status events ([`StateStore::watch_events`]).
+    pub async fn listen_for_events(&self) -> Result<EventListener, StoreError> {
+        bounded::within(self.io_timeout, async {
+            let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
+            listener.listen(EVENTS_CHANNEL).await?;
+            Ok::<_, sqlx::Error>(EventListener(listener))
+        })
+        .await
+    }
+
+    /// Stores that `watcher` (a submission instance) waits for the status
+    /// events of `orders` until `until`, so that the write-back notifies
+    /// [`EVENTS_CHANNEL`] of theirs; deletes watches past their `until`.
+    pub async fn watch_events(
+        &self,
+        watcher: &str,
+        orders: &[uuid::Uuid],
+        until: chrono::DateTime<chrono::Utc>,
+    ) -> Result<(), StoreError> {
+        self.conn()
+            .await?
+            .run(|c| watches::watch(c, watcher, orders, until))
+            .await
+    }
+
+    /// Stores that `watcher` no longer waits for `order`'s events.
+    pub async fn unwatch_events(&self, watcher: &str, order: uuid::Uuid) -> Result<(), StoreError> {
+        self.conn()
+            .await?
+            .run(|c| watches::unwatch(c, watcher, order))
+            .await
     }
 
     /// The state store's clock now: deadlines are on it (contract §6a),

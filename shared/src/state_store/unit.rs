@@ -703,7 +703,10 @@ impl FlushRow {
 /// `$12` the channel to notify and whether to, `$13` the orders whose claim
 /// locks to let go, `$14` the flow-control counts to move, `$15` the ids
 /// of the orders updated, `$16` the definitions the new orders run under
-/// (contract §4d), stored with them unless stored already. The updates look their rows up by those ids: a
+/// (contract §4d), stored with them unless stored already. Each order
+/// given events that an HTTP event stream watches (`event_watches`) is
+/// notified on [`super::watches::EVENTS_CHANNEL`], so that streams wait
+/// without polling. The updates look their rows up by those ids: a
 /// plan that joined the JSON to a whole table (a hash join, as Postgres
 /// picks while the tables are small and then keeps with the connection)
 /// would read every order kept on every write-back. Guards: an order
@@ -778,7 +781,11 @@ e AS ( \
   SELECT order_id, seq, event, from_state, to_state, step, attempt, actor, reason, detail::jsonb, $8 \
   FROM jsonb_to_recordset($5) AS u(order_id uuid, seq int, event text, from_state text, \
     to_state text, step text, attempt int, actor text, reason text, detail text) \
-  WHERE u.order_id NOT IN (SELECT order_id FROM new) OR u.order_id IN (SELECT order_id FROM n)), \
+  WHERE u.order_id NOT IN (SELECT order_id FROM new) OR u.order_id IN (SELECT order_id FROM n) \
+  RETURNING order_id), \
+ev AS (SELECT pg_notify('{events_channel}', x.order_id::text) \
+  FROM (SELECT DISTINCT order_id FROM e) x \
+  WHERE EXISTS (SELECT 1 FROM event_watches w WHERE w.order_id = x.order_id)), \
 m AS ( \
   INSERT INTO outbox (order_id, kind, routing_key, correlation_id, reply_to, traceparent, body) \
   SELECT u.order_id, u.kind, u.routing_key, u.correlation_id, u.reply_to, u.traceparent, b.body \
@@ -805,6 +812,7 @@ SELECT ARRAY(SELECT order_id FROM n) AS created, \
   ARRAY(SELECT order_id FROM n WHERE locked) AS locked_new, \
   ARRAY(SELECT DISTINCT order_id FROM outbox WHERE order_id = ANY($10::uuid[])) AS waiting, \
   (SELECT count(*) FROM w) AS woken, \
+  (SELECT count(*) FROM ev) AS watched, \
   CASE WHEN (SELECT count(*) FROM o) = jsonb_array_length($3) \
         AND (SELECT count(*) FROM s) = jsonb_array_length($4) \
         AND (SELECT count(*) FROM fl) = jsonb_array_length($14) \
@@ -812,6 +820,7 @@ SELECT ARRAY(SELECT order_id FROM n) AS created, \
            hashtextextended('sas.claim:' || id::text, 0)) FROM unnest($13::uuid[]) AS c(id)) x) >= 0 \
     ELSE sas_fail('a row changed since it was loaded') END AS guarded",
         bucket = super::flows::bucket("a"),
+        events_channel = super::watches::EVENTS_CHANNEL,
     )
 });
 

@@ -41,6 +41,7 @@ mod sasctl_more;
 mod schedules;
 mod schemas;
 mod services;
+mod streams;
 mod tls;
 mod tracing;
 mod workflows;

@@ -5,14 +5,22 @@
 //!
 //! The stream starts at `from_seq` (default 1), or after the `seq` of a
 //! `Last-Event-ID` header (which wins: it is how an `EventSource`
-//! resumes), polls the log every [`POLL`] while nothing is new, and ends
-//! after the order's terminal event, or at once when the order has ended
-//! and no event at or after `from_seq` exists. At most [`MAX_STREAMS`] are
-//! open at once (a `503` beyond); each ends with the service.
+//! resumes). It reads the log when it opens and then only when the order
+//! may have new events: the instance's one listener wakes it
+//! ([`super::watches`]), so an open stream costs the database nothing
+//! while it waits, however many are open. It ends after the order's
+//! terminal event, at once when the order has ended and no event at or
+//! after `from_seq` exists, after `submission.stream_lifetime` (the
+//! client resumes with `Last-Event-ID`), or with the service. A comment
+//! line every `submission.stream_heartbeat` keeps proxies from closing an
+//! idle stream. At
+//! most `submission.max_streams` are open at once, of which
+//! `submission.max_streams_per_application` per application (a `503`
+//! beyond).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::rejection::QueryRejection;
@@ -21,20 +29,25 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
+use sas::config::SubmissionSettings;
 use sas::messages::{ReplayRequest, StatusEvent};
 use sas::service::Context;
 use sas::state_store::StateStore;
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::auth::Caller;
+use super::watches::{Watch, Watches};
 use super::{Api, ApiError, owned, parse_id};
 
-/// Event streams open at once, over all callers.
-pub const MAX_STREAMS: usize = 256;
+/// When a stream reads the log once more after it opened: a write-back
+/// that began before the stream's watch was stored notifies no one, and
+/// may commit after the stream's first read.
+const RECHECK_AFTER: Duration = Duration::from_secs(1);
 
-/// How often an idle stream reads the event log.
-pub const POLL: Duration = Duration::from_millis(200);
+/// How much longer a stored watch lasts than its stream may.
+const WATCH_MARGIN: Duration = Duration::from_secs(60);
 
 /// Events read from the log at once.
 const BATCH: u32 = 500;
@@ -42,6 +55,76 @@ const BATCH: u32 = 500;
 /// A failing read of the log ends the stream after this many in a row (the
 /// caller resumes with `Last-Event-ID`).
 const MAX_FAILED_READS: u32 = 25;
+
+/// A failed read of the log is tried again after this long.
+const RETRY_READ: Duration = Duration::from_millis(200);
+
+/// The instance's open streams: how many there may be, and their watches.
+pub struct Streams {
+    all: Arc<Semaphore>,
+    per_application: Mutex<HashMap<String, Arc<Semaphore>>>,
+    max_per_application: usize,
+    lifetime: Duration,
+    heartbeat: Duration,
+    watches: Arc<Watches>,
+}
+
+/// A stream's places among the open ones, held while it is open.
+struct Admitted {
+    _all: OwnedSemaphorePermit,
+    _own: Option<OwnedSemaphorePermit>,
+}
+
+impl Streams {
+    /// The streams of `settings`, their watches stored in `store` and
+    /// listened for until `shutdown`.
+    pub fn new(
+        settings: &SubmissionSettings,
+        store: StateStore,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Self {
+        let size = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
+        Self {
+            all: Arc::new(Semaphore::new(size(settings.max_streams))),
+            per_application: Mutex::new(HashMap::new()),
+            max_per_application: size(settings.max_streams_per_application),
+            lifetime: settings.stream_lifetime,
+            heartbeat: settings.stream_heartbeat,
+            // A watch outlives its stream by a margin: a stream ends first.
+            watches: Watches::start(store, settings.stream_lifetime + WATCH_MARGIN, shutdown),
+        }
+    }
+
+    /// A place for a new stream of `application`'s (all callers of none
+    /// share the instance's places), or `503`.
+    fn admit(&self, application: Option<&str>) -> Result<Admitted, ApiError> {
+        let full = |whose: &str| {
+            ApiError::unavailable(format!("too many event streams are open{whose}; try again"))
+        };
+        let own = match application {
+            Some(name) => {
+                let places = self
+                    .per_application
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(name.to_owned())
+                    .or_insert_with(|| Arc::new(Semaphore::new(self.max_per_application)))
+                    .clone();
+                Some(
+                    places
+                        .try_acquire_owned()
+                        .map_err(|_| full(" for this application"))?,
+                )
+            }
+            None => None,
+        };
+        let all = self.all.clone().try_acquire_owned().map_err(|_| full(""))?;
+        Ok(Admitted {
+            _all: all,
+            _own: own,
+        })
+    }
+}
 
 /// The query of an event stream.
 #[derive(Debug, serde::Deserialize)]
@@ -62,24 +145,36 @@ pub async fn events(
     let from = first_seq(query.map(|Query(q)| q.from_seq), &headers)?;
     let row = owned(&api, &caller, given).await?;
     let store = api.ctx.store().map_err(|e| ApiError::internal(&e))?.clone();
-    let permit = api
+    let application = caller.application().map(|app| app.name.clone());
+    let admitted = api.streams.admit(application.as_deref())?;
+    // Before the first read: an event written after it is notified.
+    let watch = api
         .streams
-        .clone()
-        .try_acquire_owned()
-        .map_err(|_| ApiError::unavailable("too many event streams are open; try again"))?;
+        .watches
+        .watch(row.order_id)
+        .await
+        .map_err(|e| ApiError::store(&e))?;
+    let now = Instant::now();
     let reading = Reading {
         store,
         order_id: row.order_id,
-        application: caller.application().map(|app| app.name.clone()),
+        application,
         from,
         ready: VecDeque::new(),
         done: false,
         failed_reads: 0,
         ctx: api.ctx.clone(),
-        _permit: permit,
+        watch,
+        recheck_at: Some(now + RECHECK_AFTER),
+        ends_at: now + api.streams.lifetime,
+        _admitted: admitted,
     };
     Ok(Sse::new(reading.into_stream())
-        .keep_alive(KeepAlive::default())
+        .keep_alive(
+            KeepAlive::new()
+                .interval(api.streams.heartbeat)
+                .text("heartbeat"),
+        )
         .into_response())
 }
 
@@ -123,8 +218,14 @@ struct Reading {
     failed_reads: u32,
     /// The service's: its shutdown ends the stream.
     ctx: Arc<Context>,
+    /// Wakes the stream when the order may have new events.
+    watch: Watch,
+    /// When to read once more without being woken ([`RECHECK_AFTER`]).
+    recheck_at: Option<Instant>,
+    /// The end of the stream's lifetime.
+    ends_at: Instant,
     /// Held while the stream is open.
-    _permit: OwnedSemaphorePermit,
+    _admitted: Admitted,
 }
 
 impl Reading {
@@ -148,22 +249,33 @@ impl Reading {
             if self.done {
                 return None;
             }
-            match self.read().await {
+            if Instant::now() >= self.ends_at {
+                return None;
+            }
+            let failed = match self.read().await {
                 Ok(true) => continue,
-                Ok(false) => {}
+                Ok(false) => false,
                 Err(e) => {
                     self.failed_reads += 1;
                     tracing::warn!(error = %e, order_id = %self.order_id, "event stream: cannot read the event log");
                     if self.failed_reads >= MAX_FAILED_READS {
                         return None;
                     }
+                    true
                 }
-            }
+            };
             if self.done {
                 return None;
             }
+            let again = if failed {
+                Some(Instant::now() + RETRY_READ)
+            } else {
+                self.recheck_at.take()
+            };
             tokio::select! {
-                () = tokio::time::sleep(POLL) => {}
+                () = self.watch.changed() => {}
+                () = sleep_until(again) => {}
+                () = tokio::time::sleep_until(self.ends_at) => return None,
                 () = self.ctx.shutdown.cancelled() => return None,
             }
         }
@@ -203,6 +315,14 @@ impl Reading {
             Some(_) => {}
         }
         Ok(false)
+    }
+}
+
+/// Resolves at `at`, or never.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
