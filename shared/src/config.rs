@@ -621,6 +621,16 @@ impl AgentSpec {
     }
 }
 
+/// Whether `host` (a name or an address, IPv6 in brackets or not) is this
+/// machine's loopback.
+fn is_loopback_host(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 impl Settings {
     /// Loads the layers: defaults, then `file` (or `SAS_CONFIG`), then `SAS__*` variables.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
@@ -668,7 +678,7 @@ impl Settings {
     /// wait for the next batch, so one below twice `database.batch_size`
     /// keeps batches from filling while the one before commits.
     pub fn advice(&self) -> Vec<String> {
-        let mut advice = Vec::new();
+        let mut advice: Vec<String> = self.unguarded_exposure().into_iter().collect();
         let (prefetch, batch) = (usize::from(self.broker.prefetch), self.database.batch_size);
         if prefetch < 2 * batch {
             advice.push(format!(
@@ -679,6 +689,41 @@ impl Settings {
             ));
         }
         advice
+    }
+
+    /// What is open to anyone who reaches this deployment, if anything:
+    /// without `[applications]` (contract §1b, §9), any publisher may
+    /// replay any order's events and take another's order id, which is
+    /// fine on one machine and not beyond it. Said when the HTTP port or a
+    /// broker node is not on loopback; every service logs it at start and
+    /// the dashboard shows it.
+    pub fn unguarded_exposure(&self) -> Option<String> {
+        if !self.applications.is_empty() {
+            return None;
+        }
+        let mut exposed = Vec::new();
+        if !is_loopback_host(&self.http.host) {
+            exposed.push(format!("the HTTP port on {}", self.http.host));
+        }
+        let brokers = self
+            .broker
+            .nodes()
+            .into_iter()
+            .filter_map(|node| sas_client::connect::parse_node(node, crate::tls::redact_url).ok())
+            .map(|uri| uri.authority.host)
+            .filter(|host| !is_loopback_host(host))
+            .collect::<Vec<_>>();
+        if !brokers.is_empty() {
+            exposed.push(format!("the broker at {}", brokers.join(", ")));
+        }
+        (!exposed.is_empty()).then(|| {
+            format!(
+                "no [applications] are configured while {} is beyond loopback: any publisher \
+                 can replay any order's events and take another's order id; declare each \
+                 application's identity (docs/security.md)",
+                exposed.join(" and ")
+            )
+        })
     }
 
     /// Checks what serde cannot: names, ranges and references between sections.
@@ -1254,6 +1299,21 @@ url = "http://127.0.0.1:8081/inventory/reserve"
         let s = Settings::load(Some(&path));
         std::fs::remove_dir_all(dir).ok();
         s
+    }
+
+    #[test]
+    fn a_deployment_beyond_loopback_without_applications_is_told_so() {
+        let with = |extra: &str| load_text(extra).expect("loads").unguarded_exposure();
+        assert_eq!(with(""), None, "loopback by default");
+        let open = with("[http]\nhost = \"0.0.0.0\"\n").expect("said");
+        assert!(open.contains("HTTP port on 0.0.0.0"), "{open}");
+        let broker = with("[broker]\nurl = \"amqp://sas:pw@mq.example:5672/%2f\"\n").expect("said");
+        assert!(broker.contains("broker at mq.example"), "{broker}");
+        assert!(!broker.contains("pw"), "{broker}");
+        assert_eq!(with("[http]\nhost = \"::1\"\n"), None);
+        assert_eq!(with("[http]\nhost = \"localhost\"\n"), None);
+        let guarded = "[http]\nhost = \"0.0.0.0\"\n\n[applications.shop]\nuser = \"shop\"\nreply_to = [\"shop.*\"]\n";
+        assert_eq!(with(guarded), None, "applications declared");
     }
 
     #[test]

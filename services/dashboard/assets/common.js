@@ -215,6 +215,11 @@ const sas = (() => {
     if (me) return me;
     me = await getJson("/api/me");
     document.body.dataset.role = me.role;
+    // What the deployment leaves open to anyone (no [applications] beyond loopback).
+    for (const warning of me.warnings || []) {
+      const banner = el("div", { class: "message exposure", "data-kind": "error", role: "alert" }, warning);
+      document.body.prepend(banner);
+    }
     const node = document.getElementById("me");
     if (node) {
       const who = el("span", { id: "me-name", "data-role": me.role }, `${me.name} (${me.role})`);

@@ -153,11 +153,16 @@ async fn me(
     State(ctx): State<Arc<Context>>,
     Extension(who): Extension<Identity>,
 ) -> axum::Json<Value> {
-    axum::Json(json!({
+    let mut me = json!({
         "name": who.name,
         "role": who.role.as_str(),
         "auth": ctx.settings.dashboard.auth.as_str(),
-    }))
+    });
+    // Shown on every page while the deployment is open to anyone.
+    if let Some(warning) = ctx.settings.unguarded_exposure() {
+        me["warnings"] = json!([warning]);
+    }
+    axum::Json(me)
 }
 
 async fn overview(State(ctx): State<Arc<Context>>) -> Result<axum::Json<Overview>, ApiError> {

@@ -18,7 +18,7 @@ use sas_tests::TestApp;
 use sas_tests::browser::Browser;
 use sas_tests::cli::wait_state;
 use sas_tests::dashboard::{OPERATOR_TOKEN, VIEWER_TOKEN, answer};
-use serde_json::Value;
+use serde_json::{Value, json};
 use uuid::Uuid;
 
 /// `[dashboard]` with token authentication (the other modes are chosen with
@@ -1139,8 +1139,15 @@ async fn basic_auth_and_a_trusted_proxy_identify_their_users_an_untrusted_peer_i
     .await;
     assert_eq!(status, 200, "{me}");
     assert_eq!(
-        me,
-        serde_json::json!({ "name": "dashboard", "role": "operator", "auth": "none" })
+        (&me["name"], &me["role"], &me["auth"]),
+        (&json!("dashboard"), &json!("operator"), &json!("none"))
+    );
+    // Off loopback with no [applications]: every page says so too.
+    assert!(
+        me["warnings"][0]
+            .as_str()
+            .is_some_and(|w| w.contains("no [applications]")),
+        "{me}"
     );
     let log = app.log("dashboard-open");
     assert!(
@@ -1151,4 +1158,42 @@ async fn basic_auth_and_a_trusted_proxy_identify_their_users_an_untrusted_peer_i
         !app.log("dashboard-basic").contains("non-loopback"),
         "no warning when authenticated"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_open_beyond_loopback_without_applications_says_so_at_start_and_on_the_dashboard()
+ {
+    let app = TestApp::builder()
+        .extra_config(dashboard_auth())
+        .build()
+        .await;
+    let anywhere = [("SAS__HTTP__HOST", "0.0.0.0")];
+    app.start_with_env("submission", "submission", &[], &anywhere)
+        .await;
+    app.start_with_env("dashboard", "dashboard", &[], &anywhere)
+        .await;
+    let says = "no [applications] are configured while the HTTP port on 0.0.0.0 is beyond loopback";
+    for service in ["submission", "dashboard"] {
+        app.eventually(
+            "the warning in the service's log",
+            Duration::from_secs(10),
+            || async { app.log(service).contains(says) },
+        )
+        .await;
+    }
+    let base = format!("http://127.0.0.1:{}", app.port("dashboard"));
+    let http = client();
+    let (status, me) = answer(http.get(format!("{base}/api/me")).bearer_auth(VIEWER_TOKEN)).await;
+    assert_eq!(status, 200, "{me}");
+    assert!(
+        me["warnings"][0].as_str().is_some_and(|w| w.contains(says)),
+        "{me}"
+    );
+    // On loopback, as the tests' other deployments are: nothing to say.
+    app.start("scheduler", "scheduler", &[]).await;
+    app.eventually("the scheduler started", Duration::from_secs(10), || async {
+        app.log("scheduler").contains("scheduler started")
+    })
+    .await;
+    assert!(!app.log("scheduler").contains("no [applications]"));
 }
