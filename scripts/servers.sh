@@ -350,6 +350,23 @@ rabbit_stop() {
 
 # ---- commands
 
+# Keeps the servers' ports out of the kernel's ephemeral range, where it
+# can be taken: a test's outgoing connection that happens to get one as its
+# local port (and lingers in TIME_WAIT) keeps the server from listening on
+# it ("Address already in use"). Root only; best effort.
+reserve_ports() {
+    local file=/proc/sys/net/ipv4/ip_local_reserved_ports current port
+    [ -w "$file" ] || return 0
+    current=$(cat "$file")
+    for port in "$pg_port" "$amqp_port" "$dist_port"; do
+        case ",$current," in
+        *",$port,"*) ;;
+        *) current="${current:+$current,}$port" ;;
+        esac
+    done
+    echo "$current" >"$file" 2>/dev/null || true
+}
+
 cmd_up() {
     need
     if [ -e "$dir" ] && [ ! -f "$marker" ]; then
@@ -362,6 +379,7 @@ cmd_up() {
     fi
     # The postgres OS user passes through to its own directory.
     chmod 755 "$dir"
+    reserve_ports
     local t0=$SECONDS
     pg_init
     pg_start

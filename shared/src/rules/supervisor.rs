@@ -129,38 +129,9 @@ fn running_behind_a_breaker<'g>(order: &Order, ctx: Context<'g>) -> Option<(Stri
 /// so. `None` when there is nothing to warn of.
 pub fn warn(order: &Order, settings: &SupervisorSettings, ctx: Context<'_>) -> Option<Decision> {
     let state = order.row.process_state;
-    let running = match state {
-        ProcessState::Processing => crate::state::StepState::Running,
-        ProcessState::Compensating => crate::state::StepState::Compensating,
-        _ => return None,
-    };
-    let pos = order
-        .steps
-        .iter()
-        .enumerate()
-        // A wait is not late: its complete-by is its end (§4d).
-        .filter(|(_, s)| {
-            s.state == running && !matches!(s.kind(), crate::workflow::StepKind::Wait { .. })
-        })
-        .min_by_key(|(_, s)| s.complete_by)
-        .map(|(pos, _)| pos)?;
+    let (pos, due) = ladder(state, &order.steps, &settings.warn_at, ctx.now)?;
     let step = &order.steps[pos];
     let complete_by = step.complete_by?;
-    if step.timeout_ms <= 0 {
-        return None;
-    }
-    let budget = step.timeout_ms as f64;
-    let left = (complete_by - ctx.now).num_milliseconds() as f64;
-    let used = 1.0 - left / budget;
-    let warned = usize::try_from(step.warned).unwrap_or(0);
-    let due: Vec<(usize, f64)> = settings
-        .warn_at
-        .iter()
-        .copied()
-        .enumerate()
-        .skip(warned)
-        .take_while(|&(_, rung)| used >= rung)
-        .collect();
     let &(last, _) = due.last()?;
     let mut d = Deciding::new(order, ctx);
     let name = step.name.clone();
@@ -186,6 +157,63 @@ pub fn warn(order: &Order, settings: &SupervisorSettings, ctx: Context<'_>) -> O
     }
     d.order.steps[pos].warned = i16::try_from(last + 1).unwrap_or(i16::MAX);
     Some(d.done())
+}
+
+/// The step of an order in `state` that the deadline ladder watches (its
+/// position), with the rungs of `warn_at` it has passed at `now` that its
+/// dispatch was not warned of (index, fraction): the running step (the
+/// compensating one, for an order being undone) with the soonest
+/// complete-by, a wait excepted, since a wait's complete-by is its end, not
+/// a deadline (§4d). `None` when there is nothing to warn of.
+fn ladder(
+    state: ProcessState,
+    steps: &[crate::model::StepRow],
+    warn_at: &[f64],
+    now: DateTime<Utc>,
+) -> Option<(usize, Vec<(usize, f64)>)> {
+    let out = match state {
+        ProcessState::Processing => StepState::Running,
+        ProcessState::Compensating => StepState::Compensating,
+        _ => return None,
+    };
+    let pos = steps
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.state == out && !matches!(s.kind(), workflow::StepKind::Wait { .. }))
+        .min_by_key(|(_, s)| s.complete_by)
+        .map(|(pos, _)| pos)?;
+    let step = &steps[pos];
+    let complete_by = step.complete_by?;
+    if step.timeout_ms <= 0 {
+        return None;
+    }
+    let budget = step.timeout_ms as f64;
+    let left = (complete_by - now).num_milliseconds() as f64;
+    let used = 1.0 - left / budget;
+    let warned = usize::try_from(step.warned).unwrap_or(0);
+    let due: Vec<(usize, f64)> = warn_at
+        .iter()
+        .copied()
+        .enumerate()
+        .skip(warned)
+        .take_while(|&(_, rung)| used >= rung)
+        .collect();
+    (!due.is_empty()).then_some((pos, due))
+}
+
+/// Whether the supervisor's leader loads `row`'s order to warn of its
+/// deadline at `now` (the pure twin of the state store's `warnable`
+/// query): it is held by a scheduler, its complete-by has not passed (past
+/// it, [`expire`] takes over), and [`warn`] has a rung to warn of.
+pub fn warnable(
+    row: &crate::model::OrderRow,
+    steps: &[crate::model::StepRow],
+    warn_at: &[f64],
+    now: DateTime<Utc>,
+) -> bool {
+    row.locked_by.is_some()
+        && row.complete_by.is_some_and(|by| by >= now)
+        && ladder(row.process_state, steps, warn_at, now).is_some()
 }
 
 impl Deciding<'_> {

@@ -425,6 +425,28 @@ impl StateStore {
             .await
     }
 
+    /// The orders the supervisor's leader would load now to warn of their
+    /// deadlines (at most `limit`, taking nothing), and the state store's
+    /// clock as the query read it: for checking the query against its
+    /// rule, [`crate::rules::supervisor::warnable`].
+    pub async fn warnable_now(
+        &self,
+        rungs: &[f64],
+        limit: i64,
+    ) -> Result<(Vec<uuid::Uuid>, chrono::DateTime<chrono::Utc>), StoreError> {
+        self.conn()
+            .await?
+            .run(|c| async move {
+                let loaded = orders::warnable(&mut *c, rungs, limit, false).await?;
+                let now = match loaded.first() {
+                    Some(l) => l.tx_now,
+                    None => sqlx::query_scalar("SELECT now()").fetch_one(c).await?,
+                };
+                Ok::<_, sqlx::Error>((loaded.iter().map(|l| l.order.order_id).collect(), now))
+            })
+            .await
+    }
+
     /// The state store's clock now: deadlines are on it (contract §6a),
     /// whatever the clock of the host asking.
     pub async fn clock(&self) -> Result<chrono::DateTime<chrono::Utc>, StoreError> {

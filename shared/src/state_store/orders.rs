@@ -298,10 +298,15 @@ pub async fn expired(
         .await
 }
 
-/// Orders whose running step has passed a rung of the deadline ladder
+/// Orders whose watched step has passed a rung of the deadline ladder
 /// (`rungs`, ascending fractions of its time) that its dispatch was not
 /// warned of, and whose complete-by has not passed; soonest deadline first.
-/// With `outbox_locks`, also takes their outbox locks.
+/// The watched step is the running one (compensating, for an order being
+/// undone) with the soonest complete-by, a wait excepted: exactly the
+/// orders [`crate::rules::supervisor::warnable`] names, which a test checks
+/// over generated rows (a wait was picked here and never warned, so it was
+/// loaded again at every tick). With `outbox_locks`, also takes their
+/// outbox locks.
 pub async fn warnable(
     conn: &mut PgConnection,
     rungs: &[f64],
@@ -314,11 +319,16 @@ pub async fn warnable(
                 "SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders o \
                  WHERE o.locked_by IS NOT NULL AND o.complete_by >= now() \
                    AND o.process_state IN ('processing', 'compensating') \
-                   AND EXISTS (SELECT 1 FROM steps s WHERE s.order_id = o.order_id \
-                     AND s.state IN ('running', 'compensating') \
-                     AND s.warned < cardinality($1::float8[]) \
-                     AND now() >= s.complete_by \
-                       - (1 - ($1::float8[])[s.warned + 1]) * s.timeout_ms * interval '1 millisecond') \
+                   AND EXISTS (SELECT 1 FROM (SELECT s.complete_by, s.timeout_ms, s.warned \
+                       FROM steps s WHERE s.order_id = o.order_id \
+                         AND s.state = CASE o.process_state \
+                           WHEN 'processing' THEN 'running' ELSE 'compensating' END \
+                         AND s.agent NOT LIKE 'wait:%' \
+                       ORDER BY s.complete_by NULLS FIRST, s.idx LIMIT 1) w \
+                     WHERE w.timeout_ms > 0 \
+                       AND w.warned < cardinality($1::float8[]) \
+                       AND now() >= w.complete_by \
+                         - (1 - ($1::float8[])[w.warned + 1]) * w.timeout_ms * interval '1 millisecond') \
                  ORDER BY o.complete_by LIMIT $3"
             ),
             2,

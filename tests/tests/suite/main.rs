@@ -29,6 +29,7 @@ mod packaging;
 mod parallel;
 mod partition;
 mod permissions;
+mod predicates;
 mod python;
 mod redrive;
 mod remote_origin;

@@ -1,0 +1,123 @@
+//! The state store's loading queries against their pure twins: over
+//! generated orders and steps, the orders a query loads are exactly those
+//! its rule names, judged by the query's own clock (as `claims.rs` does for
+//! claimability).
+
+use std::collections::BTreeSet;
+
+use sas::rules;
+use sas::state::ProcessState;
+use sas::state_store::StateStore;
+use sas_tests::TestApp;
+use uuid::Uuid;
+
+/// The deadline ladder's rungs, as `supervisor.warn_at` gives them.
+const RUNGS: [f64; 2] = [0.5, 0.8];
+
+/// Fractions of a step's time used, each far from a rung, so that the
+/// moments between the query's clock and the rule's do not matter.
+const USED: [f64; 6] = [0.1, 0.3, 0.65, 0.9, 0.95, 1.2];
+
+/// A step's `agent` column: an agent, a wait (for, until), a signal, a child.
+const KINDS: [&str; 5] = ["a", "wait:for", "wait:until", "signal:go", "workflow:one"];
+
+/// Steps out (running, compensating) most often: the ones the ladder watches.
+const STEP_STATES: [&str; 7] = [
+    "running",
+    "running",
+    "compensating",
+    "compensating",
+    "not_started",
+    "completed",
+    "failed",
+];
+
+/// Orders being driven most often, and some that are not.
+const ORDER_STATES: [ProcessState; 6] = [
+    ProcessState::Processing,
+    ProcessState::Processing,
+    ProcessState::Compensating,
+    ProcessState::Compensating,
+    ProcessState::Pending,
+    ProcessState::Processed,
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_warnable_query_loads_exactly_the_orders_the_ladder_would_warn() {
+    let app = TestApp::new().await;
+    let store = StateStore::from_pool(app.db.clone());
+    let mut rng = fastrand::Rng::with_seed(0x3a7);
+    for round in 0..4 {
+        sqlx::query("TRUNCATE orders, steps, order_events, outbox CASCADE")
+            .execute(&app.db)
+            .await
+            .expect("truncate");
+        let mut ids = Vec::new();
+        for _ in 0..150 {
+            let id = Uuid::now_v7();
+            ids.push(id);
+            let state = ORDER_STATES[rng.usize(..ORDER_STATES.len())].as_str();
+            let locked = (rng.u8(..4) > 0).then_some("scheduler-x");
+            // The order's complete-by: passed, to come, or none.
+            let complete_by = [None, Some(-30.0), Some(300.0), Some(300.0)][rng.usize(..4)];
+            sqlx::query(
+                "INSERT INTO orders (order_id, workflow, payload, process_state, locked_by, complete_by) \
+                 VALUES ($1, 'one', '{}', $2, $3, now() + make_interval(secs => $4))",
+            )
+            .bind(id)
+            .bind(state)
+            .bind(locked)
+            .bind(complete_by)
+            .execute(&app.db)
+            .await
+            .expect("insert order");
+            for idx in 0..rng.i32(1..4) {
+                let timeout_ms: i64 = [0, 100_000, 200_000][rng.usize(..3)];
+                let used = USED[rng.usize(..USED.len())];
+                // Seconds until its complete-by: none, or where `used` puts it.
+                let left = (rng.u8(..5) > 0)
+                    .then(|| (1.0 - used) * timeout_ms.max(100_000) as f64 / 1000.0);
+                sqlx::query(
+                    "INSERT INTO steps (order_id, idx, name, agent, timeout_ms, state, complete_by, warned) \
+                     VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8)",
+                )
+                .bind(id)
+                .bind(idx)
+                .bind(format!("s{idx}"))
+                .bind(KINDS[rng.usize(..KINDS.len())])
+                .bind(timeout_ms)
+                .bind(STEP_STATES[rng.usize(..STEP_STATES.len())])
+                .bind(left)
+                .bind(rng.i16(0..3))
+                .execute(&app.db)
+                .await
+                .expect("insert step");
+            }
+        }
+
+        let (loaded, now) = store.warnable_now(&RUNGS, 10_000).await.expect("warnable");
+        let by_query: BTreeSet<Uuid> = loaded.into_iter().collect();
+        let mut by_rule = BTreeSet::new();
+        for id in &ids {
+            let (row, steps, _) = store
+                .order_details(*id)
+                .await
+                .expect("read")
+                .expect("the order");
+            if rules::supervisor::warnable(&row, &steps, &RUNGS, now) {
+                by_rule.insert(*id);
+            }
+        }
+        assert!(
+            !by_rule.is_empty(),
+            "round {round}: some orders warnable (the query loaded {})",
+            by_query.len()
+        );
+        assert_eq!(
+            by_query,
+            by_rule,
+            "round {round}: the query and the rule disagree on {:?}",
+            by_query.symmetric_difference(&by_rule).collect::<Vec<_>>()
+        );
+    }
+}
