@@ -21,6 +21,7 @@ mod faults;
 mod fencing;
 mod hostile;
 mod http_api;
+mod http_attacks;
 mod in_doubt;
 mod metrics;
 mod nodes;
