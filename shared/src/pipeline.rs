@@ -12,10 +12,11 @@ use crate::messages::StepReply;
 use crate::outbox::{Relay, RelayTask};
 use crate::service::Context;
 use crate::state_store::{
-    Actor, ClaimBounds, Claimed, Done, Expired, NewOrder, ReplyOutcome, StateStore, StoreError,
-    Submitted, Transitions,
+    Actor, ClaimBounds, Claimed, Done, Expired, NewOrder, Operated, ReplyOutcome, StateStore,
+    StoreError, Submitted, Transitions,
 };
 use crate::workflow::Workflow;
+use uuid::Uuid;
 
 /// A service's transitions with its relay.
 #[derive(Debug, Clone)]
@@ -120,6 +121,40 @@ impl Pipeline {
     ) -> Result<usize, StoreError> {
         let hand_over = self.relay.ready();
         let done = self.transitions.warn_late(me, settings, hand_over).await?;
+        Ok(self.settle(done))
+    }
+
+    /// [`Transitions::signal`]: the step waiting for it completes, and what
+    /// the order does next is published at once.
+    pub async fn signal(
+        &self,
+        actor: &Actor,
+        order_id: Uuid,
+        name: &str,
+        data: &serde_json::Value,
+    ) -> Result<Operated, StoreError> {
+        let hand_over = self.relay.ready();
+        let done = self
+            .transitions
+            .signal(actor, order_id, name, data, hand_over)
+            .await?;
+        Ok(self.settle(done))
+    }
+
+    /// [`Transitions::cancel`], its undoing published at once.
+    pub async fn cancel(&self, actor: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
+        let hand_over = self.relay.ready();
+        let done = self.transitions.cancel(actor, order_id, hand_over).await?;
+        Ok(self.settle(done))
+    }
+
+    /// [`Transitions::undo_child`], its undoing published at once.
+    pub async fn undo_child(&self, actor: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
+        let hand_over = self.relay.ready();
+        let done = self
+            .transitions
+            .undo_child(actor, order_id, hand_over)
+            .await?;
         Ok(self.settle(done))
     }
 }

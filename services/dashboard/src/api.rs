@@ -296,17 +296,19 @@ async fn operate(
     let transitions = Transitions::new(ctx.store()?.clone(), ctx.queues.clone());
     let me = who.actor();
     let (outcome, verb) = match action {
-        Action::Retry => (transitions.retry(&me, id).await?, "retry"),
-        Action::Cancel => (transitions.cancel(&me, id).await?, "cancel"),
+        // The dashboard has no relay: the services' relays publish what it commits.
+        Action::Retry => (transitions.retry(&me, id, false).await?.value, "retry"),
+        Action::Cancel => (transitions.cancel(&me, id, false).await?.value, "cancel"),
         Action::Redrive(body) => {
             let patch = redrive_patch(&body)?;
             let limit = ctx.settings.submission.max_body_bytes;
-            let redriven = transitions.redrive(&me, id, patch.as_ref(), limit);
-            (redriven.await?, "redrive")
+            let redriven = transitions.redrive(&me, id, patch.as_ref(), limit, false);
+            (redriven.await?.value, "redrive")
         }
         Action::Signal(name, body) => {
             let data = signal_data(&body)?;
-            (transitions.signal(&me, id, &name, &data).await?, "signal")
+            let signalled = transitions.signal(&me, id, &name, &data, false);
+            (signalled.await?.value, "signal")
         }
     };
     match outcome {

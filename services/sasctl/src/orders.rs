@@ -356,15 +356,17 @@ async fn operate(action: Action, args: ActionArgs, settings: &Settings) -> anyho
     let transitions = Transitions::new(store.clone(), QueueNames::new(&settings.broker.prefix));
     let me = operator();
     let outcome = match &action {
-        Action::Retry => transitions.retry(&me, args.id).await,
-        Action::Cancel => transitions.cancel(&me, args.id).await,
+        // sasctl has no relay: the services' relays publish what it commits.
+        Action::Retry => transitions.retry(&me, args.id, false).await,
+        Action::Cancel => transitions.cancel(&me, args.id, false).await,
         Action::Redrive(patch) => {
             let limit = settings.submission.max_body_bytes;
-            let redriven = transitions.redrive(&me, args.id, patch.as_ref(), limit);
+            let redriven = transitions.redrive(&me, args.id, patch.as_ref(), limit, false);
             redriven.await
         }
-        Action::Signal(name, data) => transitions.signal(&me, args.id, name, data).await,
-    };
+        Action::Signal(name, data) => transitions.signal(&me, args.id, name, data, false).await,
+    }
+    .map(|done| done.value);
     store.close().await;
     let outcome = outcome.with_context(|| format!("{} order {}", action.doing(), args.id))?;
     let state = match outcome {

@@ -16,7 +16,7 @@ use sas::broker::{self, BrokerError, Outgoing, Publisher, Received, Verdict};
 use sas::messages::{Direction, StatusEvent, StepOutcome, StepReply, StepRequest};
 use sas::service::Context;
 use sas::state::ProcessState;
-use sas::state_store::{Actor, Operated, StateStore, StoreError, Submitted, Transitions};
+use sas::state_store::{Actor, Operated, StateStore, StoreError, Submitted};
 use sas::workflow::StepKind;
 use serde_json::{Value, json};
 use tracing::Instrument;
@@ -27,7 +27,6 @@ use crate::submission::{Accepted, Intake};
 /// The agent of child workflows.
 pub struct Children {
     pub intake: Arc<Intake>,
-    pub transitions: Transitions,
     pub store: StateStore,
     pub ctx: Arc<Context>,
     /// Who starts and undoes children, in their event logs.
@@ -163,7 +162,8 @@ impl Children {
         child: Uuid,
     ) -> Result<(), BrokerError> {
         let done = || StepOutcome::Succeeded { result: json!({}) };
-        match self.transitions.undo_child(&self.actor, child).await {
+        // Through the intake's pipeline: the undoing is published at once.
+        match self.intake.pipeline().undo_child(&self.actor, child).await {
             // Never started (its start is refused from now on, as older),
             // or nothing of it to undo.
             Ok(Operated::NotFound | Operated::Done(ProcessState::Compensated))

@@ -37,7 +37,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
 use sas::messages::{EventKind, RejectReason, logged_event, signal_refusal, truncate_bytes};
 use sas::service::Context;
-use sas::state_store::{EventRow, Operated, OrderRow, StepRow, StoreError, Submitted, Transitions};
+use sas::state_store::{EventRow, Operated, OrderRow, StepRow, StoreError, Submitted};
 use sas_protocol::http::{Cancelled, OrderAccepted, OrderView, Signalled, StepView};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -460,7 +460,9 @@ async fn cancel(
     let given = parse_id(&id)?;
     let row = owned(&api, &caller, given).await?;
     let actor = caller.actor();
-    let outcome = transitions(&api)?
+    let outcome = api
+        .intake
+        .pipeline()
         .cancel(&actor, row.order_id)
         .await
         .map_err(|e| ApiError::store(&e))?;
@@ -471,12 +473,6 @@ async fn cancel(
         state: state.as_str().to_owned(),
     };
     Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response())
-}
-
-/// The transitions of the service's state store.
-fn transitions(api: &Api) -> Result<Transitions, ApiError> {
-    let store = api.ctx.store().map_err(|e| ApiError::internal(&e))?;
-    Ok(Transitions::new(store.clone(), api.ctx.queues.clone()))
 }
 
 /// The state an action (`doing`, as in "cannot <doing> order …") left the
@@ -528,7 +524,9 @@ async fn signal(
     }
     let row = owned(&api, &caller, given).await?;
     let actor = caller.actor();
-    let outcome = transitions(&api)?
+    let outcome = api
+        .intake
+        .pipeline()
         .signal(&actor, row.order_id, &name, &data)
         .await
         .map_err(|e| ApiError::store(&e))?;

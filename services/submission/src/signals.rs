@@ -10,13 +10,15 @@ use std::sync::Arc;
 use sas::broker::{self, BrokerError, Received, Verdict};
 use sas::messages::{Quoted, RejectReason, decode_signal};
 use sas::metrics::labels;
+use sas::pipeline::Pipeline;
 use sas::service::Context;
-use sas::state_store::{Actor, Operated, StoreError, Transitions};
+use sas::state_store::{Actor, Operated, StoreError};
 use tracing::Instrument;
 
 /// Serves signals.
 pub struct Signaller {
-    pub transitions: Transitions,
+    /// The intake's: what the order does next is published at once.
+    pub pipeline: Pipeline,
     pub ctx: Arc<Context>,
     /// Who signals, in the event log: the submission instance.
     pub actor: Actor,
@@ -51,7 +53,7 @@ impl Signaller {
         let span = tracing::info_span!("signal", %order_id, signal = %signal.signal);
         async {
             let outcome = self
-                .transitions
+                .pipeline
                 .signal(&self.actor, order_id, &signal.signal, &signal.data)
                 .await;
             self.settle(&delivery, given, outcome).await

@@ -44,13 +44,12 @@ pub async fn run(ctx: Arc<Context>, intake: Arc<Intake>) -> anyhow::Result<()> {
     });
     let children = Arc::new(Children {
         intake: intake.clone(),
-        transitions: sas::state_store::Transitions::new(ctx.store()?.clone(), ctx.queues.clone()),
         store: ctx.store()?.clone(),
         ctx: ctx.clone(),
         actor: sas::state_store::Actor::new_instance("submission"),
     });
     let signaller = Arc::new(Signaller {
-        transitions: sas::state_store::Transitions::new(ctx.store()?.clone(), ctx.queues.clone()),
+        pipeline: intake.pipeline().clone(),
         ctx: ctx.clone(),
         actor: sas::state_store::Actor::new_instance("submission"),
     });
@@ -214,6 +213,13 @@ pub struct Accepted<'a> {
 }
 
 impl Intake {
+    /// The pipeline orders are stored through, whose relay publishes what
+    /// the service's other transitions (signals, cancels, children's undo)
+    /// commit too, at once.
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.pipeline
+    }
+
     /// The intake of the service of `ctx`; its relay starts with each broker
     /// session ([`run`]).
     pub fn new(ctx: Arc<Context>) -> anyhow::Result<Arc<Self>> {

@@ -546,10 +546,16 @@ impl Transitions {
     }
 
     /// An operator's retry of an `error` order ([`rules::operator::retry`]):
-    /// back to `pending` with its failure counts reset. Its messages are
-    /// left to the relays of the services.
-    pub async fn retry(&self, operator: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
-        self.operate(operator, order_id, |order, ctx| {
+    /// back to `pending` with its failure counts reset. With `hand_over`, its
+    /// messages are the caller's relay's to publish at once; without, the
+    /// services' relays sweep them up.
+    pub async fn retry(
+        &self,
+        operator: &Actor,
+        order_id: Uuid,
+        hand_over: bool,
+    ) -> Result<Done<Operated>, StoreError> {
+        self.operate(operator, order_id, hand_over, |order, ctx| {
             rules::operator::retry(order, ctx)
                 .map_err(|why| Operated::NotAllowed(order.row.process_state, why))
         })
@@ -558,10 +564,15 @@ impl Transitions {
 
     /// An operator's cancel of a `pending`, `processing` or `error` order
     /// ([`rules::operator::cancel`]): its completed steps are undone, newest
-    /// first, by the schedulers. Its messages are left to the relays of the
-    /// services.
-    pub async fn cancel(&self, operator: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
-        self.operate(operator, order_id, |order, ctx| {
+    /// first, by the schedulers. With `hand_over`, its messages are the caller's relay's to
+    /// publish at once; without, the services' relays sweep them up.
+    pub async fn cancel(
+        &self,
+        operator: &Actor,
+        order_id: Uuid,
+        hand_over: bool,
+    ) -> Result<Done<Operated>, StoreError> {
+        self.operate(operator, order_id, hand_over, |order, ctx| {
             rules::operator::cancel(order, ctx)
                 .map_err(|why| Operated::NotAllowed(order.row.process_state, why))
         })
@@ -571,8 +582,13 @@ impl Transitions {
     /// The undo of child order `order_id` by its parent's step (contract
     /// §4d, [`rules::operator::undo_child`]): a cancel, which also undoes a
     /// processed child.
-    pub async fn undo_child(&self, actor: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
-        self.operate(actor, order_id, |order, ctx| {
+    pub async fn undo_child(
+        &self,
+        actor: &Actor,
+        order_id: Uuid,
+        hand_over: bool,
+    ) -> Result<Done<Operated>, StoreError> {
+        self.operate(actor, order_id, hand_over, |order, ctx| {
             rules::operator::undo_child(order, ctx)
                 .map_err(|why| Operated::NotAllowed(order.row.process_state, why))
         })
@@ -589,12 +605,16 @@ impl Transitions {
         order_id: Uuid,
         name: &str,
         data: &serde_json::Value,
-    ) -> Result<Operated, StoreError> {
+        hand_over: bool,
+    ) -> Result<Done<Operated>, StoreError> {
         // Every way in (queue, HTTP, sasctl, dashboard) gets this answer.
         if let Some(why) = crate::messages::signal_refusal(name, data) {
-            return Ok(Operated::PayloadRefused(why));
+            return Ok(Done {
+                value: Operated::PayloadRefused(why),
+                committed: Committed::default(),
+            });
         }
-        self.operate(actor, order_id, |order, ctx| {
+        self.operate(actor, order_id, hand_over, |order, ctx| {
             rules::waits::signal(order, name, data, ctx)
                 .map_err(|why| Operated::NotAllowed(order.row.process_state, why))
         })
@@ -607,17 +627,18 @@ impl Transitions {
     /// submission's checks with `max_payload_bytes` as its limit
     /// (`submission.max_body_bytes`); back to `pending` as the order's next
     /// redrive, to run every step not completed (or undone) again under
-    /// new idempotency keys. Its messages are left to the relays of the
-    /// services.
+    /// new idempotency keys. With `hand_over`, its messages are the caller's relay's to
+    /// publish at once; without, the services' relays sweep them up.
     pub async fn redrive(
         &self,
         operator: &Actor,
         order_id: Uuid,
         patch: Option<&serde_json::Value>,
         max_payload_bytes: usize,
-    ) -> Result<Operated, StoreError> {
+        hand_over: bool,
+    ) -> Result<Done<Operated>, StoreError> {
         use rules::operator::RedriveError;
-        self.operate(operator, order_id, |order, ctx| {
+        self.operate(operator, order_id, hand_over, |order, ctx| {
             let state = order.row.process_state;
             rules::operator::redrive(order, patch, max_payload_bytes, ctx).map_err(|e| match e {
                 RedriveError::NotAllowed(why) => Operated::NotAllowed(state, why),
@@ -634,23 +655,24 @@ impl Transitions {
         &self,
         operator: &Actor,
         order_id: Uuid,
+        hand_over: bool,
         rule: R,
-    ) -> Result<Operated, StoreError>
+    ) -> Result<Done<Operated>, StoreError>
     where
         R: Fn(&Order, Context<'_>) -> Result<Decision, Operated>,
     {
         use tracing::Instrument as _;
         let span = tracing::info_span!("operate", %order_id, operator = %operator.name);
-        let done = again(|| self.operate_once(operator, order_id, &rule))
+        again(|| self.operate_once(operator, order_id, hand_over, &rule))
             .instrument(span)
-            .await?;
-        Ok(done.value)
+            .await
     }
 
     async fn operate_once<R>(
         &self,
         operator: &Actor,
         order_id: Uuid,
+        hand_over: bool,
         rule: &R,
     ) -> Result<Done<(Operated, Vec<Uuid>)>, StoreError>
     where
@@ -674,7 +696,7 @@ impl Transitions {
             unit.apply(0, decision, &self.queues)?;
             Ok((Operated::Done(to), unit))
         });
-        self.write_back(conn, decided, false).await
+        self.write_back(conn, decided, hand_over).await
     }
 }
 

@@ -1515,3 +1515,114 @@ fn a_definition_that_cannot_work_is_refused_at_start_up_in_one_line() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_signal_commits_is_published_at_once_not_at_a_relays_sweep() {
+    let app = TestApp::builder()
+        .extra_config(
+            r#"[workflows.approved]
+steps = [
+  { name = "approve", signal = "approval", timeout = "60s" },
+  { name = "charge", agent = "b" },
+]
+
+[workflows.last]
+steps = [{ name = "approve", signal = "approval", timeout = "60s" }]
+"#,
+        )
+        .build()
+        .await;
+    // The relays sweep the outbox only every 30 s: a message committed
+    // without being handed over to a relay waits that long, unless a
+    // scheduler that claims its order publishes it (the next step).
+    let slow_sweeps = [
+        ("SAS__OUTBOX__SWEEP_INTERVAL", "30s"),
+        ("SAS__OUTBOX__SWEEP_AGE", "30s"),
+    ];
+    for name in ["submission", "scheduler", "agent", "supervisor"] {
+        app.start_with_env(name, name, &[], &slow_sweeps).await;
+    }
+    let status = app.status_queue("approved").await;
+    sas::tls::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let port = app.port("submission");
+    for over_http in [true, false] {
+        for workflow in ["approved", "last"] {
+            let id = app.submit(workflow, Some(&status)).await;
+            wait_step(&app, id, "approve", "running").await;
+            let started = std::time::Instant::now();
+            if over_http {
+                let answer = http
+                    .post(format!(
+                        "http://127.0.0.1:{port}/v1/orders/{id}/signals/approval"
+                    ))
+                    .body("{}")
+                    .send()
+                    .await
+                    .expect("signal");
+                assert_eq!(answer.status(), 202);
+            } else {
+                let signal =
+                    serde_json::json!({ "order_id": id, "signal": "approval" }).to_string();
+                app.publisher()
+                    .publish(&sas::broker::Outgoing {
+                        routing_key: app.queues.signals(),
+                        body: signal.as_bytes(),
+                        mandatory: true,
+                        ..sas::broker::Outgoing::default()
+                    })
+                    .await
+                    .expect("publish signal");
+            }
+            // The signal's own status event; the order's end, when the
+            // signal ended it; the next step's call at the remote otherwise.
+            let ends = workflow == "last";
+            app.collect(&status, Duration::from_secs(40), |got| {
+                got.iter().any(|e| {
+                    e["order_id"] == id.to_string()
+                        && if ends {
+                            e["state"] == "processed"
+                        } else {
+                            e["state"] == "step_succeeded" && e["step"] == "approve"
+                        }
+                })
+            })
+            .await;
+            let told = started.elapsed();
+            let key = format!("{id}:charge");
+            while !ends && !app.stats().keys.contains_key(&key) {
+                assert!(
+                    started.elapsed() < Duration::from_secs(40),
+                    "no call of {key}"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let took = started.elapsed();
+            assert!(
+                told < Duration::from_millis(500) && took < Duration::from_millis(500),
+                "{workflow}, signalled over {}: its event after {told:?}, done after {took:?}",
+                if over_http { "HTTP" } else { "the queue" }
+            );
+        }
+    }
+    // A cancel over HTTP likewise: nothing is done yet, so it ends at once.
+    let id = app.submit("approved", Some(&status)).await;
+    wait_step(&app, id, "approve", "running").await;
+    let started = std::time::Instant::now();
+    let answer = http
+        .post(format!("http://127.0.0.1:{port}/v1/orders/{id}/cancel"))
+        .send()
+        .await
+        .expect("cancel");
+    assert_eq!(answer.status(), 202);
+    app.collect(&status, Duration::from_secs(40), |got| {
+        got.iter()
+            .any(|e| e["order_id"] == id.to_string() && sas_tests::is_terminal(e))
+    })
+    .await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(500),
+        "a cancel's end after {took:?}"
+    );
+}
