@@ -67,6 +67,35 @@ pub fn amqp() -> &'static str {
     &URL
 }
 
+/// Committed transactions of the database `db_name`, read from the admin
+/// database so that reading does not count. A backend reports its counts
+/// when it goes idle (at most once a second) or exits: a reader that needs
+/// them settled polls until they hold still.
+pub async fn pg_commits(db_name: &str) -> i64 {
+    use sqlx::Connection as _;
+    let mut admin = sqlx::PgConnection::connect(pg_admin())
+        .await
+        .expect("connect");
+    let n = sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = $1")
+        .bind(db_name)
+        .fetch_one(&mut admin)
+        .await
+        .expect("pg_stat_database");
+    admin.close().await.ok();
+    n
+}
+
+/// Bearer tokens of two applications, `shop` and `billing`, and the
+/// `sha256:` hashes their configuration holds.
+pub mod app_tokens {
+    pub const SHOP_TOKEN: &str = "shop-token-1";
+    pub const SHOP_HASH: &str =
+        "sha256:c4e212531303fd8cec100fa4330eccd120edc935bc20d239174363c92cbd1511";
+    pub const BILLING_TOKEN: &str = "billing-token-1";
+    pub const BILLING_HASH: &str =
+        "sha256:b1762227a5c55b2728c31d64ba22051d54823cfde637e353822df2869fb2d4dc";
+}
+
 /// `host:port` of [`pg_admin`], for what connects by address (proxies).
 pub fn pg_address() -> &'static str {
     static ADDRESS: LazyLock<String> = LazyLock::new(|| address_of(pg_admin(), 5432));

@@ -18,6 +18,19 @@ use crate::spec::SupervisorSettings;
 use crate::state::{ProcessState, StepState};
 use crate::workflow;
 
+/// Whether the supervisor's sweep loads `row`'s order at `now` (the pure
+/// twin of the state store's `expired` query): driven by a scheduler and
+/// past its step's complete-by, or held for an agent past its hold's end.
+pub fn expired(row: &crate::model::OrderRow, now: DateTime<Utc>) -> bool {
+    let driven = matches!(
+        row.process_state,
+        ProcessState::Processing | ProcessState::Compensating
+    );
+    let late = row.locked_by.is_some() && driven && row.complete_by.is_some_and(|by| by < now);
+    let held_too_long = row.held_for.is_some() && row.hold_until.is_some_and(|until| until < now);
+    late || held_too_long
+}
+
 /// The supervisor's decision for `order`, whose complete-by had passed at
 /// `ctx.now`: its running dispatch is withdrawn (a late reply to it is
 /// stale), the failure is counted, and the order is put back for another

@@ -38,6 +38,20 @@ const OUT_WITH: &str = "(SELECT count(*) FROM steps \
      WHERE (state = 'running' AND agent = $1) OR (state = 'compensating' AND compensate = $1))";
 
 impl StateStore {
+    /// How many steps are out with `agent` now, as a flow-control row's
+    /// count starts ([`crate::model::StepRow::out_with`] is its pure twin).
+    pub async fn steps_out_with(&self, agent: &str) -> Result<i64, StoreError> {
+        static SQL: LazyLock<String> = LazyLock::new(|| format!("SELECT {OUT_WITH}"));
+        self.conn()
+            .await?
+            .run(|c| {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(SQL.as_str()))
+                    .bind(agent)
+                    .fetch_one(c)
+            })
+            .await
+    }
+
     /// Sets `agent`'s `max_in_flight` and `rate_limit` (dispatches per
     /// second); with neither, the agent has no flow control and its row
     /// goes. A new row starts from the steps out with the agent now and a

@@ -447,6 +447,29 @@ impl StateStore {
             .await
     }
 
+    /// The orders the supervisor's sweep would load now as expired (at most
+    /// `limit`, of every partition, taking nothing: the row locks the query
+    /// takes are let go at once), and the state store's clock as the query
+    /// read it: for checking the query against its rule,
+    /// [`crate::rules::supervisor::expired`].
+    pub async fn expired_now(
+        &self,
+        limit: i64,
+    ) -> Result<(Vec<uuid::Uuid>, chrono::DateTime<chrono::Utc>), StoreError> {
+        self.conn()
+            .await?
+            .run(|c| async move {
+                let mut tx = sqlx::Connection::begin(c).await?;
+                let loaded = orders::expired(&mut tx, limit, false, &[0], 1).await?;
+                let now = sqlx::query_scalar("SELECT now()")
+                    .fetch_one(&mut *tx)
+                    .await?;
+                tx.rollback().await?;
+                Ok::<_, sqlx::Error>((loaded.iter().map(|l| l.order.order_id).collect(), now))
+            })
+            .await
+    }
+
     /// The state store's clock now: deadlines are on it (contract §6a),
     /// whatever the clock of the host asking.
     pub async fn clock(&self) -> Result<chrono::DateTime<chrono::Utc>, StoreError> {

@@ -54,17 +54,25 @@ impl AppClient {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_applications_own_their_ids_queues_and_replays_and_a_stranger_is_refused() {
-    // Users and queues of this test's own (a random part in each name).
-    let run = format!("a{}", &Uuid::new_v4().simple().to_string()[..10]);
-    let [shop_user, billing_user] = ["shop", "billing"]
+/// Two applications of this test's run, `shop` and `billing`, each with a
+/// RabbitMQ user of its own and its queues `<run>-<name>.*`: the users and
+/// their `[applications]` configuration.
+fn shop_and_billing(run: &str) -> ([BrokerUser; 2], String) {
+    let users = ["shop", "billing"]
         .map(|name| BrokerUser::create(&format!("{run}-{name}"), ".*", ".*", ".*"));
     let config = format!(
         "[applications.shop]\nuser = \"{}\"\nreply_to = [\"{run}-shop.*\"]\n\n\
          [applications.billing]\nuser = \"{}\"\nreply_to = [\"{run}-billing.*\"]\n",
-        shop_user.name, billing_user.name
+        users[0].name, users[1].name
     );
+    (users, config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_applications_own_their_ids_queues_and_replays_and_a_stranger_is_refused() {
+    // Users and queues of this test's own (a random part in each name).
+    let run = format!("a{}", &Uuid::new_v4().simple().to_string()[..10]);
+    let ([shop_user, billing_user], config) = shop_and_billing(&run);
     let app = TestApp::builder().extra_config(config).build().await;
     app.start_all().await;
     let (shop_q, billing_q) = (
@@ -350,13 +358,7 @@ async fn inject_store_failures(app: &TestApp) {
 async fn a_message_retried_or_replayed_by_sas_stays_its_senders_and_no_other_user_can_pose_as_one()
 {
     let run = format!("r{}", &Uuid::new_v4().simple().to_string()[..10]);
-    let [shop_user, billing_user] = ["shop", "billing"]
-        .map(|name| BrokerUser::create(&format!("{run}-{name}"), ".*", ".*", ".*"));
-    let config = format!(
-        "[applications.shop]\nuser = \"{}\"\nreply_to = [\"{run}-shop.*\"]\n\n\
-         [applications.billing]\nuser = \"{}\"\nreply_to = [\"{run}-billing.*\"]\n",
-        shop_user.name, billing_user.name
-    );
+    let ([shop_user, billing_user], config) = shop_and_billing(&run);
     let app = TestApp::builder().extra_config(config).build().await;
     inject_store_failures(&app).await;
     sqlx::query("INSERT INTO test_failing VALUES ('dead')")

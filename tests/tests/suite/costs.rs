@@ -54,20 +54,9 @@ struct Counters {
     rows: BTreeMap<(String, &'static str), i64>,
 }
 
-/// Committed transactions of the test database, read from another database
-/// so that reading does not count.
+/// Committed transactions of the test database ([`sas_tests::pg_commits`]).
 async fn commits(url: &str) -> i64 {
-    let mut admin = PgConnection::connect(sas_tests::pg_admin())
-        .await
-        .expect("connect");
-    let database = url.rsplit('/').next().unwrap_or_default();
-    let n = sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = $1")
-        .bind(database)
-        .fetch_one(&mut admin)
-        .await
-        .expect("pg_stat_database");
-    admin.close().await.ok();
-    n
+    sas_tests::pg_commits(url.rsplit('/').next().unwrap_or_default()).await
 }
 
 /// Rows written per table (reading writes none); `hot-updated` are the

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use remote_sim::Knobs;
 use sas_tests::TestApp;
+use sas_tests::app_tokens::{BILLING_HASH, BILLING_TOKEN, SHOP_HASH, SHOP_TOKEN};
 use sas_tests::broker_users::BrokerUser;
 use sas_tests::raw_amqp::{Properties, RawPublisher, flag, short_string};
 use serde_json::{Value, json};
@@ -554,13 +555,6 @@ steps = [
         .await;
     assert_eq!(again.status, 409, "{}", again.body);
 }
-
-/// `sha256:` of `shop-token-1` and of `billing-token-1`.
-const SHOP_TOKEN: &str = "shop-token-1";
-const SHOP_HASH: &str = "sha256:c4e212531303fd8cec100fa4330eccd120edc935bc20d239174363c92cbd1511";
-const BILLING_TOKEN: &str = "billing-token-1";
-const BILLING_HASH: &str =
-    "sha256:b1762227a5c55b2728c31d64ba22051d54823cfde637e353822df2869fb2d4dc";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_name_applications_and_each_sees_only_its_own_orders() {

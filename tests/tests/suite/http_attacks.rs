@@ -56,7 +56,6 @@ use sas_tests::TestApp;
 use sas_tests::dashboard::{OPERATOR_TOKEN, VIEWER_TOKEN, token_auth};
 use sas_tests::hostile::{assert_unharmed, draw, seeded};
 use serde_json::{Value, json};
-use sqlx::{Connection, PgConnection};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use uuid::Uuid;
@@ -2114,21 +2113,6 @@ fn shown(bytes: &[u8], max: usize) -> String {
     text
 }
 
-/// Committed transactions of the test database, read from another
-/// database so that reading does not count (as `costs` does).
-async fn commits(db_name: &str) -> i64 {
-    let mut admin = PgConnection::connect(sas_tests::pg_admin())
-        .await
-        .expect("connect");
-    let n = sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = $1")
-        .bind(db_name)
-        .fetch_one(&mut admin)
-        .await
-        .expect("pg_stat_database");
-    admin.close().await.ok();
-    n
-}
-
 /// The applications, the workflow with a signal step, and the dashboard
 /// with tokens. The dashboard's login throttle is set out of the way, so
 /// that forged tokens are judged, not refused unread (its own tests are
@@ -2496,12 +2480,12 @@ async fn thousands_of_generated_hostile_http_requests_read_or_change_nothing_of_
     ));
     // The deployment's own rate of commits, with all that running.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let quiet_from = (Instant::now(), commits(&app.db_name).await);
+    let quiet_from = (Instant::now(), sas_tests::pg_commits(&app.db_name).await);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let quiet_to = (Instant::now(), commits(&app.db_name).await);
+    let quiet_to = (Instant::now(), sas_tests::pg_commits(&app.db_name).await);
     let rate = (quiet_to.1 - quiet_from.1) as f64 / (quiet_to.0 - quiet_from.0).as_secs_f64();
 
-    let attack_from = (Instant::now(), commits(&app.db_name).await);
+    let attack_from = (Instant::now(), sas_tests::pg_commits(&app.db_name).await);
     let ports = (world.api_port, world.dashboard_port);
     let answers: Vec<(usize, Answer)> = futures_util::stream::iter(cases.iter().enumerate())
         .map(|(i, case)| async move {
@@ -2514,7 +2498,7 @@ async fn thousands_of_generated_hostile_http_requests_read_or_change_nothing_of_
         .buffer_unordered(CONCURRENCY)
         .collect()
         .await;
-    let attack_to = (Instant::now(), commits(&app.db_name).await);
+    let attack_to = (Instant::now(), sas_tests::pg_commits(&app.db_name).await);
     stop.store(true, Ordering::Relaxed);
     let attack_time = attack_to.0 - attack_from.0;
     let mut answers: Vec<Option<Answer>> = {

@@ -1,7 +1,8 @@
-//! The state store's loading queries against their pure twins: over
-//! generated orders and steps, the orders a query loads are exactly those
-//! its rule names, judged by the query's own clock (as `claims.rs` does for
-//! claimability).
+//! The state store's predicates against their pure twins: over generated
+//! orders and steps, the orders a loading query takes (warnable, expired)
+//! are exactly those its rule names, judged by the query's own clock, and
+//! the steps the flow-control count takes as out with an agent are those
+//! `StepRow::out_with` names (as `claims.rs` does for claimability).
 
 use std::collections::BTreeSet;
 
@@ -118,6 +119,120 @@ async fn the_warnable_query_loads_exactly_the_orders_the_ladder_would_warn() {
             by_rule,
             "round {round}: the query and the rule disagree on {:?}",
             by_query.symmetric_difference(&by_rule).collect::<Vec<_>>()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_expired_query_loads_exactly_the_orders_the_supervisor_would_expire() {
+    let app = TestApp::new().await;
+    let store = StateStore::from_pool(app.db.clone());
+    let mut rng = fastrand::Rng::with_seed(0xe81);
+    for round in 0..4 {
+        sqlx::query("TRUNCATE orders, steps, order_events, outbox CASCADE")
+            .execute(&app.db)
+            .await
+            .expect("truncate");
+        let mut ids = Vec::new();
+        for _ in 0..150 {
+            let id = Uuid::now_v7();
+            ids.push(id);
+            let state = ProcessState::ALL[rng.usize(..ProcessState::ALL.len())].as_str();
+            let locked = rng.bool().then_some("scheduler-x");
+            // Seconds from now: passed, to come, or none.
+            let when = |rng: &mut fastrand::Rng| [None, Some(-30.0), Some(30.0)][rng.usize(..3)];
+            let complete_by = when(&mut rng);
+            let held_for = rng.bool().then_some("a");
+            let hold_until = when(&mut rng);
+            sqlx::query(
+                "INSERT INTO orders (order_id, workflow, payload, process_state, locked_by, \
+                   complete_by, held_for, held_since, hold_until) \
+                 VALUES ($1, 'one', '{}', $2, $3, now() + make_interval(secs => $4), $5, \
+                   CASE WHEN $5 IS NOT NULL THEN now() END, now() + make_interval(secs => $6))",
+            )
+            .bind(id)
+            .bind(state)
+            .bind(locked)
+            .bind(complete_by)
+            .bind(held_for)
+            .bind(hold_until)
+            .execute(&app.db)
+            .await
+            .expect("insert order");
+        }
+        let (loaded, now) = store.expired_now(10_000).await.expect("expired");
+        let by_query: BTreeSet<Uuid> = loaded.into_iter().collect();
+        let mut by_rule = BTreeSet::new();
+        for id in &ids {
+            let row = store.order(*id).await.expect("read").expect("the order");
+            if rules::supervisor::expired(&row, now) {
+                by_rule.insert(*id);
+            }
+        }
+        assert!(!by_rule.is_empty(), "round {round}: some orders expired");
+        assert_eq!(
+            by_query,
+            by_rule,
+            "round {round}: the query and the rule disagree on {:?}",
+            by_query.symmetric_difference(&by_rule).collect::<Vec<_>>()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_steps_out_with_an_agent_are_counted_as_the_rule_says() {
+    const AGENTS: [&str; 3] = ["a", "b", "a-undo"];
+    let app = TestApp::new().await;
+    let store = StateStore::from_pool(app.db.clone());
+    let mut rng = fastrand::Rng::with_seed(0x0a7);
+    let mut ids = Vec::new();
+    for _ in 0..100 {
+        let id = Uuid::now_v7();
+        ids.push(id);
+        sqlx::query(
+            "INSERT INTO orders (order_id, workflow, payload, process_state) \
+             VALUES ($1, 'one', '{}', 'processing')",
+        )
+        .bind(id)
+        .execute(&app.db)
+        .await
+        .expect("insert order");
+        for idx in 0..rng.i32(1..4) {
+            // An agent's step or one sas runs; an undo or none.
+            let agent = ["a", "b", "a-undo", "wait:for", "signal:a"][rng.usize(..5)];
+            let compensate = [None, Some("a-undo"), Some("b"), Some("a")][rng.usize(..4)];
+            sqlx::query(
+                "INSERT INTO steps (order_id, idx, name, agent, compensate, timeout_ms, state) \
+                 VALUES ($1, $2, $3, $4, $5, 1000, $6)",
+            )
+            .bind(id)
+            .bind(idx)
+            .bind(format!("s{idx}"))
+            .bind(agent)
+            .bind(compensate)
+            .bind(STEP_STATES[rng.usize(..STEP_STATES.len())])
+            .execute(&app.db)
+            .await
+            .expect("insert step");
+        }
+    }
+    let mut steps = Vec::new();
+    for id in &ids {
+        let (_, of_order, _) = store
+            .order_details(*id)
+            .await
+            .expect("read")
+            .expect("the order");
+        steps.extend(of_order);
+    }
+    for agent in AGENTS {
+        let by_rule = steps.iter().filter(|s| s.out_with() == Some(agent)).count();
+        let by_query = store.steps_out_with(agent).await.expect("count");
+        assert!(by_rule > 0, "{agent}: some steps out with it");
+        assert_eq!(
+            usize::try_from(by_query).ok(),
+            Some(by_rule),
+            "{agent}: the query and the rule disagree"
         );
     }
 }

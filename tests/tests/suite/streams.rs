@@ -8,8 +8,8 @@
 use std::time::{Duration, Instant};
 
 use sas_tests::TestApp;
+use sas_tests::app_tokens::{BILLING_HASH, BILLING_TOKEN, SHOP_HASH, SHOP_TOKEN};
 use serde_json::{Value, json};
-use sqlx::Connection as _;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::TcpStream;
 use uuid::Uuid;
@@ -104,28 +104,12 @@ fn http() -> reqwest::Client {
     reqwest::Client::new()
 }
 
-/// Committed transactions of the test's database, read from another
-/// database (reading does not count), once the counter holds still for a
-/// moment: a backend reports its counts when it goes idle, at most once a
-/// second.
-async fn commits(app: &TestApp) -> i64 {
-    let mut admin = sqlx::PgConnection::connect(sas_tests::pg_admin())
-        .await
-        .expect("connect");
-    let n: i64 = sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = $1")
-        .bind(&app.db_name)
-        .fetch_one(&mut admin)
-        .await
-        .expect("pg_stat_database");
-    admin.close().await.ok();
-    n
-}
-
 /// Commits per second over `window`.
 async fn rate(app: &TestApp, window: Duration) -> f64 {
-    let (before, started) = (commits(app).await, Instant::now());
+    let commits = || sas_tests::pg_commits(&app.db_name);
+    let (before, started) = (commits().await, Instant::now());
     tokio::time::sleep(window).await;
-    let after = commits(app).await;
+    let after = commits().await;
     (after - before) as f64 / started.elapsed().as_secs_f64()
 }
 
@@ -236,13 +220,6 @@ async fn open_streams_on_waiting_orders_cost_the_database_nothing_while_they_wai
     }
     app.assert_running(&["submission", "scheduler", "agent", "supervisor"]);
 }
-
-/// `sha256:` of `shop-token-1` and of `billing-token-1`.
-const SHOP_TOKEN: &str = "shop-token-1";
-const SHOP_HASH: &str = "sha256:c4e212531303fd8cec100fa4330eccd120edc935bc20d239174363c92cbd1511";
-const BILLING_TOKEN: &str = "billing-token-1";
-const BILLING_HASH: &str =
-    "sha256:b1762227a5c55b2728c31d64ba22051d54823cfde637e353822df2869fb2d4dc";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_applications_streams_cannot_shut_another_out() {
