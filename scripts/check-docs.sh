@@ -27,7 +27,7 @@
 #   SAS_SKIP_BUILD=1 use those binaries as they are
 #   SAS_TEST_PYTHON  an interpreter with the Python client (default
 #                    target/sas-python/bin/python, which scripts/test.sh makes)
-#   SCHEMATHESIS_MAX_TIME  seconds Schemathesis may spend (default 90)
+#   SCHEMATHESIS_MAX_TIME  seconds Schemathesis may spend (default 60)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -192,7 +192,7 @@ live_checks() {
     "$tools/venv/bin/schemathesis" run docs/openapi.json \
         --url http://127.0.0.1:9101 \
         --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance \
-        --max-time "${SCHEMATHESIS_MAX_TIME:-90}" \
+        --max-time "${SCHEMATHESIS_MAX_TIME:-60}" \
         --request-timeout 10 \
         --workers 1 ||
         die "Schemathesis found failures"
