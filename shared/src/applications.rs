@@ -114,7 +114,7 @@ impl Applications {
         self.by_user
             .get(user)
             .map(Some)
-            .ok_or_else(|| Unknown::User(crate::messages::truncate_bytes(user, 64).to_owned()))
+            .ok_or_else(|| Unknown::User(sas_protocol::limits::truncate_bytes(user, 64).to_owned()))
     }
 }
 

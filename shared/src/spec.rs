@@ -109,7 +109,7 @@ impl WorkflowSpec {
     /// The step named `step`, or, for an item of a `for_each` step
     /// (`<step>:<index>`), that step.
     pub fn step(&self, step: &str) -> Option<&StepSpec> {
-        let name = crate::workflow::item_of(step).map_or(step, |(base, _)| base);
+        let name = item_of(step).map_or(step, |(base, _)| base);
         self.steps.iter().find(|s| s.name == name)
     }
 
@@ -369,6 +369,13 @@ pub struct ApplicationSpec {
     /// application's.
     #[serde(default)]
     pub tokens: Vec<String>,
+}
+
+/// The step and item index of an item's name, `<step>:<index>` (a step's
+/// own name has no ':'), for an item of a `for_each` step.
+pub fn item_of(name: &str) -> Option<(&str, usize)> {
+    let (base, index) = name.rsplit_once(':')?;
+    Some((base, index.parse().ok()?))
 }
 
 #[cfg(test)]

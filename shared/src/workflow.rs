@@ -93,12 +93,7 @@ pub fn fan_out_refusal(items: usize, payload: &serde_json::Value) -> Option<Stri
     })
 }
 
-/// The step and item index of an item's name, `<step>:<index>` (a step's
-/// own name has no ':'), for an item of a `for_each` step.
-pub fn item_of(name: &str) -> Option<(&str, usize)> {
-    let (base, index) = name.rsplit_once(':')?;
-    Some((base, index.parse().ok()?))
-}
+pub use crate::spec::item_of;
 
 fn valid_name(s: &str) -> bool {
     !s.is_empty()

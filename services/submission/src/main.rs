@@ -9,6 +9,7 @@ mod children;
 mod http_api;
 mod refusal;
 mod replay;
+mod session;
 mod signals;
 mod submission;
 
@@ -51,7 +52,7 @@ async fn main() -> ExitCode {
                 .get()
                 .cloned()
                 .ok_or_else(|| anyhow::anyhow!("the submission's intake was not built"))?;
-            submission::run(ctx, intake).await
+            session::run(ctx, intake).await
         },
     )
     .await

@@ -2,13 +2,11 @@
 //! steps, `received` event, outbox) → ack. Bad messages are copied to
 //! `<prefix>.orders.dead` with the reason in `x-sas-reason`, answered with
 //! `rejected` where a reply queue is known, and only then acknowledged.
-//! Beside it, the same session serves `<prefix>.replay` ([`crate::replay`])
-//! `<prefix>.signals` ([`crate::signals`]) and the requests and ends of
-//! child workflows ([`crate::children`]).
+//! The service's session ([`crate::session`]) serves it beside the other
+//! queues.
 
 use std::sync::Arc;
 
-use anyhow::Context as _;
 use chrono::Utc;
 use sas::applications::Application;
 use sas::broker::{self, BrokerError, Outgoing, Publisher, Received, Verdict};
@@ -23,148 +21,6 @@ use sas::trace::TraceContext;
 use sas::workflow::Workflow;
 use tracing::Instrument;
 use uuid::Uuid;
-
-use crate::children::Children;
-use crate::replay::Replayer;
-use crate::signals::Signaller;
-
-/// Runs the submission until shutdown, storing orders through `intake`
-/// (shared with the HTTP API, [`crate::http_api`]).
-pub async fn run(ctx: Arc<Context>, intake: Arc<Intake>) -> anyhow::Result<()> {
-    let store = ctx.store()?.clone();
-    sas::heartbeat::spawn(
-        store.clone(),
-        sas::state_store::Actor::new_instance("submission").name,
-        "submission",
-        ctx.shutdown.clone(),
-    );
-    let replayer = Arc::new(Replayer {
-        store,
-        ctx: ctx.clone(),
-    });
-    let children = Arc::new(Children {
-        intake: intake.clone(),
-        store: ctx.store()?.clone(),
-        ctx: ctx.clone(),
-        actor: sas::state_store::Actor::new_instance("submission"),
-    });
-    let signaller = Arc::new(Signaller {
-        pipeline: intake.pipeline().clone(),
-        ctx: ctx.clone(),
-        actor: sas::state_store::Actor::new_instance("submission"),
-    });
-    let submission = Arc::new(Submitter {
-        intake,
-        ctx: ctx.clone(),
-    });
-    ctx.run_sessions(&ctx.settings.agent_names(), async |broker| {
-        let publisher = broker.publisher().await?;
-        let relay = submission.intake.pipeline.start(broker).await?;
-        let (orders, replay) = (ctx.queues.orders(), ctx.queues.replay());
-        let prefetch = ctx.settings.broker.prefetch;
-        let consumer = ctx
-            .subscribe(broker, &publisher, orders, prefetch, "submission")
-            .await?;
-        let replays = ctx
-            .subscribe(
-                broker,
-                &publisher,
-                replay,
-                REPLAY_PREFETCH,
-                "submission-replay",
-            )
-            .await?;
-        let signals = ctx
-            .subscribe(
-                broker,
-                &publisher,
-                ctx.queues.signals(),
-                SIGNAL_PREFETCH,
-                "submission-signals",
-            )
-            .await?;
-        let child_requests = ctx
-            .subscribe(
-                broker,
-                &publisher,
-                ctx.queues.children(),
-                SIGNAL_PREFETCH,
-                "submission-children",
-            )
-            .await?;
-        let child_ends = ctx
-            .subscribe(
-                broker,
-                &publisher,
-                ctx.queues.children_ended(),
-                SIGNAL_PREFETCH,
-                "submission-children-ended",
-            )
-            .await?;
-        // The consumers end together: whichever stops first (the broker
-        // lost, or shutdown) stops the others.
-        let stop = ctx.shutdown.child_token();
-        let grace = ctx.settings.shutdown.grace;
-        let lost = relay.lost();
-        let submitting = serve(consumer, &stop, lost, grace, |delivery| -> Handling {
-            let (submission, publisher) = (submission.clone(), publisher.clone());
-            Box::pin(async move { submission.handle(&publisher, delivery).await })
-        });
-        let replaying = serve(replays, &stop, lost, grace, |delivery| -> Handling {
-            let (replayer, publisher) = (replayer.clone(), publisher.clone());
-            Box::pin(async move { replayer.handle(&publisher, delivery).await })
-        });
-        let signalling = serve(signals, &stop, lost, grace, |delivery| -> Handling {
-            let signaller = signaller.clone();
-            Box::pin(async move { signaller.handle(delivery).await })
-        });
-        let starting = serve(child_requests, &stop, lost, grace, |delivery| -> Handling {
-            let (children, publisher) = (children.clone(), publisher.clone());
-            Box::pin(async move { children.request(&publisher, delivery).await })
-        });
-        let ending = serve(child_ends, &stop, lost, grace, |delivery| -> Handling {
-            let (children, publisher) = (children.clone(), publisher.clone());
-            Box::pin(async move { children.event(&publisher, delivery).await })
-        });
-        let (orders, replays, signals, starts, ends) =
-            tokio::join!(submitting, replaying, signalling, starting, ending);
-        // The first error wins; else the orders' consumer says how it ended.
-        let end = orders.and_then(|end| {
-            [replays, signals, starts, ends]
-                .into_iter()
-                .find_map(Result::err)
-                .map_or(Ok(end), Err)
-        });
-        relay.stop(end).await
-    })
-    .await
-    .context("RabbitMQ")?;
-    Ok(())
-}
-
-/// A handler's future, boxed so that one [`serve`] serves every consumer.
-type Handling =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), BrokerError>> + Send>>;
-
-/// Consumes `subscription` with `handler` until shutdown or the broker is
-/// lost; ending, it stops the session's other consumers (`stop`).
-async fn serve(
-    subscription: broker::Subscription,
-    stop: &tokio_util::sync::CancellationToken,
-    lost: &tokio_util::sync::CancellationToken,
-    grace: std::time::Duration,
-    handler: impl Fn(Received) -> Handling,
-) -> Result<broker::SessionEnd, BrokerError> {
-    let end = broker::consume(subscription, stop, lost, grace, handler).await;
-    stop.cancel();
-    end
-}
-
-/// Replay requests worked on at once: each may publish thousands of events.
-const REPLAY_PREFETCH: u16 = 4;
-
-/// Signals worked on at once: each is one transition.
-const SIGNAL_PREFETCH: u16 = 16;
 
 /// An order to store, and what became of it.
 type Batcher = sas::batch::Batcher<(NewOrder, Workflow), Result<Submitted, Arc<StoreError>>>;
@@ -221,7 +77,7 @@ impl Intake {
     }
 
     /// The intake of the service of `ctx`; its relay starts with each broker
-    /// session ([`run`]).
+    /// session ([`crate::session::run`]).
     pub fn new(ctx: Arc<Context>) -> anyhow::Result<Arc<Self>> {
         let store = ctx.store()?.clone();
         let pipeline = Pipeline::new(&ctx, store);
@@ -360,14 +216,18 @@ impl Intake {
 }
 
 /// The submission's work, shared by its message handlers.
-struct Submitter {
-    intake: Arc<Intake>,
-    ctx: Arc<Context>,
+pub struct Submitter {
+    pub intake: Arc<Intake>,
+    pub ctx: Arc<Context>,
 }
 
 impl Submitter {
     /// Handles one delivery; an error means the broker is gone.
-    async fn handle(&self, publisher: &Publisher, delivery: Received) -> Result<(), BrokerError> {
+    pub async fn handle(
+        &self,
+        publisher: &Publisher,
+        delivery: Received,
+    ) -> Result<(), BrokerError> {
         sas::crash::panic_if_marked(delivery.body());
         // Who sent it (contract §1b): with applications configured, only
         // one of them, and its events only to its own queues.
