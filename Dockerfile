@@ -23,6 +23,7 @@ WORKDIR /build
 # [patch.crates-io]).
 COPY Cargo.toml Cargo.lock ./
 COPY protocol ./protocol
+COPY core ./core
 COPY shared ./shared
 COPY client ./client
 COPY services ./services

@@ -85,6 +85,33 @@ pub async fn pg_commits(db_name: &str) -> i64 {
     n
 }
 
+/// The crates `package` depends on to build (normal dependencies, each
+/// once), as `cargo tree` gives them: what a layering test checks.
+pub fn dependencies(package: &str) -> Vec<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root");
+    let out = Command::new(cargo)
+        .args(["tree", "--offline", "-p", package, "-e", "normal"])
+        .args(["--prefix", "none", "--no-dedupe"])
+        .current_dir(root)
+        .output()
+        .expect("cargo tree");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut crates: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect();
+    crates.sort();
+    crates.dedup();
+    crates
+}
+
 /// Bearer tokens of two applications, `shop` and `billing`, and the
 /// `sha256:` hashes their configuration holds.
 pub mod app_tokens {

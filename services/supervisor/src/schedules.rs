@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use sas::config::Settings;
 use sas::pipeline::Pipeline;
 use sas::rules::schedule::{self, Schedule, ScheduleKey};
-use sas::state_store::{NewOrder, Submitted};
+use sas::state_store::{Submitted, scheduled_order};
 use sas::workflow::Workflow;
 use tracing::Instrument as _;
 
@@ -78,7 +78,7 @@ impl Schedules {
             let order_id = schedule::order_id(key, &schedule.name, tick);
             let span = tracing::info_span!("tick", %order_id, %tick);
             // The tick's span is the order's root, as a submission's is.
-            let order = NewOrder::scheduled(key, schedule, tick, &sas::telemetry::hop(&span, None));
+            let order = scheduled_order(key, schedule, tick, &sas::telemetry::hop(&span, None));
             let submitted = pipeline
                 .submit(&order, workflow)
                 .instrument(span.clone())

@@ -53,7 +53,7 @@ pub use retention::{
     Archive, Policy, PruneBatch, PruneError, Pruned, Totals, archive_file_name, more_after,
     prunable, prunable_states,
 };
-pub use schedules::{ScheduleRow, ScheduleView};
+pub use schedules::{ScheduleRow, ScheduleView, scheduled_order};
 pub use search::{
     Cursor, FoundOrder, MAX_PAGE as MAX_SEARCH_PAGE, OrderSearch, PayloadField, SearchError,
     SearchFailed, SearchPage,

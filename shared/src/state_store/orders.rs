@@ -12,9 +12,8 @@ use crate::state::ProcessState;
 
 /// An order loaded for a transition: its row, the row's version, the
 /// database's clock and its steps, read by one statement.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 pub struct Loaded {
-    #[sqlx(flatten)]
     pub order: OrderRow,
     /// The row version read (`xmin`): the write-back changes the row only
     /// if it is still this version, so a transition that raced another
@@ -122,10 +121,26 @@ pub(super) fn claim_key(column: &str) -> String {
     format!("hashtextextended('sas.claim:' || {column}::text, 0)")
 }
 
-/// Reads the columns of [`COLUMNS`] (by name).
-impl<'r> sqlx::FromRow<'r, PgRow> for OrderRow {
+/// The order's columns ([`COLUMNS`]) with what the loading queries add.
+impl<'r> sqlx::FromRow<'r, PgRow> for Loaded {
     fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
         Ok(Self {
+            order: order_from_row(row)?,
+            version: row.try_get("version")?,
+            tx_now: row.try_get("tx_now")?,
+            outbox_locked: row.try_get("outbox_locked")?,
+            steps: row.try_get("steps")?,
+            gates: row.try_get("gates")?,
+            flows: row.try_get("flows")?,
+        })
+    }
+}
+
+/// Reads the columns of [`COLUMNS`] (by name): an order's row, as
+/// `sas-core`'s model holds it.
+pub(super) fn order_from_row(row: &PgRow) -> Result<OrderRow, sqlx::Error> {
+    {
+        Ok(OrderRow {
             order_id: row.try_get("order_id")?,
             workflow: row.try_get("workflow")?,
             payload: row.try_get("payload")?,
@@ -174,10 +189,11 @@ const COLUMNS: &str = "order_id, workflow, payload, reply_to, priority, not_befo
 
 /// The order, without locking it.
 pub async fn get(conn: &mut PgConnection, order_id: Uuid) -> Result<Option<OrderRow>, sqlx::Error> {
-    sqlx::query_as::<_, OrderRow>(sqlx::AssertSqlSafe(format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT {COLUMNS} FROM orders WHERE order_id = $1"
     )))
     .bind(order_id)
+    .try_map(|row: PgRow| order_from_row(&row))
     .fetch_optional(conn)
     .await
 }
@@ -372,7 +388,7 @@ pub async fn list(
     workflow: Option<&str>,
     limit: i64,
 ) -> Result<Vec<OrderRow>, sqlx::Error> {
-    sqlx::query_as::<_, OrderRow>(sqlx::AssertSqlSafe(format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT {COLUMNS} FROM orders \
          WHERE ($1::text IS NULL OR process_state = $1) AND ($2::text IS NULL OR workflow = $2) \
          ORDER BY created_at DESC LIMIT $3"
@@ -380,6 +396,7 @@ pub async fn list(
     .bind(state.map(ProcessState::as_str))
     .bind(workflow)
     .bind(limit)
+    .try_map(|row: PgRow| order_from_row(&row))
     .fetch_all(conn)
     .await
 }

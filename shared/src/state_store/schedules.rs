@@ -30,21 +30,21 @@ pub struct ScheduleRow {
     pub updated_at: DateTime<Utc>,
 }
 
-impl NewOrder {
-    /// The order of `schedule`'s tick at `tick`: its id is
-    /// [`schedule::order_id`] in the deployment's namespace `key`, its
-    /// trace `trace` (the tick's span).
-    pub fn scheduled(
-        key: ScheduleKey,
-        schedule: &Schedule,
-        tick: DateTime<Utc>,
-        trace: &crate::trace::TraceContext,
-    ) -> Self {
-        Self {
+/// The order of `schedule`'s tick at `tick`: its id is
+/// [`schedule::order_id`] in the deployment's namespace `key`, its trace
+/// `trace` (the tick's span).
+pub fn scheduled_order(
+    key: ScheduleKey,
+    schedule: &Schedule,
+    tick: DateTime<Utc>,
+    trace: &crate::trace::TraceContext,
+) -> NewOrder {
+    {
+        NewOrder {
             reply_to: schedule.reply_to.clone(),
             trace_id: Some(trace.trace_id.clone()),
             trace_span: Some(trace.span_id.clone()),
-            ..Self::new(
+            ..NewOrder::new(
                 schedule::order_id(key, &schedule.name, tick),
                 schedule.workflow.clone(),
                 serde_json::Value::Object(schedule.payload.clone()),

@@ -6,10 +6,11 @@ use uuid::Uuid;
 
 pub use crate::model::{StepRow, stage_names};
 
-/// Reads the columns of [`COLUMNS`] (by name).
-impl<'r> sqlx::FromRow<'r, PgRow> for StepRow {
-    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
-        Ok(Self {
+/// Reads the columns of [`COLUMNS`] (by name): a step's row, as
+/// `sas-core`'s model holds it.
+fn step_from_row(row: &PgRow) -> Result<StepRow, sqlx::Error> {
+    {
+        Ok(StepRow {
             order_id: row.try_get("order_id")?,
             idx: row.try_get("idx")?,
             name: row.try_get("name")?,
@@ -42,10 +43,11 @@ pub async fn for_orders(
     conn: &mut PgConnection,
     order_ids: &[Uuid],
 ) -> Result<Vec<StepRow>, sqlx::Error> {
-    sqlx::query_as::<_, StepRow>(sqlx::AssertSqlSafe(format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT {COLUMNS} FROM steps WHERE order_id = ANY($1) ORDER BY order_id, idx"
     )))
     .bind(order_ids)
+    .try_map(|row: PgRow| step_from_row(&row))
     .fetch_all(conn)
     .await
 }

@@ -8,7 +8,6 @@
 use std::time::Duration;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use chrono::{SubsecRound as _, Utc};
 use futures_util::StreamExt as _;
@@ -18,14 +17,6 @@ use sas_client::{Client, Error, Options, Order};
 use sas_tests::{TestApp, amqp, rabbitmq_cli};
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
-
-/// The workspace's root directory.
-fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the tests crate is in the workspace")
-        .to_path_buf()
-}
 
 /// The next item of a stream, within 10 s.
 async fn next(events: &mut sas_client::StatusStream) -> Result<StatusEvent, Error> {
@@ -288,46 +279,17 @@ async fn the_status_stream_and_submissions_go_on_over_a_new_connection_after_one
     client.close().await;
 }
 
-/// `cargo tree` of the client's normal dependencies, one crate per line.
-fn client_dependencies() -> String {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = std::process::Command::new(cargo)
-        .args([
-            "tree",
-            "--offline",
-            "-p",
-            "sas-client",
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
-        ])
-        .current_dir(workspace_root())
-        .output()
-        .expect("cargo tree");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[test]
 fn the_client_depends_on_nothing_of_the_server() {
-    let tree = client_dependencies();
-    let crates: Vec<&str> = tree
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .collect();
+    let crates = sas_tests::dependencies("sas-client");
     assert!(
-        crates.contains(&"sas-protocol") && crates.contains(&"lapin"),
-        "{tree}"
+        crates.iter().any(|c| c == "sas-protocol") && crates.iter().any(|c| c == "lapin"),
+        "{crates:?}"
     );
     for server in ["sqlx", "sqlx-core", "axum", "sas-shared", "opentelemetry"] {
         assert!(
-            !crates.contains(&server),
-            "sas-client depends on {server}:\n{tree}"
+            !crates.iter().any(|c| c == server),
+            "sas-client depends on {server}: {crates:?}"
         );
     }
 }

@@ -162,3 +162,27 @@ fn the_image_builds_only_the_binaries_it_installs_and_bakes_in_no_configuration(
         "compose mounts the configuration"
     );
 }
+
+#[test]
+fn the_core_crate_does_no_io_and_knows_no_runtime() {
+    // The layers: sas-core decides, sas-shared loads, writes back and talks
+    // to the broker around it. The compiler holds the line through this.
+    let crates = sas_tests::dependencies("sas-core");
+    assert!(crates.iter().any(|c| c == "sas-protocol"), "{crates:?}");
+    for io in [
+        "tokio",
+        "sqlx",
+        "sqlx-core",
+        "sqlx-postgres",
+        "lapin",
+        "reqwest",
+        "hyper",
+        "axum",
+        "sas-shared",
+    ] {
+        assert!(
+            !crates.iter().any(|c| c == io),
+            "sas-core depends on {io}: {crates:?}"
+        );
+    }
+}
