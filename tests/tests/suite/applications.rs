@@ -54,6 +54,19 @@ impl AppClient {
     }
 }
 
+/// Empties the orders' dead-letter queue; each of `reasons` must be among
+/// its letters' `x-sas-reason`s.
+async fn dead_lettered_for(app: &TestApp, reasons: &[&str]) {
+    let dead = app.drain(app.queues.orders_dead()).await;
+    let given: Vec<String> = dead.into_iter().filter_map(|(_, why)| why).collect();
+    for reason in reasons {
+        assert!(
+            given.iter().any(|w| w.contains(reason)),
+            "{reason}: {given:?}"
+        );
+    }
+}
+
 /// Two applications of this test's run, `shop` and `billing`, each with a
 /// RabbitMQ user of its own and its queues `<run>-<name>.*`: the users and
 /// their `[applications]` configuration.
@@ -195,16 +208,7 @@ async fn two_applications_own_their_ids_queues_and_replays_and_a_stranger_is_ref
     );
     // Neither the stranger's nor the poacher's order exists; both are
     // dead-lettered with their reasons.
-    let dead = app.drain(q.orders_dead()).await;
-    let reasons: Vec<String> = dead.into_iter().filter_map(|(_, why)| why).collect();
-    assert!(
-        reasons.iter().any(|w| w.contains("no user_id")),
-        "{reasons:?}"
-    );
-    assert!(
-        reasons.iter().any(|w| w.contains("not among application")),
-        "{reasons:?}"
-    );
+    dead_lettered_for(&app, &["no user_id", "not among application"]).await;
     let count: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
         .fetch_one(&app.db)
         .await
@@ -464,20 +468,7 @@ async fn a_message_retried_or_replayed_by_sas_stays_its_senders_and_no_other_use
         || async { app.ready(q.orders_dead()).await == 2 },
     )
     .await;
-    let reasons: Vec<String> = app
-        .drain(q.orders_dead())
-        .await
-        .into_iter()
-        .filter_map(|(_, why)| why)
-        .collect();
-    assert!(
-        reasons.iter().any(|w| w.contains("no user_id")),
-        "{reasons:?}"
-    );
-    assert!(
-        reasons.iter().any(|w| w.contains("not among application")),
-        "{reasons:?}"
-    );
+    dead_lettered_for(&app, &["no user_id", "not among application"]).await;
     let posed: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE app_order_id = ANY($1)")
         .bind([posing, nobody].to_vec())
         .fetch_one(&app.db)

@@ -43,16 +43,44 @@ const ORDER_STATES: [ProcessState; 6] = [
     ProcessState::Processed,
 ];
 
+/// Empties the tables a round's generated rows go into.
+async fn empty(app: &TestApp) {
+    sqlx::query("TRUNCATE orders, steps, order_events, outbox CASCADE")
+        .execute(&app.db)
+        .await
+        .expect("truncate");
+}
+
+/// One round's verdict: the orders the query loaded are exactly those of
+/// `ids` that `rule` names, and the round had some.
+async fn agree(round: usize, ids: &[Uuid], loaded: Vec<Uuid>, rule: impl AsyncFn(Uuid) -> bool) {
+    let by_query: BTreeSet<Uuid> = loaded.into_iter().collect();
+    let mut by_rule = BTreeSet::new();
+    for id in ids {
+        if rule(*id).await {
+            by_rule.insert(*id);
+        }
+    }
+    assert!(
+        !by_rule.is_empty(),
+        "round {round}: the rule names some orders (the query loaded {})",
+        by_query.len()
+    );
+    assert_eq!(
+        by_query,
+        by_rule,
+        "round {round}: the query and the rule disagree on {:?}",
+        by_query.symmetric_difference(&by_rule).collect::<Vec<_>>()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_warnable_query_loads_exactly_the_orders_the_ladder_would_warn() {
     let app = TestApp::new().await;
     let store = StateStore::from_pool(app.db.clone());
     let mut rng = fastrand::Rng::with_seed(0x3a7);
     for round in 0..4 {
-        sqlx::query("TRUNCATE orders, steps, order_events, outbox CASCADE")
-            .execute(&app.db)
-            .await
-            .expect("truncate");
+        empty(&app).await;
         let mut ids = Vec::new();
         for _ in 0..150 {
             let id = Uuid::now_v7();
@@ -97,29 +125,15 @@ async fn the_warnable_query_loads_exactly_the_orders_the_ladder_would_warn() {
         }
 
         let (loaded, now) = store.warnable_now(&RUNGS, 10_000).await.expect("warnable");
-        let by_query: BTreeSet<Uuid> = loaded.into_iter().collect();
-        let mut by_rule = BTreeSet::new();
-        for id in &ids {
+        agree(round, &ids, loaded, async |id| {
             let (row, steps, _) = store
-                .order_details(*id)
+                .order_details(id)
                 .await
                 .expect("read")
                 .expect("the order");
-            if rules::supervisor::warnable(&row, &steps, &RUNGS, now) {
-                by_rule.insert(*id);
-            }
-        }
-        assert!(
-            !by_rule.is_empty(),
-            "round {round}: some orders warnable (the query loaded {})",
-            by_query.len()
-        );
-        assert_eq!(
-            by_query,
-            by_rule,
-            "round {round}: the query and the rule disagree on {:?}",
-            by_query.symmetric_difference(&by_rule).collect::<Vec<_>>()
-        );
+            rules::supervisor::warnable(&row, &steps, &RUNGS, now)
+        })
+        .await;
     }
 }
 
@@ -129,10 +143,7 @@ async fn the_expired_query_loads_exactly_the_orders_the_supervisor_would_expire(
     let store = StateStore::from_pool(app.db.clone());
     let mut rng = fastrand::Rng::with_seed(0xe81);
     for round in 0..4 {
-        sqlx::query("TRUNCATE orders, steps, order_events, outbox CASCADE")
-            .execute(&app.db)
-            .await
-            .expect("truncate");
+        empty(&app).await;
         let mut ids = Vec::new();
         for _ in 0..150 {
             let id = Uuid::now_v7();
@@ -161,21 +172,11 @@ async fn the_expired_query_loads_exactly_the_orders_the_supervisor_would_expire(
             .expect("insert order");
         }
         let (loaded, now) = store.expired_now(10_000).await.expect("expired");
-        let by_query: BTreeSet<Uuid> = loaded.into_iter().collect();
-        let mut by_rule = BTreeSet::new();
-        for id in &ids {
-            let row = store.order(*id).await.expect("read").expect("the order");
-            if rules::supervisor::expired(&row, now) {
-                by_rule.insert(*id);
-            }
-        }
-        assert!(!by_rule.is_empty(), "round {round}: some orders expired");
-        assert_eq!(
-            by_query,
-            by_rule,
-            "round {round}: the query and the rule disagree on {:?}",
-            by_query.symmetric_difference(&by_rule).collect::<Vec<_>>()
-        );
+        agree(round, &ids, loaded, async |id| {
+            let row = store.order(id).await.expect("read").expect("the order");
+            rules::supervisor::expired(&row, now)
+        })
+        .await;
     }
 }
 
