@@ -262,7 +262,7 @@ pub enum CatchUp {
     /// report runs once when the supervisors are back, not once per night).
     #[default]
     Last,
-    /// One order per missed tick, the newest [`MAX_CATCH_UP`] at most.
+    /// One order per missed tick, the newest [`MAX_CATCH_UP`](crate::rules::schedule::MAX_CATCH_UP) at most.
     All,
 }
 

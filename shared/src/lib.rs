@@ -4,7 +4,12 @@
 //! marked pure are `sas-core`'s, re-exported here):
 //!
 //! - [`config`]: `Settings` from defaults, a TOML file and `SAS__*` variables.
+//! - [`spec`]: what an operator declares: workflows, steps, schedules,
+//!   applications, the supervisor's policy. Pure.
+//! - [`model`]: the records the rules decide on (`OrderRow`, `StepRow`,
+//!   `NewOrder`). Pure.
 //! - [`workflow`]: workflows and the step plan (what runs next). Pure.
+//! - [`expr`]: the CEL expressions of workflows, compiled once. Pure.
 //! - [`messages`]: the wire types of every queue (an application's are
 //!   `sas-protocol`'s, re-exported) and the submission's validation. Pure.
 //! - [`state`]: the states of orders and steps. Pure.
@@ -16,6 +21,8 @@
 //!   its events may go, which order its ids mean. Pure.
 //! - [`trace`]: W3C trace context carried from hop to hop. Pure.
 //! - [`state_store`]: every SQL statement, and the guarded transitions.
+//! - [`pipeline`]: a service's transitions with its outbox relay, as one
+//!   value: what a transition commits is published once it has.
 //! - [`broker`]: every lapin call: connect, topology, confirmed publish, consume.
 //! - [`dead_letters`]: the dead-letter queues for operators: list, replay, purge.
 //! - [`batch`]: group commit: deliveries that arrive together share a transaction.
@@ -25,6 +32,8 @@
 //!   every service runs around its own work.
 //! - [`tls`]: the rustls crypto provider, the TLS files of the
 //!   configuration, and the redaction of passwords from connection URLs.
+//! - [`heartbeat`]: each instance's record that it is alive.
+//! - [`stuck`]: gathers the facts of why orders are stuck and asks the rule.
 //! - [`crash`]: crash points that let the fault suite stop a process at an exact spot.
 //! - [`memory`]: the allocator's arenas, few, so that a service's memory stays small.
 
