@@ -28,7 +28,9 @@ use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 
 use super::BrokerError;
 use super::delivery::Delivery;
-use super::poison::DeadLetters;
+use prometheus_client::metrics::counter::Counter;
+
+use super::publisher::Publisher;
 
 /// A delivery taken by [`super::consume`]: a [`Delivery`] (it derefs to
 /// it), settled through its channel's [`Acks`].
@@ -255,6 +257,33 @@ impl Acks {
     /// Ack frames sent so far.
     pub fn ack_frames(&self) -> u64 {
         self.ack_frames.load(Ordering::Relaxed)
+    }
+}
+
+/// Where a consumer's hopeless deliveries go.
+#[derive(Clone)]
+pub struct DeadLetters {
+    pub(super) publisher: Publisher,
+    /// The consumed queue (a retry goes back to it).
+    pub(super) queue: String,
+    /// The consumed queue's dead-letter queue.
+    pub(super) dead_queue: String,
+    /// Tries of one message before [`super::retry_counted`] dead-letters it.
+    pub(super) max_tries: u32,
+    /// Handler panics, for `sas_handler_panics_total`.
+    pub(super) panics: Counter,
+}
+
+impl DeadLetters {
+    /// Dead letters of `queue` go to `<queue>.dead` through `publisher`.
+    pub fn new(publisher: Publisher, queue: &str, max_tries: u32, panics: Counter) -> Self {
+        Self {
+            publisher,
+            queue: queue.to_owned(),
+            dead_queue: format!("{queue}.dead"),
+            max_tries: max_tries.max(1),
+            panics,
+        }
     }
 }
 

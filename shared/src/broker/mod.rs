@@ -25,12 +25,12 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection};
 
-pub use acks::{Acks, Received};
+pub use acks::{Acks, DeadLetters, Received};
 pub use consumer::{ack, consume, dead_letter, requeue};
 pub use delivery::{Consumer, Delivery};
 pub use poison::{
-    DeadLetters, INTERNAL_ERROR, REASON_HEADER, TRIES_HEADER, Verdict, dead_letter_reason,
-    dead_letter_with, retry_counted, tries,
+    INTERNAL_ERROR, REASON_HEADER, TRIES_HEADER, Verdict, dead_letter_reason, dead_letter_with,
+    retry_counted, tries,
 };
 
 pub use publisher::{Header, Outgoing, PendingConfirm, PublishError, Publisher};

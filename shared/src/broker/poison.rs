@@ -13,11 +13,10 @@
 //! no deliveries; a quorum queue's `x-delivery-limit` cannot carry a reason).
 
 use lapin::types::AMQPValue;
-use prometheus_client::metrics::counter::Counter;
 
 use super::acks::Received;
 use super::delivery::Delivery;
-use super::publisher::{Header, Publisher};
+use super::publisher::Header;
 use super::{BrokerError, PublishError};
 
 /// The header that carries why a message was dead-lettered.
@@ -28,33 +27,6 @@ pub const TRIES_HEADER: &str = "x-sas-tries";
 
 /// The reason given for a delivery whose handler panicked.
 pub const INTERNAL_ERROR: &str = "internal_error";
-
-/// Where a consumer's hopeless deliveries go.
-#[derive(Clone)]
-pub struct DeadLetters {
-    publisher: Publisher,
-    /// The consumed queue (a retry goes back to it).
-    queue: String,
-    /// The consumed queue's dead-letter queue.
-    dead_queue: String,
-    /// Tries of one message before [`retry_counted`] dead-letters it.
-    max_tries: u32,
-    /// Handler panics, for `sas_handler_panics_total`.
-    panics: Counter,
-}
-
-impl DeadLetters {
-    /// Dead letters of `queue` go to `<queue>.dead` through `publisher`.
-    pub fn new(publisher: Publisher, queue: &str, max_tries: u32, panics: Counter) -> Self {
-        Self {
-            publisher,
-            queue: queue.to_owned(),
-            dead_queue: format!("{queue}.dead"),
-            max_tries: max_tries.max(1),
-            panics,
-        }
-    }
-}
 
 /// Why a dead letter was set aside, as an operator's tools show it: sas's
 /// `x-sas-reason`, or, for a message the broker dead-lettered by its own
@@ -71,7 +43,7 @@ pub fn dead_letter_reason(delivery: &super::Delivery) -> Option<String> {
 }
 
 /// Copies the delivery to the dead-letter queue with `reason`, then
-/// acknowledges it. Without a [`DeadLetters`] (or if the copy cannot be
+/// acknowledges it. Without a [`DeadLetters`](super::DeadLetters) (or if the copy cannot be
 /// made), the delivery is rejected and the queue's own dead-letter route
 /// takes it, without the reason.
 pub async fn dead_letter_with(delivery: &Received, reason: &str) -> Result<(), BrokerError> {
@@ -95,7 +67,7 @@ pub async fn dead_letter_with(delivery: &Received, reason: &str) -> Result<(), B
 
 /// A failure specific to this message: puts a copy back on its queue with
 /// one more try counted, or dead-letters it with `reason` once it has had
-/// its tries. Without a [`DeadLetters`], hands it back.
+/// its tries. Without a [`DeadLetters`](super::DeadLetters), hands it back.
 pub async fn retry_counted(delivery: &Received, reason: &str) -> Result<(), BrokerError> {
     let Some(dead) = delivery.dead_letters() else {
         return super::requeue(delivery).await;
