@@ -20,7 +20,7 @@ use crate::limits::{self, LimitOptions};
 use crate::load::{self, LoadSpec, Via};
 use crate::peers::{self, CeleryBackend, PeerOptions, PeerRun};
 use crate::procs;
-use crate::report::{self, Limits, Report, SasRun};
+use crate::report::{self, HTTP_FULL, Limits, Report, SasRun};
 use crate::restate::{self, RestateOptions};
 use crate::suite::{AGENTS, Env, Sim, Suite, SuiteOptions};
 
@@ -712,9 +712,6 @@ pub fn low_rate(args: &Args, workflow: &str, steps: usize) -> f64 {
         (None, _) => 50.0 / steps as f64,
     }
 }
-
-/// The load name of a full-load run submitted over HTTP.
-pub const HTTP_FULL: &str = "full, over HTTP";
 
 /// Sections 3–4: sas with 2 schedulers and 2 agents, and the recovery run.
 async fn sas_scaled_and_recovery(

@@ -9,12 +9,15 @@ use crate::limits::{HttpLimit, WorkflowLimit};
 use crate::load::LoadResult;
 use crate::peers::PeerResult;
 
+/// The load name of a full-load run submitted over HTTP.
+pub const HTTP_FULL: &str = "full, over HTTP";
+
 /// One sas run.
 #[derive(Debug, Clone, Serialize)]
 pub struct SasRun {
     /// E.g. `1 scheduler, 1 agent`.
     pub deployment: String,
-    /// `full`, `low` (a set rate, [`crate::plan::low_rate`]), `recovery`.
+    /// `full`, `low` (a set rate, `plan::low_rate`), `recovery`.
     pub load: String,
     pub result: LoadResult,
     /// A comparison with another row of the run, for the notes (the
@@ -788,7 +791,7 @@ pub fn targets(r: &Report, recovery_bound_s: f64) -> Vec<Target> {
         }
     }
     // Submitting over HTTP against the queue, the same deployment and orders.
-    let http = r.sas.iter().find(|s| s.load == crate::plan::HTTP_FULL);
+    let http = r.sas.iter().find(|s| s.load == HTTP_FULL);
     let queue = http.and_then(|h| {
         r.sas.iter().find(|s| {
             s.load == "full"

@@ -26,11 +26,11 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use base64::Engine;
 use sas::config::{Cidr, DashboardAuth, DashboardSettings, Role, Secret, valid_name};
-use sas::state_store::Actor;
 use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+pub use crate::identity::Identity;
 use crate::sessions::Sessions;
 use crate::throttle::{self, Attempt, Limits, Throttle};
 
@@ -39,23 +39,6 @@ pub const SESSION_COOKIE: &str = "sas_session";
 
 /// Longest credential read from a request: anything longer matches nothing.
 const MAX_CREDENTIAL_BYTES: usize = 4096;
-
-/// An authenticated caller.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Identity {
-    /// A plain word (see [`valid_name`]).
-    pub name: String,
-    pub role: Role,
-}
-
-impl Identity {
-    /// The event log's actor for this caller's actions: `operator:<name>`.
-    pub fn actor(&self) -> Actor {
-        Actor {
-            name: format!("operator:{}", self.name),
-        }
-    }
-}
 
 /// A configured secret and whom it identifies.
 struct Credential {

@@ -13,6 +13,7 @@ mod auth;
 mod dead_letters;
 mod forwarded;
 mod hosts;
+mod identity;
 mod login;
 mod search;
 mod sessions;

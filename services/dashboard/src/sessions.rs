@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::auth::Identity;
+use crate::identity::Identity;
 
 /// Most sessions held at once; opening one more drops the one that expires
 /// first. Only a valid token opens a session, so this bounds memory rather
