@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -18,6 +18,7 @@ use sas::service::Context;
 use sas::trace::TraceContext;
 
 use crate::deadline::Deadline;
+use crate::store_cell::StoreCell;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -56,7 +57,7 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
     let mut clients: HashMap<FollowRedirects, reqwest::Client> = HashMap::new();
     let hard_stop = CancellationToken::new();
     let instance = report::instance_name();
-    let store = Arc::new(OnceLock::new());
+    let store = Arc::new(StoreCell::default());
     let mut agents = Vec::new();
     for name in &names {
         let spec = ctx.settings.agents.get(name).with_context(|| {
@@ -160,13 +161,13 @@ async fn keep_breakers(
     instance: String,
     reported: Vec<report::Reported>,
     shared: Vec<Arc<Shared>>,
-    cell: Arc<OnceLock<sas::state_store::StateStore>>,
+    cell: Arc<StoreCell>,
     shutdown: CancellationToken,
 ) {
     let Some(store) = report::connect(database, &shutdown).await else {
         return;
     };
-    let store = cell.get_or_init(|| store);
+    let store = cell.set(store);
     tokio::join!(
         report::run(store, &instance, &reported, &shutdown),
         shared::run(store, &shared, &shutdown),
@@ -177,8 +178,6 @@ async fn keep_breakers(
 /// How long a request delivered again waits for this instance's first
 /// connection to the state store, whose clock it is judged by.
 const STORE_WAIT: Duration = Duration::from_secs(3);
-/// How often it looks.
-const STORE_POLL: Duration = Duration::from_millis(25);
 
 impl Agent {
     /// The state store's clock, read for a request delivered again (whose
@@ -192,12 +191,7 @@ impl Agent {
         // A request handed back by an agent that died comes again at once
         // to one just started, whose connection to Postgres may be on its
         // way: wait for it a little rather than judge by this host's clock.
-        let mut waited = Duration::ZERO;
-        while self.shared.store().is_none() && waited < STORE_WAIT {
-            tokio::time::sleep(STORE_POLL).await;
-            waited += STORE_POLL;
-        }
-        let store = self.shared.store()?;
+        let store = self.shared.wait_for_store(STORE_WAIT).await?;
         // Boxed: see `Shared::lets_through`.
         match Box::pin(store.clock()).await {
             Ok(now) => Some(now),

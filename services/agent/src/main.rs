@@ -8,6 +8,7 @@ mod remote;
 mod replies;
 mod report;
 mod shared;
+mod store_cell;
 
 use std::process::ExitCode;
 

@@ -10,11 +10,13 @@
 //! Without Postgres the shared breaker is unknown: requests go through and
 //! only the instance's own breaker ([`crate::breaker`]) guards the remote.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sas::rules::breaker::{Breaker, State};
 use sas::state_store::StateStore;
+
+use crate::store_cell::StoreCell;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -26,7 +28,7 @@ pub struct Shared {
     agent: String,
     instance: String,
     /// Set once Postgres is reached.
-    store: Arc<OnceLock<StateStore>>,
+    store: Arc<StoreCell>,
     seen: Mutex<Option<Breaker>>,
     /// The agent's threshold, cool-down and max hold, declared on the row.
     policy: (u32, Duration, Duration),
@@ -38,7 +40,7 @@ impl Shared {
     pub fn new(
         agent: &str,
         instance: &str,
-        store: Arc<OnceLock<StateStore>>,
+        store: Arc<StoreCell>,
         policy: (u32, Duration, Duration),
     ) -> Self {
         Self {
@@ -136,9 +138,9 @@ impl Shared {
         }
     }
 
-    /// The state store, once connected.
-    pub fn store(&self) -> Option<&StateStore> {
-        self.store.get()
+    /// The state store, waiting up to `within` for it to be connected.
+    pub async fn wait_for_store(&self, within: Duration) -> Option<&StateStore> {
+        self.store.wait(within).await
     }
 
     /// Reads the breaker, starting its probe when one is due.
@@ -194,7 +196,7 @@ mod tests {
         let shared = Shared::new(
             "a",
             "instance",
-            Arc::new(OnceLock::new()),
+            Arc::new(StoreCell::default()),
             (5, Duration::from_secs(5), Duration::from_secs(60)),
         );
         let sizes = [
