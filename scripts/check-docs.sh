@@ -148,7 +148,8 @@ suite_up() {
     say "the suite is up"
 }
 
-# run NAME COMMAND...: runs a first-order block (bounded) and checks its end.
+# first_order NAME FILE: runs the block marked NAME in FILE (bounded) and
+# checks that its order ended processed.
 first_order() {
     local name=$1 file=$2 code out
     code=$(block "$file" "$name")

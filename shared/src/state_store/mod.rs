@@ -417,11 +417,18 @@ impl StateStore {
             .await
     }
 
-    /// Stores that `watcher` no longer waits for `order`'s events.
-    pub async fn unwatch_events(&self, watcher: &str, order: uuid::Uuid) -> Result<(), StoreError> {
+    /// Stores that `watcher` no longer waits for `order`'s events, the
+    /// watch it stored last being the one until `stored`: a later one (a
+    /// stream opened meanwhile) stays.
+    pub async fn unwatch_events(
+        &self,
+        watcher: &str,
+        order: uuid::Uuid,
+        stored: chrono::DateTime<chrono::Utc>,
+    ) -> Result<(), StoreError> {
         self.conn()
             .await?
-            .run(|c| watches::unwatch(c, watcher, order))
+            .run(|c| watches::unwatch(c, watcher, order, stored))
             .await
     }
 

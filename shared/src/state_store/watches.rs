@@ -36,18 +36,23 @@ pub async fn watch(
     Ok(())
 }
 
-/// Stores that `watcher` no longer waits for `order`'s events.
+/// Stores that `watcher` no longer waits for `order`'s events, unless it
+/// stored a later watch of it since (`until` past `stored`): a stream that
+/// opens while the last one's deletion is on its way keeps its watch.
 pub async fn unwatch(
     conn: &mut PgConnection,
     watcher: &str,
     order: Uuid,
+    stored: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
         "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) \
-         DELETE FROM event_watches USING relaxed WHERE order_id = $1 AND watcher = $2",
+         DELETE FROM event_watches USING relaxed \
+         WHERE order_id = $1 AND watcher = $2 AND until <= $3",
     )
     .bind(order)
     .bind(watcher)
+    .bind(stored)
     .execute(conn)
     .await?;
     Ok(())

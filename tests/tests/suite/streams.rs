@@ -339,3 +339,43 @@ async fn a_stream_sends_heartbeats_ends_after_its_lifetime_and_resumes_from_last
     );
     assert!(got.iter().any(|e| e["state"] == "processed"), "{got:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_stored_while_the_last_ones_deletion_is_on_its_way_stays() {
+    // A stream that opens as the last one of its order closes stores its
+    // watch again before the closing one's deletion runs: the deletion,
+    // which names the watch it ends, must spare the newer one.
+    let app = TestApp::new().await;
+    let store = sas::state_store::StateStore::from_pool(app.db.clone());
+    let order = Uuid::now_v7();
+    let first = chrono::Utc::now() + chrono::Duration::minutes(30);
+    let later = first + chrono::Duration::milliseconds(5);
+    store
+        .watch_events("submission-x", &[order], first)
+        .await
+        .expect("watch");
+    store
+        .watch_events("submission-x", &[order], later)
+        .await
+        .expect("watch again");
+    store
+        .unwatch_events("submission-x", order, first)
+        .await
+        .expect("unwatch");
+    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM event_watches WHERE order_id = $1")
+        .bind(order)
+        .fetch_one(&app.db)
+        .await
+        .expect("count");
+    assert_eq!(kept, 1, "the later watch stays");
+    store
+        .unwatch_events("submission-x", order, later)
+        .await
+        .expect("unwatch");
+    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM event_watches WHERE order_id = $1")
+        .bind(order)
+        .fetch_one(&app.db)
+        .await
+        .expect("count");
+    assert_eq!(kept, 0, "the last one's own deletion ends it");
+}

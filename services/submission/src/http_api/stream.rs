@@ -267,10 +267,16 @@ impl Reading {
             if self.done {
                 return None;
             }
+            // The read after opening stands until its time, whatever woke
+            // the stream before.
+            let now = Instant::now();
+            if self.recheck_at.is_some_and(|at| at <= now) {
+                self.recheck_at = None;
+            }
             let again = if failed {
-                Some(Instant::now() + RETRY_READ)
+                Some(now + RETRY_READ)
             } else {
-                self.recheck_at.take()
+                self.recheck_at
             };
             tokio::select! {
                 () = self.watch.changed() => {}

@@ -46,6 +46,8 @@ pub struct Watches {
 /// The streams of one order.
 struct Watched {
     streams: usize,
+    /// The `until` of the watch stored last: its deletion spares a later one.
+    until: chrono::DateTime<chrono::Utc>,
     /// Counts the order's notifications; its streams wait for a change.
     news: watch::Sender<u64>,
 }
@@ -94,13 +96,16 @@ impl Watches {
     /// reads the log, so that no event written after that read goes
     /// unnoticed.
     pub async fn watch(self: &Arc<Self>, order: Uuid) -> Result<Watch, StoreError> {
+        let until = self.until();
         let news = {
             let mut orders = self.lock();
             let watched = orders.entry(order).or_insert_with(|| Watched {
                 streams: 0,
+                until,
                 news: watch::channel(0).0,
             });
             watched.streams += 1;
+            watched.until = watched.until.max(until);
             watched.news.subscribe()
         };
         let watch = Watch {
@@ -111,7 +116,7 @@ impl Watches {
         // Stored for every stream, not only the order's first: it moves
         // `until` on for the newest.
         self.store
-            .watch_events(&self.watcher, &[order], self.until())
+            .watch_events(&self.watcher, &[order], until)
             .await?;
         Ok(watch)
     }
@@ -131,21 +136,22 @@ impl Watches {
             match orders.get_mut(&order) {
                 Some(watched) if watched.streams > 1 => {
                     watched.streams -= 1;
-                    false
+                    None
                 }
-                Some(_) => {
-                    orders.remove(&order);
-                    true
-                }
-                None => false,
+                Some(_) => orders.remove(&order).map(|watched| watched.until),
+                None => None,
             }
         };
-        if last {
+        if let Some(stored) = last {
             // Best effort: a watch left behind only costs a notification
             // no one hears, until its `until`.
             let watches = self.clone();
             tokio::spawn(async move {
-                if let Err(e) = watches.store.unwatch_events(&watches.watcher, order).await {
+                let unwatched = watches
+                    .store
+                    .unwatch_events(&watches.watcher, order, stored)
+                    .await;
+                if let Err(e) = unwatched {
                     tracing::debug!(error = %e, %order, "event stream: could not delete a watch");
                 }
             });
@@ -162,15 +168,18 @@ impl Watches {
     /// Stores every watch again and wakes every stream: what the listener
     /// may have missed while it was away.
     async fn make_up(&self) {
-        let ids: Vec<Uuid> = self.lock().keys().copied().collect();
+        let until = self.until();
+        let ids: Vec<Uuid> = {
+            let mut orders = self.lock();
+            for watched in orders.values_mut() {
+                watched.until = watched.until.max(until);
+            }
+            orders.keys().copied().collect()
+        };
         if ids.is_empty() {
             return;
         }
-        if let Err(e) = self
-            .store
-            .watch_events(&self.watcher, &ids, self.until())
-            .await
-        {
+        if let Err(e) = self.store.watch_events(&self.watcher, &ids, until).await {
             tracing::warn!(error = %e, streams = ids.len(), "event streams: could not store their watches again");
         }
         for watched in self.lock().values() {
