@@ -24,6 +24,8 @@ WORKDIR /build
 COPY Cargo.toml Cargo.lock ./
 COPY protocol ./protocol
 COPY core ./core
+COPY tls ./tls
+COPY store ./store
 COPY shared ./shared
 COPY client ./client
 COPY services ./services

@@ -26,11 +26,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use sas::broker::{Broker, Outgoing};
 use sas::config::{DatabaseSettings, QueueType, StepSpec, WorkflowSpec};
+use sas::engine::{Actor, ClaimBounds, ReplyOutcome, Submitted, Transitions};
 use sas::messages::{StepOutcome, StepReply, StepRequest};
-use sas::state_store::{
-    Actor, ClaimBounds, Committed, Done, Held, NewOrder, OutboxRow, ReplyOutcome, StateStore,
-    StoreError, Submitted, Transitions,
-};
+use sas::state_store::{Committed, Held, NewOrder, OutboxRow, StateStore, StoreError};
 use sas::topology::QueueNames;
 use sas::workflow::Workflow;
 use serde::Serialize;
@@ -315,9 +313,10 @@ async fn pg_limit(
         .await?;
         let prefix = format!("sasbench{}limits", env.run_id);
         let outlet = Arc::new(Outlet::default());
+        // As the services at full load, where batches fill up: the limit
+        // costs the statements of the hand-over, one delete per transition.
         let transitions = Arc::new(Handing {
-            t: Transitions::new(store.clone(), QueueNames::new(&prefix)),
-            outlet: outlet.clone(),
+            t: Transitions::with_outlet(store.clone(), QueueNames::new(&prefix), outlet.clone()),
         });
         let wf = Arc::new(workflow(name, steps)?);
         let status = format!("{prefix}-app.status");
@@ -521,38 +520,26 @@ struct Outlet {
     requests: Arc<Mutex<Vec<StepRequest>>>,
     sizes: Arc<Mutex<Vec<(String, usize)>>>,
     releases: tokio_util::task::TaskTracker,
-    released: AtomicUsize,
+    released: Arc<AtomicUsize>,
 }
 
-/// Transitions whose committed messages go to the outlet, as the services'
-/// go to their relay.
+/// Transitions whose committed messages go to the outlet (the engine's
+/// port), as the services' go to their relay.
 struct Handing {
     t: Transitions,
-    outlet: Arc<Outlet>,
 }
 
 impl Handing {
-    /// As the services at full load, where batches fill up: the limit
-    /// costs the statements of the hand-over, one delete per transition.
-    const HAND_OVER: bool = true;
-
-    fn took<T>(&self, done: Done<T>) -> T {
-        self.outlet.hand_over(done.committed);
-        done.value
-    }
-
     async fn submit_many(
         &self,
         batch: &[(&NewOrder, &Workflow)],
     ) -> Result<Vec<Submitted>, StoreError> {
-        Ok(self.took(self.t.submit_many(batch, Self::HAND_OVER).await?))
+        self.t.submit_many(batch).await
     }
 
     async fn claim(&self, me: &Actor, limit: u32, max: u32) -> Result<Vec<Uuid>, StoreError> {
         let bounds = ClaimBounds::orders(limit, max);
-        Ok(self
-            .took(self.t.claim(me, bounds, Self::HAND_OVER).await?)
-            .ids)
+        Ok(self.t.claim(me, bounds).await?.ids)
     }
 
     async fn apply_replies(
@@ -560,19 +547,26 @@ impl Handing {
         me: &Actor,
         replies: &[StepReply],
     ) -> Result<Vec<ReplyOutcome>, StoreError> {
-        Ok(self.took(self.t.apply_replies(me, replies, Self::HAND_OVER).await?))
+        self.t.apply_replies(me, replies).await
     }
 }
 
-impl Outlet {
+impl sas::engine::Outlet for Outlet {
+    /// Always: the limit measures transitions that hand over.
+    fn ready(&self) -> bool {
+        true
+    }
+
     /// Takes what a transition committed: the messages handed over.
-    fn hand_over(self: &Arc<Self>, committed: Committed) {
+    fn hand_over(&self, committed: Committed) {
         if let Some((held, rows)) = committed.publish {
             self.publish(held, rows);
         }
     }
+}
 
-    fn publish(self: &Arc<Self>, held: Held, rows: Vec<OutboxRow>) {
+impl Outlet {
+    fn publish(&self, held: Held, rows: Vec<OutboxRow>) {
         let mut ids = Vec::with_capacity(rows.len());
         for row in rows {
             self.sizes
@@ -586,10 +580,10 @@ impl Outlet {
             }
             ids.push(row.id);
         }
-        let outlet = self.clone();
+        let released = self.released.clone();
         self.releases.spawn(async move {
             if held.release(&ids).await.is_ok() {
-                outlet.released.fetch_add(1, Ordering::Relaxed);
+                released.fetch_add(1, Ordering::Relaxed);
             }
         });
     }

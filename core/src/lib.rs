@@ -19,6 +19,7 @@
 //! - [`topology`]: the queue names of a deployment.
 //! - [`applications`]: application identities: who sent a message, where
 //!   its events may go, which order its ids mean.
+//! - [`trace`]: W3C trace context carried from hop to hop.
 
 pub mod applications;
 pub mod expr;
@@ -28,4 +29,5 @@ pub mod rules;
 pub mod spec;
 pub mod state;
 pub mod topology;
+pub mod trace;
 pub mod workflow;

@@ -20,7 +20,10 @@
 //! - [`applications`]: application identities: who sent a message, where
 //!   its events may go, which order its ids mean. Pure.
 //! - [`trace`]: W3C trace context carried from hop to hop. Pure.
-//! - [`state_store`]: every SQL statement, and the guarded transitions.
+//! - [`state_store`]: every SQL statement, as verbs (crate `sas-store`,
+//!   re-exported): load, guarded write-back, prune; no rule.
+//! - [`engine`]: load ▶ rule ▶ write back ▶ hand over: the transitions,
+//!   their outlet (the relay's port) and the shared breaker's transitions.
 //! - [`pipeline`]: a service's transitions with its outbox relay, as one
 //!   value: what a transition commits is published once it has.
 //! - [`broker`]: every lapin call: connect, topology, confirmed publish, consume.
@@ -30,7 +33,7 @@
 //! - [`http`] (on [`server`], bounded against slow or large requests),
 //!   [`metrics`], [`telemetry`], [`shutdown`], [`service`]: what
 //!   every service runs around its own work.
-//! - [`tls`]: the rustls crypto provider, the TLS files of the
+//! - [`tls`] (crate `sas-tls`, re-exported): the rustls crypto provider, the TLS files of the
 //!   configuration, and the redaction of passwords from connection URLs.
 //! - [`heartbeat`]: each instance's record that it is alive.
 //! - [`stuck`]: gathers the facts of why orders are stuck and asks the rule.
@@ -39,13 +42,19 @@
 
 // The domain without I/O lives in `sas-core`; its modules are this
 // crate's too, under the same names.
-pub use sas_core::{applications, expr, messages, model, rules, spec, state, topology, workflow};
+pub use sas_core::{
+    applications, expr, messages, model, rules, spec, state, topology, trace, workflow,
+};
+// The state store and TLS are crates of their own, under their old names.
+pub use sas_store as state_store;
+pub use sas_tls as tls;
 
 pub mod batch;
 pub mod broker;
 pub mod config;
 pub mod crash;
 pub mod dead_letters;
+pub mod engine;
 pub mod heartbeat;
 pub mod http;
 pub mod memory;
@@ -55,8 +64,5 @@ pub mod pipeline;
 pub mod server;
 pub mod service;
 pub mod shutdown;
-pub mod state_store;
 pub mod stuck;
 pub mod telemetry;
-pub mod tls;
-pub mod trace;

@@ -14,6 +14,7 @@ pub mod conditions;
 pub mod flow;
 pub mod operator;
 pub mod order;
+pub mod retention;
 pub mod schedule;
 pub mod scheduler;
 pub mod stuck;

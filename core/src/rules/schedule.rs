@@ -31,6 +31,7 @@ use croner::parser::{CronParser, Seconds, Year};
 
 use uuid::Uuid;
 
+use crate::model::NewOrder;
 pub use crate::spec::CatchUp;
 use crate::spec::ScheduleSpec;
 
@@ -274,6 +275,29 @@ pub fn due(
         passed_over,
         mark: new_mark,
     })
+}
+
+/// The order of `schedule`'s tick at `tick`: its id is
+/// [`order_id`] in the deployment's namespace `key`, its trace
+/// `trace` (the tick's span).
+pub fn scheduled_order(
+    key: ScheduleKey,
+    schedule: &Schedule,
+    tick: DateTime<Utc>,
+    trace: &crate::trace::TraceContext,
+) -> NewOrder {
+    {
+        NewOrder {
+            reply_to: schedule.reply_to.clone(),
+            trace_id: Some(trace.trace_id.clone()),
+            trace_span: Some(trace.span_id.clone()),
+            ..NewOrder::new(
+                order_id(key, &schedule.name, tick),
+                schedule.workflow.clone(),
+                serde_json::Value::Object(schedule.payload.clone()),
+            )
+        }
+    }
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use sas::engine::Breakers as _;
 use sas::rules::breaker::{Breaker, State};
 use sas::state_store::StateStore;
 

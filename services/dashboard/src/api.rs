@@ -41,13 +41,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router, middleware};
 use chrono::{DateTime, Utc};
+use sas::engine::{Operated, Transitions, any_undone};
 use sas::rules::Order;
+use sas::rules::operator::any_undo_in_doubt;
+use sas::rules::operator::cancel_refusal;
+use sas::rules::operator::redrive_refusal;
+use sas::rules::operator::retry_refusal;
 use sas::service::Context;
 use sas::state::ProcessState;
-use sas::state_store::{
-    EventRow, Operated, OrderRow, Overview, ScheduleView, StepRow, Transitions, any_undo_in_doubt,
-    any_undone, cancel_refusal, redrive_refusal, retry_refusal,
-};
+use sas::state_store::{EventRow, OrderRow, Overview, ScheduleView, StepRow};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -166,7 +168,14 @@ async fn me(
 }
 
 async fn overview(State(ctx): State<Arc<Context>>) -> Result<axum::Json<Overview>, ApiError> {
-    Ok(axum::Json(ctx.store()?.overview(LIST_LIMIT).await?))
+    let mut overview = ctx.store()?.overview(LIST_LIMIT).await?;
+    // The page greys out a button the transition would refuse, by the
+    // transitions' own rules; the transition still decides.
+    for o in &mut overview.failed {
+        o.retryable = retry_refusal(o.process_state, o.undone).is_none();
+        o.cancellable = cancel_refusal(o.process_state).is_none();
+    }
+    Ok(axum::Json(overview))
 }
 
 /// The schedules' answer: the views with the database clock they were read at.
@@ -297,18 +306,18 @@ async fn operate(
     let me = who.actor();
     let (outcome, verb) = match action {
         // The dashboard has no relay: the services' relays publish what it commits.
-        Action::Retry => (transitions.retry(&me, id, false).await?.value, "retry"),
-        Action::Cancel => (transitions.cancel(&me, id, false).await?.value, "cancel"),
+        Action::Retry => (transitions.retry(&me, id).await?, "retry"),
+        Action::Cancel => (transitions.cancel(&me, id).await?, "cancel"),
         Action::Redrive(body) => {
             let patch = redrive_patch(&body)?;
             let limit = ctx.settings.submission.max_body_bytes;
-            let redriven = transitions.redrive(&me, id, patch.as_ref(), limit, false);
-            (redriven.await?.value, "redrive")
+            let redriven = transitions.redrive(&me, id, patch.as_ref(), limit);
+            (redriven.await?, "redrive")
         }
         Action::Signal(name, body) => {
             let data = signal_data(&body)?;
-            let signalled = transitions.signal(&me, id, &name, &data, false);
-            (signalled.await?.value, "signal")
+            let signalled = transitions.signal(&me, id, &name, &data);
+            (signalled.await?, "signal")
         }
     };
     match outcome {

@@ -2,7 +2,7 @@
 //! ([`crate::auth`]) names it and a session ([`crate::sessions`]) keeps it.
 
 use sas::config::Role;
-use sas::state_store::Actor;
+use sas::engine::Actor;
 
 /// An authenticated caller.
 #[derive(Debug, Clone, PartialEq, Eq)]

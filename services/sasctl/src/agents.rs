@@ -8,6 +8,7 @@
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use sas::config::Settings;
+use sas::engine::Breakers as _;
 use sas::messages::rfc3339;
 use sas::rules::breaker::State;
 use sas::state_store::{BreakerEvent, SharedBreaker, StateStore};

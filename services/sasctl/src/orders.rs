@@ -15,12 +15,11 @@ use anyhow::Context;
 use chrono::{DateTime, Utc};
 use clap::{Subcommand, value_parser};
 use sas::config::Settings;
+use sas::engine::{Actor, Operated, Transitions};
 use sas::messages::rfc3339;
+use sas::rules::retention::more_after;
 use sas::state::ProcessState;
-use sas::state_store::{
-    Actor, Archive, EventRow, Operated, OrderRow, Policy, StateStore, StepRow, Totals, Transitions,
-    more_after,
-};
+use sas::state_store::{Archive, EventRow, OrderRow, Policy, StateStore, StepRow, Totals};
 use sas::topology::QueueNames;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -357,16 +356,15 @@ async fn operate(action: Action, args: ActionArgs, settings: &Settings) -> anyho
     let me = operator();
     let outcome = match &action {
         // sasctl has no relay: the services' relays publish what it commits.
-        Action::Retry => transitions.retry(&me, args.id, false).await,
-        Action::Cancel => transitions.cancel(&me, args.id, false).await,
+        Action::Retry => transitions.retry(&me, args.id).await,
+        Action::Cancel => transitions.cancel(&me, args.id).await,
         Action::Redrive(patch) => {
             let limit = settings.submission.max_body_bytes;
-            let redriven = transitions.redrive(&me, args.id, patch.as_ref(), limit, false);
+            let redriven = transitions.redrive(&me, args.id, patch.as_ref(), limit);
             redriven.await
         }
-        Action::Signal(name, data) => transitions.signal(&me, args.id, name, data, false).await,
-    }
-    .map(|done| done.value);
+        Action::Signal(name, data) => transitions.signal(&me, args.id, name, data).await,
+    };
     store.close().await;
     let outcome = outcome.with_context(|| format!("{} order {}", action.doing(), args.id))?;
     let state = match outcome {
@@ -418,6 +416,7 @@ async fn prune(args: PruneArgs, settings: &Settings) -> anyhow::Result<()> {
     let policy = Policy {
         ended_after,
         batch: args.batch.unwrap_or(retention.batch),
+        states: sas::rules::retention::PRUNABLE,
     };
     let archive = args.archive.or_else(|| retention.archive.clone());
     if let Some(dir) = archive.as_ref().filter(|d| !d.is_dir()) {

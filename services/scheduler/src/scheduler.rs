@@ -13,11 +13,12 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use sas::broker::{self, BrokerError, Received, Verdict};
+use sas::engine::{Actor, ClaimBounds, ReplyOutcome};
 use sas::messages::{Quoted, StepReply, decode_replies};
 use sas::metrics::labels;
 use sas::pipeline::Pipeline;
 use sas::service::Context;
-use sas::state_store::{Actor, ClaimBounds, ReplyOutcome, StoreError};
+use sas::state_store::StoreError;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -54,7 +55,12 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     // Flow control (§4b) as this configuration sets it; the schedulers enforce it.
     for (agent, spec) in &ctx.settings.agents {
         store
-            .declare_flow(agent, spec.max_in_flight, spec.rate_per_sec())
+            .declare_flow(
+                agent,
+                spec.max_in_flight,
+                spec.rate_per_sec(),
+                spec.rate_per_sec().map_or(1.0, sas::rules::flow::burst),
+            )
             .await
             .with_context(|| format!("declaring the flow control of agent {agent}"))?;
     }

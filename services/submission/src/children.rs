@@ -13,10 +13,11 @@
 use std::sync::Arc;
 
 use sas::broker::{self, BrokerError, Outgoing, Publisher, Received, Verdict};
+use sas::engine::{Actor, Operated, Submitted};
 use sas::messages::{Direction, StatusEvent, StepOutcome, StepReply, StepRequest};
 use sas::service::Context;
 use sas::state::ProcessState;
-use sas::state_store::{Actor, Operated, StateStore, StoreError, Submitted};
+use sas::state_store::{StateStore, StoreError};
 use sas::workflow::StepKind;
 use serde_json::{Value, json};
 use tracing::Instrument;

@@ -22,7 +22,7 @@ pub async fn run(ctx: Arc<Context>, intake: Arc<Intake>) -> anyhow::Result<()> {
     let store = ctx.store()?.clone();
     sas::heartbeat::spawn(
         store.clone(),
-        sas::state_store::Actor::new_instance("submission").name,
+        sas::engine::Actor::new_instance("submission").name,
         "submission",
         ctx.shutdown.clone(),
     );
@@ -34,12 +34,12 @@ pub async fn run(ctx: Arc<Context>, intake: Arc<Intake>) -> anyhow::Result<()> {
         intake: intake.clone(),
         store: ctx.store()?.clone(),
         ctx: ctx.clone(),
-        actor: sas::state_store::Actor::new_instance("submission"),
+        actor: sas::engine::Actor::new_instance("submission"),
     });
     let signaller = Arc::new(Signaller {
         pipeline: intake.pipeline().clone(),
         ctx: ctx.clone(),
-        actor: sas::state_store::Actor::new_instance("submission"),
+        actor: sas::engine::Actor::new_instance("submission"),
     });
     let submission = Arc::new(Submitter {
         intake,

@@ -8,11 +8,12 @@
 use std::sync::Arc;
 
 use sas::broker::{self, BrokerError, Received, Verdict};
+use sas::engine::{Actor, Operated};
 use sas::messages::{Quoted, RejectReason, decode_signal};
 use sas::metrics::labels;
 use sas::pipeline::Pipeline;
 use sas::service::Context;
-use sas::state_store::{Actor, Operated, StoreError};
+use sas::state_store::StoreError;
 use tracing::Instrument;
 
 /// Serves signals.

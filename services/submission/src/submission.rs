@@ -10,13 +10,14 @@ use std::sync::Arc;
 use chrono::Utc;
 use sas::applications::Application;
 use sas::broker::{self, BrokerError, Outgoing, Publisher, Received, Verdict};
+use sas::engine::Submitted;
 use sas::messages::{
     Quoted, RejectReason, RejectedHints, Submission, decode_submission, rejected_event,
 };
 use sas::metrics::labels;
 use sas::pipeline::Pipeline;
 use sas::service::Context;
-use sas::state_store::{NewOrder, StoreError, Submitted};
+use sas::state_store::{NewOrder, StoreError};
 use sas::trace::TraceContext;
 use sas::workflow::Workflow;
 use tracing::Instrument;

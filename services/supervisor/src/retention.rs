@@ -11,8 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use sas::config::RetentionSettings;
+use sas::rules::retention::more_after;
 use sas::service::Context;
-use sas::state_store::{Archive, Policy, StateStore, Totals, more_after};
+use sas::state_store::{Archive, Policy, StateStore, Totals};
 use tokio::task::JoinHandle;
 
 /// The leader's retention runs.
@@ -33,6 +34,7 @@ impl Retention {
         let policy = settings.ended_after.map(|ended_after| Policy {
             ended_after,
             batch: settings.batch,
+            states: sas::rules::retention::PRUNABLE,
         });
         if policy.is_none() {
             tracing::info!("retention.ended_after is off: ended orders are kept");

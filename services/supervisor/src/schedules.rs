@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use sas::config::Settings;
+use sas::engine::Submitted;
 use sas::pipeline::Pipeline;
+use sas::rules::schedule::scheduled_order;
 use sas::rules::schedule::{self, Schedule, ScheduleKey};
-use sas::state_store::{Submitted, scheduled_order};
 use sas::workflow::Workflow;
 use tracing::Instrument as _;
 

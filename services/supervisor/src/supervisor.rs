@@ -22,10 +22,11 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use sas::broker::SessionEnd;
+use sas::engine::{Actor, Expired};
 use sas::metrics::labels;
 use sas::pipeline::Pipeline;
 use sas::service::Context;
-use sas::state_store::{Actor, Expired, Lease, Partitions, StateStore};
+use sas::state_store::{Lease, Partitions, StateStore};
 
 /// Runs a supervisor until shutdown.
 pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {

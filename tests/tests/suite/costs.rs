@@ -8,12 +8,10 @@
 use std::collections::BTreeMap;
 
 use sas::config::Settings;
+use sas::engine::{Actor, ClaimBounds, Outlet, ReplyOutcome, Submitted, Transitions};
 use sas::messages::{Events, StepOutcome, StepReply, StepRequest};
 use sas::state::ProcessState;
-use sas::state_store::{
-    Actor, ClaimBounds, Committed, Done, Held, NewOrder, OutboxRow, Plans, ReplyOutcome,
-    StateStore, StoreError, Submitted, Transitions,
-};
+use sas::state_store::{Committed, Held, NewOrder, OutboxRow, Plans, StateStore, StoreError};
 use sas::workflow::Workflow;
 use sas_tests::TestApp;
 use serde_json::json;
@@ -283,16 +281,23 @@ struct Recorder {
     releases: tokio_util::task::TaskTracker,
 }
 
-impl Recorder {
+// The engine's port: transitions hand over to it as to a service's relay.
+impl Outlet for Recorder {
+    fn ready(&self) -> bool {
+        !self.busy
+    }
+
     /// Takes what a transition committed, as a relay's `hand_over` does.
-    fn hand_over(self: &std::sync::Arc<Self>, committed: Committed) {
+    fn hand_over(&self, committed: Committed) {
         self.later.lock().unwrap().extend(committed.later);
         self.follow.lock().unwrap().extend(committed.follow);
         if let Some((held, rows)) = committed.publish {
             self.publish(held, rows);
         }
     }
+}
 
+impl Recorder {
     fn publish(&self, held: Held, rows: Vec<OutboxRow>) {
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
         self.rows.lock().unwrap().extend(rows);
@@ -314,55 +319,43 @@ impl Recorder {
     }
 }
 
-/// Transitions whose committed messages go to a recorder, as a service's
-/// go to its relay (or nowhere: left to a relay's sweep).
+/// Transitions whose committed messages go to a recorder (the engine's
+/// outlet), as a service's go to its relay; or nowhere (left to a relay's
+/// sweep).
 #[derive(Clone)]
 struct Handed {
     t: Transitions,
-    to: Option<std::sync::Arc<Recorder>>,
 }
 
 impl Handed {
     fn plain(t: Transitions) -> Self {
-        Self { t, to: None }
+        Self { t }
     }
 
     fn to(t: Transitions, recorder: std::sync::Arc<Recorder>) -> Self {
         Self {
-            t,
-            to: Some(recorder),
+            t: t.handing_to(recorder),
         }
-    }
-
-    fn ready(&self) -> bool {
-        self.to.as_ref().is_some_and(|r| !r.busy)
-    }
-
-    fn took<T>(&self, done: Done<T>) -> T {
-        if let Some(r) = &self.to {
-            r.hand_over(done.committed);
-        }
-        done.value
     }
 
     async fn submit(&self, o: &NewOrder, wf: &Workflow) -> Result<Submitted, StoreError> {
-        Ok(self.took(self.t.submit(o, wf, self.ready()).await?))
+        self.t.submit(o, wf).await
     }
 
     async fn submit_many(
         &self,
         b: &[(&NewOrder, &Workflow)],
     ) -> Result<Vec<Submitted>, StoreError> {
-        Ok(self.took(self.t.submit_many(b, self.ready()).await?))
+        self.t.submit_many(b).await
     }
 
     async fn claim(&self, me: &Actor, limit: u32, max: u32) -> Result<Vec<Uuid>, StoreError> {
         let bounds = ClaimBounds::orders(limit, max);
-        Ok(self.took(self.t.claim(me, bounds, self.ready()).await?).ids)
+        Ok(self.t.claim(me, bounds).await?.ids)
     }
 
     async fn apply_reply(&self, me: &Actor, r: &StepReply) -> Result<ReplyOutcome, StoreError> {
-        Ok(self.took(self.t.apply_reply(me, r, self.ready()).await?))
+        self.t.apply_reply(me, r).await
     }
 
     async fn apply_replies(
@@ -370,7 +363,7 @@ impl Handed {
         me: &Actor,
         r: &[StepReply],
     ) -> Result<Vec<ReplyOutcome>, StoreError> {
-        Ok(self.took(self.t.apply_replies(me, r, self.ready()).await?))
+        self.t.apply_replies(me, r).await
     }
 }
 
@@ -764,7 +757,7 @@ steps = [{ name = "reserve", agent = "a", for_each = "payload.items" }]
         o.events = Events::Terminal;
     }
     let batch: Vec<(&NewOrder, &Workflow)> = orders.iter().map(|o| (o, &wf)).collect();
-    t.submit_many(&batch, false).await.expect("submit");
+    t.submit_many(&batch).await.expect("submit");
     let count = async |sql: &'static str| -> i64 {
         sqlx::query_scalar(sql)
             .fetch_one(&app.db)
@@ -780,9 +773,9 @@ steps = [{ name = "reserve", agent = "a", for_each = "payload.items" }]
     // Each claim decides orders until their requests reach twelve: three
     // (fifteen requests), three more, then the last two with room to spare.
     for (claimed, more) in [(3, true), (3, true), (2, false)] {
-        let done = t.claim(&me, bounds, false).await.expect("claim");
-        assert_eq!((done.value.ids.len(), done.value.more), (claimed, more));
-        assert!(done.value.ids.iter().all(|id| seen.insert(*id)));
+        let done = t.claim(&me, bounds).await.expect("claim");
+        assert_eq!((done.ids.len(), done.more), (claimed, more));
+        assert!(done.ids.iter().all(|id| seen.insert(*id)));
         let requests = count("SELECT count(*) FROM outbox WHERE kind = 'request'").await;
         assert_eq!(requests, 5 * seen.len() as i64);
         // The orders read but not decided are as they were: pending, free.
@@ -798,15 +791,15 @@ steps = [{ name = "reserve", agent = "a", for_each = "payload.items" }]
         o.payload = json!({ "items": [1, 2, 3, 4, 5] });
     }
     let batch: Vec<(&NewOrder, &Workflow)> = more.iter().map(|o| (o, &wf)).collect();
-    t.submit_many(&batch, false).await.expect("submit");
+    t.submit_many(&batch).await.expect("submit");
     let tight = ClaimBounds {
         messages: 1,
         ..bounds
     };
     let me = Actor::new_instance("scheduler");
-    let first = t.claim(&me, tight, false).await.expect("claim").value;
+    let first = t.claim(&me, tight).await.expect("claim");
     assert_eq!((first.ids.len(), first.more), (1, true));
-    let second = t.claim(&me, tight, false).await.expect("claim").value;
+    let second = t.claim(&me, tight).await.expect("claim");
     assert_eq!(second.ids.len(), 1);
     assert_ne!(first.ids, second.ids);
     store.close().await;

@@ -331,7 +331,8 @@ async fn snapshot(app: &TestApp, id: Uuid) -> Value {
 /// again against the order and steps as that transaction left them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_that_waited_for_the_orders_lock_sees_the_steps_as_they_were_left() {
-    use sas::state_store::{Actor, ClaimBounds, NewOrder, ReplyOutcome, StateStore, Transitions};
+    use sas::engine::{Actor, ClaimBounds, ReplyOutcome, Transitions};
+    use sas::state_store::{NewOrder, StateStore};
     use sqlx::Connection as _;
 
     let app = TestApp::new().await;
@@ -352,13 +353,13 @@ async fn a_reply_that_waited_for_the_orders_lock_sees_the_steps_as_they_were_lef
         application: None,
         app_order_id: None,
     };
-    t.submit(&order, &wf, false).await.expect("submit");
+    t.submit(&order, &wf).await.expect("submit");
     let me = Actor::new_instance("scheduler");
     let claimed = t
-        .claim(&me, ClaimBounds::orders(1, 1), false)
+        .claim(&me, ClaimBounds::orders(1, 1))
         .await
         .expect("claim");
-    assert_eq!(claimed.value.ids.len(), 1);
+    assert_eq!(claimed.ids.len(), 1);
     let (dispatch_id, attempt): (Uuid, i32) = sqlx::query_as(
         "SELECT s.dispatch_id, o.failure_count + 1 FROM steps s JOIN orders o USING (order_id) \
          WHERE order_id = $1",
@@ -392,7 +393,7 @@ async fn a_reply_that_waited_for_the_orders_lock_sees_the_steps_as_they_were_lef
     let applying = tokio::spawn({
         let t = t.clone();
         let me = me.clone();
-        async move { t.apply_reply(&me, &reply, false).await.map(|d| d.value) }
+        async move { t.apply_reply(&me, &reply).await }
     });
     app.wait_for_lock_waiters(1).await;
     assert!(

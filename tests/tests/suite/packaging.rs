@@ -186,3 +186,79 @@ fn the_core_crate_does_no_io_and_knows_no_runtime() {
         );
     }
 }
+
+#[test]
+fn the_store_knows_no_broker() {
+    // sas-store is SQL verbs over sas-core's types: it never reaches RabbitMQ.
+    let crates = sas_tests::dependencies("sas-store");
+    assert!(crates.iter().any(|c| c == "sqlx"), "{crates:?}");
+    for broker in ["lapin", "amq-protocol", "sas-client", "sas-shared"] {
+        assert!(
+            !crates.iter().any(|c| c == broker),
+            "sas-store depends on {broker}: {crates:?}"
+        );
+    }
+}
+
+/// The code lines of the `.rs` files under `dir` (comments left out), with
+/// their file's name.
+fn code_lines(dir: &std::path::Path) -> Vec<(String, String)> {
+    let mut lines = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("source directory") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            lines.extend(code_lines(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let text = std::fs::read_to_string(&path).expect("source");
+            for line in text.lines() {
+                let code = line.split("//").next().unwrap_or_default();
+                if !code.trim().is_empty() {
+                    lines.push((path.display().to_string(), code.to_owned()));
+                }
+            }
+        }
+    }
+    lines
+}
+
+#[test]
+fn the_store_holds_no_rule_and_never_learns_whether_a_relay_is_ready() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../store/src");
+    let lines = code_lines(&root);
+    assert!(lines.len() > 1000, "read the store's sources");
+    // The rules' types may pass through the store (it maps rows to them);
+    // their functions are the engine's to call. A path into the rules ends
+    // in a type (UpperCamel), or a group of them.
+    for (file, line) in &lines {
+        for (at, _) in line.match_indices("rules::") {
+            let rest = &line[at + "rules::".len()..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+                .unwrap_or(rest.len());
+            let (path, after) = rest.split_at(end);
+            let named: Vec<&str> = match after.strip_prefix('{') {
+                Some(group) => group
+                    .split('}')
+                    .next()
+                    .unwrap_or_default()
+                    .split(',')
+                    .collect(),
+                None => vec![
+                    path.trim_end_matches(':')
+                        .rsplit("::")
+                        .next()
+                        .unwrap_or_default(),
+                ],
+            };
+            for name in named.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+                assert!(
+                    name.starts_with(|c: char| c.is_ascii_uppercase()) || name == "self",
+                    "{file} calls into the rules ({name}): {line}"
+                );
+            }
+        }
+        for word in ["hand_over", "ready(", "Relay", "Outlet"] {
+            assert!(!line.contains(word), "{file} knows the relay: {line}");
+        }
+    }
+}

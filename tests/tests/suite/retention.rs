@@ -11,9 +11,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use sas::state_store::{
-    Archive, Plans, Policy, PruneError, Pruned, StateStore, Totals, more_after,
-};
+use sas::rules::retention::more_after;
+use sas::state_store::{Archive, Plans, Policy, PruneError, Pruned, StateStore, Totals};
 use sas_tests::TestApp;
 use sas_tests::cli::{output, run, sasctl, wait_state};
 use serde_json::Value;
@@ -24,6 +23,7 @@ use uuid::Uuid;
 const POLICY: Policy = Policy {
     ended_after: Duration::from_secs(3600),
     batch: 2,
+    states: sas::rules::retention::PRUNABLE,
 };
 
 /// An order in `state`, created and last changed `age` ago (`"3 hours"`),

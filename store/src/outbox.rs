@@ -1,8 +1,10 @@
 //! The `outbox` table: messages committed with a transition, published by the
-//! relay ([`crate::outbox`]) and deleted once the broker confirmed them.
+//! engine's relay and deleted once the broker confirmed them.
 
 use sqlx::PgConnection;
 use uuid::Uuid;
+
+use super::{StateStore, StoreError};
 
 /// A message waiting to be published.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -20,6 +22,18 @@ pub struct OutboxRow {
     pub body: Vec<u8>,
 }
 
+/// Whether a transition's connection takes the outbox locks of the orders
+/// it loads and writes messages for, keeping them past its write-back so
+/// that whoever holds the connection publishes those messages at once and
+/// in order ([`Committed::publish`]); or leaves them to the outbox's sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutboxLocks {
+    /// Take them: the messages come back with the connection that holds them.
+    Take,
+    /// Take none: the messages wait in the outbox for a sweep.
+    Leave,
+}
+
 /// The SQL of an order's outbox lock key, for the order id in `column`: one
 /// advisory lock per order, held by whoever is publishing its messages (a
 /// connection handed over with [`Held`], by a transition or a [`take`]).
@@ -28,7 +42,7 @@ pub(super) fn lock_key(column: &str) -> String {
 }
 
 /// What a transition committed for publishing, handed back to its caller,
-/// which passes it to its relay ([`crate::outbox::Relay::hand_over`]).
+/// which passes it to whoever publishes (the engine's relay).
 /// Dropped unread, the connection it holds is closed (letting its outbox
 /// locks go) and the messages wait for a relay's sweep.
 #[derive(Debug, Default)]
@@ -74,7 +88,7 @@ pub struct Held {
 
 impl Held {
     /// Wraps a connection that has taken outbox locks.
-    pub(super) fn new(
+    pub(crate) fn new(
         conn: sqlx::pool::PoolConnection<sqlx::Postgres>,
         bound: std::time::Duration,
     ) -> Self {
@@ -226,11 +240,52 @@ pub async fn backlog(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
         .await
 }
 
+impl StateStore {
+    /// Takes the queued messages of these orders for publishing
+    /// ([`take`]): the orders no other publisher holds, or with
+    /// `wait` every order once its publisher lets it go. Publish the rows,
+    /// then [`Held::release`] the ones published: nothing stays open in
+    /// between but the outbox locks.
+    pub async fn take_outbox(&self, order_ids: &[Uuid], wait: bool) -> Result<Taken, StoreError> {
+        let mut conn = self.conn().await?;
+        // The locks stay with the session: failing, it is closed, not pooled.
+        conn.discard();
+        let (taken, rows) = conn.run(|c| take(c, order_ids, wait)).await?;
+        conn.keep();
+        let held = conn
+            .into_pooled()
+            .map(|c| Held::new(c, self.io_timeout()))
+            .ok_or(StoreError::Silent(self.io_timeout()))?;
+        let busy = order_ids
+            .iter()
+            .filter(|id| !taken.contains(id))
+            .copied()
+            .collect();
+        Ok(Taken { held, rows, busy })
+    }
+
+    /// Messages waiting in the outbox.
+    pub async fn outbox_backlog(&self) -> Result<i64, StoreError> {
+        let mut conn = self.conn().await?;
+        conn.run(backlog).await
+    }
+
+    /// Orders with messages left behind by a process that died.
+    pub async fn outbox_stale_orders(
+        &self,
+        age_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        let mut conn = self.conn().await?;
+        conn.run(|c| stale_orders(c, age_ms, limit)).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn the_take_function_locks_the_keys_every_other_publisher_locks() {
-        let take = include_str!("../../../migrations/20261206000001_outbox_take.sql");
+        let take = include_str!("../../migrations/20261206000001_outbox_take.sql");
         assert_eq!(
             take.matches(&super::lock_key("t.id")).count(),
             2,

@@ -4,7 +4,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row as _};
 use uuid::Uuid;
 
-pub use crate::model::{StepRow, stage_names};
+pub use sas_core::model::{StepRow, stage_names};
 
 /// Reads the columns of [`COLUMNS`] (by name): a step's row, as
 /// `sas-core`'s model holds it.

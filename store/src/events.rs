@@ -7,7 +7,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::messages::{EventKind, ReplayRequest, StatusEvent, logged_event};
+use sas_core::messages::{EventKind, ReplayRequest, StatusEvent, logged_event};
 
 /// One row of the event log.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -30,7 +30,7 @@ impl EventRow {
     pub fn to_json(&self) -> Value {
         serde_json::json!({
             "seq": self.seq,
-            "at": crate::messages::rfc3339::format(&self.at),
+            "at": sas_core::messages::rfc3339::format(&self.at),
             "event": self.event,
             "from_state": self.from_state,
             "to_state": self.to_state,

@@ -1,7 +1,7 @@
 //! The `schedules` table: each recurring order's mark (contract §4b). A
 //! pass loads the mark with the database's clock ([`StateStore::schedule_mark`]),
-//! asks the rule ([`crate::rules::schedule::due`]), submits the ticks'
-//! orders through the ordinary submission ([`super::Transitions::submit`],
+//! asks the rule ([`sas_core::rules::schedule::due`]), submits the ticks'
+//! orders through the ordinary submission (the engine's `Transitions::submit`,
 //! idempotent on their UUIDv5 ids) and only then moves the mark on,
 //! guarded by the mark it loaded ([`StateStore::move_schedule_mark`]). A
 //! pass that dies between the two submits the same ids again next time,
@@ -12,9 +12,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::orders::NewOrder;
 use super::{StateStore, StoreError};
-use crate::rules::schedule::{self, Schedule, ScheduleKey};
+use sas_core::rules::schedule::{self, Schedule, ScheduleKey};
 
 /// A schedule's stored state as `sasctl schedules list` and the dashboard
 /// show it, beside its configuration.
@@ -28,29 +27,6 @@ pub struct ScheduleRow {
     /// That order's `process_state` (`None`: pruned, or none made yet).
     pub last_order_state: Option<String>,
     pub updated_at: DateTime<Utc>,
-}
-
-/// The order of `schedule`'s tick at `tick`: its id is
-/// [`schedule::order_id`] in the deployment's namespace `key`, its trace
-/// `trace` (the tick's span).
-pub fn scheduled_order(
-    key: ScheduleKey,
-    schedule: &Schedule,
-    tick: DateTime<Utc>,
-    trace: &crate::trace::TraceContext,
-) -> NewOrder {
-    {
-        NewOrder {
-            reply_to: schedule.reply_to.clone(),
-            trace_id: Some(trace.trace_id.clone()),
-            trace_span: Some(trace.span_id.clone()),
-            ..NewOrder::new(
-                schedule::order_id(key, &schedule.name, tick),
-                schedule.workflow.clone(),
-                serde_json::Value::Object(schedule.payload.clone()),
-            )
-        }
-    }
 }
 
 impl StateStore {

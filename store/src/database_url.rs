@@ -74,8 +74,8 @@ impl Hosts {
         for one in &urls {
             if let Err(e) = one.parse::<PgConnectOptions>() {
                 return Err(HostsError::Url {
-                    url: crate::tls::redact_url(one),
-                    error: crate::tls::redact(&e.to_string(), [one.as_str(), url]),
+                    url: sas_tls::redact_url(one),
+                    error: sas_tls::redact(&e.to_string(), [one.as_str(), url]),
                 });
             }
         }
@@ -147,7 +147,7 @@ fn split(url: &str) -> Result<Vec<String>, HostsError> {
         .split(',')
         .map(|host| {
             if host.is_empty() {
-                return Err(HostsError::EmptyHost(crate::tls::redact_url(url)));
+                return Err(HostsError::EmptyHost(sas_tls::redact_url(url)));
             }
             let user = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
             Ok(format!("{scheme}://{user}{host}{path}{query}"))

@@ -1,6 +1,6 @@
 //! The `breakers` table: the breaker each agent's instances share (contract
 //! §8), and `breaker_events`, the log of its changes. Each change loads the
-//! row, asks the rule ([`crate::rules::breaker`]) and writes the new row
+//! row, asks the rule ([`sas_core::rules::breaker`]) and writes the new row
 //! back guarded by the version it loaded; a write that finds the row
 //! changed runs again on what is there now. So two instances that count a
 //! failure at once both count, and two that would start a probe at once
@@ -12,7 +12,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::{StateStore, StoreError, WAKE_CHANNEL};
-use crate::rules::breaker::{self, Breaker, State};
+use sas_core::rules::breaker::{Breaker, State};
 
 /// The SQL of the breakers that are not closed, as the rules' gates (JSON):
 /// read with every load of orders ([`super::orders`]).
@@ -195,7 +195,7 @@ impl StateStore {
     /// Changes `agent`'s breaker by `rule` (`None`: no change) as `actor`,
     /// for `reason`; returns the breaker as it is afterwards (`None`: the
     /// agent has no breaker row).
-    async fn change_breaker(
+    pub async fn change_breaker(
         &self,
         agent: &str,
         actor: &str,
@@ -230,55 +230,8 @@ impl StateStore {
         Ok(conn.run(|c| load(c, agent)).await?.map(|l| l.breaker()))
     }
 
-    /// A transient failure of a call to `agent`'s remote, seen by `instance`
-    /// ([`breaker::failed`]).
-    pub async fn breaker_failed(
-        &self,
-        agent: &str,
-        instance: &str,
-    ) -> Result<Option<Breaker>, StoreError> {
-        self.change_breaker(
-            agent,
-            instance,
-            "consecutive transient failures",
-            |b, _, now| Some(breaker::failed(b, now)),
-        )
-        .await
-    }
-
-    /// An answer from `agent`'s remote that shows it works
-    /// ([`breaker::succeeded`]).
-    pub async fn breaker_succeeded(
-        &self,
-        agent: &str,
-        instance: &str,
-    ) -> Result<Option<Breaker>, StoreError> {
-        self.change_breaker(agent, instance, "the remote answered", |b, _, _| {
-            breaker::succeeded(b)
-        })
-        .await
-    }
-
-    /// `agent`'s breaker, after starting a probe with its oldest held order
-    /// if one is due ([`breaker::probe`]).
-    pub async fn sync_breaker(
-        &self,
-        agent: &str,
-        instance: &str,
-    ) -> Result<Option<Breaker>, StoreError> {
-        self.change_breaker(agent, instance, "cool-down over: probing", breaker::probe)
-            .await
-    }
-
-    /// An operator forces `agent`'s breaker open or closed, or (`None`)
-    /// lets it decide again ([`breaker::force`]); logged under `operator`.
-    /// Creates the breaker if the agent has none yet.
-    pub async fn force_breaker(
-        &self,
-        agent: &str,
-        to: Option<State>,
-        operator: &str,
-    ) -> Result<Breaker, StoreError> {
+    /// Makes `agent`'s breaker row (closed) unless it has one.
+    pub async fn ensure_breaker(&self, agent: &str) -> Result<(), StoreError> {
         self.conn()
             .await?
             .run(|c| {
@@ -289,17 +242,7 @@ impl StateStore {
                 .execute(c)
             })
             .await?;
-        let reason = match to {
-            Some(State::Open) => "forced open by an operator",
-            Some(_) => "forced closed by an operator",
-            None => "released by an operator",
-        };
-        let forced = self
-            .change_breaker(agent, operator, reason, |b, _, now| {
-                Some(breaker::force(b, to, now))
-            })
-            .await?;
-        forced.ok_or_else(|| StoreError::WriteBackRefused(format!("breaker {agent} vanished")))
+        Ok(())
     }
 
     /// Every agent's breaker, with the orders held for it and its flow control.

@@ -20,7 +20,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::{StateStore, StoreError};
-use crate::state::ProcessState;
+use sas_core::state::ProcessState;
 
 /// Most orders on one page.
 pub const MAX_PAGE: u32 = 200;
@@ -128,7 +128,8 @@ impl Cursor {
 
     /// A cursor from [`Cursor::encode`]'s text.
     pub fn parse(text: &str) -> Result<Self, SearchError> {
-        let bad = || SearchError::BadCursor(crate::messages::truncate_bytes(text, 80).to_owned());
+        let bad =
+            || SearchError::BadCursor(sas_core::messages::truncate_bytes(text, 80).to_owned());
         let (micros, id) = text.split_once('.').ok_or_else(bad)?;
         let micros: i64 = micros.parse().map_err(|_| bad())?;
         let created_at = DateTime::from_timestamp_micros(micros).ok_or_else(bad)?;

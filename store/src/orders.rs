@@ -7,8 +7,8 @@ use uuid::Uuid;
 
 use std::sync::LazyLock;
 
-pub use crate::model::{NewOrder, OrderRow};
-use crate::state::ProcessState;
+pub use sas_core::model::{NewOrder, OrderRow};
+use sas_core::state::ProcessState;
 
 /// An order loaded for a transition: its row, the row's version, the
 /// database's clock and its steps, read by one statement.
@@ -27,9 +27,9 @@ pub struct Loaded {
     /// Its steps, by index.
     pub steps: sqlx::types::Json<Vec<super::steps::StepRow>>,
     /// The agents' breakers that are not closed (the same on every row).
-    pub gates: sqlx::types::Json<Vec<crate::rules::breaker::Gate>>,
+    pub gates: sqlx::types::Json<Vec<sas_core::rules::breaker::Gate>>,
     /// The agents under flow control (the same on every row).
-    pub flows: sqlx::types::Json<Vec<crate::rules::flow::Flow>>,
+    pub flows: sqlx::types::Json<Vec<sas_core::rules::flow::Flow>>,
 }
 
 /// What a claim would take now, and what it judged by.
@@ -41,10 +41,10 @@ pub struct ClaimableNow {
     pub orders: Vec<OrderRow>,
     /// The breakers that are not closed, as it read them (empty when it
     /// took no order).
-    pub gates: Vec<crate::rules::breaker::Gate>,
+    pub gates: Vec<sas_core::rules::breaker::Gate>,
     /// The agents under flow control, as it read them (empty when it took
     /// no order).
-    pub flows: Vec<crate::rules::flow::Flow>,
+    pub flows: Vec<sas_core::rules::flow::Flow>,
 }
 
 impl super::StateStore {
@@ -52,7 +52,7 @@ impl super::StateStore {
     /// query itself in a transaction that is rolled back and with its claim
     /// locks let go after, so that nothing is taken; with the clock, the
     /// breakers and the flows it judged by. What tests hold the query to:
-    /// [`crate::rules::scheduler::claimable`] over the same facts.
+    /// [`sas_core::rules::scheduler::claimable`] over the same facts.
     pub async fn claimable_now(&self, limit: u32) -> Result<ClaimableNow, super::StoreError> {
         use sqlx::Connection as _;
         let mut conn = self.pool().acquire().await?;
@@ -319,7 +319,7 @@ pub async fn expired(
 /// warned of, and whose complete-by has not passed; soonest deadline first.
 /// The watched step is the running one (compensating, for an order being
 /// undone) with the soonest complete-by, a wait excepted: exactly the
-/// orders [`crate::rules::supervisor::warnable`] names, which a test checks
+/// orders [`sas_core::rules::supervisor::warnable`] names, which a test checks
 /// over generated rows (a wait was picked here and never warned, so it was
 /// loaded again at every tick). With `outbox_locks`, also takes their
 /// outbox locks.

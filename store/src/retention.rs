@@ -5,7 +5,7 @@
 //! Invariants:
 //!
 //! - **Which orders.** Only `processed` and `compensated` orders
-//!   ([`prunable`]). An order in `error` has an open alert: it waits for an
+//!   (`sas_core::rules::retention::prunable`, given in [`Policy::states`]). An order in `error` has an open alert: it waits for an
 //!   operator (retry, cancel or redrive), however old it is. The state
 //!   store keeps no other per-order alert state: the alert of contract §5
 //!   is a message, and the order's `error` state is what says it is open
@@ -50,37 +50,7 @@ use uuid::Uuid;
 
 use super::bounded::Conn;
 use super::{StateStore, StoreError};
-use crate::state::ProcessState;
-
-/// Every order state, so that [`prunable_states`] cannot miss a new one.
-const STATES: [ProcessState; 6] = ProcessState::ALL;
-
-/// Whether an order in `state` may be deleted once it is old enough.
-pub fn prunable(state: ProcessState) -> bool {
-    match state {
-        ProcessState::Processed | ProcessState::Compensated => true,
-        // Ended, but its alert is open: an operator's turn (contract §5).
-        ProcessState::Error => false,
-        // Live.
-        ProcessState::Pending | ProcessState::Processing | ProcessState::Compensating => false,
-    }
-}
-
-/// The names of the states [`prunable`] accepts, as the statements bind them.
-pub fn prunable_states() -> Vec<&'static str> {
-    STATES
-        .into_iter()
-        .filter(|s| prunable(*s))
-        .map(ProcessState::as_str)
-        .collect()
-}
-
-/// Whether another batch may find more after one that deleted `deleted`
-/// orders of at most `batch`: a short batch found all there was (but the
-/// orders it passed by, which the next run sees).
-pub fn more_after(deleted: usize, batch: u32) -> bool {
-    deleted > 0 && deleted >= batch as usize
-}
+use sas_core::state::ProcessState;
 
 /// The archive file of the orders deleted on `day` (the state store's date).
 pub fn archive_file_name(day: NaiveDate) -> String {
@@ -94,6 +64,9 @@ pub struct Policy {
     pub ended_after: Duration,
     /// Orders per batch (one transaction each).
     pub batch: u32,
+    /// The states an order may be deleted in
+    /// (`sas_core::rules::retention::PRUNABLE`).
+    pub states: &'static [ProcessState],
 }
 
 /// What one batch deleted.
@@ -273,7 +246,7 @@ impl StateStore {
     /// `lines`), then commits. Nothing found: an empty batch, no
     /// transaction left open.
     pub async fn prune_begin(&self, policy: Policy, lines: bool) -> Result<PruneBatch, StoreError> {
-        let states = prunable_states();
+        let states: Vec<&str> = policy.states.iter().map(|s| s.as_str()).collect();
         let age = millis(policy.ended_after);
         let limit = i64::from(policy.batch);
         let mut conn = self.conn().await?;
@@ -301,7 +274,7 @@ impl StateStore {
                 at: None,
             });
         }
-        let states = prunable_states();
+        let states: Vec<&str> = policy.states.iter().map(|s| s.as_str()).collect();
         let gone: Vec<Gone> = conn
             .run(|c| {
                 sqlx::query_as(DELETE)
@@ -462,25 +435,6 @@ fn complete_len(file: &File, len: u64) -> io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_processed_and_compensated_orders_are_pruned() {
-        assert_eq!(prunable_states(), ["processed", "compensated"]);
-        for state in STATES {
-            // An order in error waits for an operator; live ones are live.
-            let expected = state.is_terminal() && state != ProcessState::Error;
-            assert_eq!(prunable(state), expected, "{state}");
-        }
-    }
-
-    #[test]
-    fn batches_go_on_while_they_come_back_full() {
-        assert!(more_after(2, 2));
-        assert!(!more_after(1, 2));
-        assert!(!more_after(0, 2));
-        assert!(!more_after(0, 0), "an empty batch always ends the run");
-        assert!(more_after(1000, 1000));
-    }
 
     #[test]
     fn totals_count_batches_that_deleted_something() {

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::breaker_reports::BreakerRow;
 use super::{StateStore, StoreError};
-use crate::state::ProcessState;
+use sas_core::state::ProcessState;
 
 /// The span of the dashboard's charts.
 pub const CHART_WINDOW: Duration = Duration::from_secs(15 * 60);
@@ -256,9 +256,8 @@ async fn waiting(
 
 /// Orders in `error` or `compensated`, most recently changed first.
 async fn failed(conn: &mut PgConnection, limit: i64) -> Result<Vec<FailedOrder>, sqlx::Error> {
-    // The page greys out a button the transition would refuse, by the
-    // transitions' own rules; the transition still decides.
-    let mut rows = sqlx::query_as::<_, FailedOrder>(
+    // `retryable` and `cancellable` are the rules' to say: the dashboard sets them.
+    let rows = sqlx::query_as::<_, FailedOrder>(
         "SELECT o.order_id, o.workflow, o.process_state, o.failure_count, o.last_error AS reason, \
            o.process_state = 'error' AS alert_open, \
            EXISTS (SELECT 1 FROM steps s WHERE s.order_id = o.order_id \
@@ -270,9 +269,5 @@ async fn failed(conn: &mut PgConnection, limit: i64) -> Result<Vec<FailedOrder>,
     .bind(limit)
     .fetch_all(conn)
     .await?;
-    for o in &mut rows {
-        o.retryable = super::retry_refusal(o.process_state, o.undone).is_none();
-        o.cancellable = super::cancel_refusal(o.process_state).is_none();
-    }
     Ok(rows)
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
 
-use crate::config::Hosts;
+use crate::Hosts;
 use sqlx::{ConnectOptions, Connection};
 
 /// Whether this connection's server accepts writes (what libpq's

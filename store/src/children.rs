@@ -7,8 +7,8 @@
 use uuid::Uuid;
 
 use super::{StateStore, StoreError};
-use crate::messages::{Direction, StepRequest};
-use crate::state::StepState;
+use sas_core::messages::{Direction, StepRequest};
+use sas_core::state::StepState;
 
 impl StateStore {
     /// Remembers `request` as the newest of child `child_id`'s parent

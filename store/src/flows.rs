@@ -39,7 +39,7 @@ const OUT_WITH: &str = "(SELECT count(*) FROM steps \
 
 impl StateStore {
     /// How many steps are out with `agent` now, as a flow-control row's
-    /// count starts ([`crate::model::StepRow::out_with`] is its pure twin).
+    /// count starts ([`sas_core::model::StepRow::out_with`] is its pure twin).
     pub async fn steps_out_with(&self, agent: &str) -> Result<i64, StoreError> {
         static SQL: LazyLock<String> = LazyLock::new(|| format!("SELECT {OUT_WITH}"));
         self.conn()
@@ -55,12 +55,13 @@ impl StateStore {
     /// Sets `agent`'s `max_in_flight` and `rate_limit` (dispatches per
     /// second); with neither, the agent has no flow control and its row
     /// goes. A new row starts from the steps out with the agent now and a
-    /// full bucket ([`crate::rules::flow::burst`]).
+    /// full bucket of `burst` tokens (`sas_core::rules::flow::burst`).
     pub async fn declare_flow(
         &self,
         agent: &str,
         max_in_flight: Option<u32>,
         rate_per_sec: Option<f64>,
+        burst: f64,
     ) -> Result<(), StoreError> {
         if max_in_flight.is_none() && rate_per_sec.is_none() {
             self.conn()
@@ -73,7 +74,6 @@ impl StateStore {
                 .await?;
             return Ok(());
         }
-        let burst = rate_per_sec.map_or(1.0, crate::rules::flow::burst);
         self.conn()
             .await?
             .run(|c| {

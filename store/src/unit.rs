@@ -30,22 +30,21 @@ use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::orders::{Loaded, NewOrder, OrderRow};
+use super::outbox::OutboxLocks;
 use super::steps::StepRow;
 use super::{StoreError, WAKE_CHANNEL};
-use crate::messages::logged_event;
-use crate::rules::breaker::Gate;
-use crate::rules::flow::Flow;
-use crate::rules::{Decision, Effect, Logged, Order};
-use crate::state::ProcessState;
-use crate::topology::QueueNames;
-use crate::workflow::Workflow;
+use sas_core::rules::Order;
+use sas_core::rules::breaker::Gate;
+use sas_core::rules::flow::{Flow, FlowDelta};
+use sas_core::spec::Definition;
 
 /// One loaded order: as read, and as the rules have changed it.
 #[derive(Debug)]
-pub(super) struct Tracked {
+pub struct Tracked {
     /// The order as changed so far.
     pub order: Order,
-    read: Order,
+    /// The order as read (or inserted).
+    pub read: Order,
     /// The row version read; the write-back's guard.
     version: i64,
     /// New: written by the unit's insert, nothing to update.
@@ -53,39 +52,40 @@ pub(super) struct Tracked {
     /// This connection holds the order's outbox lock.
     outbox_locked: bool,
     /// The `traceparent` of the messages of its latest decision: that
-    /// decision's exported span (see [`crate::telemetry`]); `None` when
-    /// nothing is exported (each message gets a new span id of its trace).
-    hop: Option<String>,
+    /// decision's exported span; `None` when nothing is exported (each
+    /// message gets a new span id of its trace).
+    pub hop: Option<String>,
 }
 
 /// An `order_events` row to insert.
 #[derive(Debug, Serialize)]
-struct NewEvent {
-    order_id: Uuid,
-    seq: i32,
-    event: &'static str,
-    from_state: Option<&'static str>,
-    to_state: &'static str,
-    step: Option<String>,
-    attempt: i32,
-    actor: String,
-    reason: Option<String>,
+pub struct NewEvent {
+    pub order_id: Uuid,
+    pub seq: i32,
+    pub event: &'static str,
+    pub from_state: Option<&'static str>,
+    pub to_state: &'static str,
+    pub step: Option<String>,
+    pub attempt: i32,
+    pub actor: String,
+    pub reason: Option<String>,
     /// JSON text: `jsonb` exactly as given, a JSON `null` included.
-    detail: String,
+    pub detail: String,
 }
 
 /// An `outbox` row to insert; its body goes beside it, as `bytea`.
 #[derive(Debug, Serialize)]
-struct NewMessage {
-    order_id: Uuid,
-    kind: String,
-    routing_key: String,
-    correlation_id: Option<String>,
-    reply_to: Option<String>,
-    traceparent: Option<String>,
-    /// The JSON to publish, encoded once here.
+pub struct NewMessage {
+    pub order_id: Uuid,
+    /// `status`, `request` or `alert`.
+    pub kind: String,
+    pub routing_key: String,
+    pub correlation_id: Option<String>,
+    pub reply_to: Option<String>,
+    pub traceparent: Option<String>,
+    /// The JSON to publish, encoded once.
     #[serde(skip)]
-    body: Vec<u8>,
+    pub body: Vec<u8>,
 }
 
 /// A new `orders` row.
@@ -113,7 +113,7 @@ struct DefinitionInsert<'a> {
     id: Uuid,
     workflow: &'a str,
     version: Option<&'a str>,
-    spec: &'a crate::spec::WorkflowSpec,
+    spec: &'a sas_core::spec::WorkflowSpec,
 }
 
 /// A new `steps` row.
@@ -174,9 +174,11 @@ struct StepUpdate<'a> {
     was_dispatch: Option<Uuid>,
 }
 
-/// The orders of one transition and what it will write.
+/// The orders of one transition and what it will write: the engine
+/// applies its decisions to them ([`Unit::set`], [`Unit::push_event`],
+/// [`Unit::push_message`]), the store writes them back.
 #[derive(Debug)]
-pub(super) struct Unit {
+pub struct Unit {
     /// Every timestamp the unit writes: the database's `now()` when the
     /// orders were loaded, or for new orders the submitting process's clock.
     pub now: DateTime<Utc>,
@@ -192,22 +194,26 @@ pub(super) struct Unit {
     /// grow with the unit's dispatches, so that later decisions see them.
     pub flows: Vec<Flow>,
     /// The agent of each request to an agent under flow control.
-    dispatched: Vec<String>,
-    /// The definitions the orders run under ([`crate::rules::Context::definitions`]).
+    pub dispatched: Vec<String>,
+    /// The definitions the orders run under ([`sas_core::rules::Context::definitions`]).
     pub definitions: super::definitions::Definitions,
+    /// Whether this connection takes the outbox locks of the orders it
+    /// writes messages for (the loaded orders' were taken with them).
+    locks: OutboxLocks,
 }
 
 impl Unit {
     /// A unit over the orders `loaded`, which run under `definitions`;
     /// `claimed` when this connection took their claim locks
     /// ([`super::orders::claimable`]).
-    pub fn load(
+    pub(super) fn load(
         loaded: Vec<Loaded>,
         claimed: bool,
         definitions: super::definitions::Definitions,
+        locks: OutboxLocks,
     ) -> Self {
         let now = loaded.first().map_or_else(Utc::now, |l| l.tx_now);
-        let mut unit = Self::empty(now);
+        let mut unit = Self::empty(now, locks);
         unit.definitions = definitions;
         if let Some(first) = loaded.first() {
             unit.gates = first.gates.0.clone();
@@ -233,8 +239,9 @@ impl Unit {
         unit
     }
 
-    /// A unit with no orders yet, at `now`.
-    pub fn empty(now: DateTime<Utc>) -> Self {
+    /// A unit with no orders yet, at `now`, whose write-back takes the
+    /// outbox locks of its new orders as `locks` says.
+    pub fn empty(now: DateTime<Utc>, locks: OutboxLocks) -> Self {
         Self {
             now,
             orders: Vec::new(),
@@ -246,30 +253,26 @@ impl Unit {
             flows: Vec::new(),
             dispatched: Vec::new(),
             definitions: Vec::new(),
+            locks,
         }
     }
 
-    /// Adds a new order, to be inserted as `pending` with its steps unless
-    /// its id exists (then nothing of it is written); returns its position.
-    pub fn insert(&mut self, order: &NewOrder, workflow: &Workflow) -> usize {
-        if !self
-            .definitions
-            .iter()
-            .any(|(id, _)| *id == workflow.definition_id)
-        {
-            self.definitions
-                .push((workflow.definition_id, workflow.definition.clone()));
+    /// Adds a new order, to be inserted as `pending` with `steps` (its
+    /// workflow's plan) under `definition` unless its id exists (then
+    /// nothing of it is written); returns its position.
+    pub fn insert(
+        &mut self,
+        order: &NewOrder,
+        (definition_id, definition): (Uuid, &std::sync::Arc<Definition>),
+        steps: Vec<StepRow>,
+    ) -> usize {
+        if !self.definitions.iter().any(|(id, _)| *id == definition_id) {
+            self.definitions.push((definition_id, definition.clone()));
         }
         let row = OrderRow {
-            definition: Some(workflow.definition_id),
+            definition: Some(definition_id),
             ..OrderRow::pending(order, self.now)
         };
-        let steps = workflow
-            .plan(&order.payload)
-            .iter()
-            .zip(0..)
-            .map(|(s, idx)| StepRow::planned(order.order_id, idx, s))
-            .collect();
         let order = Order { row, steps };
         self.orders.push(Tracked {
             read: order.clone(),
@@ -285,6 +288,11 @@ impl Unit {
     /// How many orders the unit holds.
     pub fn len(&self) -> usize {
         self.orders.len()
+    }
+
+    /// Whether the unit holds no order.
+    pub fn is_empty(&self) -> bool {
+        self.orders.is_empty()
     }
 
     /// How many messages the unit's decisions have produced so far.
@@ -304,118 +312,35 @@ impl Unit {
             .position(|t| t.order.row.order_id == order_id)
     }
 
-    /// Takes `decision` for order `i`: its rows replace the order's, its
-    /// events are logged (and announced on the order's status queue), and
-    /// its requests and alerts are queued, in the order decided.
-    pub fn apply(
-        &mut self,
-        i: usize,
-        decision: Decision,
-        queues: &QueueNames,
-    ) -> Result<(), StoreError> {
-        self.orders[i].order = decision.order;
-        let row = &self.orders[i].order.row;
-        self.orders[i].hop = crate::telemetry::transition(
-            row.order_id,
-            row.process_state.as_str(),
-            row.trace_id.as_deref(),
-            row.trace_span.as_deref(),
-        );
-        self.wake |= decision.wake;
-        // The rules counted the decision's dispatches against the room.
-        self.flows = decision.flows;
-        self.dispatched.extend(decision.took_room);
-        for effect in decision.effects {
-            match effect {
-                Effect::Event(logged) => self.event(i, logged, queues),
-                Effect::Request { agent, request } => {
-                    let message = self.message(
-                        i,
-                        "request",
-                        queues.requests_of(&agent),
-                        serde_json::to_vec(&request)?,
-                    );
-                    self.messages.push(NewMessage {
-                        correlation_id: Some(request.dispatch_id.to_string()),
-                        reply_to: Some(queues.replies().to_owned()),
-                        ..message
-                    });
-                }
-                Effect::Alert(alert) => {
-                    let message = self.message(
-                        i,
-                        "alert",
-                        queues.alerts().to_owned(),
-                        serde_json::to_vec(&alert)?,
-                    );
-                    self.messages.push(message);
-                }
-            }
-        }
-        Ok(())
+    /// Order `i` as a decision left it, and the `traceparent` of that
+    /// decision's messages.
+    pub fn set(&mut self, i: usize, order: Order, hop: Option<String>) {
+        self.orders[i].order = order;
+        self.orders[i].hop = hop;
     }
 
-    /// Logs an event of order `i` and queues its status event where the
-    /// rules announce it ([`crate::rules::Logged::announced_to`]).
-    fn event(&mut self, i: usize, e: Logged, queues: &QueueNames) {
-        let now = self.now;
-        let o = &self.orders[i].order.row;
-        // A child order's end goes to sas's agent of children (§4d): the
-        // one queue of sas's own an order may name, which only sas sets
-        // (an application's order naming it is refused as it comes in).
-        let reserved = |q: &str| queues.is_reserved(q) && q != queues.children_ended();
-        if let Some(queue) = e.announced_to(o, reserved) {
-            // The same constructor as a replay's (contract §9), so a
-            // replayed event is the event that was sent.
-            let event = logged_event(
-                o.public_id(),
-                e.seq,
-                e.kind,
-                e.step.clone(),
-                e.attempt,
-                now,
-                e.detail.clone(),
-            );
-            // A status event always serializes.
-            let body = serde_json::to_vec(&event).unwrap_or_default();
-            let message = self.message(i, "status", queue.to_owned(), body);
-            self.messages.push(NewMessage {
-                correlation_id: Some(o.public_id().to_string()),
-                ..message
-            });
-        }
-        self.events.push(NewEvent {
-            order_id: o.order_id,
-            seq: e.seq,
-            event: e.kind.as_str(),
-            from_state: e.from.map(ProcessState::as_str),
-            to_state: e.to.as_str(),
-            step: e.step,
-            attempt: e.attempt,
-            actor: e.actor,
-            reason: e.reason,
-            detail: json_text(&e.detail),
-        });
+    /// Wakes the schedulers once written: work became claimable.
+    pub fn wake(&mut self) {
+        self.wake = true;
     }
 
-    /// A message of order `i`, in its decision's span, or with a new span
-    /// of the order's trace.
-    fn message(&self, i: usize, kind: &str, routing_key: String, body: Vec<u8>) -> NewMessage {
-        let o = &self.orders[i].order.row;
-        NewMessage {
-            order_id: o.order_id,
-            kind: kind.to_owned(),
-            routing_key,
-            correlation_id: None,
-            reply_to: None,
-            traceparent: self.orders[i].hop.clone().or_else(|| {
-                o.trace_id
-                    .as_deref()
-                    .and_then(crate::trace::TraceContext::child_of)
-                    .map(|t| t.to_string())
-            }),
-            body,
-        }
+    /// Logs an event.
+    pub fn push_event(&mut self, event: NewEvent) {
+        self.events.push(event);
+    }
+
+    /// Queues a message in the outbox, after the ones queued before.
+    pub fn push_message(&mut self, message: NewMessage) {
+        self.messages.push(message);
+    }
+
+    /// The steps of each order changed so far, as read and as they are now
+    /// (new orders left out): what flow control counts.
+    pub fn changes(&self) -> impl Iterator<Item = (&[StepRow], &[StepRow])> {
+        self.orders
+            .iter()
+            .filter(|t| !t.inserted && t.order != t.read)
+            .map(|t| (t.read.steps.as_slice(), t.order.steps.as_slice()))
     }
 
     /// Writes everything back in one statement ([`FLUSH`]): the new orders
@@ -423,14 +348,23 @@ impl Unit {
     /// messages and the wake-up; and lets the claim locks go. Fails on the
     /// server, writing nothing, if a row is no longer what was loaded.
     ///
-    /// With `direct`, the outbox locks of the new orders it has messages for
-    /// are taken too (the loaded orders' were taken when they were read; a
-    /// new order with nothing to publish, such as one with terminal events,
-    /// has nothing to keep in order), and the messages of locked orders
-    /// with no older message waiting come back to be published at once;
-    /// those of orders whose lock another publisher held follow it
-    /// ([`Flushed::follow`]), the others' are left to the relay.
-    pub async fn flush(self, conn: &mut PgConnection, direct: bool) -> Result<Flushed, StoreError> {
+    /// `flows` are the flow-control counts to move, as the rules count
+    /// them from the unit's changes ([`Unit::changes`]).
+    ///
+    /// With [`OutboxLocks::Take`], the outbox locks of the new orders it
+    /// has messages for are taken too (the loaded orders' were taken when
+    /// they were read; a new order with nothing to publish, such as one
+    /// with terminal events, has nothing to keep in order), and the
+    /// messages of locked orders with no older message waiting come back to
+    /// be published at once; those of orders whose lock another publisher
+    /// held follow it ([`Flushed::follow`]), the others' are left to the
+    /// outbox's sweep.
+    pub(super) async fn flush(
+        self,
+        conn: &mut PgConnection,
+        flows: Vec<FlowDelta>,
+    ) -> Result<Flushed, StoreError> {
+        let direct = self.locks == OutboxLocks::Take;
         let inserted: Vec<&Tracked> = self.orders.iter().filter(|t| t.inserted).collect();
         // An order whose steps changed is written too: its version guards them.
         let changed: Vec<&Tracked> = self
@@ -450,6 +384,7 @@ impl Unit {
             && self.messages.is_empty()
             && self.claimed.is_empty()
             && !self.wake
+            && flows.is_empty()
         {
             return Ok(Flushed {
                 holds_locks: !locked.is_empty(),
@@ -472,13 +407,6 @@ impl Unit {
             .filter(|(now, read)| now != read)
             .map(|(now, read)| step_update(now, read))
             .collect();
-        let flows = crate::rules::flow::deltas(
-            &self.flows,
-            changed
-                .iter()
-                .map(|t| (t.read.steps.as_slice(), t.order.steps.as_slice())),
-            &self.dispatched,
-        );
         // Room came free under flow control: orders may wait for it.
         let wake = self.wake || flows.iter().any(|f| f.delta < 0);
         let bodies: Vec<&[u8]> = self.messages.iter().map(|m| m.body.as_slice()).collect();
@@ -612,7 +540,7 @@ const GUARD_FAILED: &str = "SAS01";
 
 /// What [`Unit::flush`] wrote, and where its messages go.
 #[derive(Debug, Default)]
-pub(super) struct Flushed {
+pub struct Flushed {
     /// The new orders inserted (an id that existed is not).
     pub created: Vec<Uuid>,
     /// Messages to publish at once, in order, with their outbox ids: those
@@ -717,7 +645,7 @@ impl FlushRow {
 /// other left); and when a guard leaves a row unwritten, `sas_fail` fails
 /// the statement, so that nothing of it stays. The flow-control check is a
 /// guard like the version's, not a rule: the rules decided on the room as
-/// loaded ([`crate::rules::flow`]), another write-back may have taken it
+/// loaded (`sas_core::rules::flow`), another write-back may have taken it
 /// since, and a refused write-back runs the transition again on the room as
 /// it is now. The claim locks go once the rows are written.
 pub(super) static FLUSH: LazyLock<String> = LazyLock::new(|| {

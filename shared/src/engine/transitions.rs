@@ -1,10 +1,12 @@
 //! The transitions of an order: submit, claim, apply a step's reply, recover
-//! an expired order, and an operator's retry, cancel and redrive. Each one loads its
-//! orders with their steps (one statement), asks the pattern's rules
-//! ([`crate::rules`]) what to do, and writes the decisions back on a
-//! [`Unit`] (one statement, atomic on its own): the rows, the event log, and
-//! the status events, step requests and alerts queued in the outbox. Batches
-//! of orders (submissions, claims, replies) share both statements.
+//! an expired order, and an operator's retry, cancel and redrive. Each one
+//! loads its orders with their steps (one statement, a store verb), asks the
+//! pattern's rules ([`crate::rules`]) what to do, takes the decisions into
+//! a [`Unit`] and writes it back (one statement, atomic on its own): the
+//! rows, the event log, and the status events, step requests and alerts
+//! queued in the outbox. What it committed goes to its [`Outlet`] (the
+//! service's relay), which publishes at once. Batches of orders
+//! (submissions, claims, replies) share both statements.
 //!
 //! No transaction spans the two statements: the write-back is guarded by
 //! each order row's version, so when another transition changed an order
@@ -14,16 +16,14 @@
 //! other's way by row locks while they read and claim locks until they
 //! write ([`orders::claimable`]).
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
-use sqlx::pool::PoolConnection;
+use sas_store::{NewOrder, OutboxLocks, Session, StateStore, StepRow, StoreError, Unit};
 use uuid::Uuid;
 
-use super::bounded::Conn;
-use super::orders::{self, NewOrder};
-use super::outbox::{self, Committed, Held};
-use super::steps::StepRow;
-use super::unit::{Flushed, Unit};
-use super::{StateStore, StoreError};
+use super::apply::apply;
+use super::outlet::{Outlet, Sweep};
 use crate::config::{Settings, SupervisorSettings};
 use crate::messages::StepReply;
 use crate::rules::scheduler::Replied;
@@ -161,38 +161,44 @@ impl ClaimBounds {
     }
 }
 
-/// What a transition did, and the messages it committed for its caller to
-/// hand to the relay.
-#[derive(Debug)]
-pub struct Done<T> {
-    pub value: T,
-    pub committed: Committed,
-}
-
 /// How many times a transition runs again when its write-back finds that
 /// another transition changed one of its orders first.
 const RACES: u32 = 3;
 
-/// The transitions, bound to a state store and the queue names of a deployment.
+/// The transitions, bound to a state store, the queue names of a
+/// deployment and the outlet of what they commit.
 #[derive(Clone, Debug)]
 pub struct Transitions {
     store: StateStore,
     queues: QueueNames,
+    outlet: Arc<dyn Outlet>,
 }
 
 impl Transitions {
-    /// Transitions over `store`, routing messages to the queues of `queues`.
-    ///
-    /// Each transition that may send messages takes `hand_over`: whether
-    /// the caller's relay would publish them at once
-    /// ([`crate::outbox::Relay::ready`]). Then the transition takes its
-    /// orders' outbox locks and keeps them past its write-back, and its
-    /// [`Committed`] carries the messages with the connection that holds the
-    /// locks, so they go out at once and in order, without a relay's pass.
-    /// Otherwise, and for the messages it cannot send in order, it names the
-    /// orders the relay should take.
+    /// Transitions over `store`, routing messages to the queues of
+    /// `queues`, whose messages wait in the outbox for the services'
+    /// relays ([`Sweep`]): for tools with no relay of their own.
     pub fn new(store: StateStore, queues: QueueNames) -> Self {
-        Self { store, queues }
+        Self::with_outlet(store, queues, Arc::new(Sweep))
+    }
+
+    /// Transitions whose committed messages go to `outlet`. While it is
+    /// ready, a transition takes its orders' outbox locks and keeps them
+    /// past its write-back, and hands the messages over with the
+    /// connection that holds the locks, so they go out at once and in
+    /// order, without a relay's pass; otherwise, and for the messages it
+    /// cannot send in order, it names the orders the relay should take.
+    pub fn with_outlet(store: StateStore, queues: QueueNames, outlet: Arc<dyn Outlet>) -> Self {
+        Self {
+            store,
+            queues,
+            outlet,
+        }
+    }
+
+    /// The same transitions, handing what they commit to `outlet`.
+    pub fn handing_to(&self, outlet: Arc<dyn Outlet>) -> Self {
+        Self::with_outlet(self.store.clone(), self.queues.clone(), outlet)
     }
 
     /// The state store underneath.
@@ -200,46 +206,29 @@ impl Transitions {
         &self.store
     }
 
-    /// `loaded` with the definitions its orders run under: on `conn`, and
-    /// only for definitions this process has not read yet (they never change).
-    async fn defined(
-        &self,
-        conn: &mut Conn,
-        loaded: Result<Vec<orders::Loaded>, StoreError>,
-    ) -> Result<(Vec<orders::Loaded>, super::definitions::Definitions), StoreError> {
-        let loaded = loaded?;
-        let ids = loaded.iter().filter_map(|l| l.order.definition);
-        let definitions = self.store.definitions_on(conn, ids).await?;
-        Ok((loaded, definitions))
+    /// A session for one run of a transition: it takes its orders' outbox
+    /// locks when the outlet would publish at once.
+    async fn session(&self) -> Result<Session, StoreError> {
+        let locks = if self.outlet.ready() {
+            OutboxLocks::Take
+        } else {
+            OutboxLocks::Leave
+        };
+        self.store.session(locks).await
     }
 
-    /// Writes back the unit that a transition's `decided` on `conn`
-    /// (unless deciding failed) and hands the committed messages back. On
-    /// an error the connection is closed, not pooled: it may hold claim or
-    /// outbox locks, which the server lets go with the session.
+    /// Writes back the unit a transition `decided` in `session`, with the
+    /// flow-control counts its changes move, and hands what it committed
+    /// to the outlet; returns the decided value and the orders created.
     async fn write_back<T>(
         &self,
-        mut conn: Conn,
-        decided: Result<(T, Unit), StoreError>,
-        hand_over: bool,
-    ) -> Result<Done<(T, Vec<Uuid>)>, StoreError> {
-        let outcome = match decided {
-            Ok((value, unit)) => conn
-                .run(|c| unit.flush(c, hand_over))
-                .await
-                .map(|f| (value, f)),
-            Err(e) => Err(e),
-        };
-        match outcome {
-            Ok((value, flushed)) => match conn.into_pooled() {
-                Some(conn) => Ok(committed(conn, self.store.io_timeout(), value, flushed)),
-                None => Err(StoreError::Silent(self.store.io_timeout())),
-            },
-            Err(e) => {
-                conn.discard();
-                Err(e)
-            }
-        }
+        session: Session,
+        (value, unit): (T, Unit),
+    ) -> Result<(T, Vec<Uuid>), StoreError> {
+        let flows = rules::flow::deltas(&unit.flows, unit.changes(), &unit.dispatched);
+        let written = session.write_back(unit, flows).await?;
+        self.outlet.hand_over(written.committed);
+        Ok((value, written.created))
     }
 
     /// Stores a new order, its steps and its `received` event, and wakes
@@ -248,14 +237,9 @@ impl Transitions {
         &self,
         order: &NewOrder,
         workflow: &Workflow,
-        hand_over: bool,
-    ) -> Result<Done<Submitted>, StoreError> {
-        let done = self.submit_many(&[(order, workflow)], hand_over).await?;
-        let mut outcome = done.value;
-        Ok(Done {
-            value: outcome.pop().ok_or(StoreError::NoOutcome)?,
-            committed: done.committed,
-        })
+    ) -> Result<Submitted, StoreError> {
+        let mut outcome = self.submit_many(&[(order, workflow)]).await?;
+        outcome.pop().ok_or(StoreError::NoOutcome)
     }
 
     /// Stores a batch of new orders, with their steps and `received` events,
@@ -265,69 +249,51 @@ impl Transitions {
     pub async fn submit_many(
         &self,
         batch: &[(&NewOrder, &Workflow)],
-        hand_over: bool,
-    ) -> Result<Done<Vec<Submitted>>, StoreError> {
-        let mut unit = Unit::empty(Utc::now());
+    ) -> Result<Vec<Submitted>, StoreError> {
+        let session = self.session().await?;
+        let mut unit = session.empty();
         let mut seen = std::collections::HashSet::with_capacity(batch.len());
         for &(order, workflow) in batch {
             if !seen.insert(order.order_id) {
                 continue;
             }
-            let i = unit.insert(order, workflow);
+            let steps = workflow
+                .plan(&order.payload)
+                .iter()
+                .zip(0..)
+                .map(|(s, idx)| StepRow::planned(order.order_id, idx, s))
+                .collect();
+            let definition = (workflow.definition_id, &workflow.definition);
+            let i = unit.insert(order, definition, steps);
             let ctx = context(&unit, "submission");
             let decision = rules::submission::receive(&unit.get(i).order, ctx);
-            unit.apply(i, decision, &self.queues)?;
+            apply(&mut unit, i, decision, &self.queues)?;
         }
         // Inserts only: no guard to fail, nothing to run again.
-        let conn = self.store.conn().await?;
-        let done = self.write_back(conn, Ok(((), unit)), hand_over).await?;
-        // Stored with the orders: this process need not read them back.
-        for &(_, workflow) in batch {
-            self.store
-                .definitions
-                .put(workflow.definition_id, Some(workflow.definition.clone()));
-        }
-        let ((), created) = done.value;
+        let ((), created) = self.write_back(session, ((), unit)).await?;
         let mut outcome = vec![Submitted::Duplicate; batch.len()];
         for id in created {
             if let Some(pos) = batch.iter().position(|(o, _)| o.order_id == id) {
                 outcome[pos] = Submitted::Created;
             }
         }
-        Ok(Done {
-            value: outcome,
-            committed: done.committed,
-        })
+        Ok(outcome)
     }
 
     /// Claims up to `bounds.orders` orders for `me`, as long as `me` then
     /// holds no more than `bounds.max_held`, and dispatches each one's next
     /// step ([`rules::scheduler::claim`]), stopping early once their
     /// messages reach `bounds.messages`.
-    pub async fn claim(
-        &self,
-        me: &Actor,
-        bounds: ClaimBounds,
-        hand_over: bool,
-    ) -> Result<Done<Claimed>, StoreError> {
-        again(|| self.claim_once(me, bounds, hand_over)).await
+    pub async fn claim(&self, me: &Actor, bounds: ClaimBounds) -> Result<Claimed, StoreError> {
+        again(|| self.claim_once(me, bounds)).await
     }
 
-    async fn claim_once(
-        &self,
-        me: &Actor,
-        bounds: ClaimBounds,
-        hand_over: bool,
-    ) -> Result<Done<(Claimed, Vec<Uuid>)>, StoreError> {
-        let mut conn = self.store.conn().await?;
+    async fn claim_once(&self, me: &Actor, bounds: ClaimBounds) -> Result<Claimed, StoreError> {
+        let mut session = self.session().await?;
         let (limit, max_held) = (i64::from(bounds.orders), i64::from(bounds.max_held));
         let max_messages = usize::try_from(bounds.messages).unwrap_or(usize::MAX);
-        let loaded = conn
-            .run(|c| orders::claimable(c, limit, &me.name, max_held, hand_over))
-            .await;
-        let loaded = self.defined(&mut conn, loaded).await;
-        let decided = loaded.and_then(|(loaded, definitions)| {
-            let mut unit = Unit::load(loaded, true, definitions);
+        let mut unit = session.load_claimable(limit, &me.name, max_held).await?;
+        let decided = {
             let mut claimed = Claimed {
                 ids: Vec::with_capacity(unit.len()),
                 more: false,
@@ -346,11 +312,11 @@ impl Transitions {
                         rules::scheduler::Claim::Waits => continue,
                     };
                 claimed.ids.push(order.row.order_id);
-                unit.apply(i, decision, &self.queues)?;
+                apply(&mut unit, i, decision, &self.queues)?;
             }
-            Ok((claimed, unit))
-        });
-        self.write_back(conn, decided, hand_over).await
+            claimed
+        };
+        Ok(self.write_back(session, (decided, unit)).await?.0)
     }
 
     /// Applies an agent's reply ([`rules::scheduler::apply_reply`]): fenced
@@ -361,16 +327,9 @@ impl Transitions {
         &self,
         me: &Actor,
         reply: &StepReply,
-        hand_over: bool,
-    ) -> Result<Done<ReplyOutcome>, StoreError> {
-        let done = self
-            .apply_replies(me, std::slice::from_ref(reply), hand_over)
-            .await?;
-        let mut outcome = done.value;
-        Ok(Done {
-            value: outcome.pop().ok_or(StoreError::NoOutcome)?,
-            committed: done.committed,
-        })
+    ) -> Result<ReplyOutcome, StoreError> {
+        let mut outcome = self.apply_replies(me, std::slice::from_ref(reply)).await?;
+        outcome.pop().ok_or(StoreError::NoOutcome)
     }
 
     /// Applies a batch of replies together, each as
@@ -381,32 +340,25 @@ impl Transitions {
         &self,
         me: &Actor,
         replies: &[StepReply],
-        hand_over: bool,
-    ) -> Result<Done<Vec<ReplyOutcome>>, StoreError> {
-        again(|| self.apply_once(me, replies, hand_over)).await
+    ) -> Result<Vec<ReplyOutcome>, StoreError> {
+        again(|| self.apply_once(me, replies)).await
     }
 
     async fn apply_once(
         &self,
         me: &Actor,
         replies: &[StepReply],
-        hand_over: bool,
-    ) -> Result<Done<(Vec<ReplyOutcome>, Vec<Uuid>)>, StoreError> {
+    ) -> Result<Vec<ReplyOutcome>, StoreError> {
         let mut ids: Vec<Uuid> = replies.iter().map(|r| r.order_id).collect();
         ids.sort_unstable();
         ids.dedup();
-        let mut conn = self.store.conn().await?;
-        let loaded = conn.run(|c| orders::load_many(c, &ids, hand_over)).await;
-        let loaded = self.defined(&mut conn, loaded).await;
-        let decided = loaded.and_then(|(loaded, definitions)| {
-            let mut unit = Unit::load(loaded, false, definitions);
-            let mut outcome = Vec::with_capacity(replies.len());
-            for reply in replies {
-                outcome.push(self.apply_one(&mut unit, me, reply)?);
-            }
-            Ok((outcome, unit))
-        });
-        self.write_back(conn, decided, hand_over).await
+        let mut session = self.session().await?;
+        let mut unit = session.load(&ids).await?;
+        let mut outcome = Vec::with_capacity(replies.len());
+        for reply in replies {
+            outcome.push(self.apply_one(&mut unit, me, reply)?);
+        }
+        Ok(self.write_back(session, (outcome, unit)).await?.0)
     }
 
     /// One reply against the unit's orders (see [`apply_reply`](Self::apply_reply)).
@@ -424,7 +376,7 @@ impl Transitions {
             Replied::Stale(why) => Ok(ReplyOutcome::Stale(why)),
             Replied::Applied(decision) => {
                 let (ended, created_at) = (Ending::of(&decision), decision.order.row.created_at);
-                unit.apply(i, *decision, &self.queues)?;
+                apply(unit, i, *decision, &self.queues)?;
                 let age = (Utc::now() - created_at).to_std().unwrap_or_default();
                 Ok(ReplyOutcome::Applied { ended, age })
             }
@@ -441,9 +393,8 @@ impl Transitions {
         me: &Actor,
         settings: &Settings,
         partitions: &[i32],
-        hand_over: bool,
-    ) -> Result<Done<Vec<Expired>>, StoreError> {
-        again(|| self.recover_once(me, settings, partitions, hand_over)).await
+    ) -> Result<Vec<Expired>, StoreError> {
+        again(|| self.recover_once(me, settings, partitions)).await
     }
 
     async fn recover_once(
@@ -451,17 +402,12 @@ impl Transitions {
         me: &Actor,
         settings: &Settings,
         partitions: &[i32],
-        hand_over: bool,
-    ) -> Result<Done<(Vec<Expired>, Vec<Uuid>)>, StoreError> {
-        let mut conn = self.store.conn().await?;
+    ) -> Result<Vec<Expired>, StoreError> {
+        let mut session = self.session().await?;
         let count = i32::try_from(settings.supervisor.partitions).unwrap_or(i32::MAX);
         let batch = i64::from(settings.supervisor.batch);
-        let loaded = conn
-            .run(|c| orders::expired(c, batch, hand_over, partitions, count))
-            .await;
-        let loaded = self.defined(&mut conn, loaded).await;
-        let decided = loaded.and_then(|(loaded, definitions)| {
-            let mut unit = Unit::load(loaded, false, definitions);
+        let mut unit = session.load_expired(batch, partitions, count).await?;
+        let decided = {
             let mut recovered = Vec::with_capacity(unit.len());
             for i in 0..unit.len() {
                 let ctx = context(&unit, &me.name);
@@ -475,14 +421,14 @@ impl Transitions {
                 // A wait that has ended is no failure: it completes (§4d).
                 if let Some(decision) = rules::waits::wake(order, ctx) {
                     let (order_id, ended) = (decision.order.row.order_id, Ending::of(&decision));
-                    unit.apply(i, decision, &self.queues)?;
+                    apply(&mut unit, i, decision, &self.queues)?;
                     recovered.push(Expired::Woke { order_id, ended });
                     continue;
                 }
                 let (decision, requeued) = rules::supervisor::expire(order, &policy, ctx);
                 let (order_id, ended) = (decision.order.row.order_id, Ending::of(&decision));
                 let held = decision.order.row.held_for.is_some();
-                unit.apply(i, decision, &self.queues)?;
+                apply(&mut unit, i, decision, &self.queues)?;
                 recovered.push(match requeued {
                     Some(not_before) => Expired::Requeued {
                         order_id,
@@ -495,9 +441,9 @@ impl Transitions {
                     crate::crash::point("supervisor.mid_sweep");
                 }
             }
-            Ok((recovered, unit))
-        });
-        self.write_back(conn, decided, hand_over).await
+            recovered
+        };
+        Ok(self.write_back(session, (decided, unit)).await?.0)
     }
 
     /// Climbs the deadline ladder ([`rules::supervisor::warn`]): warns the
@@ -507,55 +453,36 @@ impl Transitions {
         &self,
         me: &Actor,
         settings: &SupervisorSettings,
-        hand_over: bool,
-    ) -> Result<Done<usize>, StoreError> {
+    ) -> Result<usize, StoreError> {
         if settings.warn_at.is_empty() {
-            return Ok(Done {
-                value: 0,
-                committed: Committed::default(),
-            });
+            return Ok(0);
         }
-        again(|| self.warn_once(me, settings, hand_over)).await
+        again(|| self.warn_once(me, settings)).await
     }
 
     async fn warn_once(
         &self,
         me: &Actor,
         settings: &SupervisorSettings,
-        hand_over: bool,
-    ) -> Result<Done<(usize, Vec<Uuid>)>, StoreError> {
-        let mut conn = self.store.conn().await?;
+    ) -> Result<usize, StoreError> {
+        let mut session = self.session().await?;
         let limit = i64::from(settings.batch);
-        let loaded = conn
-            .run(|c| orders::warnable(c, &settings.warn_at, limit, hand_over))
-            .await;
-        let loaded = self.defined(&mut conn, loaded).await;
-        let decided = loaded.and_then(|(loaded, definitions)| {
-            let mut unit = Unit::load(loaded, false, definitions);
-            let mut warned = 0;
-            for i in 0..unit.len() {
-                let ctx = context(&unit, &me.name);
-                if let Some(decision) = rules::supervisor::warn(&unit.get(i).order, settings, ctx) {
-                    unit.apply(i, decision, &self.queues)?;
-                    warned += 1;
-                }
+        let mut unit = session.load_warnable(&settings.warn_at, limit).await?;
+        let mut warned = 0;
+        for i in 0..unit.len() {
+            let ctx = context(&unit, &me.name);
+            if let Some(decision) = rules::supervisor::warn(&unit.get(i).order, settings, ctx) {
+                apply(&mut unit, i, decision, &self.queues)?;
+                warned += 1;
             }
-            Ok((warned, unit))
-        });
-        self.write_back(conn, decided, hand_over).await
+        }
+        Ok(self.write_back(session, (warned, unit)).await?.0)
     }
 
     /// An operator's retry of an `error` order ([`rules::operator::retry`]):
-    /// back to `pending` with its failure counts reset. With `hand_over`, its
-    /// messages are the caller's relay's to publish at once; without, the
-    /// services' relays sweep them up.
-    pub async fn retry(
-        &self,
-        operator: &Actor,
-        order_id: Uuid,
-        hand_over: bool,
-    ) -> Result<Done<Operated>, StoreError> {
-        self.operate(operator, order_id, hand_over, |order, ctx| {
+    /// back to `pending` with its failure counts reset.
+    pub async fn retry(&self, operator: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
+        self.operate(operator, order_id, |order, ctx| {
             rules::operator::retry(order, ctx)
                 .map_err(|why| Operated::NotAllowed(order.row.process_state, why))
         })
@@ -564,15 +491,9 @@ impl Transitions {
 
     /// An operator's cancel of a `pending`, `processing` or `error` order
     /// ([`rules::operator::cancel`]): its completed steps are undone, newest
-    /// first, by the schedulers. With `hand_over`, its messages are the caller's relay's to
-    /// publish at once; without, the services' relays sweep them up.
-    pub async fn cancel(
-        &self,
-        operator: &Actor,
-        order_id: Uuid,
-        hand_over: bool,
-    ) -> Result<Done<Operated>, StoreError> {
-        self.operate(operator, order_id, hand_over, |order, ctx| {
+    /// first, by the schedulers.
+    pub async fn cancel(&self, operator: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
+        self.operate(operator, order_id, |order, ctx| {
             rules::operator::cancel(order, ctx)
                 .map_err(|why| Operated::NotAllowed(order.row.process_state, why))
         })
@@ -582,13 +503,8 @@ impl Transitions {
     /// The undo of child order `order_id` by its parent's step (contract
     /// §4d, [`rules::operator::undo_child`]): a cancel, which also undoes a
     /// processed child.
-    pub async fn undo_child(
-        &self,
-        actor: &Actor,
-        order_id: Uuid,
-        hand_over: bool,
-    ) -> Result<Done<Operated>, StoreError> {
-        self.operate(actor, order_id, hand_over, |order, ctx| {
+    pub async fn undo_child(&self, actor: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {
+        self.operate(actor, order_id, |order, ctx| {
             rules::operator::undo_child(order, ctx)
                 .map_err(|why| Operated::NotAllowed(order.row.process_state, why))
         })
@@ -605,16 +521,12 @@ impl Transitions {
         order_id: Uuid,
         name: &str,
         data: &serde_json::Value,
-        hand_over: bool,
-    ) -> Result<Done<Operated>, StoreError> {
+    ) -> Result<Operated, StoreError> {
         // Every way in (queue, HTTP, sasctl, dashboard) gets this answer.
         if let Some(why) = crate::messages::signal_refusal(name, data) {
-            return Ok(Done {
-                value: Operated::PayloadRefused(why),
-                committed: Committed::default(),
-            });
+            return Ok(Operated::PayloadRefused(why));
         }
-        self.operate(actor, order_id, hand_over, |order, ctx| {
+        self.operate(actor, order_id, |order, ctx| {
             rules::waits::signal(order, name, data, ctx)
                 .map_err(|why| Operated::NotAllowed(order.row.process_state, why))
         })
@@ -627,18 +539,16 @@ impl Transitions {
     /// submission's checks with `max_payload_bytes` as its limit
     /// (`submission.max_body_bytes`); back to `pending` as the order's next
     /// redrive, to run every step not completed (or undone) again under
-    /// new idempotency keys. With `hand_over`, its messages are the caller's relay's to
-    /// publish at once; without, the services' relays sweep them up.
+    /// new idempotency keys.
     pub async fn redrive(
         &self,
         operator: &Actor,
         order_id: Uuid,
         patch: Option<&serde_json::Value>,
         max_payload_bytes: usize,
-        hand_over: bool,
-    ) -> Result<Done<Operated>, StoreError> {
+    ) -> Result<Operated, StoreError> {
         use rules::operator::RedriveError;
-        self.operate(operator, order_id, hand_over, |order, ctx| {
+        self.operate(operator, order_id, |order, ctx| {
             let state = order.row.process_state;
             rules::operator::redrive(order, patch, max_payload_bytes, ctx).map_err(|e| match e {
                 RedriveError::NotAllowed(why) => Operated::NotAllowed(state, why),
@@ -655,15 +565,14 @@ impl Transitions {
         &self,
         operator: &Actor,
         order_id: Uuid,
-        hand_over: bool,
         rule: R,
-    ) -> Result<Done<Operated>, StoreError>
+    ) -> Result<Operated, StoreError>
     where
         R: Fn(&Order, Context<'_>) -> Result<Decision, Operated>,
     {
         use tracing::Instrument as _;
         let span = tracing::info_span!("operate", %order_id, operator = %operator.name);
-        again(|| self.operate_once(operator, order_id, hand_over, &rule))
+        again(|| self.operate_once(operator, order_id, &rule))
             .instrument(span)
             .await
     }
@@ -672,39 +581,34 @@ impl Transitions {
         &self,
         operator: &Actor,
         order_id: Uuid,
-        hand_over: bool,
         rule: &R,
-    ) -> Result<Done<(Operated, Vec<Uuid>)>, StoreError>
+    ) -> Result<Operated, StoreError>
     where
         R: Fn(&Order, Context<'_>) -> Result<Decision, Operated>,
     {
-        let mut conn = self.store.conn().await?;
-        let one = [order_id];
-        let loaded = conn.run(|c| orders::load_many(c, &one, false)).await;
-        let loaded = self.defined(&mut conn, loaded).await;
-        let decided = loaded.and_then(|(loaded, definitions)| {
-            let mut unit = Unit::load(loaded, false, definitions);
-            if unit.len() == 0 {
-                return Ok((Operated::NotFound, unit));
+        let mut session = self.session().await?;
+        let mut unit = session.load(&[order_id]).await?;
+        let decided = if unit.is_empty() {
+            Operated::NotFound
+        } else {
+            match rule(&unit.get(0).order, context(&unit, &operator.name)) {
+                Ok(decision) => {
+                    let to = decision.order.row.process_state;
+                    apply(&mut unit, 0, decision, &self.queues)?;
+                    Operated::Done(to)
+                }
+                Err(refused) => refused,
             }
-            let order = &unit.get(0).order;
-            let decision = match rule(order, context(&unit, &operator.name)) {
-                Ok(decision) => decision,
-                Err(refused) => return Ok((refused, unit)),
-            };
-            let to = decision.order.row.process_state;
-            unit.apply(0, decision, &self.queues)?;
-            Ok((Operated::Done(to), unit))
-        });
-        self.write_back(conn, decided, hand_over).await
+        };
+        Ok(self.write_back(session, (decided, unit)).await?.0)
     }
 }
 
 /// Runs `transition` again (up to [`RACES`] times) when its write-back
 /// found that another transition changed one of its orders first.
-async fn again<T, F>(mut transition: impl FnMut() -> F) -> Result<Done<T>, StoreError>
+async fn again<T, F>(mut transition: impl FnMut() -> F) -> Result<T, StoreError>
 where
-    F: Future<Output = Result<Done<(T, Vec<Uuid>)>, StoreError>>,
+    F: Future<Output = Result<T, StoreError>>,
 {
     let mut races = 0;
     loop {
@@ -713,34 +617,8 @@ where
                 races += 1;
                 tracing::debug!(error = %e, "an order changed meanwhile; running again");
             }
-            done => {
-                return done.map(|d| Done {
-                    value: d.value.0,
-                    committed: d.committed,
-                });
-            }
+            done => return done,
         }
-    }
-}
-
-/// Hands the committed messages back with the connection when it holds
-/// their orders' outbox locks; otherwise the connection goes back to the pool.
-fn committed<T>(
-    conn: PoolConnection<sqlx::Postgres>,
-    bound: std::time::Duration,
-    value: T,
-    flushed: Flushed,
-) -> Done<(T, Vec<Uuid>)> {
-    let publish = flushed
-        .holds_locks
-        .then(|| (Held::new(conn, bound), flushed.publish));
-    Done {
-        value: (value, flushed.created),
-        committed: Committed {
-            publish,
-            later: flushed.later,
-            follow: flushed.follow,
-        },
     }
 }
 
@@ -759,50 +637,5 @@ fn context<'a>(unit: &'a Unit, actor: &'a str) -> Context<'a> {
         gates: &unit.gates,
         flows: &unit.flows,
         definitions: &unit.definitions,
-    }
-}
-
-impl StateStore {
-    /// Takes the queued messages of these orders for publishing
-    /// ([`outbox::take`]): the orders no other publisher holds, or with
-    /// `wait` every order once its publisher lets it go. Publish the rows,
-    /// then [`Held::release`] the ones published: nothing stays open in
-    /// between but the outbox locks.
-    pub async fn take_outbox(
-        &self,
-        order_ids: &[Uuid],
-        wait: bool,
-    ) -> Result<outbox::Taken, StoreError> {
-        let mut conn = self.conn().await?;
-        // The locks stay with the session: failing, it is closed, not pooled.
-        conn.discard();
-        let (taken, rows) = conn.run(|c| outbox::take(c, order_ids, wait)).await?;
-        conn.keep();
-        let held = conn
-            .into_pooled()
-            .map(|c| Held::new(c, self.io_timeout()))
-            .ok_or(StoreError::Silent(self.io_timeout()))?;
-        let busy = order_ids
-            .iter()
-            .filter(|id| !taken.contains(id))
-            .copied()
-            .collect();
-        Ok(outbox::Taken { held, rows, busy })
-    }
-
-    /// Messages waiting in the outbox.
-    pub async fn outbox_backlog(&self) -> Result<i64, StoreError> {
-        let mut conn = self.conn().await?;
-        conn.run(outbox::backlog).await
-    }
-
-    /// Orders with messages left behind by a process that died.
-    pub async fn outbox_stale_orders(
-        &self,
-        age_ms: i64,
-        limit: i64,
-    ) -> Result<Vec<Uuid>, StoreError> {
-        let mut conn = self.conn().await?;
-        conn.run(|c| outbox::stale_orders(c, age_ms, limit)).await
     }
 }

@@ -1,6 +1,10 @@
-//! The state store: every SQL statement sas issues, grouped by table, and the
-//! transitions built from them, which load orders, ask the pattern's rules
-//! ([`crate::rules`]) and write the decisions back. Every value reaches SQL
+//! # sas-store: the state store
+//!
+//! Every SQL statement sas issues, grouped by table, as verbs: a
+//! transition's [`Session`] loads orders into a [`Unit`] and writes the
+//! unit back in one guarded statement. The store holds no rule and chooses
+//! no outcome: the engine (crate `sas`) asks the rules between the load and
+//! the write-back. It knows nothing of the broker. Every value reaches SQL
 //! as a bound parameter.
 //!
 //! A transition's write-back names, in its `WHERE`, the row version it
@@ -12,6 +16,7 @@ mod breaker_reports;
 mod breakers;
 mod children;
 mod dashboard;
+mod database_url;
 mod definitions;
 mod events;
 mod flows;
@@ -24,9 +29,10 @@ mod partitions;
 mod retention;
 mod schedules;
 mod search;
+mod session;
+mod settings;
 mod stats;
 mod steps;
-mod transitions;
 mod unit;
 mod watches;
 
@@ -35,38 +41,29 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
-pub use crate::config::{Hosts, HostsError};
-pub use crate::rules::operator::{
-    any_undo_in_doubt, cancel_refusal, redrive_refusal, retry_refusal,
-};
 pub use breaker_reports::{
     BREAKER_FORGET_AFTER, BREAKER_HEARTBEAT, BREAKER_STALE_AFTER, BreakerReport, BreakerRow,
 };
 pub use breakers::{BreakerEvent, SharedBreaker};
 pub use dashboard::{Bucket, CHART_BUCKET, CHART_WINDOW, FailedOrder, Overview, WaitingOrder};
+pub use database_url::{Hosts, HostsError, query_param};
 pub use events::{EventRow, Replay};
 pub use leases::Lease;
 pub use orders::{ClaimableNow, NewOrder, OrderRow};
-pub use outbox::{Committed, Held, OutboxRow, Taken};
+pub use outbox::{Committed, Held, OutboxLocks, OutboxRow, Taken};
 pub use partitions::Partitions;
-pub use retention::{
-    Archive, Policy, PruneBatch, PruneError, Pruned, Totals, archive_file_name, more_after,
-    prunable, prunable_states,
-};
-pub use schedules::{ScheduleRow, ScheduleView, scheduled_order};
+pub use retention::{Archive, Policy, PruneBatch, PruneError, Pruned, Totals, archive_file_name};
+pub use schedules::{ScheduleRow, ScheduleView};
 pub use search::{
     Cursor, FoundOrder, MAX_PAGE as MAX_SEARCH_PAGE, OrderSearch, PayloadField, SearchError,
     SearchFailed, SearchPage,
 };
+pub use session::{Session, Written};
+pub use settings::DatabaseSettings;
 pub use stats::Stats;
 pub use steps::{StepRow, stage_names};
-pub use transitions::{
-    Actor, ClaimBounds, Claimed, Done, Ending, Expired, Operated, ReplyOutcome, Submitted,
-    Transitions, any_undone,
-};
+pub use unit::{NewEvent, NewMessage, Tracked, Unit};
 pub use watches::{EVENTS_CHANNEL, EventListener, Heard};
-
-use crate::config::DatabaseSettings;
 
 /// The Postgres channel a transaction notifies when it makes work claimable now.
 pub const WAKE_CHANNEL: &str = "sas_work";
@@ -82,7 +79,7 @@ pub enum StoreError {
     Unreachable { waited: Duration, last: sqlx::Error },
     /// A file named by `database.ca_file` or the URL's `sslrootcert`.
     #[error(transparent)]
-    TlsFile(#[from] crate::tls::TlsFileError),
+    TlsFile(#[from] sas_tls::TlsFileError),
     /// The TLS handshake failed or the server refused TLS that the URL asks
     /// for: a configuration to fix, not a state to wait out, so start-up
     /// fails at once.
@@ -94,7 +91,7 @@ pub enum StoreError {
     /// A rule and the stored order disagree (a bug, never a race: rows
     /// are locked).
     #[error(transparent)]
-    Rule(#[from] crate::rules::RuleError),
+    Rule(#[from] sas_core::rules::RuleError),
     /// The write-back's guard refused it (an expected state had changed),
     /// or it returned nothing.
     #[error("the write-back was refused: {0}")]
@@ -245,7 +242,7 @@ impl StateStore {
                 // No retry: a certificate does not become valid by waiting.
                 Err(e) if is_tls_failure(&e) => return Err(StoreError::Tls(e)),
                 Err(e) if started.elapsed() < settings.connect_timeout => {
-                    let error = crate::tls::redact(&e.to_string(), [settings.url.as_str()]);
+                    let error = sas_tls::redact(&e.to_string(), [settings.url.as_str()]);
                     tracing::warn!(%error, "Postgres not reachable yet; retrying");
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(Duration::from_secs(2));
@@ -435,7 +432,7 @@ impl StateStore {
     /// The orders the supervisor's leader would load now to warn of their
     /// deadlines (at most `limit`, taking nothing), and the state store's
     /// clock as the query read it: for checking the query against its
-    /// rule, [`crate::rules::supervisor::warnable`].
+    /// rule, [`sas_core::rules::supervisor::warnable`].
     pub async fn warnable_now(
         &self,
         rungs: &[f64],
@@ -458,7 +455,7 @@ impl StateStore {
     /// `limit`, of every partition, taking nothing: the row locks the query
     /// takes are let go at once), and the state store's clock as the query
     /// read it: for checking the query against its rule,
-    /// [`crate::rules::supervisor::expired`].
+    /// [`sas_core::rules::supervisor::expired`].
     pub async fn expired_now(
         &self,
         limit: i64,
@@ -527,7 +524,7 @@ impl StateStore {
     /// `None` when it names an unknown order (or another application's).
     pub async fn replay(
         &self,
-        request: &crate::messages::ReplayRequest,
+        request: &sas_core::messages::ReplayRequest,
         application: Option<&str>,
         limit: u32,
     ) -> Result<Option<Replay>, StoreError> {
@@ -539,7 +536,7 @@ impl StateStore {
     /// Orders, newest first, optionally of one state and one workflow.
     pub async fn list_orders(
         &self,
-        state: Option<crate::state::ProcessState>,
+        state: Option<sas_core::state::ProcessState>,
         workflow: Option<&str>,
         limit: i64,
     ) -> Result<Vec<OrderRow>, StoreError> {
@@ -598,12 +595,12 @@ impl StateStore {
 
     /// Up to `limit` orders whose running step is past the first rung of
     /// its deadline ladder (those that may be stuck), with their steps.
-    pub async fn late_orders(&self, limit: i64) -> Result<Vec<crate::rules::Order>, StoreError> {
+    pub async fn late_orders(&self, limit: i64) -> Result<Vec<sas_core::rules::Order>, StoreError> {
         let mut conn = self.conn().await?;
         let loaded = conn.run(|c| orders::late(c, limit)).await?;
         Ok(loaded
             .into_iter()
-            .map(|l| crate::rules::Order {
+            .map(|l| sas_core::rules::Order {
                 row: l.order,
                 steps: l.steps.0,
             })
@@ -654,7 +651,7 @@ fn is_tls_failure(e: &sqlx::Error) -> bool {
 
 /// `options` with the TLS that `settings` ask for: `database.ca_file`
 /// trusted (and `sslmode` raised to `verify-full` unless the URL asks for
-/// `verify-ca`; [`Settings::validate`](crate::config::Settings::validate)
+/// `verify-ca`; `Settings::validate` (crate `sas`)
 /// refuses a URL that asks for less), and the URL's own `sslrootcert`
 /// checked now, so that a wrong path fails start-up with the key's name.
 fn tls_options(
@@ -662,15 +659,15 @@ fn tls_options(
     mut options: PgConnectOptions,
 ) -> Result<PgConnectOptions, StoreError> {
     use sqlx::postgres::PgSslMode;
-    if let Some(root) = crate::config::query_param(&settings.url, "sslrootcert") {
-        crate::tls::read_pem(
+    if let Some(root) = crate::query_param(&settings.url, "sslrootcert") {
+        sas_tls::read_pem(
             "database.url's sslrootcert",
             std::path::Path::new(&root),
             "CERTIFICATE",
         )?;
     }
     if let Some(ca) = &settings.ca_file {
-        let pem = crate::tls::read_pem("database.ca_file", ca, "CERTIFICATE")?;
+        let pem = sas_tls::read_pem("database.ca_file", ca, "CERTIFICATE")?;
         options = options.ssl_root_cert_from_pem(pem);
         if !matches!(
             options.get_ssl_mode(),

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::bounded::Conn;
 use super::{StateStore, StoreError};
-use crate::spec::Definition;
+use sas_core::spec::Definition;
 
 /// The definitions a process has read, by id, and the ids it found none
 /// for. Never stale: a definition's id is its content's, and a definition
@@ -38,7 +38,7 @@ impl Cache {
     }
 }
 
-/// Definitions by id, as the rules take them ([`crate::rules::Context::definitions`]).
+/// Definitions by id, as the rules take them ([`sas_core::rules::Context::definitions`]).
 pub type Definitions = Vec<(Uuid, Arc<Definition>)>;
 
 impl StateStore {
@@ -55,7 +55,7 @@ impl StateStore {
     /// The version `order` runs under, as operators see it
     /// ([`Definition::label`]); `None` for an order without a stored
     /// definition (or when Postgres cannot say).
-    pub async fn version_of(&self, order: &crate::model::OrderRow) -> Option<String> {
+    pub async fn version_of(&self, order: &sas_core::model::OrderRow) -> Option<String> {
         let found = self.definitions(order.definition).await.ok()?;
         found.first().map(|(_, d)| d.label())
     }

@@ -1,0 +1,156 @@
+//! One transition's connection to the store: it loads the orders (and
+//! the definitions they run under) into a [`Unit`], and writes the unit
+//! back. The load verbs and the write-back hold no rule: the engine
+//! decides between them.
+
+use uuid::Uuid;
+
+use super::bounded::Conn;
+use super::orders::{self, Loaded};
+use super::outbox::{Committed, Held, OutboxLocks};
+use super::unit::Unit;
+use super::{StateStore, StoreError};
+use sas_core::rules::flow::FlowDelta;
+
+/// A transition's connection: load, then [`write_back`](Self::write_back).
+/// Dropped without writing back (a rule refused, an error), its connection
+/// is closed, not pooled: it may hold claim or outbox locks, which the
+/// server lets go with the session.
+#[derive(Debug)]
+pub struct Session {
+    store: StateStore,
+    conn: Conn,
+    locks: OutboxLocks,
+}
+
+/// What a write-back wrote, and the messages it committed for the caller
+/// to publish.
+#[derive(Debug)]
+pub struct Written {
+    /// The new orders inserted (an id that existed is not).
+    pub created: Vec<Uuid>,
+    /// The messages, with the connection that holds their outbox locks.
+    pub committed: Committed,
+}
+
+impl StateStore {
+    /// A session for one transition, whose loads and write-back take outbox
+    /// locks as `locks` says.
+    pub async fn session(&self, locks: OutboxLocks) -> Result<Session, StoreError> {
+        let mut conn = self.conn().await?;
+        // Until the write-back, the connection may hold claim or outbox
+        // locks (a failed statement's too): dropped, it is closed.
+        conn.discard();
+        Ok(Session {
+            conn,
+            store: self.clone(),
+            locks,
+        })
+    }
+}
+
+impl Session {
+    /// These orders, as they are now (`orders::load_many`).
+    pub async fn load(&mut self, order_ids: &[Uuid]) -> Result<Unit, StoreError> {
+        let lock = self.takes_locks();
+        let loaded = self
+            .conn
+            .run(|c| orders::load_many(c, order_ids, lock))
+            .await?;
+        self.unit(loaded, false).await
+    }
+
+    /// Up to `limit` orders claimable now, their claim locks taken for
+    /// `claimer`, who then holds at most `max_held` ([`orders::claimable`]).
+    pub async fn load_claimable(
+        &mut self,
+        limit: i64,
+        claimer: &str,
+        max_held: i64,
+    ) -> Result<Unit, StoreError> {
+        let lock = self.takes_locks();
+        let loaded = self
+            .conn
+            .run(|c| orders::claimable(c, limit, claimer, max_held, lock))
+            .await?;
+        self.unit(loaded, true).await
+    }
+
+    /// Up to `limit` orders of `partitions` (out of `count`) past their
+    /// deadline or hold ([`orders::expired`]).
+    pub async fn load_expired(
+        &mut self,
+        limit: i64,
+        partitions: &[i32],
+        count: i32,
+    ) -> Result<Unit, StoreError> {
+        let lock = self.takes_locks();
+        let loaded = self
+            .conn
+            .run(|c| orders::expired(c, limit, lock, partitions, count))
+            .await?;
+        self.unit(loaded, false).await
+    }
+
+    /// Up to `limit` orders whose watched step passed a rung of `rungs`
+    /// ([`orders::warnable`]).
+    pub async fn load_warnable(&mut self, rungs: &[f64], limit: i64) -> Result<Unit, StoreError> {
+        let lock = self.takes_locks();
+        let loaded = self
+            .conn
+            .run(|c| orders::warnable(c, rungs, limit, lock))
+            .await?;
+        self.unit(loaded, false).await
+    }
+
+    /// A unit with no orders, for new ones, at the client's clock.
+    pub fn empty(&self) -> Unit {
+        Unit::empty(chrono::Utc::now(), self.locks)
+    }
+
+    /// Writes `unit` back in one statement, moving the flow-control counts
+    /// by `flows`, and hands its messages back with the connection when it
+    /// holds their outbox locks (otherwise the connection goes back to the
+    /// pool).
+    pub async fn write_back(
+        mut self,
+        unit: Unit,
+        flows: Vec<FlowDelta>,
+    ) -> Result<Written, StoreError> {
+        let definitions = unit.definitions.clone();
+        let flushed = self.conn.run(|c| unit.flush(c, flows)).await?;
+        self.conn.keep();
+        // Stored (or read) with the orders: this process need not read
+        // them back (they never change).
+        for (id, definition) in definitions {
+            self.store.definitions.put(id, Some(definition));
+        }
+        let bound = self.store.io_timeout();
+        let Some(conn) = self.conn.into_pooled() else {
+            return Err(StoreError::Silent(bound));
+        };
+        let publish = flushed
+            .holds_locks
+            .then(|| (Held::new(conn, bound), flushed.publish));
+        Ok(Written {
+            created: flushed.created,
+            committed: Committed {
+                publish,
+                later: flushed.later,
+                follow: flushed.follow,
+            },
+        })
+    }
+
+    fn takes_locks(&self) -> bool {
+        self.locks == OutboxLocks::Take
+    }
+
+    /// The loaded orders with the definitions they run under, read on this
+    /// connection unless this process has them (they never change).
+    async fn unit(&mut self, loaded: Vec<Loaded>, claimed: bool) -> Result<Unit, StoreError> {
+        let ids = loaded.iter().filter_map(|l| l.order.definition);
+        let definitions = self.store.definitions_on(&mut self.conn, ids).await?;
+        Ok(Unit::load(loaded, claimed, definitions, self.locks))
+    }
+}
