@@ -26,6 +26,7 @@ COPY protocol ./protocol
 COPY core ./core
 COPY tls ./tls
 COPY store ./store
+COPY broker ./broker
 COPY shared ./shared
 COPY client ./client
 COPY services ./services

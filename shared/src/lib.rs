@@ -26,8 +26,11 @@
 //!   their outlet (the relay's port) and the shared breaker's transitions.
 //! - [`pipeline`]: a service's transitions with its outbox relay, as one
 //!   value: what a transition commits is published once it has.
-//! - [`broker`]: every lapin call: connect, topology, confirmed publish, consume.
-//! - [`dead_letters`]: the dead-letter queues for operators: list, replay, purge.
+//! - [`broker`]: every lapin call (crate `sas-broker`, re-exported):
+//!   connect, topology, confirmed publish, consume; and the sessions a
+//!   service runs over a connection, again on a new one when it is lost.
+//! - [`dead_letters`]: the dead-letter queues for operators: list, replay,
+//!   purge (`sas-broker`'s).
 //! - [`batch`]: group commit: deliveries that arrive together share a transaction.
 //! - [`outbox`]: the relay from committed outbox rows to confirmed publishes.
 //! - [`http`] (on [`server`], bounded against slow or large requests),
@@ -36,7 +39,8 @@
 //! - [`tls`] (crate `sas-tls`, re-exported): the rustls crypto provider, the TLS files of the
 //!   configuration, and the redaction of passwords from connection URLs.
 //! - [`heartbeat`]: each instance's record that it is alive.
-//! - [`stuck`]: gathers the facts of why orders are stuck and asks the rule.
+//! - [`store_cell`]: a state store connected off a service's start path.
+//! - [`diagnosis`]: gathers the facts of why orders are stuck and asks the rule.
 //! - [`crash`]: crash points that let the fault suite stop a process at an exact spot.
 //! - [`memory`]: the allocator's arenas, few, so that a service's memory stays small.
 
@@ -50,10 +54,15 @@ pub use sas_store as state_store;
 pub use sas_tls as tls;
 
 pub mod batch;
-pub mod broker;
+/// RabbitMQ: crate `sas-broker`, and the sessions a service runs over it.
+pub mod broker {
+    pub use crate::sessions::run_sessions;
+    pub use sas_broker::*;
+}
 pub mod config;
 pub mod crash;
-pub mod dead_letters;
+pub use sas_broker::dead_letters;
+pub mod diagnosis;
 pub mod engine;
 pub mod heartbeat;
 pub mod http;
@@ -63,6 +72,7 @@ pub mod outbox;
 pub mod pipeline;
 pub mod server;
 pub mod service;
+mod sessions;
 pub mod shutdown;
-pub mod stuck;
+pub mod store_cell;
 pub mod telemetry;

@@ -7,6 +7,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -14,6 +15,7 @@ use crate::config::Settings;
 use crate::http::{self, Health};
 use crate::metrics::Metrics;
 use crate::state_store::{Plans, StateStore};
+use crate::store_cell::StoreCell;
 use crate::telemetry;
 use crate::topology::QueueNames;
 
@@ -32,8 +34,12 @@ pub struct Context {
     pub queues: QueueNames,
     /// Who may submit and where their events may go (contract §1b).
     pub applications: crate::applications::Applications,
-    /// `None` for services that do not use the state store (the agent).
+    /// The state store of a service that needs one to start
+    /// ([`StoreUse::Required`]).
     pub store: Option<StateStore>,
+    /// The state store of a service that connects it in the background
+    /// ([`StoreUse::Background`]): empty until connected.
+    pub connecting: Arc<StoreCell>,
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
     pub shutdown: CancellationToken,
@@ -101,8 +107,50 @@ pub struct Spec {
     pub name: &'static str,
     /// Its HTTP port unless `http.port` says otherwise.
     pub default_port: u16,
-    /// Whether it connects to Postgres, and how its statements are planned.
-    pub store: Option<Plans>,
+    /// How it uses the state store.
+    pub store: StoreUse,
+}
+
+/// How a service uses the state store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreUse {
+    /// Not at all.
+    None,
+    /// Connected (and migrated) before the service starts, its statements
+    /// planned as given: it cannot work without it ([`Context::store`]).
+    Required(Plans),
+    /// Connected off the start path with at most `max_connections`, trying
+    /// again every ten seconds until shutdown: the service serves without it
+    /// meanwhile (the agent, whose calls go on while Postgres is away), and
+    /// finds it in [`Context::connecting`] once it is reached.
+    Background { max_connections: u32 },
+}
+
+/// How long a background connection waits before trying again.
+const RECONNECT: Duration = Duration::from_secs(10);
+
+/// Connects `cell`'s store in the background, trying again until `shutdown`.
+async fn connect_in_background(
+    mut database: crate::config::DatabaseSettings,
+    max_connections: u32,
+    name: &'static str,
+    cell: Arc<StoreCell>,
+    shutdown: CancellationToken,
+) {
+    database.max_connections = max_connections;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            connected = StateStore::connect(&database, name) => match connected {
+                Ok(store) => return cell.set(store),
+                Err(e) => tracing::warn!(error = %e, "cannot reach Postgres; trying again"),
+            },
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(RECONNECT) => {}
+        }
+    }
 }
 
 /// Runs a service to completion and turns the outcome into an exit code:
@@ -113,21 +161,17 @@ where
     F: FnOnce(Arc<Context>) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
-    main_with_routes(spec, args, |_| axum::Router::new(), work).await
+    main_with_routes(spec, args, |ctx| (axum::Router::new(), work(ctx))).await
 }
 
-/// Like [`main`], for a service that serves its own HTTP routes (built by
-/// `routes` from its context) on its port, beside `/healthz`, `/readyz` and
-/// `/metrics`.
-pub async fn main_with_routes<R, F, Fut>(
-    spec: Spec,
-    args: CommonArgs,
-    routes: R,
-    work: F,
-) -> ExitCode
+/// Like [`main`], for a service that serves its own HTTP routes on its
+/// port, beside `/healthz`, `/readyz` and `/metrics`: `build` makes the
+/// routes and the work together from the context, so that what they share
+/// (the submission's intake) is handed from one to the other as a value.
+/// The work starts once the routes are served.
+pub async fn main_with_routes<B, Fut>(spec: Spec, args: CommonArgs, build: B) -> ExitCode
 where
-    R: FnOnce(Arc<Context>) -> axum::Router,
-    F: FnOnce(Arc<Context>) -> Fut,
+    B: FnOnce(Arc<Context>) -> (axum::Router, Fut),
     Fut: Future<Output = anyhow::Result<()>>,
 {
     // Before the service starts threads (lapin's, blocking ones).
@@ -150,16 +194,7 @@ where
     // What is printed of a failure must not show a password the
     // configuration holds, whichever library quoted it.
     let redactor = settings.clone();
-    match run(
-        spec.name,
-        spec.default_port,
-        spec.store,
-        settings,
-        routes,
-        work,
-    )
-    .await
-    {
+    match run(spec.name, spec.default_port, spec.store, settings, build).await {
         Ok(()) => {
             tracing::info!("{} stopped", spec.name);
             exporter.shutdown();
@@ -175,23 +210,34 @@ where
     }
 }
 
-async fn run<R, F, Fut>(
+async fn run<B, Fut>(
     name: &'static str,
     default_port: u16,
-    store: Option<Plans>,
+    store: StoreUse,
     settings: Settings,
-    routes: R,
-    work: F,
+    build: B,
 ) -> anyhow::Result<()>
 where
-    R: FnOnce(Arc<Context>) -> axum::Router,
-    F: FnOnce(Arc<Context>) -> Fut,
+    B: FnOnce(Arc<Context>) -> (axum::Router, Fut),
     Fut: Future<Output = anyhow::Result<()>>,
 {
     let shutdown = crate::shutdown::on_signal()?;
+    let connecting = Arc::new(StoreCell::default());
     let store = match store {
-        Some(plans) => Some(StateStore::connect_with(&settings.database, name, plans).await?),
-        None => None,
+        StoreUse::Required(plans) => {
+            Some(StateStore::connect_with(&settings.database, name, plans).await?)
+        }
+        StoreUse::Background { max_connections } => {
+            tokio::spawn(connect_in_background(
+                settings.database.clone(),
+                max_connections,
+                name,
+                connecting.clone(),
+                shutdown.clone(),
+            ));
+            None
+        }
+        StoreUse::None => None,
     };
     let metrics = Arc::new(Metrics::new(name));
     let health = Arc::new(Health::new(store.clone()));
@@ -204,17 +250,20 @@ where
         ),
         settings,
         store: store.clone(),
+        connecting: connecting.clone(),
         metrics: metrics.clone(),
         health: health.clone(),
         shutdown,
     });
     let http_stop = CancellationToken::new();
+    // A future does nothing until awaited: the work starts below.
+    let (routes, work) = build(ctx.clone());
     let (addr, server) = http::serve(
         &ctx.settings.http,
         default_port,
         health,
         metrics,
-        routes(ctx.clone()),
+        routes,
         http_stop.clone(),
     )
     .await?;
@@ -222,10 +271,10 @@ where
     for advice in ctx.settings.advice() {
         tracing::warn!("{advice}");
     }
-    let outcome = work(ctx).await;
+    let outcome = work.await;
     http_stop.cancel();
     server.await.ok();
-    if let Some(store) = store {
+    for store in store.into_iter().chain(connecting.get()) {
         store.close().await;
     }
     outcome

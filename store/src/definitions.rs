@@ -38,7 +38,7 @@ impl Cache {
     }
 }
 
-/// Definitions by id, as the rules take them ([`sas_core::rules::Context::definitions`]).
+/// Definitions by id, as the rules take them ([`sas_core::rules::Given::definitions`]).
 pub type Definitions = Vec<(Uuid, Arc<Definition>)>;
 
 impl StateStore {

@@ -195,7 +195,7 @@ pub struct Unit {
     pub flows: Vec<Flow>,
     /// The agent of each request to an agent under flow control.
     pub dispatched: Vec<String>,
-    /// The definitions the orders run under ([`sas_core::rules::Context::definitions`]).
+    /// The definitions the orders run under ([`sas_core::rules::Given::definitions`]).
     pub definitions: super::definitions::Definitions,
     /// Whether this connection takes the outbox locks of the orders it
     /// writes messages for (the loaded orders' were taken with them).

@@ -234,7 +234,7 @@ pub fn admit<'g>(gates: &'g [Gate], agent: &str, order_id: Uuid) -> Admit<'g> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::Context;
+    use super::super::Given;
     use super::super::order::fixture::now;
     use super::*;
 
@@ -344,7 +344,7 @@ mod tests {
         let open = [gate("a0", State::Open, None)];
         let held = claim(
             &order,
-            Context {
+            Given {
                 gates: &open,
                 ..ctx("s1")
             },
@@ -373,7 +373,7 @@ mod tests {
         let half = [gate("a0", State::HalfOpen, Some(id))];
         let probe = claim(
             &held.order,
-            Context {
+            Given {
                 gates: &half,
                 ..ctx("s2")
             },
@@ -382,7 +382,7 @@ mod tests {
         assert_eq!(probe.requests().count(), 1);
         let other = claim(
             &pending(1, |_| true),
-            Context {
+            Given {
                 gates: &half,
                 ..ctx("s2")
             },
@@ -399,7 +399,7 @@ mod tests {
         use crate::messages::{StepOutcome, StepReply};
         use crate::spec::SupervisorSettings;
         let open = [gate("a0", State::Open, None)];
-        let with = |gates| Context { gates, ..ctx("s1") };
+        let with = |gates| Given { gates, ..ctx("s1") };
         let mut order = claim(&pending(1, |_| true), with(&open)).unwrap().order;
         let since = order.row.held_since;
         let until = order.row.hold_until;
@@ -469,7 +469,7 @@ mod tests {
         let Replied::Applied(d) = apply_reply(
             &running,
             &reply,
-            Context {
+            Given {
                 gates: &open,
                 ..ctx("s1")
             },
@@ -492,7 +492,7 @@ mod tests {
         let (late, requeued) = expire(
             &running,
             &settings,
-            Context {
+            Given {
                 gates: &open,
                 ..ctx("sup")
             },

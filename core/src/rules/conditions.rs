@@ -260,7 +260,7 @@ mod tests {
     use uuid::Uuid;
 
     use super::super::order::fixture::{ctx, pending};
-    use super::super::order::{Context, Decision, Order};
+    use super::super::order::{Decision, Given, Order};
     use super::super::scheduler::{Replied, apply_reply, claim};
     use crate::messages::{StepOutcome, StepReply, StepRequest};
     use crate::spec::{Definition, WorkflowSpec};
@@ -310,7 +310,7 @@ mod tests {
         match apply_reply(
             &d.order,
             &reply,
-            Context {
+            Given {
                 definitions: known,
                 ..ctx("s1")
             },
@@ -328,7 +328,7 @@ mod tests {
             [json!({}), json!({ "when": "payload.total > 0" }), json!({})],
             json!({ "total": 0 }),
         );
-        let cx = Context {
+        let cx = Given {
             definitions: &known,
             ..ctx("s1")
         };
@@ -360,7 +360,7 @@ mod tests {
             ],
             json!({ "total": 5 }),
         );
-        let cx = Context {
+        let cx = Given {
             definitions: &known,
             ..ctx("s1")
         };
@@ -382,7 +382,7 @@ mod tests {
             ],
             json!({}),
         );
-        let cx = Context {
+        let cx = Given {
             definitions: &known,
             ..ctx("s1")
         };
@@ -405,7 +405,7 @@ mod tests {
         );
         let d = claim(
             &order,
-            Context {
+            Given {
                 definitions: &known,
                 ..ctx("s1")
             },
@@ -422,7 +422,7 @@ mod tests {
                 [json!({}), json!({ "when": broken }), json!({})],
                 json!({ "total": 3 }),
             );
-            let cx = Context {
+            let cx = Given {
                 definitions: &known,
                 ..ctx("s1")
             };
@@ -452,7 +452,7 @@ mod tests {
             ],
             json!({ "total": 12, "secret": "not for the remote" }),
         );
-        let cx = Context {
+        let cx = Given {
             definitions: &known,
             ..ctx("s1")
         };
@@ -487,7 +487,7 @@ mod tests {
         order.row.definition = None;
         let d = claim(
             &order,
-            Context {
+            Given {
                 definitions: &known,
                 ..ctx("s1")
             },
@@ -503,7 +503,7 @@ mod tests {
             [json!({}), json!({ "when": "false" }), json!({})],
             json!({}),
         );
-        let cx = Context {
+        let cx = Given {
             definitions: &known,
             ..ctx("s1")
         };
@@ -515,7 +515,7 @@ mod tests {
         let Replied::Applied(d) = apply_reply(
             &d.order,
             &reply,
-            Context {
+            Given {
                 definitions: &known,
                 ..ctx("s1")
             },
@@ -530,7 +530,7 @@ mod tests {
         let Replied::Applied(d) = apply_reply(
             &d.order,
             &done,
-            Context {
+            Given {
                 definitions: &known,
                 ..ctx("s1")
             },
@@ -548,13 +548,13 @@ mod for_each_tests {
     use serde_json::json;
 
     use super::super::order::fixture::{Known, ctx, order_of};
-    use super::super::order::{Context, Decision};
+    use super::super::order::{Decision, Given};
     use super::super::scheduler::{Replied, apply_reply, claim};
     use crate::messages::{Direction, StepOutcome, StepReply, StepRequest};
     use crate::state::{ProcessState, StepState};
 
-    fn cx(known: &Known) -> Context<'_> {
-        Context {
+    fn cx(known: &Known) -> Given<'_> {
+        Given {
             definitions: known,
             ..ctx("s1")
         }
@@ -569,7 +569,7 @@ mod for_each_tests {
         let latest = d.order.steps.iter().filter_map(|s| s.finished_at).max();
         let now =
             latest.unwrap_or_else(super::super::order::fixture::now) + chrono::Duration::seconds(1);
-        let at = Context { now, ..cx(known) };
+        let at = Given { now, ..cx(known) };
         match apply_reply(&d.order, &StepReply::to(to, outcome), at).expect("reply") {
             Replied::Applied(d) => *d,
             Replied::Stale(why) => panic!("stale: {why}"),

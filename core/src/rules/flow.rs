@@ -155,7 +155,7 @@ mod deltas_tests {
 
 #[cfg(test)]
 mod tests {
-    use super::super::Context;
+    use super::super::Given;
     use super::super::order::fixture::{ctx, pending};
     use super::super::scheduler::{Claim, Replied, apply_reply, claim, claim_or_wait};
     use super::*;
@@ -176,7 +176,7 @@ mod tests {
     fn an_order_whose_next_agent_is_full_waits_held_for_it_whether_new_or_mid_way() {
         let order = pending(2, |_| false);
         let a0 = full("a0");
-        let on_a0 = |actor| Context {
+        let on_a0 = |actor| Given {
             flows: &a0,
             ..ctx(actor)
         };
@@ -212,7 +212,7 @@ mod tests {
         let Replied::Applied(d) = apply_reply(
             &claimed.order,
             &done,
-            Context {
+            Given {
                 flows: &a1,
                 ..ctx("s1")
             },

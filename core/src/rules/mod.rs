@@ -27,7 +27,7 @@ mod net_effect;
 #[cfg(test)]
 mod properties;
 
-pub use order::{Context, Decision, Effect, Logged, Order, RuleError};
+pub use order::{Decision, Effect, Given, Logged, Order, RuleError};
 
 #[cfg(test)]
 mod imports {

@@ -181,8 +181,8 @@ struct World {
 
 impl World {
     /// The rules' context for `actor`, with the order's definition.
-    fn cx<'a>(&'a self, actor: &'a str) -> super::Context<'a> {
-        super::Context {
+    fn cx<'a>(&'a self, actor: &'a str) -> super::Given<'a> {
+        super::Given {
             definitions: &self.known,
             ..ctx(actor)
         }

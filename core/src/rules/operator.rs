@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 
-use super::order::{Context, Deciding, Decision, Event, Order};
+use super::order::{Deciding, Decision, Event, Given, Order};
 use crate::messages::{EventKind, RejectReason, payload_refusal, rfc3339};
 use crate::model::StepRow;
 use crate::state::{ProcessState, StepState};
@@ -19,7 +19,7 @@ use crate::workflow;
 /// idempotency keys are spent, so a remote that deduplicates would replay
 /// the old answer instead of doing the step again; `cancel` finishes its
 /// undo instead.
-pub fn retry(order: &Order, ctx: Context<'_>) -> Result<Decision, &'static str> {
+pub fn retry(order: &Order, ctx: Given<'_>) -> Result<Decision, &'static str> {
     let undone = any_undone(&order.steps);
     if let Some(why) = retry_refusal(order.row.process_state, undone) {
         return Err(why);
@@ -58,7 +58,7 @@ pub const CANCELLED: &str = "cancelled by an operator";
 /// completed or is in doubt is undone, newest first, by the schedulers.
 /// With nothing to undo and nothing out, the order ends `compensated` at
 /// once. Refused (why) in any other state.
-pub fn cancel(order: &Order, ctx: Context<'_>) -> Result<Decision, &'static str> {
+pub fn cancel(order: &Order, ctx: Given<'_>) -> Result<Decision, &'static str> {
     if let Some(why) = cancel_refusal(order.row.process_state) {
         return Err(why);
     }
@@ -68,7 +68,7 @@ pub fn cancel(order: &Order, ctx: Context<'_>) -> Result<Decision, &'static str>
 /// The undo of a child order by its parent's step (contract §4d): a cancel
 /// ([`cancel`]), which for a child that has been `processed` undoes its
 /// completed steps too. Refused (why) when it is being undone or was.
-pub fn undo_child(order: &Order, ctx: Context<'_>) -> Result<Decision, &'static str> {
+pub fn undo_child(order: &Order, ctx: Given<'_>) -> Result<Decision, &'static str> {
     match order.row.process_state {
         ProcessState::Processed => Ok(cancelled(order, ctx)),
         state => cancel_refusal(state).map_or_else(|| Ok(cancelled(order, ctx)), Err),
@@ -76,7 +76,7 @@ pub fn undo_child(order: &Order, ctx: Context<'_>) -> Result<Decision, &'static 
 }
 
 /// The cancel of `order`, allowed in its state.
-fn cancelled(order: &Order, ctx: Context<'_>) -> Decision {
+fn cancelled(order: &Order, ctx: Given<'_>) -> Decision {
     let from = order.row.process_state;
     let mut d = Deciding::new(order, ctx);
     // Nothing is waited for once cancelled (§4d): no timer, no signal.
@@ -167,7 +167,7 @@ pub fn redrive(
     order: &Order,
     patch: Option<&Value>,
     max_payload_bytes: usize,
-    ctx: Context<'_>,
+    ctx: Given<'_>,
 ) -> Result<Decision, RedriveError> {
     let from = order.row.process_state;
     if let Some(why) = redrive_refusal(from, any_undo_in_doubt(&order.steps)) {

@@ -1,5 +1,5 @@
 //! What every rule works on and returns: an [`Order`] (its row and its
-//! steps), the [`Context`] of a decision (who acts, the database's clock),
+//! steps), the [`Given`] of a decision (who acts, the database's clock),
 //! and the [`Decision`]: the order's new rows and, in the order they must
 //! leave, the events to log and announce and the messages to send.
 //!
@@ -61,7 +61,7 @@ impl Order {
 
 /// The facts a rule decides with besides the order.
 #[derive(Debug, Clone, Copy)]
-pub struct Context<'a> {
+pub struct Given<'a> {
     /// The database's clock for this transaction: every time the decision writes.
     pub now: DateTime<Utc>,
     /// Who decides: written to the event log and, for schedulers, as the lock holder.
@@ -77,7 +77,7 @@ pub struct Context<'a> {
     pub definitions: &'a [(Uuid, std::sync::Arc<crate::spec::Definition>)],
 }
 
-impl<'a> Context<'a> {
+impl<'a> Given<'a> {
     /// The definition `row` runs under: the one it was submitted under,
     /// when it names one that is stored (`None`: it follows the
     /// configuration).
@@ -201,7 +201,7 @@ pub struct Deciding<'c> {
     pub(super) effects: Vec<Effect>,
     pub(super) wake: bool,
     pub(super) ended: Option<ProcessState>,
-    pub(super) ctx: Context<'c>,
+    pub(super) ctx: Given<'c>,
     /// The flow-control room as loaded, counted down by this decision's
     /// own dispatches (steps in parallel may go to one agent).
     flows: Vec<super::flow::Flow>,
@@ -232,7 +232,7 @@ pub(super) struct Event<'a> {
 
 impl<'c> Deciding<'c> {
     /// Starts from the order as loaded.
-    pub(super) fn new(order: &Order, ctx: Context<'c>) -> Self {
+    pub(super) fn new(order: &Order, ctx: Given<'c>) -> Self {
         Self {
             order: order.clone(),
             effects: Vec::new(),
@@ -522,7 +522,7 @@ pub(crate) mod fixture {
     use serde_json::json;
     use uuid::Uuid;
 
-    use super::{Context, Order};
+    use super::{Given, Order};
     use crate::model::NewOrder;
     use crate::model::{OrderRow, StepRow};
     use crate::workflow::Step;
@@ -544,8 +544,8 @@ pub(crate) mod fixture {
     }
 
     /// A context at [`now`] for `actor`.
-    pub fn ctx(actor: &str) -> Context<'_> {
-        Context {
+    pub fn ctx(actor: &str) -> Given<'_> {
+        Given {
             now: now(),
             actor,
             new_id: Uuid::new_v4,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use serde_json::json;
 
-use super::Context;
+use super::Given;
 use super::breaker::{self, Admit, Gate, State};
 use super::flow::{self, Flow};
 use super::order::fixture::{Known, ctx, now, order_of, pending};
@@ -321,7 +321,7 @@ fn run_order(
     for action in actions {
         let gates = world.gates.clone();
         let full = world.full.clone();
-        let with_gates = |actor| Context {
+        let with_gates = |actor| Given {
             gates: &gates,
             flows: &full,
             definitions: &known,

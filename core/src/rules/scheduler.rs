@@ -15,7 +15,7 @@ use super::breaker::{self, Admit};
 use super::conditions::{Launch, Prepared};
 use super::flow;
 use super::order::{
-    Context, Deciding, Decision, Effect, Event, Hold, Order, RuleError, undo_withdrawn,
+    Deciding, Decision, Effect, Event, Given, Hold, Order, RuleError, undo_withdrawn,
 };
 use crate::messages::{Direction, EventKind, StepOutcome, StepReply, StepRequest};
 use crate::model::{OrderRow, StepRow};
@@ -64,7 +64,7 @@ pub fn claimable(
 /// `ctx.actor` claims `order` (a `pending` one, which starts `processing`, or
 /// a `compensating` one that nobody drives) and dispatches its next steps,
 /// or finishes it when nothing is left to run.
-pub fn claim(order: &Order, ctx: Context<'_>) -> Result<Decision, RuleError> {
+pub fn claim(order: &Order, ctx: Given<'_>) -> Result<Decision, RuleError> {
     match claim_or_wait(order, ctx)? {
         Claim::Decided(decision) => Ok(*decision),
         Claim::Waits => Ok(Deciding::new(order, ctx).done()),
@@ -85,7 +85,7 @@ pub enum Claim {
 
 /// [`claim`], saying when nothing changes ([`Claim::Waits`]) rather than
 /// returning the order as it was: what the store writes back, or skips.
-pub fn claim_or_wait(order: &Order, ctx: Context<'_>) -> Result<Claim, RuleError> {
+pub fn claim_or_wait(order: &Order, ctx: Given<'_>) -> Result<Claim, RuleError> {
     let mut d = Deciding::new(order, ctx);
     let from = d.row().process_state;
     let to = match from {
@@ -184,11 +184,7 @@ pub enum Replied {
 /// the order's claim. A forward step that failed for good gives the order
 /// up (its steps still running are let finish, then every completed step
 /// is undone, newest completion first); an undo that failed for good fails it.
-pub fn apply_reply(
-    order: &Order,
-    reply: &StepReply,
-    ctx: Context<'_>,
-) -> Result<Replied, RuleError> {
+pub fn apply_reply(order: &Order, reply: &StepReply, ctx: Given<'_>) -> Result<Replied, RuleError> {
     let change = match judge_reply(&order.row, &order.steps, reply) {
         Ok(change) => change,
         Err(why) => return Ok(Replied::Stale(why)),
@@ -1218,8 +1214,8 @@ mod parallel {
         order
     }
 
-    fn at(actor: &str, secs: i64) -> Context<'_> {
-        Context {
+    fn at(actor: &str, secs: i64) -> Given<'_> {
+        Given {
             now: now() + Duration::seconds(secs),
             ..ctx(actor)
         }
@@ -1238,7 +1234,7 @@ mod parallel {
         }
     }
 
-    fn applied(order: &Order, reply: &StepReply, ctx: Context<'_>) -> Decision {
+    fn applied(order: &Order, reply: &StepReply, ctx: Given<'_>) -> Decision {
         match apply_reply(order, reply, ctx).expect("reply") {
             Replied::Applied(d) => *d,
             Replied::Stale(why) => panic!("stale: {why}"),
@@ -1276,7 +1272,7 @@ mod parallel {
         order.row.definition = Some(id);
         let d = claim(
             &order,
-            Context {
+            Given {
                 definitions: &known,
                 ..ctx("s1")
             },
@@ -1289,7 +1285,7 @@ mod parallel {
         let d = applied(
             &d.order,
             &StepReply::to(&first, ok(0)),
-            Context {
+            Given {
                 definitions: &known,
                 ..at("s1", 1)
             },
@@ -1317,7 +1313,7 @@ mod parallel {
         assert!(claimed.took_room.is_empty(), "a0 is under no flow control");
         assert_eq!(claimed.flows, [], "the context had none");
         let first = request(&claimed, 0).clone();
-        let with_room = Context {
+        let with_room = Given {
             flows: &room,
             ..at("s1", 1)
         };
@@ -1482,7 +1478,7 @@ mod parallel {
         };
         // At 0.5 s the agent asks for now + 1 s.
         let asked = now() + Duration::milliseconds(1500);
-        let late = Context {
+        let late = Given {
             now: now() + Duration::milliseconds(500),
             ..ctx("s2")
         };
@@ -1505,7 +1501,7 @@ mod parallel {
             complete_by: now() + Duration::milliseconds(1600),
             location: "/".repeat(10_000),
         };
-        let later = Context {
+        let later = Given {
             now: now() + Duration::milliseconds(600),
             ..ctx("s2")
         };

@@ -4,13 +4,13 @@
 
 use serde_json::json;
 
-use super::order::{Context, Deciding, Decision, Event, Order};
+use super::order::{Deciding, Decision, Event, Given, Order};
 use crate::messages::EventKind;
 use crate::state::ProcessState;
 
 /// The decision for a new order (stored `pending`): its `received` event,
 /// and a wake-up for the schedulers.
-pub fn receive(order: &Order, ctx: Context<'_>) -> Decision {
+pub fn receive(order: &Order, ctx: Given<'_>) -> Decision {
     let mut d = Deciding::new(order, ctx);
     let o = d.row();
     let detail = json!({ "workflow": o.workflow, "priority": o.priority });

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 
 use super::breaker::Gate;
-use super::order::{Context, Deciding, Decision, Event, Hold, Order};
+use super::order::{Deciding, Decision, Event, Given, Hold, Order};
 use crate::messages::{EventKind, rfc3339};
 use crate::spec::SupervisorSettings;
 use crate::state::{ProcessState, StepState};
@@ -39,7 +39,7 @@ pub fn expired(row: &crate::model::OrderRow, now: DateTime<Utc>) -> bool {
 pub fn expire(
     order: &Order,
     settings: &SupervisorSettings,
-    ctx: Context<'_>,
+    ctx: Given<'_>,
 ) -> (Decision, Option<DateTime<Utc>>) {
     let mut d = Deciding::new(order, ctx);
     let held = order.row.held_for.is_some();
@@ -128,7 +128,7 @@ fn siblings_out_of_time(order: &Order) -> bool {
             .any(|s| s.state == StepState::Compensating)
 }
 
-fn running_behind_a_breaker<'g>(order: &Order, ctx: Context<'g>) -> Option<(String, &'g Gate)> {
+fn running_behind_a_breaker<'g>(order: &Order, ctx: Given<'g>) -> Option<(String, &'g Gate)> {
     let step = super::stuck::running_step(order)?;
     let agent = step.out_with()?;
     let gate = ctx.gates.iter().find(|g| g.agent == agent)?;
@@ -140,7 +140,7 @@ fn running_behind_a_breaker<'g>(order: &Order, ctx: Context<'g>) -> Option<(Stri
 /// was not warned yet: a `deadline_warning` each, with the fraction and the
 /// complete-by, and an alert at the last rung when `alert_at_warning` says
 /// so. `None` when there is nothing to warn of.
-pub fn warn(order: &Order, settings: &SupervisorSettings, ctx: Context<'_>) -> Option<Decision> {
+pub fn warn(order: &Order, settings: &SupervisorSettings, ctx: Given<'_>) -> Option<Decision> {
     let state = order.row.process_state;
     let (pos, due) = ladder(state, &order.steps, &settings.warn_at, ctx.now)?;
     let step = &order.steps[pos];
@@ -623,7 +623,7 @@ mod decisions {
             forced: false,
         };
         let gates = [gate];
-        let late = crate::rules::Context {
+        let late = crate::rules::Given {
             gates: &gates,
             ..ctx("sup")
         };
@@ -658,8 +658,8 @@ mod decisions {
     }
 
     /// The context at `ms` milliseconds after the fixture's clock.
-    fn later(ms: i64) -> crate::rules::Context<'static> {
-        crate::rules::Context {
+    fn later(ms: i64) -> crate::rules::Given<'static> {
+        crate::rules::Given {
             now: now() + chrono::Duration::milliseconds(ms),
             ..ctx("sup")
         }

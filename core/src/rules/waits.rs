@@ -9,7 +9,7 @@
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
-use super::order::{Context, Deciding, Decision, Event, Order};
+use super::order::{Deciding, Decision, Event, Given, Order};
 use crate::messages::{EventKind, rfc3339};
 use crate::state::{ProcessState, StepState};
 use crate::workflow::StepKind;
@@ -78,7 +78,7 @@ impl Deciding<'_> {
 /// `{"waited_until"}`), and the order driven on under its claim: `None`
 /// when none has ended. Other steps past their complete-by are left to
 /// [`super::supervisor::expire`] at the next sweep.
-pub fn wake(order: &Order, ctx: Context<'_>) -> Option<Decision> {
+pub fn wake(order: &Order, ctx: Given<'_>) -> Option<Decision> {
     if order.row.process_state != ProcessState::Processing {
         return None;
     }
@@ -114,7 +114,7 @@ pub fn signal(
     order: &Order,
     name: &str,
     data: &Value,
-    ctx: Context<'_>,
+    ctx: Given<'_>,
 ) -> Result<Decision, &'static str> {
     if order.row.process_state != ProcessState::Processing {
         return Err(NOT_PROCESSING);
@@ -136,14 +136,14 @@ mod tests {
     use serde_json::json;
 
     use super::super::order::fixture::{Known, ctx, now, order_of};
-    use super::super::order::{Context, Decision, Order};
+    use super::super::order::{Decision, Given, Order};
     use super::super::scheduler::{Replied, apply_reply, claim};
     use super::*;
     use crate::messages::{Direction, StepOutcome, StepReply, StepRequest};
     use crate::spec::SupervisorSettings;
 
-    fn at(known: &Known, secs: i64) -> Context<'_> {
-        Context {
+    fn at(known: &Known, secs: i64) -> Given<'_> {
+        Given {
             now: now() + Duration::seconds(secs),
             definitions: known,
             ..ctx("s1")

@@ -18,7 +18,6 @@ use sas::service::Context;
 use sas::trace::TraceContext;
 
 use crate::deadline::Deadline;
-use crate::store_cell::StoreCell;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -27,6 +26,7 @@ use crate::remote::{self, CallEnd};
 use crate::replies::Replies;
 use crate::report;
 use crate::shared::{self, Shared};
+use sas::store_cell::StoreCell;
 
 /// One served agent.
 struct Agent {
@@ -57,7 +57,7 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
     let mut clients: HashMap<FollowRedirects, reqwest::Client> = HashMap::new();
     let hard_stop = CancellationToken::new();
     let instance = report::instance_name();
-    let store = Arc::new(StoreCell::default());
+    let store = ctx.connecting.clone();
     let mut agents = Vec::new();
     for name in &names {
         let spec = ctx.settings.agents.get(name).with_context(|| {
@@ -99,7 +99,6 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
         .collect();
     let shared = agents.iter().map(|a| a.shared.clone()).collect();
     let mut reporter = tokio::spawn(keep_breakers(
-        ctx.settings.database.clone(),
         instance,
         reported,
         shared,
@@ -153,26 +152,27 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Connects to Postgres (retrying, off the requests' path), then reports
-/// this instance's breakers and keeps the shared ones in sync until
-/// `shutdown`.
+/// Once the service has reached Postgres (off the requests' path),
+/// reports this instance's breakers and keeps the shared ones in sync
+/// until `shutdown`.
 async fn keep_breakers(
-    database: sas::config::DatabaseSettings,
     instance: String,
     reported: Vec<report::Reported>,
     shared: Vec<Arc<Shared>>,
     cell: Arc<StoreCell>,
     shutdown: CancellationToken,
 ) {
-    let Some(store) = report::connect(database, &shutdown).await else {
+    let store = tokio::select! {
+        () = shutdown.cancelled() => return,
+        store = cell.wait(Duration::MAX) => store,
+    };
+    let Some(store) = store else {
         return;
     };
-    let store = cell.set(store);
     tokio::join!(
-        report::run(store, &instance, &reported, &shutdown),
-        shared::run(store, &shared, &shutdown),
+        report::run(&store, &instance, &reported, &shutdown),
+        shared::run(&store, &shared, &shutdown),
     );
-    store.close().await;
 }
 
 /// How long a request delivered again waits for this instance's first

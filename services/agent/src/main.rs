@@ -8,12 +8,11 @@ mod remote;
 mod replies;
 mod report;
 mod shared;
-mod store_cell;
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use sas::service::{CommonArgs, Spec};
+use sas::service::{CommonArgs, Spec, StoreUse};
 
 /// sas agent.
 #[derive(Parser)]
@@ -35,7 +34,9 @@ async fn main() -> ExitCode {
     let spec = Spec {
         name: "agent",
         default_port: 9103,
-        store: None,
+        // Reports and breaker reads are small and few: a handful of
+        // connections, reached off the requests' path.
+        store: StoreUse::Background { max_connections: 4 },
     };
     let only = args.agents;
     sas::service::main(spec, args.common, move |ctx| agent::run(ctx, only)).await

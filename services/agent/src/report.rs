@@ -8,9 +8,7 @@
 //! go stale and the dashboard shows them as not reporting.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use sas::config::DatabaseSettings;
 use sas::state_store::{BREAKER_HEARTBEAT, BreakerReport, StateStore};
 use tokio_util::sync::CancellationToken;
 
@@ -52,31 +50,6 @@ pub async fn run(
     futures_util::future::join_all(loops).await;
     if let Err(e) = store.forget_breakers_of(instance).await {
         tracing::warn!(error = %e, "could not delete this instance's breaker reports");
-    }
-}
-
-/// Connects with a small pool of its own, retrying until `shutdown`.
-pub async fn connect(
-    mut database: DatabaseSettings,
-    shutdown: &CancellationToken,
-) -> Option<StateStore> {
-    // Reports and breaker reads are small and few; a handful of connections is plenty.
-    database.max_connections = 4;
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return None,
-            connected = StateStore::connect(&database, "agent-breakers") => match connected {
-                Ok(store) => return Some(store),
-                Err(e) => tracing::warn!(
-                    error = %e,
-                    "cannot reach Postgres for the breakers; trying again"
-                ),
-            },
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => return None,
-            () = tokio::time::sleep(Duration::from_secs(10)) => {}
-        }
     }
 }
 

@@ -17,7 +17,7 @@ use sas::engine::Breakers as _;
 use sas::rules::breaker::{Breaker, State};
 use sas::state_store::StateStore;
 
-use crate::store_cell::StoreCell;
+use sas::store_cell::StoreCell;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -140,7 +140,7 @@ impl Shared {
     }
 
     /// The state store, waiting up to `within` for it to be connected.
-    pub async fn wait_for_store(&self, within: Duration) -> Option<&StateStore> {
+    pub async fn wait_for_store(&self, within: Duration) -> Option<StateStore> {
         self.store.wait(within).await
     }
 

@@ -206,7 +206,7 @@ async fn order(
     // Why it is stuck, from the state store alone (the dashboard does not
     // ask RabbitMQ: a late step's queue facts read `unknown`).
     let loaded = [Order { row: order, steps }];
-    let stuck = sas::stuck::explain(&loaded, store, None, &ctx.queues)
+    let stuck = sas::diagnosis::explain(&loaded, store, None, &ctx.queues)
         .await
         .pop()
         .flatten();

@@ -22,7 +22,7 @@ mod throttle;
 use std::process::ExitCode;
 
 use clap::Parser;
-use sas::service::{CommonArgs, Spec};
+use sas::service::{CommonArgs, Spec, StoreUse};
 use sas::state_store::Plans;
 
 /// sas operator dashboard.
@@ -39,12 +39,15 @@ async fn main() -> ExitCode {
     let spec = Spec {
         name: "dashboard",
         default_port: 9105,
-        store: Some(Plans::PerExecution),
+        store: StoreUse::Required(Plans::PerExecution),
     };
-    sas::service::main_with_routes(spec, args.common, api::routes, |ctx| async move {
+    sas::service::main_with_routes(spec, args.common, |ctx| {
+        let routes = api::routes(ctx.clone());
         // The pages are all there is: serve them until stopped.
-        ctx.shutdown.cancelled().await;
-        Ok(())
+        (routes, async move {
+            ctx.shutdown.cancelled().await;
+            Ok(())
+        })
     })
     .await
 }

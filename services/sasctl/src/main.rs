@@ -20,7 +20,6 @@ mod migrate;
 mod orders;
 mod schedules;
 mod stats;
-mod stuck;
 mod submit;
 mod terminal;
 mod watch;
@@ -218,14 +217,16 @@ impl Command {
 /// a closed channel), and a migration's notices are no news to an operator.
 /// The same goes for the connection retries of the state store and the
 /// broker: a dependency still unreachable after its `connect_timeout` is one
-/// line, the error (`RUST_LOG=sas=debug` shows the attempts).
+/// line, the error (`RUST_LOG=sas_store=debug,sas_broker=debug,sas=debug`
+/// shows the attempts).
 fn quiet_libraries(log: &LogSettings) -> LogSettings {
     let mut log = log.clone();
     for (target, level) in [
         ("lapin", "off"),
         ("sqlx", "warn"),
-        ("sas::broker", "error"),
-        ("sas::state_store", "error"),
+        ("sas::sessions", "error"),
+        ("sas_broker", "error"),
+        ("sas_store", "error"),
         ("sas_client", "error"),
     ] {
         if !names(&log.level, target) {
@@ -236,7 +237,7 @@ fn quiet_libraries(log: &LogSettings) -> LogSettings {
 }
 
 /// Whether a filter has a directive for `target`, one of its modules or one
-/// of its parents (`sas=debug` names `sas::broker`).
+/// of its parents (`sas=debug` names `sas::sessions`).
 fn names(filter: &str, target: &str) -> bool {
     filter
         .split(',')
@@ -331,17 +332,19 @@ mod tests {
         let mut log = LogSettings::default();
         assert_eq!(
             quiet_libraries(&log).level,
-            "info,lapin=off,sqlx=warn,sas::broker=error,sas::state_store=error,sas_client=error"
+            "info,lapin=off,sqlx=warn,sas::sessions=error,sas_broker=error,sas_store=error,\
+             sas_client=error"
         );
         log.level = "debug,lapin=debug,sas=trace".into();
         assert_eq!(
             quiet_libraries(&log).level,
-            "debug,lapin=debug,sas=trace,sqlx=warn,sas_client=error"
+            "debug,lapin=debug,sas=trace,sqlx=warn,sas_broker=error,sas_store=error,sas_client=error"
         );
-        log.level = "info,sas::broker::session=debug,sqlx::query=info".into();
+        log.level = "info,sas::sessions=debug,sas_store=info,sqlx::query=info".into();
         assert_eq!(
             quiet_libraries(&log).level,
-            "info,sas::broker::session=debug,sqlx::query=info,lapin=off,sas::state_store=error,sas_client=error"
+            "info,sas::sessions=debug,sas_store=info,sqlx::query=info,lapin=off,sas_broker=error,\
+             sas_client=error"
         );
     }
 

@@ -495,7 +495,7 @@ async fn show(args: ShowArgs, settings: &Settings) -> anyhow::Result<()> {
         store.close().await;
         return Err(not_found(args.id));
     };
-    let stuck = crate::stuck::of(&order, &steps, &store, settings).await;
+    let stuck = stuck_of(&order, &steps, &store, settings).await;
     let version = store.version_of(&order).await;
     store.close().await;
     let text = if args.json {
@@ -715,6 +715,40 @@ fn opt(text: Option<&str>) -> String {
 
 fn opt_time(t: Option<DateTime<Utc>>) -> String {
     t.map_or_else(|| "-".into(), time)
+}
+
+/// Why the order is stuck, if it is held for a breaker or its running step
+/// is past the first rung of its deadline ladder ([`sas::diagnosis::explain`]);
+/// RabbitMQ is asked only for the latter.
+async fn stuck_of(
+    order: &OrderRow,
+    steps: &[StepRow],
+    store: &StateStore,
+    settings: &Settings,
+) -> Option<sas::rules::stuck::Stuck> {
+    let order = sas::rules::Order {
+        row: order.clone(),
+        steps: steps.to_vec(),
+    };
+    if let Some(held) = sas::rules::stuck::held(&order) {
+        return Some(held);
+    }
+    sas::rules::stuck::late_step(&order)?;
+    let broker = sas::broker::Broker::connect(&settings.broker, "sasctl")
+        .await
+        .ok();
+    let queues = QueueNames::new(&settings.broker.prefix);
+    let mut why = sas::diagnosis::explain(
+        std::slice::from_ref(&order),
+        store,
+        broker.as_ref(),
+        &queues,
+    )
+    .await;
+    if let Some(broker) = broker {
+        broker.close().await;
+    }
+    why.pop().flatten()
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ mod scheduler;
 use std::process::ExitCode;
 
 use clap::Parser;
-use sas::service::{CommonArgs, Spec};
+use sas::service::{CommonArgs, Spec, StoreUse};
 use sas::state_store::Plans;
 
 /// sas scheduler.
@@ -26,7 +26,7 @@ async fn main() -> ExitCode {
     let spec = Spec {
         name: "scheduler",
         default_port: 9102,
-        store: Some(Plans::Generic),
+        store: StoreUse::Required(Plans::Generic),
     };
     sas::service::main(spec, args.common, scheduler::run).await
 }

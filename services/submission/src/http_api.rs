@@ -26,7 +26,7 @@ mod openapi;
 mod stream;
 mod watches;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -58,19 +58,9 @@ pub struct Api {
     openapi: Bytes,
 }
 
-/// The API's routes over the service's context; the intake they store
-/// orders through is left in `intake` for the orders queue to share. An
-/// intake that cannot be built (no state store) leaves the slot empty,
-/// which the service's work reports.
-pub fn routes(ctx: Arc<Context>, intake: &OnceLock<Arc<Intake>>) -> Router {
-    let made = match Intake::new(ctx.clone()) {
-        Ok(made) => made,
-        Err(e) => {
-            tracing::error!(error = %e, "no intake; the HTTP API is not served");
-            return Router::new();
-        }
-    };
-    let _ = intake.set(made.clone());
+/// The API's routes over the service's context, storing orders through
+/// `intake` (the one the orders queue shares).
+pub fn routes(ctx: Arc<Context>, made: Arc<Intake>) -> Router {
     let gate = Gate::new(&ctx.settings);
     gate.log_start(&ctx.settings.http.host);
     let body_limit = ctx.settings.submission.max_body_bytes;

@@ -13,12 +13,10 @@ mod session;
 mod signals;
 mod submission;
 
-use std::process::ExitCode;
-use std::sync::{Arc, OnceLock};
-
 use clap::Parser;
-use sas::service::{CommonArgs, Spec};
+use sas::service::{CommonArgs, Spec, StoreUse};
 use sas::state_store::Plans;
+use std::process::ExitCode;
 
 /// sas submission service.
 #[derive(Parser)]
@@ -37,23 +35,16 @@ async fn main() -> ExitCode {
     let spec = Spec {
         name: "submission",
         default_port: 9101,
-        store: Some(Plans::Generic),
+        store: StoreUse::Required(Plans::Generic),
     };
-    // The routes are built before the work starts: they make the intake
-    // that the orders queue then shares.
-    let intake = Arc::new(OnceLock::new());
-    let made = intake.clone();
-    sas::service::main_with_routes(
-        spec,
-        args.common,
-        move |ctx| http_api::routes(ctx, &made),
-        move |ctx| async move {
-            let intake = intake
-                .get()
-                .cloned()
-                .ok_or_else(|| anyhow::anyhow!("the submission's intake was not built"))?;
-            session::run(ctx, intake).await
-        },
-    )
+    sas::service::main_with_routes(spec, args.common, |ctx| {
+        // One intake: the HTTP API and the orders queue store through it.
+        let intake = submission::Intake::new(ctx.clone());
+        let routes = match &intake {
+            Ok(intake) => http_api::routes(ctx.clone(), intake.clone()),
+            Err(_) => axum::Router::new(),
+        };
+        (routes, async move { session::run(ctx, intake?).await })
+    })
     .await
 }

@@ -4,13 +4,13 @@
 
 mod retention;
 mod schedules;
-mod stuck;
+mod stuck_gauge;
 mod supervisor;
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use sas::service::{CommonArgs, Spec};
+use sas::service::{CommonArgs, Spec, StoreUse};
 use sas::state_store::Plans;
 
 /// sas supervisor.
@@ -27,7 +27,7 @@ async fn main() -> ExitCode {
     let spec = Spec {
         name: "supervisor",
         default_port: 9104,
-        store: Some(Plans::Generic),
+        store: StoreUse::Required(Plans::Generic),
     };
     sas::service::main(spec, args.common, supervisor::run).await
 }

@@ -82,7 +82,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                     Err(e) => tracing::warn!(error = %e, "deadline warnings failed; will retry"),
                 }
                 schedules.pass(&pipeline).await;
-                crate::stuck::count(&ctx, &store, broker).await;
+                crate::stuck_gauge::count(&ctx, &store, broker).await;
             }
             relay_task.stop(Ok(SessionEnd::Shutdown)).await
         })
@@ -147,7 +147,7 @@ async fn lead(
             tracing::info!(instance = %me.name, "leading: deadline warnings, schedules, retention and stuck counts");
         } else {
             tracing::warn!(instance = %me.name, "standing by: another supervisor leads");
-            crate::stuck::clear(ctx);
+            crate::stuck_gauge::clear(ctx);
         }
     }
     now

@@ -27,7 +27,7 @@ use super::outlet::{Outlet, Sweep};
 use crate::config::{Settings, SupervisorSettings};
 use crate::messages::StepReply;
 use crate::rules::scheduler::Replied;
-use crate::rules::{self, Context, Decision, Order};
+use crate::rules::{self, Decision, Given, Order};
 use crate::state::ProcessState;
 use crate::topology::QueueNames;
 use crate::workflow::Workflow;
@@ -568,7 +568,7 @@ impl Transitions {
         rule: R,
     ) -> Result<Operated, StoreError>
     where
-        R: Fn(&Order, Context<'_>) -> Result<Decision, Operated>,
+        R: Fn(&Order, Given<'_>) -> Result<Decision, Operated>,
     {
         use tracing::Instrument as _;
         let span = tracing::info_span!("operate", %order_id, operator = %operator.name);
@@ -584,7 +584,7 @@ impl Transitions {
         rule: &R,
     ) -> Result<Operated, StoreError>
     where
-        R: Fn(&Order, Context<'_>) -> Result<Decision, Operated>,
+        R: Fn(&Order, Given<'_>) -> Result<Decision, Operated>,
     {
         let mut session = self.session().await?;
         let mut unit = session.load(&[order_id]).await?;
@@ -629,8 +629,8 @@ pub fn any_undone(steps: &[StepRow]) -> bool {
 }
 
 /// The context of the rules for `actor` in `unit`'s transition.
-fn context<'a>(unit: &'a Unit, actor: &'a str) -> Context<'a> {
-    Context {
+fn context<'a>(unit: &'a Unit, actor: &'a str) -> Given<'a> {
+    Given {
         now: unit.now,
         actor,
         new_id: Uuid::now_v7,

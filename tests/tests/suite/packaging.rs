@@ -200,6 +200,45 @@ fn the_store_knows_no_broker() {
     }
 }
 
+#[test]
+fn the_broker_knows_no_sql() {
+    // sas-broker is lapin and dead letters: it never reaches Postgres.
+    let crates = sas_tests::dependencies("sas-broker");
+    assert!(crates.iter().any(|c| c == "lapin"), "{crates:?}");
+    for sql in [
+        "sqlx",
+        "sqlx-core",
+        "sqlx-postgres",
+        "sas-store",
+        "sas-shared",
+    ] {
+        assert!(
+            !crates.iter().any(|c| c == sql),
+            "sas-broker depends on {sql}: {crates:?}"
+        );
+    }
+}
+
+#[test]
+fn no_service_hands_a_value_between_its_parts_through_a_once_lock() {
+    // A service is built as a value: what its routes and its work share is
+    // passed, not parked in a slot that one fills and the other reads.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut wiring = vec![root.join("shared/src/service.rs")];
+    for service in std::fs::read_dir(root.join("services")).expect("services") {
+        wiring.push(service.expect("service").path().join("src/main.rs"));
+    }
+    for file in wiring.iter().filter(|f| f.exists()) {
+        let text = std::fs::read_to_string(file).expect("source");
+        assert!(
+            !text.contains("OnceLock"),
+            "{} parks a value in a OnceLock",
+            file.display()
+        );
+    }
+    assert!(wiring.len() > 5, "{wiring:?}");
+}
+
 /// The code lines of the `.rs` files under `dir` (comments left out), with
 /// their file's name.
 fn code_lines(dir: &std::path::Path) -> Vec<(String, String)> {

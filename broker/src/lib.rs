@@ -1,19 +1,30 @@
-//! RabbitMQ through lapin: connecting with bounded retries, declaring the
-//! topology, confirmed publishing and consuming with manual acks. Only this
-//! module touches lapin.
+//! # sas-broker: RabbitMQ through lapin
+//!
+//! Connecting with bounded retries, declaring the topology, confirmed
+//! publishing, consuming with manual acks, poison messages and dead
+//! letters ([`dead_letters`]: listing, replaying and purging them for
+//! operators). Only this crate touches lapin, and it knows no SQL.
 //!
 //! lapin does not reconnect by itself in a way we can rely on, so services run
-//! their work as *sessions* over one connection ([`run_sessions`]): when the
-//! connection is lost the session ends and a new one starts on a new connection,
-//! re-declaring the topology and resuming the consumers.
+//! their work as *sessions* over one connection (crate `sas`'s
+//! `broker::run_sessions`): when the connection is lost the session ends and
+//! a new one starts on a new connection, re-declaring the topology and
+//! resuming the consumers.
+//!
+//! - [`headers`]: the AMQP headers sas reads and writes, and their bounds.
+//! - `acks`, `consumer`, `delivery`: deliveries, their acks and consumers.
+//! - `poison`: what a message that keeps failing becomes.
+//! - `publisher`: confirmed publishing.
+//! - `settings`: `[broker]` of the configuration.
 
 mod acks;
 mod consumer;
+pub mod dead_letters;
 mod delivery;
 pub mod headers;
 mod poison;
 mod publisher;
-mod session;
+mod settings;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,10 +45,16 @@ pub use poison::{
 };
 
 pub use publisher::{Header, Outgoing, PendingConfirm, PublishError, Publisher};
-pub use session::{SessionEnd, run_sessions};
+pub use settings::{BrokerSettings, Durability, QueueType};
 
-use crate::config::{BrokerSettings, QueueType};
-use crate::topology::QueueNames;
+use sas_core::topology::QueueNames;
+
+/// How a session ended, when it did not fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// Shutdown was asked for and the session drained its work.
+    Shutdown,
+}
 
 /// What went wrong with the broker.
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +72,7 @@ pub enum BrokerError {
     BadUrl { url: String, reason: String },
     /// A file named by `broker.ca_file`, `client_cert` or `client_key`.
     #[error(transparent)]
-    TlsFile(#[from] crate::tls::TlsFileError),
+    TlsFile(#[from] sas_tls::TlsFileError),
     /// The TLS handshake with RabbitMQ failed: a configuration to fix, not a
     /// state to wait out, so start-up fails at once.
     #[error(
@@ -112,7 +129,7 @@ impl BrokerError {
 /// the system's roots, and the client certificate and key. Empty for
 /// `amqp://` (validation refuses TLS files with a plaintext URL).
 fn tls_config(settings: &BrokerSettings) -> Result<sas_client::Tls, BrokerError> {
-    use crate::tls::read_pem;
+    use sas_tls::read_pem;
     let ca_pem = match &settings.ca_file {
         Some(path) => {
             let pem = read_pem("broker.ca_file", path, "CERTIFICATE")?;
@@ -187,7 +204,7 @@ pub fn own_users(settings: &BrokerSettings) -> std::collections::BTreeSet<String
     settings
         .nodes()
         .into_iter()
-        .filter_map(|node| sas_client::connect::parse_node(node, crate::tls::redact_url).ok())
+        .filter_map(|node| sas_client::connect::parse_node(node, sas_tls::redact_url).ok())
         .filter_map(|uri| sas_client::connect::user_of(&uri))
         .collect()
 }
@@ -208,7 +225,7 @@ impl Broker {
         let nodes = settings
             .nodes()
             .into_iter()
-            .map(|node| sas_client::connect::parse_node(node, crate::tls::redact_url))
+            .map(|node| sas_client::connect::parse_node(node, sas_tls::redact_url))
             .collect::<Result<Vec<_>, _>>()?;
         // Unless the URL names one, the server's frame_max is taken:
         // RabbitMQ forwards a publisher's content header as one frame,

@@ -90,7 +90,7 @@ impl Delivery {
 
     /// The sender a copy says its original had (`x-sas-user-id`), believed
     /// only when sas's own user sent the copy
-    /// ([`crate::applications::Applications::sender`]).
+    /// ([`sas_core::applications::Applications::sender`]).
     pub fn carried_sender(&self) -> Option<String> {
         self.header(super::headers::USER_ID_HEADER)
     }

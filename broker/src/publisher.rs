@@ -133,7 +133,7 @@ impl Publisher {
         for (k, v) in headers {
             let v = match v {
                 Header::Text(text) => AMQPValue::LongString(
-                    crate::messages::truncate_bytes(text, MAX_HEADER_BYTES).into(),
+                    sas_core::messages::truncate_bytes(text, MAX_HEADER_BYTES).into(),
                 ),
                 Header::Count(n) => AMQPValue::LongUInt(*n),
                 Header::Remove => {

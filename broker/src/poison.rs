@@ -33,13 +33,16 @@ pub const INTERNAL_ERROR: &str = "internal_error";
 /// rules (it expired, or was rejected), the broker's reason. A message the
 /// broker dead-lettered keeps the headers its sender gave it, so an
 /// `x-sas-reason` on it is the sender's, not sas's, and is not shown.
-/// Bounded to [`crate::messages::MAX_REASON_BYTES`].
+/// Bounded to [`sas_core::messages::MAX_REASON_BYTES`].
 pub fn dead_letter_reason(delivery: &super::Delivery) -> Option<String> {
     let reason = match delivery.header("x-first-death-reason") {
         Some(broker) => format!("dead-lettered by the broker: {broker}"),
         None => delivery.header(REASON_HEADER)?,
     };
-    Some(crate::messages::truncate_bytes(&reason, crate::messages::MAX_REASON_BYTES).to_owned())
+    Some(
+        sas_core::messages::truncate_bytes(&reason, sas_core::messages::MAX_REASON_BYTES)
+            .to_owned(),
+    )
 }
 
 /// Copies the delivery to the dead-letter queue with `reason`, then

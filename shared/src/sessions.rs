@@ -5,17 +5,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Broker, BrokerError};
+use crate::broker::{Broker, BrokerError, SessionEnd};
 use crate::config::BrokerSettings;
 use crate::http::Health;
 use crate::topology::QueueNames;
-
-/// How a session ended, when it did not fail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SessionEnd {
-    /// Shutdown was asked for and the session drained its work.
-    Shutdown,
-}
 
 /// Runs `session` on a fresh connection, again and again while the broker
 /// keeps dropping, until a session returns after shutdown. Each connection

@@ -17,11 +17,11 @@
 
 use serde::Serialize;
 
-use crate::broker::{
+use crate::{
     Broker, BrokerError, Delivery, Header, PublishError, Publisher, REASON_HEADER, TRIES_HEADER,
     Taken,
 };
-use crate::topology::QueueNames;
+use sas_core::topology::QueueNames;
 
 /// Most messages one listing reads (each is held on a channel of its own).
 pub const MAX_LIST: u32 = 1000;
@@ -98,7 +98,7 @@ impl DeadLetterQueue {
 /// A dead letter as listed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Letter {
-    /// Why it was set aside ([`crate::broker::dead_letter_reason`]): sas's
+    /// Why it was set aside ([`crate::dead_letter_reason`]): sas's
     /// `x-sas-reason`, or the broker's reason when the broker dead-lettered
     /// it by its own rules.
     pub reason: Option<String>,
@@ -114,10 +114,10 @@ impl Letter {
     /// What a listing shows of a delivery.
     pub fn of(delivery: &Delivery) -> Self {
         Self {
-            reason: crate::broker::dead_letter_reason(delivery),
+            reason: crate::dead_letter_reason(delivery),
             message_id: delivery.message_id().map(str::to_owned),
             reply_to: delivery.reply_to().map(str::to_owned),
-            tries: crate::broker::tries(delivery),
+            tries: crate::tries(delivery),
             body: String::from_utf8_lossy(delivery.body()).into_owned(),
         }
     }

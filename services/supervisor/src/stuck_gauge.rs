@@ -1,6 +1,6 @@
 //! The `sas_orders_stuck{reason}` gauge (contract §8), counted by the
 //! leading supervisor: the orders past the first rung of their deadline
-//! ladder, by why they are stuck ([`sas::stuck::explain`]).
+//! ladder, by why they are stuck ([`sas::diagnosis::explain`]).
 
 use sas::broker::Broker;
 use sas::rules::stuck::Reason;
@@ -35,7 +35,7 @@ pub async fn count(ctx: &Context, store: &StateStore, broker: &Broker) {
             return;
         }
     };
-    let why = sas::stuck::explain(&orders, store, Some(broker), &ctx.queues).await;
+    let why = sas::diagnosis::explain(&orders, store, Some(broker), &ctx.queues).await;
     for reason in Reason::ALL {
         let n = why.iter().flatten().filter(|s| s.reason == reason).count();
         set(ctx, reason, n);
