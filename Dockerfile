@@ -27,7 +27,8 @@ COPY core ./core
 COPY tls ./tls
 COPY store ./store
 COPY broker ./broker
-COPY shared ./shared
+COPY runtime ./runtime
+COPY engine ./engine
 COPY client ./client
 COPY services ./services
 COPY testkit ./testkit

@@ -7,7 +7,7 @@ with-keda/), the rendered objects must:
   kubernetes-validate, for every version asked; a kind with no schema fails,
   except KEDA's objects, which are checked here instead: each trigger of the
   ScaledObject reads an agent's request queue of the ConfigMap's sas.toml
-  (<broker.prefix>.agent.<name>.requests, shared/src/topology.rs) and takes
+  (<broker.prefix>.agent.<name>.requests, core/src/topology.rs) and takes
   the broker URL from an env variable of the container it scales;
 - give every Deployment a terminationGracePeriodSeconds above the
   shutdown.grace of sas.toml (10s when unset), so the kubelet never kills a

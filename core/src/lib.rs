@@ -1,7 +1,7 @@
 //! # sas-core: the Scheduler Agent Supervisor pattern, without I/O
 //!
 //! What sas decides, as types and pure functions: no clock read, no
-//! database, no broker, no runtime. The library `sas-shared` (crate `sas`)
+//! database, no broker, no runtime. The engine `sas-engine` (crate `sas`)
 //! re-exports every module, loads and writes back what these decide.
 //!
 //! - [`model`]: the rows of orders and steps as the rules see them.

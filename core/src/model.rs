@@ -1,6 +1,6 @@
 //! The pattern's records: an order and its steps as the rules decide on
 //! them. Plain data, no I/O: the state store reads its rows into these
-//! types and writes them back (`sas::state_store`, in `sas-shared`), and nothing here
+//! types and writes them back (`sas::state_store`, the crate `sas-store`), and nothing here
 //! knows SQL.
 
 use chrono::{DateTime, Utc};

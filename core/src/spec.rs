@@ -1,6 +1,6 @@
 //! What an operator declares: workflows with their steps and retries,
 //! recurring orders, applications, and the supervisor's policy. Plain data, read from the
-//! configuration by `sas::config` (in `sas-shared`, which loads and validates it) and
+//! configuration by `sas::config` (in `sas-runtime`, which loads and validates it) and
 //! read by the rules and the workflow plan, which so depend on no loading.
 
 use std::collections::BTreeMap;

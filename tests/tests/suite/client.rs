@@ -286,7 +286,15 @@ fn the_client_depends_on_nothing_of_the_server() {
         crates.iter().any(|c| c == "sas-protocol") && crates.iter().any(|c| c == "lapin"),
         "{crates:?}"
     );
-    for server in ["sqlx", "sqlx-core", "axum", "sas-shared", "opentelemetry"] {
+    for server in [
+        "sqlx",
+        "sqlx-core",
+        "axum",
+        "sas-engine",
+        "sas-runtime",
+        "sas-store",
+        "opentelemetry",
+    ] {
         assert!(
             !crates.iter().any(|c| c == server),
             "sas-client depends on {server}: {crates:?}"

@@ -165,7 +165,7 @@ fn the_image_builds_only_the_binaries_it_installs_and_bakes_in_no_configuration(
 
 #[test]
 fn the_core_crate_does_no_io_and_knows_no_runtime() {
-    // The layers: sas-core decides, sas-shared loads, writes back and talks
+    // The layers: sas-core decides, the engine (sas-engine) loads, writes back and talks
     // to the broker around it. The compiler holds the line through this.
     let crates = sas_tests::dependencies("sas-core");
     assert!(crates.iter().any(|c| c == "sas-protocol"), "{crates:?}");
@@ -178,7 +178,10 @@ fn the_core_crate_does_no_io_and_knows_no_runtime() {
         "reqwest",
         "hyper",
         "axum",
-        "sas-shared",
+        "sas-store",
+        "sas-broker",
+        "sas-runtime",
+        "sas-engine",
     ] {
         assert!(
             !crates.iter().any(|c| c == io),
@@ -192,7 +195,14 @@ fn the_store_knows_no_broker() {
     // sas-store is SQL verbs over sas-core's types: it never reaches RabbitMQ.
     let crates = sas_tests::dependencies("sas-store");
     assert!(crates.iter().any(|c| c == "sqlx"), "{crates:?}");
-    for broker in ["lapin", "amq-protocol", "sas-client", "sas-shared"] {
+    for broker in [
+        "lapin",
+        "amq-protocol",
+        "sas-client",
+        "sas-broker",
+        "sas-runtime",
+        "sas-engine",
+    ] {
         assert!(
             !crates.iter().any(|c| c == broker),
             "sas-store depends on {broker}: {crates:?}"
@@ -210,7 +220,8 @@ fn the_broker_knows_no_sql() {
         "sqlx-core",
         "sqlx-postgres",
         "sas-store",
-        "sas-shared",
+        "sas-runtime",
+        "sas-engine",
     ] {
         assert!(
             !crates.iter().any(|c| c == sql),
@@ -224,7 +235,7 @@ fn no_service_hands_a_value_between_its_parts_through_a_once_lock() {
     // A service is built as a value: what its routes and its work share is
     // passed, not parked in a slot that one fills and the other reads.
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut wiring = vec![root.join("shared/src/service.rs")];
+    let mut wiring = vec![root.join("runtime/src/service.rs")];
     for service in std::fs::read_dir(root.join("services")).expect("services") {
         wiring.push(service.expect("service").path().join("src/main.rs"));
     }
