@@ -11,8 +11,8 @@ use serde::Serialize;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use super::StoreError;
 use super::breaker_reports::BreakerRow;
-use super::{StateStore, StoreError};
 use sas_core::state::ProcessState;
 
 /// The span of the dashboard's charts.
@@ -103,11 +103,11 @@ pub struct FailedOrder {
     pub updated_at: DateTime<Utc>,
 }
 
-impl StateStore {
+impl crate::ReadModels {
     /// The overview, in one read-only snapshot so that counts and lists agree;
     /// lists hold at most `limit` orders each.
     pub async fn overview(&self, limit: i64) -> Result<Overview, StoreError> {
-        let mut conn = self.conn().await?;
+        let mut conn = self.store.conn().await?;
         let (now, by_state, buckets, (waiting, waiting_total), failed) = conn
             .run(|c| async move {
                 let mut tx = sqlx::Connection::begin(c).await?;
@@ -126,8 +126,8 @@ impl StateStore {
             })
             .await?;
         drop(conn);
-        let breakers = self.breakers().await?;
-        let shared_breakers = self.shared_breakers().await?;
+        let breakers = self.store.breakers().await?;
+        let shared_breakers = self.store.shared_breakers().await?;
         Ok(Overview {
             now,
             open_alerts: by_state

@@ -10,6 +10,20 @@
 //! A transition's write-back names, in its `WHERE`, the row version it
 //! loaded and the step state and dispatch it expects, so a stale actor
 //! changes nothing: the row count says so, and the statement fails whole.
+//!
+//! Its modules (private ones in code style):
+//!
+//! - Transitions: `session` (load verbs, write-back), `unit` (the one
+//!   write-back statement), `orders`, `steps`, `rows` (row mapping),
+//!   `events`, `outbox` (messages and their locks), `definitions`,
+//!   `children`, `flows`, `breakers`, `breaker_reports`.
+//! - Operations: `leases` and `partitions` (which supervisor sweeps what),
+//!   `instances` (heartbeats), `schedules`, `retention` (the batched
+//!   prune and its archive), `watches` (HTTP event streams).
+//! - Read models ([`ReadModels`]): `dashboard`, `search`, `stats`.
+//! - Connections: `settings` (`[database]`), `database_url` (libpq host
+//!   lists), `hosts` (following a failover), `bounded` (a bound on every
+//!   round trip).
 
 mod bounded;
 mod breaker_reports;
@@ -26,7 +40,9 @@ mod leases;
 mod orders;
 mod outbox;
 mod partitions;
+mod reads;
 mod retention;
+mod rows;
 mod schedules;
 mod search;
 mod session;
@@ -52,6 +68,7 @@ pub use leases::Lease;
 pub use orders::{ClaimableNow, NewOrder, OrderRow};
 pub use outbox::{Committed, Held, OutboxLocks, OutboxRow, Taken};
 pub use partitions::Partitions;
+pub use reads::ReadModels;
 pub use retention::{Archive, Policy, PruneBatch, PruneError, Pruned, Totals, archive_file_name};
 pub use schedules::{ScheduleRow, ScheduleView};
 pub use search::{
@@ -542,13 +559,6 @@ impl StateStore {
     ) -> Result<Vec<OrderRow>, StoreError> {
         let mut conn = self.conn().await?;
         conn.run(|c| orders::list(c, state, workflow, limit)).await
-    }
-
-    /// A snapshot for operators; "recently" means the last `window`.
-    pub async fn stats(&self, window: Duration) -> Result<Stats, StoreError> {
-        let mut conn = self.conn().await?;
-        let secs = i64::try_from(window.as_secs()).unwrap_or(i64::MAX);
-        conn.run(|c| stats::read(c, secs)).await
     }
 
     /// Records that `instance` (of `role`) is alive now; instances not seen

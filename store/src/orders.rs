@@ -147,7 +147,7 @@ pub(super) fn order_from_row(row: &PgRow) -> Result<OrderRow, sqlx::Error> {
             reply_to: row.try_get("reply_to")?,
             priority: row.try_get("priority")?,
             not_before: row.try_get("not_before")?,
-            process_state: text_as(row, "process_state")?,
+            process_state: super::rows::text_as(row, "process_state")?,
             locked_by: row.try_get("locked_by")?,
             complete_by: row.try_get("complete_by")?,
             failure_count: row.try_get("failure_count")?,
@@ -163,25 +163,12 @@ pub(super) fn order_from_row(row: &PgRow) -> Result<OrderRow, sqlx::Error> {
             hold_until: row.try_get("hold_until")?,
             held_reason: row.try_get("held_reason")?,
             redrives: row.try_get("redrives")?,
-            events: text_as(row, "events")?,
+            events: super::rows::text_as(row, "events")?,
             application: row.try_get("application")?,
             app_order_id: row.try_get("app_order_id")?,
             definition: row.try_get("definition")?,
         })
     }
-}
-
-/// A text column read as `T` (a state, the events asked for).
-pub(super) fn text_as<T>(row: &PgRow, column: &str) -> Result<T, sqlx::Error>
-where
-    T: TryFrom<String>,
-    T::Error: Into<sqlx::error::BoxDynError>,
-{
-    let text: String = row.try_get(column)?;
-    T::try_from(text).map_err(|e| sqlx::Error::ColumnDecode {
-        index: column.to_owned(),
-        source: e.into(),
-    })
 }
 
 const COLUMNS: &str = "order_id, workflow, payload, reply_to, priority, not_before, process_state, \

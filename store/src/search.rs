@@ -19,7 +19,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::{StateStore, StoreError};
+use super::StoreError;
 use sas_core::state::ProcessState;
 
 /// Most orders on one page.
@@ -224,7 +224,7 @@ impl From<sqlx::Error> for SearchFailed {
     }
 }
 
-impl StateStore {
+impl crate::ReadModels {
     /// One page of at most `limit` orders (at most [`MAX_PAGE`]) matching
     /// `search`, newest first.
     pub async fn search_orders(
@@ -270,7 +270,7 @@ impl StateStore {
         q.push(" ORDER BY created_at DESC, order_id DESC LIMIT ")
             .push_bind(i64::from(limit) + 1);
 
-        let mut conn = self.conn().await?;
+        let mut conn = self.store.conn().await?;
         let mut orders: Vec<FoundOrder> = conn
             .run(|c| async move {
                 let mut tx = sqlx::Connection::begin(c).await?;

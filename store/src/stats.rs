@@ -65,3 +65,12 @@ pub async fn read(conn: &mut PgConnection, window_secs: i64) -> Result<Stats, sq
         outbox_backlog,
     })
 }
+
+impl crate::ReadModels {
+    /// A snapshot for operators; "recently" means the last `window`.
+    pub async fn stats(&self, window: std::time::Duration) -> Result<Stats, crate::StoreError> {
+        let mut conn = self.store.conn().await?;
+        let secs = i64::try_from(window.as_secs()).unwrap_or(i64::MAX);
+        conn.run(|c| read(c, secs)).await
+    }
+}

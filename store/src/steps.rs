@@ -17,7 +17,7 @@ fn step_from_row(row: &PgRow) -> Result<StepRow, sqlx::Error> {
             agent: row.try_get("agent")?,
             compensate: row.try_get("compensate")?,
             timeout_ms: row.try_get("timeout_ms")?,
-            state: super::orders::text_as(row, "state")?,
+            state: super::rows::text_as(row, "state")?,
             dispatches: row.try_get("dispatches")?,
             dispatch_id: row.try_get("dispatch_id")?,
             complete_by: row.try_get("complete_by")?,

@@ -112,6 +112,25 @@ pub fn dependencies(package: &str) -> Vec<String> {
     crates
 }
 
+/// Asserts that `package` depends (normally, at any depth) on every crate
+/// of `with` and on none of `without`: a layer's line, held by the compiler
+/// and checked here.
+pub fn assert_layer(package: &str, with: &[&str], without: &[&str]) {
+    let crates = dependencies(package);
+    for needed in with {
+        assert!(
+            crates.iter().any(|c| c == needed),
+            "{package} no longer depends on {needed}: {crates:?}"
+        );
+    }
+    for barred in without {
+        assert!(
+            !crates.iter().any(|c| c == barred),
+            "{package} depends on {barred}: {crates:?}"
+        );
+    }
+}
+
 /// Bearer tokens of two applications, `shop` and `billing`, and the
 /// `sha256:` hashes their configuration holds.
 pub mod app_tokens {

@@ -14,7 +14,7 @@
 //! racing the supervisor's expiry), the write-back writes nothing and the
 //! transition runs again on what is there now. Claims keep out of each
 //! other's way by row locks while they read and claim locks until they
-//! write ([`orders::claimable`]).
+//! write ([`Session::load_claimable`]).
 
 use std::sync::Arc;
 

@@ -168,7 +168,8 @@ async fn me(
 }
 
 async fn overview(State(ctx): State<Arc<Context>>) -> Result<axum::Json<Overview>, ApiError> {
-    let mut overview = ctx.store()?.overview(LIST_LIMIT).await?;
+    let reads = sas::state_store::ReadModels::new(ctx.store()?.clone());
+    let mut overview = reads.overview(LIST_LIMIT).await?;
     // The page greys out a button the transition would refuse, by the
     // transitions' own rules; the transition still decides.
     for o in &mut overview.failed {

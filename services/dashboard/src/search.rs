@@ -147,7 +147,10 @@ pub async fn search(
         )
             .into_response()
     })?;
-    match store.search_orders(&search, limit).await {
+    match sas::state_store::ReadModels::new(store.clone())
+        .search_orders(&search, limit)
+        .await
+    {
         Ok(page) => Ok(axum::Json(page)),
         Err(e @ SearchFailed::TooSlow) => Err(Refused::TooSlow(e.to_string()).into_response()),
         Err(SearchFailed::Store(e)) => Err(Refused::Internal(e).into_response()),

@@ -51,7 +51,9 @@ pub async fn run(args: Args, settings: &Settings) -> anyhow::Result<()> {
     let store = StateStore::connect(&settings.database, "sasctl")
         .await
         .context("connecting to Postgres")?;
-    let stats = store.stats(args.window).await;
+    let stats = sas::state_store::ReadModels::new(store.clone())
+        .stats(args.window)
+        .await;
     store.close().await;
     let stats = stats.context("reading the statistics")?;
     let figures = Figures::new(stats, Utc::now());
