@@ -217,14 +217,14 @@ impl Command {
 /// a closed channel), and a migration's notices are no news to an operator.
 /// The same goes for the connection retries of the state store and the
 /// broker: a dependency still unreachable after its `connect_timeout` is one
-/// line, the error (`RUST_LOG=sas_store=debug,sas_broker=debug,sas=debug`
+/// line, the error (`RUST_LOG=sas_store=debug,sas_broker=debug,sas_runtime=debug`
 /// shows the attempts).
 fn quiet_libraries(log: &LogSettings) -> LogSettings {
     let mut log = log.clone();
     for (target, level) in [
         ("lapin", "off"),
         ("sqlx", "warn"),
-        ("sas::sessions", "error"),
+        ("sas_runtime::sessions", "error"),
         ("sas_broker", "error"),
         ("sas_store", "error"),
         ("sas_client", "error"),
@@ -237,7 +237,7 @@ fn quiet_libraries(log: &LogSettings) -> LogSettings {
 }
 
 /// Whether a filter has a directive for `target`, one of its modules or one
-/// of its parents (`sas=debug` names `sas::sessions`).
+/// of its parents (`sas_runtime=debug` names `sas_runtime::sessions`).
 fn names(filter: &str, target: &str) -> bool {
     filter
         .split(',')
@@ -332,18 +332,19 @@ mod tests {
         let mut log = LogSettings::default();
         assert_eq!(
             quiet_libraries(&log).level,
-            "info,lapin=off,sqlx=warn,sas::sessions=error,sas_broker=error,sas_store=error,\
+            "info,lapin=off,sqlx=warn,sas_runtime::sessions=error,sas_broker=error,sas_store=error,\
              sas_client=error"
         );
         log.level = "debug,lapin=debug,sas=trace".into();
         assert_eq!(
             quiet_libraries(&log).level,
-            "debug,lapin=debug,sas=trace,sqlx=warn,sas_broker=error,sas_store=error,sas_client=error"
+            "debug,lapin=debug,sas=trace,sqlx=warn,sas_runtime::sessions=error,sas_broker=error,\
+             sas_store=error,sas_client=error"
         );
-        log.level = "info,sas::sessions=debug,sas_store=info,sqlx::query=info".into();
+        log.level = "info,sas_runtime::sessions=debug,sas_store=info,sqlx::query=info".into();
         assert_eq!(
             quiet_libraries(&log).level,
-            "info,sas::sessions=debug,sas_store=info,sqlx::query=info,lapin=off,sas_broker=error,\
+            "info,sas_runtime::sessions=debug,sas_store=info,sqlx::query=info,lapin=off,sas_broker=error,\
              sas_client=error"
         );
     }
