@@ -15,6 +15,10 @@ use super::acks::{Received, Settle};
 use super::poison;
 use super::{BrokerError, SessionEnd, Subscription};
 
+/// A handler's work on one delivery, boxed: for a service whose handlers
+/// for several queues must be of one type.
+pub type Handling = std::pin::Pin<Box<dyn Future<Output = Result<(), BrokerError>> + Send>>;
+
 /// Consumes until `stop` (returning [`SessionEnd::Shutdown`]) or until the
 /// consumer, a handler or a companion task (`lost`) fails on the broker
 /// (returning the error, which ends the session). Concurrency is bounded by

@@ -37,7 +37,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection};
 
 pub use acks::{Acks, DeadLetters, Received};
-pub use consumer::{ack, consume, dead_letter, requeue};
+pub use consumer::{Handling, ack, consume, dead_letter, requeue};
 pub use delivery::{Consumer, Delivery};
 pub use poison::{
     INTERNAL_ERROR, REASON_HEADER, TRIES_HEADER, Verdict, dead_letter_reason, dead_letter_with,

@@ -563,6 +563,16 @@ breaker_cooldown = "{cooldown}"
         Self::builder().spawn().await
     }
 
+    /// The settings the services read from the deployment's configuration,
+    /// with the HTTP port any free one (`http.port = 0`): for a service
+    /// started in the test's own process (`scheduler::build(settings)`).
+    pub fn settings(&self) -> sas::config::Settings {
+        let mut settings =
+            sas::config::Settings::load(Some(&self.config)).expect("the test's configuration");
+        settings.http.port = Some(0);
+        settings
+    }
+
     /// Starts submission, scheduler, agent and supervisor and waits until each is ready.
     pub async fn start_all(&self) {
         for name in ["submission", "scheduler", "agent", "supervisor"] {

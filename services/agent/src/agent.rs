@@ -114,8 +114,11 @@ pub async fn run(ctx: Arc<Context>, only: Vec<String>) -> anyhow::Result<()> {
             hard_stop.cancel();
         })
     };
+    // Owns what it uses (see `Context::run_sessions`).
+    let owned = ctx.clone();
     let sessions = ctx
-        .run_sessions(&names, async |broker| {
+        .run_sessions(&names, async move |broker| {
+            let (ctx, agents) = (&owned, &agents);
             let publisher = broker.publisher().await?;
             let replies = Replies::start(
                 publisher.clone(),

@@ -1,18 +1,9 @@
-//! `agent`: serves step requests for the configured agents, calling each
-//! one's remote service with retries until the step's complete-by.
-
-mod agent;
-mod breaker;
-mod deadline;
-mod remote;
-mod replies;
-mod report;
-mod shared;
+//! The `agent` binary: see the library for what it does.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use sas::service::{CommonArgs, Spec, StoreUse};
+use sas::service::CommonArgs;
 
 /// sas agent.
 #[derive(Parser)]
@@ -31,13 +22,9 @@ struct Args {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    let spec = Spec {
-        name: "agent",
-        default_port: 9103,
-        // Reports and breaker reads are small and few: a handful of
-        // connections, reached off the requests' path.
-        store: StoreUse::Background { max_connections: 4 },
-    };
     let only = args.agents;
-    sas::service::main(spec, args.common, move |ctx| agent::run(ctx, only)).await
+    sas::service::main(agent::SPEC.name, args.common, |settings| {
+        agent::build(settings, only)
+    })
+    .await
 }

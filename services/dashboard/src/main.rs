@@ -1,29 +1,9 @@
-//! `dashboard`: the operator's web page. Shows orders per state, throughput
-//! and latency, orders waiting for a re-attempt, failed orders with retry and
-//! cancel, breakers per agent endpoint and each order's timeline, refreshing
-//! itself; finds orders (by id, state, workflow, time and payload field) and
-//! shows the dead-letter queues (replay and purge). Reads Postgres, and
-//! RabbitMQ for the dead letters only; retry and cancel are `sasctl`'s
-//! transitions, replay and purge `sasctl dead-letters`' code.
-//! Who may see and who may act is `[dashboard]`'s business (see [`auth`]).
-
-mod api;
-mod assets;
-mod auth;
-mod dead_letters;
-mod forwarded;
-mod hosts;
-mod identity;
-mod login;
-mod search;
-mod sessions;
-mod throttle;
+//! The `dashboard` binary: see the library for what it does.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use sas::service::{CommonArgs, Spec, StoreUse};
-use sas::state_store::Plans;
+use sas::service::CommonArgs;
 
 /// sas operator dashboard.
 #[derive(Parser)]
@@ -36,18 +16,5 @@ struct Args {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    let spec = Spec {
-        name: "dashboard",
-        default_port: 9105,
-        store: StoreUse::Required(Plans::PerExecution),
-    };
-    sas::service::main_with_routes(spec, args.common, |ctx| {
-        let routes = api::routes(ctx.clone());
-        // The pages are all there is: serve them until stopped.
-        (routes, async move {
-            ctx.shutdown.cancelled().await;
-            Ok(())
-        })
-    })
-    .await
+    sas::service::main(dashboard::SPEC.name, args.common, dashboard::build).await
 }

@@ -1,13 +1,9 @@
-//! `scheduler`: claims pending orders, runs their steps through the agents
-//! and records each reply with a guarded transition.
-
-mod scheduler;
+//! The `scheduler` binary: see the library for what it does.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use sas::service::{CommonArgs, Spec, StoreUse};
-use sas::state_store::Plans;
+use sas::service::CommonArgs;
 
 /// sas scheduler.
 #[derive(Parser)]
@@ -23,10 +19,5 @@ struct Args {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    let spec = Spec {
-        name: "scheduler",
-        default_port: 9102,
-        store: StoreUse::Required(Plans::Generic),
-    };
-    sas::service::main(spec, args.common, scheduler::run).await
+    sas::service::main(scheduler::SPEC.name, args.common, scheduler::build).await
 }

@@ -80,7 +80,10 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         held: std::sync::atomic::AtomicUsize::new(0),
         ctx: ctx.clone(),
     });
-    ctx.run_sessions(&ctx.settings.agent_names(), async |broker| {
+    // Owns what it uses (see `Context::run_sessions`).
+    let owned = ctx.clone();
+    ctx.run_sessions(&ctx.settings.agent_names(), async move |broker| {
+        let ctx = &owned;
         let relay = scheduler.pipeline.start(broker).await?;
         let session = ctx.shutdown.child_token();
         let claimer = tokio::spawn(scheduler.clone().claim_loop(session.clone()));

@@ -1,22 +1,9 @@
-//! `submission`: consumes `<prefix>.orders`, stores each valid order with its
-//! state record and `received` event in one transaction, dead-letters the rest;
-//! serves replay requests (`<prefix>.replay`, contract §9) from the event log,
-//! and the HTTP API of orders on its port (`/v1`, contract §9a), which stores
-//! orders through the same intake as the queue; applies the signals of
-//! `<prefix>.signals` to the orders' steps waiting for them (contract §4d).
+//! The `submission` binary: see the library for what it does.
 
-mod children;
-mod http_api;
-mod refusal;
-mod replay;
-mod session;
-mod signals;
-mod submission;
+use std::process::ExitCode;
 
 use clap::Parser;
-use sas::service::{CommonArgs, Spec, StoreUse};
-use sas::state_store::Plans;
-use std::process::ExitCode;
+use sas::service::CommonArgs;
 
 /// sas submission service.
 #[derive(Parser)]
@@ -32,19 +19,5 @@ struct Args {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    let spec = Spec {
-        name: "submission",
-        default_port: 9101,
-        store: StoreUse::Required(Plans::Generic),
-    };
-    sas::service::main_with_routes(spec, args.common, |ctx| {
-        // One intake: the HTTP API and the orders queue store through it.
-        let intake = submission::Intake::new(ctx.clone());
-        let routes = match &intake {
-            Ok(intake) => http_api::routes(ctx.clone(), intake.clone()),
-            Err(_) => axum::Router::new(),
-        };
-        (routes, async move { session::run(ctx, intake?).await })
-    })
-    .await
+    sas::service::main(submission::SPEC.name, args.common, submission::build).await
 }

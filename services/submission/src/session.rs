@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use sas::broker::{self, BrokerError, Received};
+use sas::broker::{self, BrokerError, Handling, Received};
 use sas::service::Context;
 
 use crate::children::Children;
@@ -45,7 +45,10 @@ pub async fn run(ctx: Arc<Context>, intake: Arc<Intake>) -> anyhow::Result<()> {
         intake,
         ctx: ctx.clone(),
     });
-    ctx.run_sessions(&ctx.settings.agent_names(), async |broker| {
+    // Owns what it uses (see `Context::run_sessions`).
+    let owned = ctx.clone();
+    ctx.run_sessions(&ctx.settings.agent_names(), async move |broker| {
+        let ctx = &owned;
         let publisher = broker.publisher().await?;
         let relay = submission.intake.pipeline().start(broker).await?;
         let (orders, replay) = (ctx.queues.orders(), ctx.queues.replay());
@@ -129,10 +132,6 @@ pub async fn run(ctx: Arc<Context>, intake: Arc<Intake>) -> anyhow::Result<()> {
     .context("RabbitMQ")?;
     Ok(())
 }
-
-/// A handler's future, boxed so that one [`serve`] serves every consumer.
-type Handling =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), BrokerError>> + Send>>;
 
 /// Consumes `subscription` with `handler` until shutdown or the broker is
 /// lost; ending, it stops the session's other consumers (`stop`).

@@ -28,20 +28,36 @@ use sas::pipeline::Pipeline;
 use sas::service::Context;
 use sas::state_store::{Lease, Partitions, StateStore};
 
+/// What a supervisor keeps from one broker session to the next and lets go
+/// of when it stops.
+struct Kept {
+    lease: Lease,
+    leading: bool,
+    partitions: Partitions,
+    retention: crate::retention::Retention,
+}
+
 /// Runs a supervisor until shutdown.
 pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     let store = ctx.store()?.clone();
     let me = Actor::new_instance("supervisor");
     let pipeline = Pipeline::new(&ctx, store.clone());
     let agents = ctx.settings.agent_names();
-    let mut lease = Lease::new("sas.supervisor");
-    let mut leading = false;
-    let mut partitions = Partitions::new(ctx.settings.supervisor.partitions);
     let schedules = crate::schedules::Schedules::compile(&ctx.settings)?;
-    let mut retention = crate::retention::Retention::new(&ctx.settings.retention);
+    let retention = crate::retention::Retention::new(&ctx.settings.retention);
     retention.check()?;
+    let kept = Arc::new(tokio::sync::Mutex::new(Kept {
+        lease: Lease::new("sas.supervisor"),
+        leading: false,
+        partitions: Partitions::new(ctx.settings.supervisor.partitions),
+        retention,
+    }));
+    // Owns what it uses (see `Context::run_sessions`).
+    let (owned, session_kept) = (ctx.clone(), kept.clone());
     let sessions = ctx
-        .run_sessions(&agents, async |broker| {
+        .run_sessions(&agents, async move |broker| {
+            let ctx = &owned;
+            let kept = &mut *session_kept.lock().await;
             let relay_task = pipeline.start(broker).await?;
             let mut tick = tokio::time::interval(ctx.settings.supervisor.interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -51,7 +67,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                     () = relay_task.lost().cancelled() => break,
                     _ = tick.tick() => {}
                 }
-                let mine = share(&ctx, &me, &store, &mut partitions).await;
+                let mine = share(ctx, &me, &store, &mut kept.partitions).await;
                 let started = Instant::now();
                 match pipeline.recover_expired(&me, &ctx.settings, &mine).await {
                     Ok(recovered) => {
@@ -66,28 +82,37 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                                 "recovered expired orders"
                             );
                         }
-                        report(&ctx, &recovered);
+                        report(ctx, &recovered);
                     }
                     Err(e) => tracing::warn!(error = %e, "sweep failed; will retry"),
                 }
                 // The rest is the leader's alone.
-                if !lead(&ctx, &me, &store, &mut lease, &mut leading).await {
-                    retention.stand_by();
+                if !lead(ctx, &me, &store, &mut kept.lease, &mut kept.leading).await {
+                    kept.retention.stand_by();
                     continue;
                 }
-                retention.lead(&ctx, &store);
+                kept.retention.lead(ctx, &store);
                 match pipeline.warn_late(&me, &ctx.settings.supervisor).await {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(orders = n, "warned of approaching deadlines"),
                     Err(e) => tracing::warn!(error = %e, "deadline warnings failed; will retry"),
                 }
                 schedules.pass(&pipeline).await;
-                crate::stuck_gauge::count(&ctx, &store, broker).await;
+                crate::stuck_gauge::count(ctx, &store, broker).await;
             }
             relay_task.stop(Ok(SessionEnd::Shutdown)).await
         })
         .await
         .context("RabbitMQ");
+    // The sessions are over, and the closure that held `kept` with them.
+    let Kept {
+        mut lease,
+        mut partitions,
+        retention,
+        ..
+    } = Arc::into_inner(kept)
+        .context("the broker sessions still hold the supervisor's state")?
+        .into_inner();
     retention.stop().await;
     sessions?;
     lease.release().await;

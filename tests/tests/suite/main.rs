@@ -23,6 +23,7 @@ mod hostile;
 mod http_api;
 mod http_attacks;
 mod in_doubt;
+mod in_process;
 mod metrics;
 mod nodes;
 mod outages;
