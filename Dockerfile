@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 #
 # One image for the whole sas suite: submission, scheduler, agent, supervisor,
-# dashboard, sasctl and remote-sim, all in /usr/local/bin. Pick the program with the
+# dashboard, sasctl, sas-chaos and remote-sim, all in /usr/local/bin. Pick the program with the
 # container command, e.g. `docker run IMAGE scheduler` or compose's `command:`.
 #
 # Needs BuildKit (the default builder of current Docker; `docker compose` uses
@@ -44,9 +44,9 @@ RUN --mount=type=cache,id=sas-cargo-registry,target=/usr/local/cargo/registry,sh
     --mount=type=cache,id=sas-target,target=/build/target,sharing=locked \
     set -eux; \
     cargo build --release --locked -p submission -p scheduler -p agent -p supervisor \
-        -p dashboard -p sasctl -p remote-sim; \
+        -p dashboard -p sasctl -p sas-chaos -p remote-sim; \
     mkdir -p /out; \
-    for bin in submission scheduler agent supervisor dashboard sasctl remote-sim; do \
+    for bin in submission scheduler agent supervisor dashboard sasctl sas-chaos remote-sim; do \
         install -m 0755 "target/release/${bin}" "/out/${bin}"; \
     done
 

@@ -7,13 +7,13 @@
 #   3. writes a configuration whose workflow `order` (reserve, charge, ship;
 #      the first two with an undo) calls that remote-sim, with short
 #      timeouts, under a fresh broker prefix and a fresh database,
-#   4. runs `sasctl chaos`, which starts the four services itself, sets the
+#   4. runs `sas-chaos`, which starts the four services itself, sets the
 #      fault mix on remote-sim, submits the orders, SIGKILLs a random service
 #      every few seconds (starting it again), and prints the verdict,
 #   5. cleans up: stops remote-sim, drops the database, deletes the prefix's
 #      queues and the temporary files.
 #
-# The exit status is sasctl chaos's: 0 when no order was lost, no order's
+# The exit status is sas-chaos's: 0 when no order was lost, no order's
 # events have a gap or two terminal states, and no effect was applied twice.
 #
 # Environment:
@@ -56,7 +56,7 @@ sim_pid=""
 export SAS_CONFIG="$work/soak.toml"
 export SAS__BROKER__PREFIX="$prefix"
 export SAS__DATABASE__URL="${pg_admin%/*}/$db"
-# sasctl chaos gives each service its own port.
+# sas-chaos gives each service its own port.
 unset SAS__HTTP__PORT
 
 log() {
@@ -129,7 +129,7 @@ if [[ ${SAS_SKIP_BUILD:-0} != 1 ]]; then
     log "building (cargo build --release --workspace)"
     cargo build --release --workspace
 fi
-for bin in remote-sim submission scheduler agent supervisor sasctl; do
+for bin in remote-sim submission scheduler agent supervisor sas-chaos; do
     [[ -x $bin_dir/$bin ]] || die "$bin_dir/$bin is missing; build first (or unset SAS_SKIP_BUILD)"
 done
 
@@ -186,7 +186,7 @@ url = "$sim/shipping/ship"
 EOF
 
 args=(
-    chaos --spawn "$bin_dir" --sim "$sim" --workflow order
+    --spawn "$bin_dir" --sim "$sim" --workflow order
     --orders "$orders" --transient "$transient" --permanent "$permanent"
     --kill-every "$kill_every" --timeout "$timeout"
 )
@@ -197,7 +197,7 @@ if [[ ${SOAK_JSON:-0} == 1 ]]; then
     args+=(--json)
 fi
 log "prefix $prefix, database $db, configuration $SAS_CONFIG"
-log "running: sasctl ${args[*]}"
+log "running: sas-chaos ${args[*]}"
 status=0
-"$bin_dir/sasctl" "${args[@]}" || status=$?
+"$bin_dir/sas-chaos" "${args[@]}" || status=$?
 exit "$status"

@@ -4,32 +4,23 @@
 //! retries, cancels, redrives and prunes orders, lists and overrides the agents'
 //! shared breakers, lists the recurring orders' schedules, lists, replays
 //! and purges the orders'
-//! dead letters, asks for a replay of status events, shows statistics, applies the state store's migrations, and
-//! runs soak tests (`chaos`). The data commands take `--json` for scripts.
+//! dead letters, asks for a replay of status events, shows statistics and
+//! applies the state store's migrations.
+//! The soak run is a binary of its own, `sas-chaos`. The data commands take
+//! `--json` for scripts.
 //!
 //! Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 3 unknown
 //! order, 4 action not allowed in the order's state ([`EXIT_CODES`]).
 //! Command output goes to stdout, logs and summaries to stderr.
 
-mod agents;
-mod alerts;
-mod chaos;
-mod dead_letters;
-mod events;
-mod migrate;
-mod orders;
-mod schedules;
-mod stats;
-mod submit;
-mod terminal;
-mod watch;
-
-use std::fmt;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
-use sas::config::{LogSettings, Settings};
 use sas::service::CommonArgs;
+use sasctl::{
+    agents, alerts, dead_letters, events, migrate, orders, run_command, schedules, stats, submit,
+    watch,
+};
 
 /// The exit codes, as `--help` shows them.
 const EXIT_CODES: &str = "\
@@ -91,9 +82,6 @@ enum Command {
     Stats(stats::Args),
     /// Apply the state store's migrations (creating the database when missing).
     Migrate(migrate::Args),
-    /// Soak run: submit orders under remote faults and service kills, then
-    /// report orders per terminal state, lost orders and duplicate effects.
-    Chaos(chaos::Args),
     /// Print a shell completion script, e.g.
     /// `sasctl completions bash > /etc/bash_completion.d/sasctl`.
     Completions {
@@ -103,30 +91,6 @@ enum Command {
     /// Print sasctl's manual page (roff), e.g. `sasctl man | man -l -`.
     Man,
 }
-
-/// A failure that has its own exit code.
-#[derive(Debug)]
-pub struct Exit {
-    pub code: u8,
-    pub message: String,
-}
-
-impl Exit {
-    /// Exit code for bad usage, e.g. a purge without `--yes`.
-    pub const USAGE: u8 = 2;
-    /// Exit code for an order id the state store does not know.
-    pub const NOT_FOUND: u8 = 3;
-    /// Exit code for an action the order's state does not allow.
-    pub const NOT_ALLOWED: u8 = 4;
-}
-
-impl fmt::Display for Exit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for Exit {}
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -149,42 +113,23 @@ async fn main() -> ExitCode {
         };
         error.exit();
     }
-    // Before anything builds a TLS client (reqwest needs it).
-    sas::tls::install_crypto_provider();
-    let settings = match Settings::load(cli.common.config.as_deref()) {
-        Ok(settings) => settings,
-        Err(e) => {
-            // No settings to know the secrets by: mask any URL's password.
-            let error = sas::tls::redact(&e.to_string(), []);
-            eprintln!("sasctl: {}", one_line(&error));
-            return ExitCode::from(2);
+    let config = cli.common.config;
+    run_command("sasctl", config.as_deref(), async |settings| {
+        match cli.command {
+            Command::Submit(args) => submit::run(args, &settings).await,
+            Command::Watch(args) => watch::run(args, &settings).await,
+            Command::Alerts(args) => alerts::run(args, &settings).await,
+            Command::Orders(command) => orders::run(command, &settings).await,
+            Command::Agents(command) => agents::run(command, &settings).await,
+            Command::Schedules(command) => schedules::run(command, &settings).await,
+            Command::DeadLetters(command) => dead_letters::run(command, &settings).await,
+            Command::Events(command) => events::run(command, &settings).await,
+            Command::Stats(args) => stats::run(args, &settings).await,
+            Command::Migrate(args) => migrate::run(args, &settings).await,
+            Command::Completions { .. } | Command::Man => Ok(()),
         }
-    };
-    sas::telemetry::init(&quiet_libraries(&settings.log));
-    // Printed errors must not show a password the configuration holds.
-    let redactor = settings.clone();
-    let outcome = match cli.command {
-        Command::Submit(args) => submit::run(args, &settings).await,
-        Command::Watch(args) => watch::run(args, &settings).await,
-        Command::Alerts(args) => alerts::run(args, &settings).await,
-        Command::Orders(command) => orders::run(command, &settings).await,
-        Command::Agents(command) => agents::run(command, &settings).await,
-        Command::Schedules(command) => schedules::run(command, &settings).await,
-        Command::DeadLetters(command) => dead_letters::run(command, &settings).await,
-        Command::Events(command) => events::run(command, &settings).await,
-        Command::Stats(args) => stats::run(args, &settings).await,
-        Command::Migrate(args) => migrate::run(args, &settings).await,
-        Command::Chaos(args) => chaos::run(args, &settings, cli.common.config.as_deref()).await,
-        Command::Completions { .. } | Command::Man => Ok(()),
-    };
-    match outcome {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            let code = e.downcast_ref::<Exit>().map_or(1, |exit| exit.code);
-            eprintln!("sasctl: {}", one_line(&redactor.redact(&chain(&e))));
-            ExitCode::from(code)
-        }
-    }
+    })
+    .await
 }
 
 /// Prints the manual page (with its subcommands' section).
@@ -206,72 +151,9 @@ impl Command {
     fn check(&self) -> Result<(), (&'static str, String)> {
         match self {
             Command::Submit(args) => args.check().map_err(|m| ("submit", m)),
-            Command::Chaos(args) => args.check().map_err(|m| ("chaos", m)),
             _ => Ok(()),
         }
     }
-}
-
-/// The log settings with lapin's and sqlx's chatter turned down, unless the
-/// filter names them: sasctl reports their errors itself (a returned message,
-/// a closed channel), and a migration's notices are no news to an operator.
-/// The same goes for the connection retries of the state store and the
-/// broker: a dependency still unreachable after its `connect_timeout` is one
-/// line, the error (`RUST_LOG=sas_store=debug,sas_broker=debug,sas_runtime=debug`
-/// shows the attempts).
-fn quiet_libraries(log: &LogSettings) -> LogSettings {
-    let mut log = log.clone();
-    for (target, level) in [
-        ("lapin", "off"),
-        ("sqlx", "warn"),
-        ("sas_runtime::sessions", "error"),
-        ("sas_broker", "error"),
-        ("sas_store", "error"),
-        ("sas_client", "error"),
-    ] {
-        if !names(&log.level, target) {
-            log.level = format!("{},{target}={level}", log.level);
-        }
-    }
-    log
-}
-
-/// Whether a filter has a directive for `target`, one of its modules or one
-/// of its parents (`sas_runtime=debug` names `sas_runtime::sessions`).
-fn names(filter: &str, target: &str) -> bool {
-    filter
-        .split(',')
-        .filter_map(|directive| directive.split_once('=').map(|(t, _)| t.trim()))
-        .any(|t| {
-            t == target
-                || target
-                    .strip_prefix(t)
-                    .is_some_and(|rest| rest.starts_with("::"))
-                || t.strip_prefix(target)
-                    .is_some_and(|rest| rest.starts_with("::"))
-        })
-}
-
-/// An error with its causes, `: ` between them, skipping a cause whose text
-/// is already part of what precedes it (errors that also print their source).
-fn chain(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if out.contains(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out
-}
-
-/// An error message on one line, whatever its sources put in it.
-fn one_line(text: &str) -> String {
-    terminal::cell(&text.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
 #[cfg(test)]
@@ -325,28 +207,6 @@ mod tests {
         assert!(cli.command.check().is_err());
         let cli = parse(&["submit", "--workflow", "w", "--order-id", id]).unwrap();
         assert!(cli.command.check().is_ok());
-    }
-
-    #[test]
-    fn library_chatter_is_turned_down_unless_asked_for() {
-        let mut log = LogSettings::default();
-        assert_eq!(
-            quiet_libraries(&log).level,
-            "info,lapin=off,sqlx=warn,sas_runtime::sessions=error,sas_broker=error,sas_store=error,\
-             sas_client=error"
-        );
-        log.level = "debug,lapin=debug,sas=trace".into();
-        assert_eq!(
-            quiet_libraries(&log).level,
-            "debug,lapin=debug,sas=trace,sqlx=warn,sas_runtime::sessions=error,sas_broker=error,\
-             sas_store=error,sas_client=error"
-        );
-        log.level = "info,sas_runtime::sessions=debug,sas_store=info,sqlx::query=info".into();
-        assert_eq!(
-            quiet_libraries(&log).level,
-            "info,sas_runtime::sessions=debug,sas_store=info,sqlx::query=info,lapin=off,sas_broker=error,\
-             sas_client=error"
-        );
     }
 
     #[test]
@@ -475,40 +335,7 @@ mod tests {
         ] {
             assert!(help.contains(line), "{help}");
         }
-        assert_eq!(Exit::NOT_FOUND, 3);
-        assert_eq!(Exit::NOT_ALLOWED, 4);
-    }
-
-    #[test]
-    fn causes_already_in_the_message_are_not_repeated() {
-        #[derive(Debug)]
-        struct Inner;
-        impl fmt::Display for Inner {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("refused")
-            }
-        }
-        impl std::error::Error for Inner {}
-        #[derive(Debug)]
-        struct Outer(Inner);
-        impl fmt::Display for Outer {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "broker error: {}", self.0)
-            }
-        }
-        impl std::error::Error for Outer {
-            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-                Some(&self.0)
-            }
-        }
-        let e = anyhow::Error::new(Outer(Inner)).context("connecting");
-        assert_eq!(chain(&e), "connecting: broker error: refused");
-        let e = anyhow::anyhow!("no order").context("showing");
-        assert_eq!(chain(&e), "showing: no order");
-    }
-
-    #[test]
-    fn errors_are_reported_on_one_line() {
-        assert_eq!(one_line("a:\n  b\tc "), "a: b c");
+        assert_eq!(sasctl::Exit::NOT_FOUND, 3);
+        assert_eq!(sasctl::Exit::NOT_ALLOWED, 4);
     }
 }

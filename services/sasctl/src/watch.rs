@@ -2,7 +2,7 @@
 //! acknowledging each once printed; with filters (`--order-id`, `--state`)
 //! only the matching ones are printed, the others are consumed all the same.
 //! [`print_queue`] is the machinery, shared with `sasctl alerts`;
-//! [`read_queue`], its reading loop, is shared with `sasctl chaos`.
+//! [`read_queue`], its reading loop, is shared with `sas-chaos`.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -385,7 +385,7 @@ pub enum ReadEnd {
 
 /// Hands each delivery's body to `handle` and acknowledges it as told, until
 /// the handler stops, nothing arrives for `idle`, or `stop` completes. The
-/// reading loop of `sasctl watch`, `sasctl alerts` and `sasctl chaos`. An
+/// reading loop of `sasctl watch`, `sasctl alerts` and `sas-chaos`. An
 /// error is the consumer's (the channel, the connection or the queue went
 /// away), an acknowledgement's, or the handler's.
 pub async fn read_queue<F>(

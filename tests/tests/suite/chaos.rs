@@ -1,4 +1,4 @@
-//! `sasctl chaos`, the soak run, end to end: the real binary starts the real
+//! `sas-chaos`, the soak run, end to end: the real binary starts the real
 //! services itself, kills one at random every second and starts it again,
 //! while the test deployment's remote-sim fails 5% of the calls transiently
 //! and 2% permanently. Its verdict must be clean: nothing lost, nothing
@@ -11,7 +11,7 @@ use std::time::Duration;
 use sas_tests::{TestApp, bin};
 use serde_json::Value;
 
-/// Runs `sasctl chaos --spawn` against `app`'s deployment, 300 three-step
+/// Runs `sas-chaos --spawn` against `app`'s deployment, 300 three-step
 /// orders at most 100 a second with a kill every second, and `extra`
 /// arguments: its JSON report and the context of a failure. Asserts it
 /// exits 0.
@@ -20,10 +20,10 @@ async fn run_chaos(app: &TestApp, extra: &[&str]) -> (Value, String) {
         .parent()
         .expect("the binaries' directory")
         .to_owned();
-    let mut cmd = Command::new(bin("sasctl"));
+    let mut cmd = Command::new(bin("sas-chaos"));
     cmd.env("SAS_CONFIG", &app.config)
         .env_remove("RUST_LOG")
-        .args(["chaos", "--spawn"])
+        .arg("--spawn")
         .arg(&bin_dir)
         .args(["--sim", &format!("http://{}", app.sim_addr)])
         .args(["--orders", "300", "--workflow", "three"])
@@ -37,9 +37,9 @@ async fn run_chaos(app: &TestApp, extra: &[&str]) -> (Value, String) {
         tokio::task::spawn_blocking(move || cmd.output()),
     )
     .await
-    .expect("sasctl chaos ends within its timeout")
+    .expect("sas-chaos ends within its timeout")
     .expect("join")
-    .expect("run sasctl (run `cargo build --workspace` first)");
+    .expect("run sas-chaos (run `cargo build --workspace` first)");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let context = format!(

@@ -734,7 +734,7 @@ async fn completions_and_the_manual_page_need_no_configuration() {
     }
     let out = output(bare_sasctl(&["man"])).await.expect_code(0);
     assert!(out.stdout.contains(".TH sasctl 1"), "{out:#?}");
-    assert!(out.stdout.contains("chaos"), "the subcommands are listed");
+    assert!(out.stdout.contains("migrate"), "the subcommands are listed");
     output(bare_sasctl(&["completions", "cmd.exe"]))
         .await
         .expect_code(2);

@@ -11,7 +11,10 @@ const SERVICES: [&str; 4] = ["submission", "scheduler", "agent", "supervisor"];
 
 #[test]
 fn every_binary_answers_help() {
-    for name in SERVICES.iter().chain(&["sasctl", "remote-sim"]) {
+    for name in SERVICES
+        .iter()
+        .chain(&["sasctl", "sas-chaos", "remote-sim"])
+    {
         let out = Command::new(bin(name))
             .arg("--help")
             .output()

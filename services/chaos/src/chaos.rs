@@ -1,4 +1,4 @@
-//! `sasctl chaos`: a soak run. Submits N orders with a mix of transient and
+//! `sas-chaos`: a soak run. Submits N orders with a mix of transient and
 //! permanent remote faults (set on a remote-sim) while services are killed at
 //! random, reads every order's status events, and prints one verdict: orders
 //! per terminal state, orders lost, sequence gaps, orders with more than one
@@ -14,7 +14,7 @@
 //! dead-letter queues) and how many good orders were harmed, which must be
 //! none.
 //!
-//! It runs against the configured deployment like every sasctl command, or
+//! It runs against the configured deployment as sasctl does, or
 //! starts the services itself (`--spawn`). Three things run side by side:
 //! the submitter, the reader of the run's status queue and the killer. They
 //! share one task, so they share state through `Cell`s without locks.
@@ -41,13 +41,13 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::Exit;
-use crate::submit::{CHUNK, no_orders_queue_hint, order_body, publish_batch};
-use crate::watch::{Handled, ReadEnd, read_queue};
 use faults::Sim;
 use hostile::{Aim, Fate, Planned, Sent};
 use processes::{Fleet, SERVICES, run_kill_command};
 use report::{HostileFacts, RunFacts, Tally};
+use sasctl::Exit;
+use sasctl::submit::{CHUNK, no_orders_queue_hint, order_body, publish_batch};
+use sasctl::watch::{Handled, ReadEnd, read_queue};
 
 /// Unacknowledged status events the reader holds: it only counts them.
 const EVENT_PREFETCH: u16 = 500;
@@ -71,18 +71,18 @@ const HOSTILE_SETTLE_MAX: Duration = Duration::from_secs(60);
 /// (`sas::broker::run_sessions`); a killed service logs nothing of the kind.
 const CONNECTION_LOST: &str = "lost RabbitMQ; reconnecting";
 
-/// Options of `sasctl chaos`.
+/// Options of `sas-chaos`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 Examples:
-  # The whole suite started by sasctl, against a remote-sim whose URLs the configuration uses:
-  sasctl chaos --spawn target/release --sim http://127.0.0.1:8081 --workflow order \\
+  # The whole suite started by sas-chaos, against a remote-sim whose URLs the configuration uses:
+  sas-chaos --spawn target/release --sim http://127.0.0.1:8081 --workflow order \\
       --orders 10000 --transient 0.05 --permanent 0.01 --kill-every 3s
   # Your own deployment (docker compose), killing a random service every 10 s:
-  sasctl chaos --workflow order --orders 1000 --sim http://127.0.0.1:8081 --kill-every 10s \\
+  sas-chaos --workflow order --orders 1000 --sim http://127.0.0.1:8081 --kill-every 10s \\
       --kill-cmd 'docker compose kill -s KILL {service} && docker compose up -d {service}'
   # One message in five hostile, repeatably:
-  sasctl chaos --spawn target/release --workflow order --orders 1000 --hostile 0.2 --seed 7
+  sas-chaos --spawn target/release --workflow order --orders 1000 --hostile 0.2 --seed 7
 
 Exit code 0 when no order was lost, none has a gap in its seq or two terminal
 events, and no effect was applied twice; with --hostile, also when no good
@@ -232,7 +232,7 @@ fn bump(counter: &Cell<u64>) {
     counter.set(counter.get() + 1);
 }
 
-/// Runs `sasctl chaos`. `config` is the configuration file sasctl read, handed
+/// Runs `sas-chaos`. `config` is the configuration file it read, handed
 /// to the services it spawns.
 pub async fn run(args: Args, settings: &Settings, config: Option<&Path>) -> anyhow::Result<()> {
     if let Err(e) = settings.workflow(&args.workflow) {
@@ -332,7 +332,7 @@ pub async fn run(args: Args, settings: &Settings, config: Option<&Path>) -> anyh
         if let Some(fleet) = &mut fleet
             && let Err(e) = fleet.restart_missing()
         {
-            eprintln!("chaos: {}", crate::chain(&e));
+            eprintln!("chaos: {}", sasctl::chain(&e));
         }
         hostile_facts = Some(settle_hostile(settings, h, soak, fleet.as_ref(), &shutdown).await);
         if let Some(fleet) = &mut fleet {
@@ -536,7 +536,7 @@ async fn soak(
         )
         .await;
         if let Err(e) = &outcome {
-            eprintln!("chaos: submitting stopped: {}", crate::chain(e));
+            eprintln!("chaos: submitting stopped: {}", sasctl::chain(e));
         }
         tally.borrow_mut().submission_done();
         submitted_tx.send_replace(Some(Instant::now()));
@@ -674,7 +674,7 @@ async fn submit_orders(
                     "chaos: {} orders not confirmed, publishing them again in {}ms: {}",
                     pending.len(),
                     backoff.as_millis(),
-                    crate::chain(&error)
+                    sasctl::chain(&error)
                 );
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => {}
@@ -729,7 +729,7 @@ async fn send_hostile(
     if let Err(e) = sent {
         eprintln!(
             "chaos: sending hostile messages: {}; trying again later",
-            crate::chain(&e)
+            sasctl::chain(&e)
         );
     }
 }
@@ -935,7 +935,7 @@ async fn settle_hostile(
     eprintln!("chaos: accounting for the hostile messages");
     match letters::emptied(settings, hostile.aim.queues.orders(), deadline, shutdown).await {
         Ok(emptied) => seen.orders_drained = emptied,
-        Err(e) => eprintln!("chaos: watching the orders queue: {}", crate::chain(&e)),
+        Err(e) => eprintln!("chaos: watching the orders queue: {}", sasctl::chain(&e)),
     }
     let expected: HashSet<u32> = soak
         .sent
@@ -964,7 +964,7 @@ async fn settle_hostile(
         }
         Err(e) => eprintln!(
             "chaos: taking the hostile messages out of the dead-letter queues: {}",
-            crate::chain(&e)
+            sasctl::chain(&e)
         ),
     }
     let mut payload_check_error = None;
@@ -973,7 +973,7 @@ async fn settle_hostile(
             seen.foreign_payload = foreign;
             seen.payloads_checked = true;
         }
-        Err(e) => payload_check_error = Some(crate::chain(&e)),
+        Err(e) => payload_check_error = Some(sasctl::chain(&e)),
     }
     HostileFacts {
         share: hostile.share,
@@ -1093,7 +1093,10 @@ async fn read_events(
         let (broker, mut consumer) = match connected {
             Ok(open) => open,
             Err(e) => {
-                eprintln!("chaos: reading {queue}: {}; trying again", crate::chain(&e));
+                eprintln!(
+                    "chaos: reading {queue}: {}; trying again",
+                    sasctl::chain(&e)
+                );
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_secs(1)) => continue 'connect,
                     () = stop() => return Ok(stopped()),
@@ -1123,7 +1126,7 @@ async fn read_events(
                 Err(e) => {
                     eprintln!(
                         "chaos: reading {queue}: {}; connecting again",
-                        crate::chain(&e)
+                        sasctl::chain(&e)
                     );
                     broker.close().await;
                     drop(consumer);
@@ -1151,7 +1154,7 @@ async fn read_events(
         if let Err(e) = settle {
             eprintln!(
                 "chaos: reading {queue} after the last order ended: {}",
-                crate::chain(&e)
+                sasctl::chain(&e)
             );
         }
         // Closing the connection before dropping the consumer, as `watch` does.
@@ -1217,7 +1220,7 @@ async fn kill_services(
                         bump(&kills.unexpected_exits);
                     }
                     if let Err(e) = fleet.restart_missing() {
-                        eprintln!("chaos: {}", crate::chain(&e));
+                        eprintln!("chaos: {}", sasctl::chain(&e));
                     }
                 }
                 continue;
@@ -1242,12 +1245,12 @@ async fn kill_services(
                         return;
                     }
                     if let Err(e) = fleet.restart_missing() {
-                        eprintln!("chaos: {}", crate::chain(&e));
+                        eprintln!("chaos: {}", sasctl::chain(&e));
                     }
                 }
                 Err(e) => {
                     bump(&kills.failed);
-                    eprintln!("chaos: {}", crate::chain(&e));
+                    eprintln!("chaos: {}", sasctl::chain(&e));
                 }
             }
         } else if let Some(template) = &args.kill_cmd {

@@ -40,7 +40,7 @@ pub struct Fleet {
 
 impl Fleet {
     /// Starts the four services from `bin_dir` with the configuration of
-    /// sasctl, each on a free HTTP port, logging to a fresh directory, and
+    /// sas-chaos, each on a free HTTP port, logging to a fresh directory, and
     /// waits until each answers `/readyz`. On failure, stops what it started.
     pub async fn start(
         bin_dir: &Path,
@@ -51,7 +51,7 @@ impl Fleet {
         for name in SERVICES {
             let bin = bin_dir.join(name);
             if !bin.is_file() {
-                return Err(crate::Exit {
+                return Err(sasctl::Exit {
                     code: 2,
                     message: format!("--spawn: {} does not exist (build first)", bin.display()),
                 }
@@ -148,7 +148,7 @@ impl Fleet {
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err)
-            // Should sasctl fail on its way, no service outlives it.
+            // Should sas-chaos fail on its way, no service outlives it.
             .kill_on_drop(true);
         if let Some(config) = &self.config {
             command.env("SAS_CONFIG", config);
