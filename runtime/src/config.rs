@@ -792,15 +792,6 @@ impl Settings {
         crate::tls::redact(text, urls)
     }
 
-    /// The supervisor's settings for orders of `workflow`: its own
-    /// `max_failures` and `retry_schedule` where it sets them (contract §4b).
-    pub fn failure_policy(&self, workflow: &str) -> std::borrow::Cow<'_, SupervisorSettings> {
-        match self.workflows.get(workflow) {
-            Some(spec) => spec.failure_policy(&self.supervisor),
-            None => std::borrow::Cow::Borrowed(&self.supervisor),
-        }
-    }
-
     /// `retry` of step `step` of `workflow`, if it sets one.
     pub fn step_retry(&self, workflow: &str, step: &str) -> Option<RetrySpec> {
         self.workflows.get(workflow)?.step_retry(step)

@@ -66,7 +66,8 @@ pub struct Metrics {
     /// Messages of replies an agent published: a pack of replies counts
     /// once (so replies per message = requests answered / this).
     pub reply_messages: Counter,
-    /// Expired orders the supervisor recovered, by `action` (`requeued`, `gave_up`).
+    /// Expired orders the supervisor recovered, by `action` (`requeued`,
+    /// `held`, `gave_up`, `woke`: `rules::supervisor::Recovery::label`).
     pub supervisor_recoveries: Family<Labels, Counter>,
     /// Supervisor sweeps.
     pub supervisor_sweeps: Counter,

@@ -8,13 +8,15 @@
 //! fails for good. Pure: no clock read, no I/O; the state store loads the
 //! order, asks [`expire`] and writes the decision back.
 
+use std::borrow::Cow;
+
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
 use super::breaker::Gate;
 use super::order::{Deciding, Decision, Event, Given, Hold, Order};
 use crate::messages::{EventKind, rfc3339};
-use crate::spec::SupervisorSettings;
+use crate::spec::{SupervisorSettings, WorkflowSpec};
 use crate::state::{ProcessState, StepState};
 use crate::workflow;
 
@@ -29,6 +31,67 @@ pub fn expired(row: &crate::model::OrderRow, now: DateTime<Utc>) -> bool {
     let late = row.locked_by.is_some() && driven && row.complete_by.is_some_and(|by| by < now);
     let held_too_long = row.held_for.is_some() && row.hold_until.is_some_and(|until| until < now);
     late || held_too_long
+}
+
+/// What became of an expired order: the one form of the supervisor's
+/// outcome, from the rule ([`recover`]) through the engine to the
+/// service's log and its `supervisor_recoveries{action}` ([`Recovery::label`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// A wait of its had ended (§4d): completed, no failure counted, and
+    /// the order went on.
+    Woke,
+    /// Put back for another attempt at `not_before`.
+    Requeued { not_before: DateTime<Utc> },
+    /// Held: its step's agent's breaker is open; no failure counted.
+    Held,
+    /// Given up: compensating, or ended when there was nothing (more) to undo.
+    GaveUp,
+}
+
+impl Recovery {
+    /// The `action` label of `supervisor_recoveries`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Recovery::Woke => "woke",
+            Recovery::Requeued { .. } => "requeued",
+            Recovery::Held => "held",
+            Recovery::GaveUp => "gave_up",
+        }
+    }
+}
+
+/// The supervisor's policy for `order`: the workflow's own `max_failures`
+/// and `retry_schedule` over `defaults` (contract §4b), as the order's
+/// stored definition says (§4d), else as `configured` (the workflow's spec
+/// in today's configuration) says.
+pub fn policy<'s>(
+    order: &Order,
+    defaults: &'s SupervisorSettings,
+    configured: Option<&WorkflowSpec>,
+    ctx: Given<'_>,
+) -> Cow<'s, SupervisorSettings> {
+    match ctx.definition(&order.row).map(|d| &d.spec).or(configured) {
+        Some(spec) => spec.failure_policy(defaults),
+        None => Cow::Borrowed(defaults),
+    }
+}
+
+/// The supervisor's rule for one order loaded as expired: a wait that has
+/// ended is no failure, it wakes the order ([`super::waits::wake`]);
+/// otherwise the order expires under `policy` ([`expire`]). With the
+/// decision, what became of the order.
+pub fn recover(order: &Order, policy: &SupervisorSettings, ctx: Given<'_>) -> (Decision, Recovery) {
+    if let Some(decision) = super::waits::wake(order, ctx) {
+        return (decision, Recovery::Woke);
+    }
+    let (decision, requeued) = expire(order, policy, ctx);
+    let recovery = match requeued {
+        Some(not_before) => Recovery::Requeued { not_before },
+        None if decision.order.row.held_for.is_some() => Recovery::Held,
+        None => Recovery::GaveUp,
+    };
+    (decision, recovery)
 }
 
 /// The supervisor's decision for `order`, whose complete-by had passed at
@@ -582,6 +645,65 @@ mod decisions {
         assert!(matches!(&d.effects[..], [Effect::Event(e)]
             if e.kind == EventKind::RetryScheduled && e.attempt == 2 && e.actor == "sup"));
         assert!(!d.wake, "nothing to run before the wait is over");
+    }
+
+    #[test]
+    fn recover_names_what_became_of_each_expired_order_by_one_label_each() {
+        let late = running(2, 1);
+        let (d, recovery) = recover(&late, &settings(3), ctx("sup"));
+        let at = now() + chrono::Duration::seconds(30);
+        assert_eq!(recovery, Recovery::Requeued { not_before: at });
+        assert_eq!(
+            d,
+            expire(&late, &settings(3), ctx("sup")).0,
+            "the same decision"
+        );
+        let mut spent = running(2, 1);
+        spent.row.failure_count = 2;
+        assert_eq!(
+            recover(&spent, &settings(3), ctx("sup")).1,
+            Recovery::GaveUp
+        );
+        // Behind an open breaker: held, no failure counted.
+        let gates = [crate::rules::breaker::Gate {
+            agent: late.steps[1].agent.clone(),
+            state: crate::rules::breaker::State::Open,
+            since: Some(now()),
+            probe_order: None,
+            max_hold_ms: 60_000,
+            forced: false,
+        }];
+        let behind = crate::rules::Given {
+            gates: &gates,
+            ..ctx("sup")
+        };
+        let (d, recovery) = recover(&late, &settings(3), behind);
+        assert_eq!(recovery, Recovery::Held);
+        assert_eq!(d.order.row.failure_count, 0);
+        let labels = [
+            Recovery::Woke,
+            Recovery::Requeued { not_before: at },
+            Recovery::Held,
+            Recovery::GaveUp,
+        ]
+        .map(Recovery::label);
+        assert_eq!(labels, ["woke", "requeued", "held", "gave_up"]);
+    }
+
+    #[test]
+    fn the_policy_is_the_stored_definitions_else_the_configured_workflows_else_the_defaults() {
+        let order = running(2, 1);
+        let defaults = settings(3);
+        assert_eq!(policy(&order, &defaults, None, ctx("sup")).max_failures, 3);
+        let own: WorkflowSpec = serde_json::from_value(serde_json::json!({
+            "steps": [{ "name": "a", "agent": "a" }],
+            "max_failures": 7
+        }))
+        .expect("a spec");
+        assert_eq!(
+            policy(&order, &defaults, Some(&own), ctx("sup")).max_failures,
+            7
+        );
     }
 
     #[test]

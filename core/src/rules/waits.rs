@@ -204,6 +204,12 @@ mod tests {
             woke.order.row.locked_by, d.order.row.locked_by,
             "under the claim"
         );
+        // The supervisor's rule wakes it rather than count it late.
+        let (recovered, recovery) =
+            super::super::supervisor::recover(&d.order, &settings, at(&known, 601));
+        assert_eq!(recovery, super::super::supervisor::Recovery::Woke);
+        assert_eq!(recovered.order.steps[0], woke.order.steps[0]);
+        assert_eq!(kinds(&recovered), kinds(&woke));
         // A last wait ends the order.
         let (order, known) = order_of(json!([{ "name": "w", "wait": "1s" }]), json!({}));
         let d = claim(&order, at(&known, 0)).expect("claim");

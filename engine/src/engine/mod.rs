@@ -18,6 +18,6 @@ pub mod transitions;
 pub use breakers::Breakers;
 pub use outlet::{Outlet, Sweep};
 pub use transitions::{
-    Actor, ClaimBounds, Claimed, Ending, Expired, Operated, ReplyOutcome, Submitted, Transitions,
+    Actor, ClaimBounds, Claimed, Ending, Operated, Recovered, ReplyOutcome, Submitted, Transitions,
     any_undone,
 };

@@ -18,7 +18,7 @@
 
 use std::sync::Arc;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use sas_store::{NewOrder, OutboxLocks, Session, StateStore, StepRow, StoreError, Unit};
 use uuid::Uuid;
 
@@ -27,6 +27,7 @@ use super::outlet::{Outlet, Sweep};
 use crate::config::{Settings, SupervisorSettings};
 use crate::messages::StepReply;
 use crate::rules::scheduler::Replied;
+use crate::rules::supervisor::Recovery;
 use crate::rules::{self, Decision, Given, Order};
 use crate::state::ProcessState;
 use crate::topology::QueueNames;
@@ -87,27 +88,13 @@ pub enum ReplyOutcome {
     Stale(String),
 }
 
-/// An expired order the supervisor recovered.
+/// An expired order the supervisor recovered: what became of it (the
+/// rule's [`Recovery`]) and, when it ended, how.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Expired {
-    /// Put back for another attempt at that time.
-    Requeued {
-        order_id: Uuid,
-        not_before: DateTime<Utc>,
-    },
-    /// Held: its step's agent's breaker is open; no failure counted.
-    Held { order_id: Uuid },
-    /// Given up: compensating, or ended (`error`) when there was nothing to undo.
-    GaveUp {
-        order_id: Uuid,
-        ended: Option<Ending>,
-    },
-    /// Its waits had ended (§4d): completed, and the order went on (and
-    /// ended, when nothing was left).
-    Woke {
-        order_id: Uuid,
-        ended: Option<Ending>,
-    },
+pub struct Recovered {
+    pub order_id: Uuid,
+    pub recovery: Recovery,
+    pub ended: Option<Ending>,
 }
 
 /// How an operator's action ended.
@@ -384,16 +371,16 @@ impl Transitions {
     }
 
     /// Recovers the orders of `partitions` whose complete-by has passed
-    /// ([`rules::supervisor::expire`], with each order's workflow's failure
-    /// policy, [`Settings::failure_policy`]): counts the failure and either
-    /// re-queues the order after the retry schedule's wait or gives it up.
+    /// ([`rules::supervisor::recover`], under each order's workflow's
+    /// policy, [`rules::supervisor::policy`]): wakes an ended wait, or counts
+    /// the failure and re-queues, holds or gives up the order.
     /// Knows nothing of the steps' business: only deadlines and counts.
     pub async fn recover_expired(
         &self,
         me: &Actor,
         settings: &Settings,
         partitions: &[i32],
-    ) -> Result<Vec<Expired>, StoreError> {
+    ) -> Result<Vec<Recovered>, StoreError> {
         again(|| self.recover_once(me, settings, partitions)).await
     }
 
@@ -402,7 +389,7 @@ impl Transitions {
         me: &Actor,
         settings: &Settings,
         partitions: &[i32],
-    ) -> Result<Vec<Expired>, StoreError> {
+    ) -> Result<Vec<Recovered>, StoreError> {
         let mut session = self.session().await?;
         let count = i32::try_from(settings.supervisor.partitions).unwrap_or(i32::MAX);
         let batch = i64::from(settings.supervisor.batch);
@@ -412,32 +399,18 @@ impl Transitions {
             for i in 0..unit.len() {
                 let ctx = context(&unit, &me.name);
                 let order = &unit.get(i).order;
-                // The workflow's own max_failures and retry_schedule (§4b),
-                // as the order's definition says (§4d).
-                let policy = match ctx.definition(&order.row) {
-                    Some(d) => d.spec.failure_policy(&settings.supervisor),
-                    None => settings.failure_policy(&order.row.workflow),
-                };
-                // A wait that has ended is no failure: it completes (§4d).
-                if let Some(decision) = rules::waits::wake(order, ctx) {
-                    let (order_id, ended) = (decision.order.row.order_id, Ending::of(&decision));
-                    apply(&mut unit, i, decision, &self.queues)?;
-                    recovered.push(Expired::Woke { order_id, ended });
-                    continue;
-                }
-                let (decision, requeued) = rules::supervisor::expire(order, &policy, ctx);
+                let configured = settings.workflows.get(&order.row.workflow);
+                let policy =
+                    rules::supervisor::policy(order, &settings.supervisor, configured, ctx);
+                let (decision, recovery) = rules::supervisor::recover(order, &policy, ctx);
                 let (order_id, ended) = (decision.order.row.order_id, Ending::of(&decision));
-                let held = decision.order.row.held_for.is_some();
                 apply(&mut unit, i, decision, &self.queues)?;
-                recovered.push(match requeued {
-                    Some(not_before) => Expired::Requeued {
-                        order_id,
-                        not_before,
-                    },
-                    None if held => Expired::Held { order_id },
-                    None => Expired::GaveUp { order_id, ended },
+                recovered.push(Recovered {
+                    order_id,
+                    recovery,
+                    ended,
                 });
-                if requeued.is_some() {
+                if matches!(recovery, Recovery::Requeued { .. }) {
                     crate::crash::point("supervisor.mid_sweep");
                 }
             }

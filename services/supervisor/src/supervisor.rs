@@ -22,9 +22,10 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use sas::broker::SessionEnd;
-use sas::engine::{Actor, Expired};
+use sas::engine::{Actor, Recovered};
 use sas::metrics::labels;
 use sas::pipeline::Pipeline;
+use sas::rules::supervisor::Recovery;
 use sas::service::Context;
 use sas::state_store::{Lease, Partitions, StateStore};
 
@@ -179,74 +180,27 @@ async fn lead(
 }
 
 /// Logs and counts what a sweep did.
-fn report(ctx: &Context, recovered: &[Expired]) {
+fn report(ctx: &Context, recovered: &[Recovered]) {
     for r in recovered {
-        match r {
-            Expired::Requeued {
-                order_id,
-                not_before,
-            } => {
+        let order_id = r.order_id;
+        match r.recovery {
+            Recovery::Requeued { not_before } => {
                 tracing::info!(%order_id, %not_before, "complete-by passed; re-attempt scheduled");
             }
-            Expired::Held { order_id } => {
+            Recovery::Held => {
                 tracing::info!(%order_id, "complete-by passed behind an open breaker; order held");
             }
-            Expired::GaveUp { order_id, ended } => {
+            Recovery::GaveUp => {
                 tracing::warn!(%order_id, "complete-by passed too often; order given up");
-                if let Some(end) = ended {
-                    ctx.metrics.finished(&end.workflow, end.state, None);
-                }
             }
-            Expired::Woke { order_id, ended } => {
-                tracing::info!(%order_id, "a wait ended; order goes on");
-                if let Some(end) = ended {
-                    ctx.metrics.finished(&end.workflow, end.state, None);
-                }
-            }
+            Recovery::Woke => tracing::info!(%order_id, "a wait ended; order goes on"),
+        }
+        if let Some(end) = &r.ended {
+            ctx.metrics.finished(&end.workflow, end.state, None);
         }
         ctx.metrics
             .supervisor_recoveries
-            .get_or_create(&labels(&[("action", action(r))]))
+            .get_or_create(&labels(&[("action", r.recovery.label())]))
             .inc();
-    }
-}
-
-/// The `action` label of `supervisor_recoveries` for what became of an
-/// expired order.
-fn action(expired: &Expired) -> &'static str {
-    match expired {
-        Expired::Requeued { .. } => "requeued",
-        Expired::Held { .. } => "held",
-        Expired::GaveUp { .. } => "gave_up",
-        Expired::Woke { .. } => "woke",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_recovery_is_counted_under_its_own_action() {
-        let order_id = uuid::Uuid::now_v7();
-        let actions = [
-            Expired::Requeued {
-                order_id,
-                not_before: chrono::Utc::now(),
-            },
-            Expired::Held { order_id },
-            Expired::GaveUp {
-                order_id,
-                ended: None,
-            },
-            Expired::Woke {
-                order_id,
-                ended: None,
-            },
-        ]
-        .iter()
-        .map(action)
-        .collect::<Vec<_>>();
-        assert_eq!(actions, ["requeued", "held", "gave_up", "woke"]);
     }
 }
