@@ -78,6 +78,11 @@
 //! [`third_party/README.md`]: https://github.com/sas-rs/sas/blob/main/third_party/README.md
 //! [`docs/security.md`]: https://github.com/sas-rs/sas/blob/main/docs/security.md#broker-users-least-privilege-for-applications
 //! [`Stream`]: futures_util::Stream
+//!
+//! Its modules: `connect` (nodes tried, retried, TLS), `handle` (one
+//! order as its application follows it), `dedupe` (what "deduplicated on
+//! (`order_id`, `seq`)" remembers) and `terminals` (terminal events kept for
+//! another order's wait), beside `publish`, `status` and `http`.
 
 pub mod connect;
 mod dedupe;

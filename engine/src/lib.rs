@@ -23,6 +23,8 @@
 //! - [`pipeline`]: a service's transitions with its outbox relay, as one
 //!   value: what a transition commits is published once it has.
 //! - [`outbox`]: the relay from committed outbox rows to confirmed publishes.
+//! - [`operate`]: an operator's action from a tool (sasctl, the dashboard),
+//!   published at once through a relay of the action's own.
 //! - [`batch`]: group commit: deliveries that arrive together share a transaction.
 //! - [`diagnosis`]: gathers the facts of why orders are stuck and asks the rule.
 
@@ -44,5 +46,6 @@ pub use sas_tls as tls;
 pub mod batch;
 pub mod diagnosis;
 pub mod engine;
+pub mod operate;
 pub mod outbox;
 pub mod pipeline;

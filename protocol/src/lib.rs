@@ -32,6 +32,10 @@
 //! [sas]: https://github.com/sas-rs/sas
 //! [contract]: https://github.com/sas-rs/sas/blob/main/docs/contract.md
 //! [`docs/schemas/`]: https://github.com/sas-rs/sas/tree/main/docs/schemas
+//!
+//! Modules beside the order and the status event: `alert` (operator
+//! alerts), `http` (the HTTP API's bodies), `limits` (what sas accepts in an
+//! order, as pure checks) and `rfc3339` (times on the wire).
 
 mod alert;
 mod event;

@@ -20,7 +20,7 @@
 //! - Operations: `leases` and `partitions` (which supervisor sweeps what),
 //!   `instances` (heartbeats), `schedules`, `retention` (the batched
 //!   prune and its archive), `watches` (HTTP event streams).
-//! - Read models ([`ReadModels`]): `dashboard`, `search`, `stats`.
+//! - Read models ([`ReadModels`], in `reads`): `dashboard`, `search`, `stats`.
 //! - Connections: `settings` (`[database]`), `database_url` (libpq host
 //!   lists), `hosts` (following a failover), `bounded` (a bound on every
 //!   round trip).

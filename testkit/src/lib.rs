@@ -9,6 +9,9 @@
 //! - [`fixtures`]: orders as the library takes them.
 //!
 //! Errors are `anyhow`: a harness that cannot set up reports why and stops.
+//!
+//! Beside them, [`otlp`]: a small OTLP receiver the services export their
+//! spans to, read back by tests and the benchmark.
 
 pub mod broker;
 pub mod config;

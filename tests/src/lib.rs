@@ -12,6 +12,12 @@
 //! `SAS_TEST_DATABASE_URL` and `SAS_TEST_BROKER_URL`, which `scripts/test.sh`
 //! points at the private servers of `scripts/servers.sh`, else the machine's
 //! own on 127.0.0.1:5432 and :5672.
+//!
+//! Its helpers beside [`TestApp`]: [`broker_users`] (an application's
+//! RabbitMQ user), [`cli`] (sasctl as a process), [`hostile`] (seeded
+//! generated attacks), [`proxy`] (a silently partitioning TCP proxy),
+//! [`raw_amqp`] (hand-written AMQP frames), [`app_tokens`] (the
+//! applications' test tokens), [`dashboard`], [`browser`] and [`tls`].
 
 pub mod broker_users;
 pub mod browser;

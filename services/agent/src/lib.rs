@@ -1,5 +1,12 @@
 //! `agent`: serves step requests for the configured agents, calling each
 //! one's remote service with retries until the step's complete-by.
+//!
+//! Modules: `agent` (the consumers and the request's way through),
+//! `remote` (one call to the remote service), `deadline` (a step's
+//! complete-by as the agent keeps it), `breaker` (this instance's breaker
+//! per endpoint), `shared` (its side of the breaker all instances share),
+//! `report` (breaker states for the dashboard) and `replies` (replies
+//! sent and confirmed).
 
 mod agent;
 mod breaker;

@@ -16,8 +16,9 @@
 //!   the dead-letter queues ([`crate::dead_letters`]).
 //! - `GET  /api/orders/{id}`: one order, its steps and its event log with durations.
 //! - `POST /api/orders/{id}/retry`, `POST /api/orders/{id}/cancel`: the
-//!   operator's actions, through the same [`Transitions`] as `sasctl orders
-//!   retry|cancel`, so guards and status events are identical; the event log
+//!   operator's actions, through the same [`sas::operate`] as `sasctl orders
+//!   retry|cancel` (published at once), so guards and status events are
+//!   identical; the event log
 //!   names the caller (`operator:<name>`), and a viewer gets 403. They answer
 //!   `{"order_id", "state"}`, or `{"error"}` with 404 (no such order), 409 (not
 //!   allowed in the order's state, with `state`), 400 (not an order id) or
@@ -41,7 +42,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router, middleware};
 use chrono::{DateTime, Utc};
-use sas::engine::{Operated, Transitions, any_undone};
+use sas::engine::{Operated, any_undone};
+use sas::operate::Operation;
 use sas::rules::Order;
 use sas::rules::operator::any_undo_in_doubt;
 use sas::rules::operator::cancel_refusal;
@@ -303,24 +305,26 @@ async fn operate(
         return Err(ApiError::UnsupportedMediaType);
     }
     let id = parse_id(id)?;
-    let transitions = Transitions::new(ctx.store()?.clone(), ctx.queues.clone());
     let me = who.actor();
-    let (outcome, verb) = match action {
-        // The dashboard has no relay: the services' relays publish what it commits.
-        Action::Retry => (transitions.retry(&me, id).await?, "retry"),
-        Action::Cancel => (transitions.cancel(&me, id).await?, "cancel"),
+    let (patch, data);
+    let (operation, verb) = match &action {
+        Action::Retry => (Operation::Retry, "retry"),
+        Action::Cancel => (Operation::Cancel, "cancel"),
         Action::Redrive(body) => {
-            let patch = redrive_patch(&body)?;
-            let limit = ctx.settings.submission.max_body_bytes;
-            let redriven = transitions.redrive(&me, id, patch.as_ref(), limit);
-            (redriven.await?, "redrive")
+            patch = redrive_patch(body)?;
+            let max_bytes = ctx.settings.submission.max_body_bytes;
+            let patch = patch.as_ref();
+            (Operation::Redrive { patch, max_bytes }, "redrive")
         }
         Action::Signal(name, body) => {
-            let data = signal_data(&body)?;
-            let signalled = transitions.signal(&me, id, &name, &data);
-            (signalled.await?, "signal")
+            data = signal_data(body)?;
+            (Operation::Signal { name, data: &data }, "signal")
         }
     };
+    // Published before it answers, through a relay of the action's own.
+    let store = ctx.store()?;
+    let outcome = sas::operate::operate(store, &ctx.settings, "dashboard", &me, id, operation);
+    let outcome = outcome.await?;
     match outcome {
         Operated::Done(state) => {
             tracing::info!(order_id = %id, operator = %me.name, state = %state, "order {verb} by an operator");

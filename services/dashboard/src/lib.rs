@@ -5,7 +5,14 @@
 //! shows the dead-letter queues (replay and purge). Reads Postgres, and
 //! RabbitMQ for the dead letters only; retry and cancel are `sasctl`'s
 //! transitions, replay and purge `sasctl dead-letters`' code.
-//! Who may see and who may act is `[dashboard]`'s business (see [`auth`]).
+//! Who may see and who may act is `[dashboard]`'s business (see `auth`).
+//!
+//! Modules: `api` (the routes), `assets` (the pages), `search` (the
+//! order search), `dead_letters` (the dead-letter queues), `auth` (who
+//! calls and may they act), `identity` (who is looking), `login` and
+//! `sessions` (`token` mode's login and its sessions), `throttle`
+//! (wrong secrets, counted), `hosts` (the Host and Origin allow-list) and
+//! `forwarded` (what a trusted proxy says of the client).
 
 mod api;
 mod assets;

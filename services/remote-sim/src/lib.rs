@@ -79,9 +79,11 @@
 //!
 //! # HTTPS
 //!
-//! [`serve_tls_with`] (the binary's `--tls-cert` and `--tls-key`) serves the
+//! `serve_tls_with` (the binary's `--tls-cert` and `--tls-key`) serves the
 //! same API over TLS with a given certificate, so agents' `https://` calls
 //! and their certificate checks can be tested.
+//!
+//! Its HTTP layer (the control API and the simulated endpoints) is `http`.
 
 mod http;
 mod knobs;

@@ -4,6 +4,9 @@
 //! reads with these commands' code ([`submit`], [`watch`]). Each command is a
 //! module with its `Args` and a `run` over the deployment's [`Settings`];
 //! [`run_command`] is what both binaries do around one.
+//!
+//! Modules beside the commands named above: [`dead_letters`] (`sasctl
+//! dead-letters`), [`terminal`] (text from strangers made safe to print).
 
 pub mod agents;
 pub mod alerts;

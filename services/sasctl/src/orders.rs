@@ -15,8 +15,9 @@ use anyhow::Context;
 use chrono::{DateTime, Utc};
 use clap::{Subcommand, value_parser};
 use sas::config::Settings;
-use sas::engine::{Actor, Operated, Transitions};
+use sas::engine::{Actor, Operated};
 use sas::messages::rfc3339;
+use sas::operate::Operation;
 use sas::rules::retention::more_after;
 use sas::state::ProcessState;
 use sas::state_store::{Archive, EventRow, OrderRow, Policy, StateStore, StepRow, Totals};
@@ -352,19 +353,18 @@ fn read_patch(path: &Path, max_bytes: usize) -> anyhow::Result<Value> {
 
 async fn operate(action: Action, args: ActionArgs, settings: &Settings) -> anyhow::Result<()> {
     let store = connect(settings).await?;
-    let transitions = Transitions::new(store.clone(), QueueNames::new(&settings.broker.prefix));
     let me = operator();
-    let outcome = match &action {
-        // sasctl has no relay: the services' relays publish what it commits.
-        Action::Retry => transitions.retry(&me, args.id).await,
-        Action::Cancel => transitions.cancel(&me, args.id).await,
-        Action::Redrive(patch) => {
-            let limit = settings.submission.max_body_bytes;
-            let redriven = transitions.redrive(&me, args.id, patch.as_ref(), limit);
-            redriven.await
-        }
-        Action::Signal(name, data) => transitions.signal(&me, args.id, name, data).await,
+    let operation = match &action {
+        Action::Retry => Operation::Retry,
+        Action::Cancel => Operation::Cancel,
+        Action::Redrive(patch) => Operation::Redrive {
+            patch: patch.as_ref(),
+            max_bytes: settings.submission.max_body_bytes,
+        },
+        Action::Signal(name, data) => Operation::Signal { name, data },
     };
+    // Published before it returns, through a relay of its own.
+    let outcome = sas::operate::operate(&store, settings, "sasctl", &me, args.id, operation).await;
     store.close().await;
     let outcome = outcome.with_context(|| format!("{} order {}", action.doing(), args.id))?;
     let state = match outcome {

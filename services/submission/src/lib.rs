@@ -4,6 +4,12 @@
 //! and the HTTP API of orders on its port (`/v1`, contract §9a), which stores
 //! orders through the same intake as the queue; applies the signals of
 //! `<prefix>.signals` to the orders' steps waiting for them (contract §4d).
+//!
+//! Modules: `session` (the broker sessions and their consumers),
+//! `submission` (the orders queue's intake), `http_api` (the HTTP API),
+//! `replay`, `signals`, `children` (sas's own agent of child
+//! workflows) and `refusal` (dead-lettering an application's message with
+//! why).
 
 mod children;
 mod http_api;

@@ -1,6 +1,10 @@
 //! `supervisor`: sweeps the state store for expired complete-by times and
 //! asks for a re-attempt or gives the order up; the leader also submits
 //! the orders of the recurring schedules and deletes old ended orders.
+//!
+//! Modules: `supervisor` (the sweep, partitions and the lease),
+//! `schedules` (the recurring orders), `retention` (deleting old ended
+//! orders) and `stuck_gauge` (the stuck orders, counted).
 
 mod retention;
 mod schedules;

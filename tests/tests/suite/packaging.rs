@@ -14,15 +14,24 @@ fn read(file: &str) -> String {
     std::fs::read_to_string(root().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"))
 }
 
-/// The workspace members' top-level directories, from the root Cargo.toml.
-fn member_dirs() -> Vec<String> {
+/// The workspace members' paths (`services/agent`, `core`, …), from the
+/// root Cargo.toml.
+fn members() -> Vec<String> {
     let manifest = read("Cargo.toml");
     let start = manifest.find("members = [").expect("members list");
     let end = start + manifest[start..].find(']').expect("end of members");
-    let mut dirs: Vec<String> = manifest[start..end]
+    manifest[start..end]
         .split('"')
         .skip(1)
         .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The workspace members' top-level directories.
+fn member_dirs() -> Vec<String> {
+    let mut dirs: Vec<String> = members()
+        .iter()
         .map(|m| m.split('/').next().unwrap_or(m).to_owned())
         .collect();
     dirs.sort();
@@ -283,4 +292,36 @@ fn the_store_holds_no_rule_and_never_learns_whether_a_relay_is_ready() {
             assert!(!line.contains(word), "{file} knows the relay: {line}");
         }
     }
+}
+
+#[test]
+fn every_crates_docs_name_each_of_its_modules() {
+    // A reader starts at the crate's docs: each module is named there, with
+    // what it is for, so none is found only by reading the code.
+    let mut read_libs = 0;
+    for member in members() {
+        let Ok(text) = std::fs::read_to_string(root().join(&member).join("src/lib.rs")) else {
+            continue;
+        };
+        read_libs += 1;
+        let doc: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("//!"))
+            .flat_map(|l| l.split(|c: char| !(c.is_alphanumeric() || c == '_')))
+            .collect();
+        for line in text.lines() {
+            let declared = line
+                .trim_start_matches("pub ")
+                .trim_start_matches("pub(crate) ")
+                .strip_prefix("mod ")
+                .and_then(|rest| rest.split([';', ' ']).next());
+            if let Some(module) = declared.filter(|m| *m != "tests") {
+                assert!(
+                    doc.contains(module),
+                    "{member}/src/lib.rs: the crate's docs do not name module `{module}`"
+                );
+            }
+        }
+    }
+    assert!(read_libs >= 15, "{read_libs} libraries read");
 }

@@ -1626,3 +1626,110 @@ steps = [{ name = "approve", signal = "approval", timeout = "60s" }]
         "a cancel's end after {took:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_action_from_sasctl_or_the_dashboard_is_published_at_once_not_at_a_relays_sweep()
+ {
+    let app = TestApp::builder()
+        .extra_config(format!(
+            r#"[workflows.last]
+steps = [{{ name = "approve", signal = "approval", timeout = "60s" }}]
+{}"#,
+            sas_tests::dashboard::token_auth()
+        ))
+        .build()
+        .await;
+    // The relays sweep the outbox only every 30 s: what a tool commits
+    // without publishing it itself waits that long.
+    let slow_sweeps = [
+        ("SAS__OUTBOX__SWEEP_INTERVAL", "30s"),
+        ("SAS__OUTBOX__SWEEP_AGE", "30s"),
+    ];
+    for name in [
+        "submission",
+        "scheduler",
+        "agent",
+        "supervisor",
+        "dashboard",
+    ] {
+        app.start_with_env(name, name, &[], &slow_sweeps).await;
+    }
+    let status = app.status_queue("operated").await;
+    sas::tls::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let dashboard = format!("http://127.0.0.1:{}", app.port("dashboard"));
+    // The signal ends the order; the cancel ends it too (nothing to undo).
+    for (tool, action) in [
+        ("sasctl", "signal"),
+        ("sasctl", "cancel"),
+        ("dashboard", "signal"),
+        ("dashboard", "cancel"),
+    ] {
+        let id = app.submit("last", Some(&status)).await;
+        wait_step(&app, id, "approve", "running").await;
+        let order = id.to_string();
+        if tool == "sasctl" {
+            let args: &[&str] = match action {
+                "signal" => &["orders", "signal", &order, "approval"],
+                _ => &["orders", "cancel", &order],
+            };
+            run(&app, args).await.expect_code(0);
+        } else {
+            let path = match action {
+                "signal" => format!("{dashboard}/api/orders/{id}/signals/approval"),
+                _ => format!("{dashboard}/api/orders/{id}/cancel"),
+            };
+            let answer = http
+                .post(path)
+                .bearer_auth(sas_tests::dashboard::OPERATOR_TOKEN)
+                .json(&serde_json::json!({}))
+                .send()
+                .await
+                .expect("the dashboard answers");
+            assert_eq!(answer.status(), 200, "{tool} {action}");
+        }
+        // Published before the tool answered: the end is on the status
+        // queue at once, not after a sweep.
+        let answered = std::time::Instant::now();
+        app.collect(&status, Duration::from_secs(40), |got| {
+            got.iter()
+                .any(|e| e["order_id"] == order && sas_tests::is_terminal(e))
+        })
+        .await;
+        let took = answered.elapsed();
+        assert!(
+            took < Duration::from_secs(2),
+            "{tool} {action}: the order's end came {took:?} after the answer"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_action_without_the_broker_still_runs_and_its_end_waits_for_a_sweep() {
+    let app = TestApp::builder()
+        .extra_config(
+            r#"[workflows.last]
+steps = [{ name = "approve", signal = "approval", timeout = "60s" }]
+"#,
+        )
+        .spawn()
+        .await;
+    let status = app.status_queue("operated").await;
+    let id = app.submit("last", Some(&status)).await;
+    wait_step(&app, id, "approve", "running").await;
+    // sasctl alone cannot reach RabbitMQ: the cancel is committed all the
+    // same, and a service's relay publishes its end at its next sweep.
+    let mut cmd = sas_tests::cli::sasctl(&app);
+    cmd.args(["orders", "cancel", &id.to_string()])
+        .env("SAS__BROKER__URL", "amqp://guest:guest@127.0.0.1:1/%2f");
+    let out = sas_tests::cli::output(cmd).await.expect_code(0);
+    assert!(
+        out.stderr.contains("wait for the services' relays"),
+        "{out:#?}"
+    );
+    app.collect(&status, Duration::from_secs(40), |got| {
+        got.iter()
+            .any(|e| e["order_id"] == id.to_string() && sas_tests::is_terminal(e))
+    })
+    .await;
+}
