@@ -1516,6 +1516,13 @@ fn a_definition_that_cannot_work_is_refused_at_start_up_in_one_line() {
     }
 }
 
+/// The relays sweep the outbox only every 30 s: what is committed without
+/// being handed over to a relay waits that long.
+const SLOW_SWEEPS: [(&str, &str); 2] = [
+    ("SAS__OUTBOX__SWEEP_INTERVAL", "30s"),
+    ("SAS__OUTBOX__SWEEP_AGE", "30s"),
+];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_a_signal_commits_is_published_at_once_not_at_a_relays_sweep() {
     let app = TestApp::builder()
@@ -1532,13 +1539,10 @@ steps = [{ name = "approve", signal = "approval", timeout = "60s" }]
         )
         .build()
         .await;
-    // The relays sweep the outbox only every 30 s: a message committed
-    // without being handed over to a relay waits that long, unless a
-    // scheduler that claims its order publishes it (the next step).
-    let slow_sweeps = [
-        ("SAS__OUTBOX__SWEEP_INTERVAL", "30s"),
-        ("SAS__OUTBOX__SWEEP_AGE", "30s"),
-    ];
+    // A message committed without being handed over to a relay waits for
+    // a sweep, unless a scheduler that claims its order publishes it (the
+    // next step).
+    let slow_sweeps = SLOW_SWEEPS;
     for name in ["submission", "scheduler", "agent", "supervisor"] {
         app.start_with_env(name, name, &[], &slow_sweeps).await;
     }
@@ -1639,12 +1643,8 @@ steps = [{{ name = "approve", signal = "approval", timeout = "60s" }}]
         ))
         .build()
         .await;
-    // The relays sweep the outbox only every 30 s: what a tool commits
-    // without publishing it itself waits that long.
-    let slow_sweeps = [
-        ("SAS__OUTBOX__SWEEP_INTERVAL", "30s"),
-        ("SAS__OUTBOX__SWEEP_AGE", "30s"),
-    ];
+    // What a tool commits without publishing it itself waits for a sweep.
+    let slow_sweeps = SLOW_SWEEPS;
     for name in [
         "submission",
         "scheduler",
