@@ -387,6 +387,40 @@ impl Broker {
         Ok(())
     }
 
+    /// Whether RabbitMQ has lost the transient messages it held (a restart
+    /// drops them from classic queues) since this was last asked: `queue`,
+    /// durable, of `kind` and never consumed, keeps one transient marker
+    /// message, which goes with them. When the queue is there but the
+    /// marker gone, a new marker is published and confirmed before this
+    /// answers `true`, so that a message sent after the answer lasts as
+    /// long as the marker. A queue not there yet is declared with its first
+    /// marker, and nothing was lost: there was nothing to lose it with.
+    pub async fn lost_transient(&self, queue: &str, kind: QueueType) -> Result<bool, BrokerError> {
+        let ready = match self.message_count(queue).await {
+            Ok(n) => Some(n),
+            Err(e) if e.is_not_found() => None,
+            Err(e) => return Err(e),
+        };
+        match ready {
+            Some(n) if n > 0 => return Ok(false),
+            Some(_) => {}
+            None => self.declare_queue(queue, kind, None, 0).await?,
+        }
+        let publisher = self.publisher().await?;
+        publisher
+            .publish(&Outgoing {
+                routing_key: queue,
+                body: b"{}",
+                mandatory: true,
+                transient: true,
+                ..Outgoing::default()
+            })
+            .await
+            .map_err(BrokerError::from)?;
+        publisher.close().await;
+        Ok(ready.is_some())
+    }
+
     /// Starts consuming `queue` on a channel of its own, with manual acks and
     /// at most `prefetch` unacknowledged deliveries.
     pub async fn consume(
@@ -484,6 +518,7 @@ impl Broker {
         queues: &[String],
     ) -> Result<(), BrokerError> {
         self.delete_queues(queues).await?;
+        self.delete_queues(&[names.marker().to_owned()]).await?;
         self.delete_exchanges(&[names.submit_exchange()]).await
     }
 

@@ -178,4 +178,9 @@ impl Publisher {
     pub fn is_open(&self) -> bool {
         self.inner.is_open()
     }
+
+    /// Closes the channel (its confirms awaited already).
+    pub async fn close(&self) {
+        self.inner.close().await;
+    }
 }

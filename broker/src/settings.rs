@@ -48,10 +48,13 @@ pub struct BrokerSettings {
     /// replicated log, which is most of a step's latency at low load.
     pub step_queues: QueueType,
     /// Whether the step messages (requests and replies) are persistent.
-    /// Postgres holds every step: a request or reply a broker restart loses
-    /// is re-dispatched once its complete-by passes, with its idempotency
-    /// key. `transient` spares a classic queue's disk at the cost of that
-    /// wait after a restart; on a quorum queue every message is on disk.
+    /// Transient by default: Postgres holds every step, and when a broker
+    /// restart drops them the supervisor's leader sends each step sent
+    /// before it again at once, with its idempotency key (it keeps a marker
+    /// message that goes with them, `<prefix>.supervisor.marker`); a step
+    /// it misses is sent again once its complete-by passes. `persistent`
+    /// writes each one to a classic queue's disk before the broker confirms
+    /// it; on a quorum queue every message is on disk either way.
     pub step_messages: Durability,
 }
 
@@ -60,9 +63,9 @@ pub struct BrokerSettings {
 #[serde(rename_all = "lowercase")]
 pub enum Durability {
     /// Written to disk before the broker confirms them (delivery mode 2).
-    #[default]
     Persistent,
     /// Kept in memory only (delivery mode 1).
+    #[default]
     Transient,
 }
 
@@ -107,7 +110,7 @@ impl Default for BrokerSettings {
             connect_timeout: Duration::from_secs(30),
             heartbeat: Duration::from_secs(10),
             step_queues: QueueType::Classic,
-            step_messages: Durability::Persistent,
+            step_messages: Durability::Transient,
         }
     }
 }

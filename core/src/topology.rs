@@ -20,6 +20,7 @@ pub struct QueueNames {
     children_dead: String,
     children_ended: String,
     children_ended_dead: String,
+    marker: String,
 }
 
 impl QueueNames {
@@ -41,6 +42,7 @@ impl QueueNames {
             children_dead: format!("{prefix}.children.requests.dead"),
             children_ended: format!("{prefix}.children.ended"),
             children_ended_dead: format!("{prefix}.children.ended.dead"),
+            marker: format!("{prefix}.supervisor.marker"),
         }
     }
 
@@ -134,6 +136,13 @@ impl QueueNames {
     /// Child ends that could not be read.
     pub fn children_ended_dead(&self) -> &str {
         &self.children_ended_dead
+    }
+
+    /// The supervisor's marker of RabbitMQ's transient messages: never
+    /// consumed, it holds one transient message, which a broker restart
+    /// drops with the step messages (`Broker::lost_transient`).
+    pub fn marker(&self) -> &str {
+        &self.marker
     }
 
     /// The queue the requests of `agent` go to: its own, or for a child

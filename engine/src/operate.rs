@@ -53,7 +53,7 @@ pub async fn operate(
     order_id: Uuid,
     operation: Operation<'_>,
 ) -> Result<Operated, StoreError> {
-    let relay = Relay::new(
+    let relay = Relay::for_handovers(
         store.clone(),
         settings.outbox.clone(),
         settings.broker.step_messages,

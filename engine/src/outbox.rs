@@ -43,6 +43,10 @@ pub struct Relay {
     publisher: Mutex<Option<Publisher>>,
     /// Handed-over messages being published.
     handoffs: tokio_util::task::TaskTracker,
+    /// Whether its passes also sweep for rows other processes left
+    /// behind (a service's relay), or only publish what this process
+    /// handed over (a tool's, [`Relay::for_handovers`]).
+    sweeps: bool,
 }
 
 impl std::fmt::Debug for Relay {
@@ -211,6 +215,16 @@ impl Relay {
         requests: Durability,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
+        Self::with_sweeps(store, settings, requests, metrics, true)
+    }
+
+    fn with_sweeps(
+        store: StateStore,
+        settings: OutboxSettings,
+        requests: Durability,
+        metrics: Arc<Metrics>,
+        sweeps: bool,
+    ) -> Arc<Self> {
         Arc::new(Self {
             store,
             settings,
@@ -220,7 +234,21 @@ impl Relay {
             wake: Notify::new(),
             publisher: Mutex::new(None),
             handoffs: tokio_util::task::TaskTracker::new(),
+            sweeps,
         })
+    }
+
+    /// A relay for what one tool's transitions hand over (an operator's
+    /// action): it never sweeps, since the services' relays publish what
+    /// others left behind, and a tool's short session should not count the
+    /// outbox nor take other orders' rows.
+    pub fn for_handovers(
+        store: StateStore,
+        settings: OutboxSettings,
+        requests: Durability,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        Self::with_sweeps(store, settings, requests, metrics, false)
     }
 
     /// Asks the relay to publish what these orders have queued.
@@ -252,7 +280,7 @@ impl Relay {
         loop {
             let stop = tokio::select! {
                 () = self.wake.notified() => false,
-                _ = sweep.tick() => {
+                _ = sweep.tick(), if self.sweeps => {
                     self.sweep(&publisher).await?;
                     false
                 }

@@ -890,10 +890,10 @@ mod tests {
     }
 
     #[test]
-    fn the_step_messages_are_persistent_unless_told_transient() {
+    fn the_step_messages_are_transient_unless_told_persistent() {
         assert_eq!(
             Settings::default().broker.step_messages,
-            Durability::Persistent
+            Durability::Transient
         );
         let load = |v: &str| {
             let env = [("SAS__BROKER__STEP_MESSAGES".to_owned(), v.to_owned())]
@@ -901,12 +901,9 @@ mod tests {
                 .collect();
             Settings::load_with(None, Some(env))
         };
-        assert!(
-            load("transient")
-                .expect("transient")
-                .broker
-                .step_messages
-                .transient()
+        assert_eq!(
+            load("persistent").expect("persistent").broker.step_messages,
+            Durability::Persistent
         );
         let err = load("durable").expect_err("durable");
         assert!(err.to_string().contains("durable"), "{err}");

@@ -491,6 +491,29 @@ impl StateStore {
             .await
     }
 
+    /// The orders the supervisor would load now to send their steps sent
+    /// before `before` again (at most `limit`, taking nothing), and the
+    /// state store's clock as the query read it: for checking the query
+    /// against its rule, [`sas_core::rules::resend::unsent`].
+    pub async fn unsent_now(
+        &self,
+        before: uuid::Uuid,
+        limit: i64,
+    ) -> Result<(Vec<uuid::Uuid>, chrono::DateTime<chrono::Utc>), StoreError> {
+        self.conn()
+            .await?
+            .run(|c| async move {
+                let mut tx = sqlx::Connection::begin(c).await?;
+                let loaded = orders::unsent(&mut tx, before, limit, false).await?;
+                let now = sqlx::query_scalar("SELECT now()")
+                    .fetch_one(&mut *tx)
+                    .await?;
+                tx.rollback().await?;
+                Ok::<_, sqlx::Error>((loaded.iter().map(|l| l.order.order_id).collect(), now))
+            })
+            .await
+    }
+
     /// The state store's clock now: deadlines are on it (contract §6a),
     /// whatever the clock of the host asking.
     pub async fn clock(&self) -> Result<chrono::DateTime<chrono::Utc>, StoreError> {

@@ -345,6 +345,44 @@ pub async fn warnable(
         .await
 }
 
+/// Orders driven by a scheduler, their complete-by not passed, with a step
+/// out by a message sent under a dispatch id older than `before` (ids are
+/// UUIDv7, ordered by time): a step out with an agent (a wait or a signal
+/// sends nothing), or an undo out with its compensating agent. Exactly the
+/// orders [`sas_core::rules::resend::unsent`] names, which a test checks
+/// over generated rows. Soonest deadline first; orders another sweep has
+/// locked are passed by. With `outbox_locks`, also takes their outbox locks.
+pub async fn unsent(
+    conn: &mut PgConnection,
+    before: Uuid,
+    limit: i64,
+    outbox_locks: bool,
+) -> Result<Vec<Loaded>, sqlx::Error> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        loading(
+            &format!(
+                "SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders o \
+                 WHERE o.locked_by IS NOT NULL AND o.complete_by >= now() \
+                   AND o.process_state IN ('processing', 'compensating') \
+                   AND EXISTS (SELECT 1 FROM steps s WHERE s.order_id = o.order_id \
+                     AND s.dispatch_id < $1 \
+                     AND ((s.state = 'running' AND s.agent NOT LIKE 'wait:%' \
+                           AND s.agent NOT LIKE 'signal:%') \
+                       OR (s.state = 'compensating' AND s.compensate IS NOT NULL))) \
+                 ORDER BY o.complete_by LIMIT $3 \
+                 FOR UPDATE OF o SKIP LOCKED"
+            ),
+            2,
+        )
+    });
+    sqlx::query_as::<_, Loaded>(sqlx::AssertSqlSafe(SQL.as_str()))
+        .bind(before)
+        .bind(outbox_locks)
+        .bind(limit)
+        .fetch_all(conn)
+        .await
+}
+
 /// Orders whose running step is past the first rung of its deadline
 /// ladder, and held orders (those that may be stuck), soonest deadline first.
 pub async fn late(conn: &mut PgConnection, limit: i64) -> Result<Vec<Loaded>, sqlx::Error> {

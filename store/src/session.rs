@@ -103,6 +103,17 @@ impl Session {
         self.unit(loaded, false).await
     }
 
+    /// Up to `limit` orders with a step out by a message sent before
+    /// `before` ([`orders::unsent`]).
+    pub async fn load_unsent(&mut self, before: Uuid, limit: i64) -> Result<Unit, StoreError> {
+        let lock = self.takes_locks();
+        let loaded = self
+            .conn
+            .run(|c| orders::unsent(c, before, limit, lock))
+            .await?;
+        self.unit(loaded, false).await
+    }
+
     /// A unit with no orders, for new ones, at the client's clock.
     pub fn empty(&self) -> Unit {
         Unit::empty(chrono::Utc::now(), self.locks)

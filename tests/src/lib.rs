@@ -1356,6 +1356,27 @@ breaker_cooldown = "{cooldown}"
             .map(|(_, body)| body)
             .unwrap_or_default()
     }
+
+    /// Removes every ready message of `queue` (as a broker restart drops
+    /// transient ones); how many.
+    pub async fn purge(&self, queue: &str) -> u32 {
+        self.conn().broker().purge(queue).await.expect("purge")
+    }
+
+    /// Messages ready in `queue`, or `None` while nobody has declared it.
+    pub async fn ready_if_declared(&self, queue: &str) -> Option<u32> {
+        self.conn().broker().message_count(queue).await.ok()
+    }
+}
+
+/// The value of the sample `name` (with its labels, as printed) in a
+/// Prometheus text page; 0 when absent.
+pub fn sample(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 impl Drop for TestApp {

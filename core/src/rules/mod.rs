@@ -14,6 +14,7 @@ pub mod conditions;
 pub mod flow;
 pub mod operator;
 pub mod order;
+pub mod resend;
 pub mod retention;
 pub mod schedule;
 pub mod scheduler;
@@ -40,6 +41,7 @@ mod imports {
         ("rules/flow.rs", include_str!("flow.rs")),
         ("rules/operator.rs", include_str!("operator.rs")),
         ("rules/order.rs", include_str!("order.rs")),
+        ("rules/resend.rs", include_str!("resend.rs")),
         ("rules/retention.rs", include_str!("retention.rs")),
         ("rules/schedule.rs", include_str!("schedule.rs")),
         ("rules/scheduler.rs", include_str!("scheduler.rs")),

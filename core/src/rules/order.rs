@@ -474,22 +474,25 @@ impl<'c> Deciding<'c> {
     pub(super) fn withdraw_running(&mut self) {
         let now = self.ctx.now;
         for s in &mut self.order.steps {
-            match s.state {
-                StepState::Running => {
-                    s.state = StepState::NotStarted;
-                    // A step sas runs itself (§4d) did nothing anywhere.
-                    s.in_doubt |= !s.kind().held_by_sas();
-                    // When its outcome became unknown: its place in the undo order.
-                    s.finished_at = Some(now);
-                }
-                StepState::Compensating => {
-                    s.state = undo_withdrawn(s.in_doubt);
-                    s.undo_in_doubt = true;
-                }
-                _ => continue,
+            withdraw(s, now);
+        }
+    }
+
+    /// Withdraws the steps sent before `before` ([`super::resend::sent_before`])
+    /// as [`Self::withdraw_running`] does, and gives their room under flow
+    /// control back to this decision, for their dispatches again.
+    pub(super) fn withdraw_sent_before(&mut self, before: Uuid) {
+        let now = self.ctx.now;
+        for s in &mut self.order.steps {
+            if !super::resend::sent_before(s, before) {
+                continue;
             }
-            s.dispatch_id = None;
-            s.complete_by = None;
+            if let Some(agent) = s.out_with()
+                && let Some(f) = self.flows.iter_mut().find(|f| f.agent == agent)
+            {
+                f.in_flight -= 1;
+            }
+            withdraw(s, now);
         }
     }
 
@@ -502,6 +505,27 @@ impl<'c> Deciding<'c> {
             .map(|s| s.name.clone())
             .collect()
     }
+}
+
+/// Withdraws `s` if it is out (running, or its undo compensating) at
+/// `now`: its dispatch is forgotten, so a late reply to it is stale.
+fn withdraw(s: &mut StepRow, now: DateTime<Utc>) {
+    match s.state {
+        StepState::Running => {
+            s.state = StepState::NotStarted;
+            // A step sas runs itself (§4d) did nothing anywhere.
+            s.in_doubt |= !s.kind().held_by_sas();
+            // When its outcome became unknown: its place in the undo order.
+            s.finished_at = Some(now);
+        }
+        StepState::Compensating => {
+            s.state = undo_withdrawn(s.in_doubt);
+            s.undo_in_doubt = true;
+        }
+        _ => return,
+    }
+    s.dispatch_id = None;
+    s.complete_by = None;
 }
 
 /// The state of a step whose undo was withdrawn or did not happen: back

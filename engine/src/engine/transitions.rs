@@ -452,6 +452,38 @@ impl Transitions {
         Ok(self.write_back(session, (warned, unit)).await?.0)
     }
 
+    /// Sends again, at once, the steps sent before `before` that the broker
+    /// may have lost ([`rules::resend::resend`]), up to `settings.batch`
+    /// orders per call. Returns the orders whose steps went again.
+    pub async fn resend(
+        &self,
+        me: &Actor,
+        before: Uuid,
+        settings: &SupervisorSettings,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        again(|| self.resend_once(me, before, settings)).await
+    }
+
+    async fn resend_once(
+        &self,
+        me: &Actor,
+        before: Uuid,
+        settings: &SupervisorSettings,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        let mut session = self.session().await?;
+        let limit = i64::from(settings.batch);
+        let mut unit = session.load_unsent(before, limit).await?;
+        let mut resent = Vec::with_capacity(unit.len());
+        for i in 0..unit.len() {
+            let ctx = context(&unit, &me.name);
+            if let Some(decision) = rules::resend::resend(&unit.get(i).order, before, ctx)? {
+                resent.push(decision.order.row.order_id);
+                apply(&mut unit, i, decision, &self.queues)?;
+            }
+        }
+        Ok(self.write_back(session, (resent, unit)).await?.0)
+    }
+
     /// An operator's retry of an `error` order ([`rules::operator::retry`]):
     /// back to `pending` with its failure counts reset.
     pub async fn retry(&self, operator: &Actor, order_id: Uuid) -> Result<Operated, StoreError> {

@@ -21,13 +21,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use sas::broker::SessionEnd;
+use sas::broker::{Broker, SessionEnd};
 use sas::engine::{Actor, Recovered};
 use sas::metrics::labels;
 use sas::pipeline::Pipeline;
 use sas::rules::supervisor::Recovery;
 use sas::service::Context;
 use sas::state_store::{Lease, Partitions, StateStore};
+use uuid::Uuid;
 
 /// What a supervisor keeps from one broker session to the next and lets go
 /// of when it stops.
@@ -36,6 +37,9 @@ struct Kept {
     leading: bool,
     partitions: Partitions,
     retention: crate::retention::Retention,
+    /// While the leader sends again the steps sent before a loss of
+    /// RabbitMQ's transient messages: the bound of their dispatch ids.
+    resend: Option<Uuid>,
 }
 
 /// Runs a supervisor until shutdown.
@@ -52,6 +56,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         leading: false,
         partitions: Partitions::new(ctx.settings.supervisor.partitions),
         retention,
+        resend: None,
     }));
     // Owns what it uses (see `Context::run_sessions`).
     let (owned, session_kept) = (ctx.clone(), kept.clone());
@@ -93,6 +98,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
                     continue;
                 }
                 kept.retention.lead(ctx, &store);
+                resend_lost(ctx, &me, &pipeline, broker, &mut kept.resend).await;
                 match pipeline.warn_late(&me, &ctx.settings.supervisor).await {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(orders = n, "warned of approaching deadlines"),
@@ -177,6 +183,54 @@ async fn lead(
         }
     }
     now
+}
+
+/// With transient step messages, the leader's watch on RabbitMQ's: when
+/// the broker has lost them ([`Broker::lost_transient`]), every step sent
+/// before is sent again at once ([`sas::engine::Transitions::resend`]), a
+/// batch per tick, rather than left to its complete-by. `resend` holds the
+/// bound of the dispatches still to send again.
+async fn resend_lost(
+    ctx: &Context,
+    me: &Actor,
+    pipeline: &Pipeline,
+    broker: &Broker,
+    resend: &mut Option<Uuid>,
+) {
+    let broker_settings = &ctx.settings.broker;
+    if !broker_settings.step_messages.transient() {
+        return;
+    }
+    match broker
+        .lost_transient(ctx.queues.marker(), broker_settings.step_queues)
+        .await
+    {
+        Ok(true) => {
+            tracing::info!(
+                "RabbitMQ holds no transient messages from before: sending the steps out again"
+            );
+            *resend = Some(sas::rules::resend::sent_before_time(chrono::Utc::now()));
+        }
+        Ok(false) => {}
+        // Its node away, say: the steps' complete-by still stands.
+        Err(e) => tracing::warn!(error = %e, "cannot check RabbitMQ's transient messages"),
+    }
+    let Some(before) = *resend else { return };
+    match pipeline.resend(me, before, &ctx.settings.supervisor).await {
+        Ok(resent) => {
+            if !resent.is_empty() {
+                tracing::info!(orders = resent.len(), "steps lost with RabbitMQ sent again");
+                ctx.metrics
+                    .supervisor_recoveries
+                    .get_or_create(&labels(&[("action", "resent")]))
+                    .inc_by(resent.len() as u64);
+            }
+            if resent.len() < usize::try_from(ctx.settings.supervisor.batch).unwrap_or(usize::MAX) {
+                *resend = None;
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "sending lost steps again failed; will retry"),
+    }
 }
 
 /// Logs and counts what a sweep did.

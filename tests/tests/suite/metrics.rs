@@ -3,17 +3,7 @@
 use std::time::Duration;
 
 use remote_sim::Knobs;
-use sas_tests::TestApp;
-
-/// The value of one sample line, e.g. `sas_orders_received_total` or
-/// `sas_orders_finished_total{state="processed",workflow="one"}`; 0 when absent.
-fn sample(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
+use sas_tests::{TestApp, sample};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_counters_equal_what_happened() {

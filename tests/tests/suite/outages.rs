@@ -713,3 +713,76 @@ async fn held_orders_resume_highest_priority_first_then_oldest() {
         .collect();
     assert_eq!(resumed, expected);
 }
+
+/// Until the supervisor of `app` leads and has ticked three times since.
+async fn leader_ticked(app: &TestApp) {
+    let sweeps = |page: &str| sas_tests::sample(page, "sas_supervisor_sweeps_total");
+    app.eventually("the supervisor leads", Duration::from_secs(30), || async {
+        sas_tests::sample(&app.metrics("supervisor").await, "sas_supervisor_leader") == 1.0
+    })
+    .await;
+    let led_at = sweeps(&app.metrics("supervisor").await);
+    app.eventually("the leader ticks", Duration::from_secs(30), || async {
+        sweeps(&app.metrics("supervisor").await) >= led_at + 3.0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_message_the_broker_lost_is_sent_again_at_once_and_only_when_the_marker_went_with_it()
+ {
+    // Steps have 300 s: only being sent again at once ends the order in time.
+    let app = TestApp::builder()
+        .step_timeout("300s")
+        .supervisor_interval("100ms")
+        .build()
+        .await;
+    for name in ["submission", "scheduler", "supervisor"] {
+        app.start(name, name, &[]).await;
+    }
+    let marker = app.queues.marker().to_owned();
+    app.eventually("the marker", Duration::from_secs(30), || async {
+        app.ready_if_declared(&marker).await == Some(1)
+    })
+    .await;
+    let status = app.status_queue("lost").await;
+    let id = app.submit("one", Some(&status)).await;
+    let requests = app.queues.agent_requests("a");
+    app.eventually("the request", Duration::from_secs(20), || async {
+        app.ready(&requests).await == 1
+    })
+    .await;
+
+    // A supervisor that restarts finds the marker: the broker lost
+    // nothing, and nothing is sent twice.
+    app.kill("supervisor");
+    app.start("supervisor", "supervisor", &[]).await;
+    leader_ticked(&app).await;
+    assert_eq!(app.ready(&requests).await, 1, "sent once");
+    assert_eq!(app.ready(&marker).await, 1, "one marker");
+
+    // The broker drops its transient messages (as a restart does): the
+    // request and the marker with it.
+    assert_eq!(app.purge(&requests).await, 1);
+    assert_eq!(app.purge(&marker).await, 1);
+    app.eventually(
+        "the request sent again",
+        Duration::from_secs(20),
+        || async { app.ready(&requests).await == 1 },
+    )
+    .await;
+    assert_eq!(app.ready(&marker).await, 1, "a new marker");
+
+    app.start("agent", "agent", &[]).await;
+    let story = story(&app.stories(&status, &[id], Duration::from_secs(60)).await[&id]);
+    assert_eq!(
+        story.last().map(String::as_str),
+        Some("processed"),
+        "{story:?}"
+    );
+    assert!(
+        !story.iter().any(|s| s == "retry_scheduled"),
+        "no failure counted: {story:?}"
+    );
+    assert_eq!(app.stats().keys[&format!("{id}:a")].applied, 1);
+}

@@ -1,7 +1,7 @@
 //! The state store's predicates against their pure twins: over generated
-//! orders and steps, the orders a loading query takes (warnable, expired)
-//! are exactly those its rule names, judged by the query's own clock, and
-//! the steps the flow-control count takes as out with an agent are those
+//! orders and steps, the orders a loading query takes (warnable, expired,
+//! unsent) are exactly those its rule names, judged by the query's own
+//! clock, and the steps the flow-control count takes as out with an agent are those
 //! `StepRow::out_with` names (as `claims.rs` does for claimability).
 
 use std::collections::BTreeSet;
@@ -235,5 +235,73 @@ async fn the_steps_out_with_an_agent_are_counted_as_the_rule_says() {
             Some(by_rule),
             "{agent}: the query and the rule disagree"
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_unsent_query_loads_exactly_the_orders_whose_steps_would_be_sent_again() {
+    let app = TestApp::new().await;
+    let store = StateStore::from_pool(app.db.clone());
+    let mut rng = fastrand::Rng::with_seed(0x5e7);
+    // The loss: dispatches made a minute either side of it, or none.
+    let lost_at = chrono::Utc::now();
+    let before = rules::resend::sent_before_time(lost_at);
+    let dispatched = |rng: &mut fastrand::Rng| {
+        let at = lost_at + chrono::Duration::milliseconds(rng.i64(-60_000..60_000));
+        let ts = uuid::Timestamp::from_unix(
+            uuid::NoContext,
+            u64::try_from(at.timestamp()).unwrap_or(0),
+            at.timestamp_subsec_nanos(),
+        );
+        (rng.u8(..4) > 0).then(|| Uuid::new_v7(ts))
+    };
+    for round in 0..4 {
+        empty(&app).await;
+        let mut ids = Vec::new();
+        for _ in 0..150 {
+            let id = Uuid::now_v7();
+            ids.push(id);
+            let state = ORDER_STATES[rng.usize(..ORDER_STATES.len())].as_str();
+            let locked = (rng.u8(..4) > 0).then_some("scheduler-x");
+            let complete_by = [None, Some(-30.0), Some(300.0), Some(300.0)][rng.usize(..4)];
+            sqlx::query(
+                "INSERT INTO orders (order_id, workflow, payload, process_state, locked_by, complete_by) \
+                 VALUES ($1, 'one', '{}', $2, $3, now() + make_interval(secs => $4))",
+            )
+            .bind(id)
+            .bind(state)
+            .bind(locked)
+            .bind(complete_by)
+            .execute(&app.db)
+            .await
+            .expect("insert order");
+            for idx in 0..rng.i32(1..4) {
+                let compensate = [None, Some("a-undo")][rng.usize(..2)];
+                sqlx::query(
+                    "INSERT INTO steps (order_id, idx, name, agent, compensate, timeout_ms, state, dispatch_id) \
+                     VALUES ($1, $2, $3, $4, $5, 1000, $6, $7)",
+                )
+                .bind(id)
+                .bind(idx)
+                .bind(format!("s{idx}"))
+                .bind(KINDS[rng.usize(..KINDS.len())])
+                .bind(compensate)
+                .bind(STEP_STATES[rng.usize(..STEP_STATES.len())])
+                .bind(dispatched(&mut rng))
+                .execute(&app.db)
+                .await
+                .expect("insert step");
+            }
+        }
+        let (loaded, now) = store.unsent_now(before, 10_000).await.expect("unsent");
+        agree(round, &ids, loaded, async |id| {
+            let (row, steps, _) = store
+                .order_details(id)
+                .await
+                .expect("read")
+                .expect("the order");
+            rules::resend::unsent(&row, &steps, before, now)
+        })
+        .await;
     }
 }

@@ -292,8 +292,8 @@ async fn a_broker_connection_takes_the_servers_frame_max_unless_its_url_says_oth
     assert!(!e.to_string().contains("guest:guest"), "no password: {e}");
 }
 
-/// `broker.step_messages = "transient"` for a service, as an environment override.
-const TRANSIENT: [(&str, &str); 1] = [("SAS__BROKER__STEP_MESSAGES", "transient")];
+/// `broker.step_messages = "persistent"` for a service, as an environment override.
+const PERSISTENT: [(&str, &str); 1] = [("SAS__BROKER__STEP_MESSAGES", "persistent")];
 
 /// Waits for a message on `queue` and takes it: whether it was sent
 /// persistent. It is put back, for the service that reads it.
@@ -309,9 +309,9 @@ async fn persistent_in(app: &TestApp, queue: &str) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn step_messages_are_persistent_by_default_and_transient_when_told_while_status_events_stay_persistent()
+async fn step_messages_are_transient_by_default_and_persistent_when_told_while_status_events_stay_persistent()
  {
-    for (env, steps) in [(&[][..], true), (&TRANSIENT[..], false)] {
+    for (env, steps) in [(&[][..], false), (&PERSISTENT[..], true)] {
         let app = TestApp::new().await;
         for name in ["submission", "scheduler", "supervisor"] {
             app.start_with_env(name, name, &[], env).await;
