@@ -173,6 +173,13 @@ pub struct SubmissionSettings {
     /// proxies and clients do not take it for dead.
     #[serde(with = "humantime_serde")]
     pub stream_heartbeat: Duration,
+    /// Whether a new order whose first steps may go now (due, their agents
+    /// under no open breaker nor flow control, and fewer orders held
+    /// deployment-wide than `scheduler.max_in_flight`) starts in the
+    /// write-back that stores it, its first requests sent by the
+    /// submission, rather than waiting, pending, for a scheduler to read it
+    /// back and claim it.
+    pub start_orders: bool,
 }
 
 impl Default for SubmissionSettings {
@@ -184,6 +191,7 @@ impl Default for SubmissionSettings {
             max_streams_per_application: 64,
             stream_lifetime: Duration::from_secs(30 * 60),
             stream_heartbeat: Duration::from_secs(15),
+            start_orders: true,
         }
     }
 }

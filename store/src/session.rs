@@ -3,6 +3,10 @@
 //! back. The load verbs and the write-back hold no rule: the engine
 //! decides between them.
 
+use std::sync::LazyLock;
+
+use chrono::{DateTime, Utc};
+use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::bounded::Conn;
@@ -10,7 +14,8 @@ use super::orders::{self, Loaded};
 use super::outbox::{Committed, Held, OutboxLocks};
 use super::unit::Unit;
 use super::{StateStore, StoreError};
-use sas_core::rules::flow::FlowDelta;
+use sas_core::rules::breaker::Gate;
+use sas_core::rules::flow::{Flow, FlowDelta};
 
 /// A transition's connection: load, then [`write_back`](Self::write_back).
 /// Dropped without writing back (a rule refused, an error), its connection
@@ -117,6 +122,37 @@ impl Session {
     /// A unit with no orders, for new ones, at the client's clock.
     pub fn empty(&self) -> Unit {
         Unit::empty(chrono::Utc::now(), self.locks)
+    }
+
+    /// A unit with no orders, for new ones that may start at once: at the
+    /// database's clock, with the agents' breakers that are not closed and
+    /// the agents under flow control as they are now, for the rules to
+    /// judge whether the new orders' first steps may go; and how many
+    /// orders are held (driven by an instance) now, counted up to `bound`.
+    /// One statement.
+    pub async fn empty_with_room(&mut self, bound: i64) -> Result<(Unit, i64), StoreError> {
+        static SQL: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT now(), ({gates}), ({flows}), \
+                   (SELECT count(*) FROM (SELECT 1 FROM orders \
+                      WHERE locked_by IS NOT NULL LIMIT $1) h)",
+                gates = super::breakers::GATES,
+                flows = *super::flows::FLOWS,
+            )
+        });
+        type Room = (DateTime<Utc>, Json<Vec<Gate>>, Json<Vec<Flow>>, i64);
+        let (now, gates, flows, held): Room = self
+            .conn
+            .run(|c| {
+                sqlx::query_as(sqlx::AssertSqlSafe(SQL.as_str()))
+                    .bind(bound)
+                    .fetch_one(c)
+            })
+            .await?;
+        let mut unit = Unit::empty(now, self.locks);
+        unit.gates = gates.0;
+        unit.flows = flows.0;
+        Ok((unit, held))
     }
 
     /// Writes `unit` back in one statement, moving the flow-control counts

@@ -105,6 +105,11 @@ struct OrderInsert<'a> {
     application: Option<&'a str>,
     app_order_id: Option<Uuid>,
     definition: Option<Uuid>,
+    /// As the rules left it: `pending`, or started at once (its claim and
+    /// complete-by with it).
+    process_state: &'static str,
+    locked_by: Option<&'a str>,
+    complete_by: Option<DateTime<Utc>>,
 }
 
 /// A `definitions` row, stored unless it is already.
@@ -127,6 +132,17 @@ struct StepInsert<'a> {
     timeout_ms: i64,
     after_steps: Option<&'a [i32]>,
     max_duration_ms: Option<i64>,
+    /// As the rules left it: not started, or (its order started at once)
+    /// dispatched or skipped already.
+    state: &'static str,
+    dispatches: i32,
+    dispatch_id: Option<Uuid>,
+    complete_by: Option<DateTime<Utc>>,
+    /// JSON text, as [`NewEvent::detail`].
+    result: Option<String>,
+    error: Option<&'a str>,
+    started_at: Option<DateTime<Utc>>,
+    finished_at: Option<DateTime<Utc>>,
 }
 
 /// An `orders` row's new values, guarded by the version that was read.
@@ -476,6 +492,9 @@ fn order_insert(o: &OrderRow) -> OrderInsert<'_> {
         application: o.application.as_deref(),
         app_order_id: o.app_order_id,
         definition: o.definition,
+        process_state: o.process_state.as_str(),
+        locked_by: o.locked_by.as_deref(),
+        complete_by: o.complete_by,
     }
 }
 
@@ -489,6 +508,14 @@ fn step_insert(s: &StepRow) -> StepInsert<'_> {
         timeout_ms: s.timeout_ms,
         after_steps: s.after_steps.as_deref(),
         max_duration_ms: s.max_duration_ms,
+        state: s.state.as_str(),
+        dispatches: s.dispatches,
+        dispatch_id: s.dispatch_id,
+        complete_by: s.complete_by,
+        result: s.result.as_ref().map(json_text),
+        error: s.error.as_deref(),
+        started_at: s.started_at,
+        finished_at: s.finished_at,
     }
 }
 
@@ -654,12 +681,15 @@ pub(super) static FLUSH: LazyLock<String> = LazyLock::new(|| {
 WITH new AS (SELECT order_id FROM jsonb_to_recordset($1) AS i(order_id uuid)), \
 n AS ( \
   INSERT INTO orders (order_id, workflow, payload, reply_to, priority, not_before, trace_id, \
-    trace_span, last_seq, events, application, app_order_id, definition, created_at, updated_at) \
+    trace_span, last_seq, events, application, app_order_id, definition, process_state, \
+    locked_by, complete_by, created_at, updated_at) \
   SELECT order_id, workflow, payload::jsonb, reply_to, priority, not_before, trace_id, trace_span, \
-    last_seq, events, application, app_order_id, definition, $8, $8 \
+    last_seq, events, application, app_order_id, definition, process_state, locked_by, \
+    complete_by, $8, $8 \
   FROM jsonb_to_recordset($1) AS u(order_id uuid, workflow text, payload text, reply_to text, \
     priority smallint, not_before timestamptz, trace_id text, trace_span text, last_seq int, \
-    events text, application text, app_order_id uuid, definition uuid) \
+    events text, application text, app_order_id uuid, definition uuid, process_state text, \
+    locked_by text, complete_by timestamptz) \
   ON CONFLICT (order_id) DO NOTHING \
   RETURNING order_id, CASE WHEN $9 \
       AND order_id IN (SELECT order_id FROM jsonb_to_recordset($6) AS mo(order_id uuid)) \
@@ -671,10 +701,14 @@ nd AS ( \
   ON CONFLICT (id) DO NOTHING), \
 ns AS ( \
   INSERT INTO steps (order_id, idx, name, agent, compensate, timeout_ms, after_steps, \
-    max_duration_ms) \
-  SELECT order_id, idx, name, agent, compensate, timeout_ms, after_steps, max_duration_ms \
+    max_duration_ms, state, dispatches, dispatch_id, complete_by, result, error, started_at, \
+    finished_at) \
+  SELECT order_id, idx, name, agent, compensate, timeout_ms, after_steps, max_duration_ms, \
+    state, dispatches, dispatch_id, complete_by, result::jsonb, error, started_at, finished_at \
   FROM jsonb_to_recordset($2) AS u(order_id uuid, idx int, name text, agent text, compensate text, \
-    timeout_ms bigint, after_steps int[], max_duration_ms bigint) \
+    timeout_ms bigint, after_steps int[], max_duration_ms bigint, state text, dispatches int, \
+    dispatch_id uuid, complete_by timestamptz, result text, error text, started_at timestamptz, \
+    finished_at timestamptz) \
   WHERE u.order_id IN (SELECT order_id FROM n)), \
 o AS ( \
   UPDATE orders o SET process_state = u.process_state, locked_by = u.locked_by, \

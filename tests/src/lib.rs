@@ -588,6 +588,17 @@ breaker_cooldown = "{cooldown}"
 
     /// Starts the four services, `service` with `env` (a setting of its
     /// own, e.g. `SAS__SCHEDULER__CLAIM_BATCH`), and waits for each.
+    /// `SAS__SUBMISSION__START_ORDERS=false`: every new order waits,
+    /// pending, for a scheduler's claim (for tests of the claims).
+    pub const CLAIM_EVERY_ORDER: [(&str, &str); 1] = [("SAS__SUBMISSION__START_ORDERS", "false")];
+
+    /// Starts the submission so that it stores new orders pending, for the
+    /// schedulers to claim ([`Self::CLAIM_EVERY_ORDER`]).
+    pub async fn start_submission_claiming_every_order(&self) {
+        self.start_with_env("submission", "submission", &[], &Self::CLAIM_EVERY_ORDER)
+            .await;
+    }
+
     pub async fn start_all_with_env(&self, service: &str, env: &[(&str, &str)]) {
         for name in ["submission", "scheduler", "agent", "supervisor"] {
             let env = if name == service { env } else { &[] };

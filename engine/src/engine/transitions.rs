@@ -52,8 +52,9 @@ impl Actor {
 /// How a submission ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Submitted {
-    /// A new order was stored.
-    Created,
+    /// A new order was stored; `started` when it started at once, its first
+    /// steps dispatched in the same write-back ([`Transitions::submit_and_start`]).
+    Created { started: bool },
     /// An order with this id exists; nothing changed.
     Duplicate,
 }
@@ -237,9 +238,43 @@ impl Transitions {
         &self,
         batch: &[(&NewOrder, &Workflow)],
     ) -> Result<Vec<Submitted>, StoreError> {
-        let session = self.session().await?;
-        let mut unit = session.empty();
+        self.store_new(batch, None).await
+    }
+
+    /// Stores a batch of new orders as [`Self::submit_many`] does and,
+    /// while fewer than `room` orders are held (driven by an instance)
+    /// deployment-wide, starts, as `me`, each one whose first steps may go
+    /// now: claimed and dispatched in the same write-back
+    /// ([`rules::submission::receive_and_start`]), so no scheduler is woken
+    /// to read back and claim what was just written. The others wait,
+    /// pending, for the schedulers, whose claims keep their bounds and
+    /// priorities under load.
+    pub async fn submit_and_start(
+        &self,
+        me: &Actor,
+        room: u32,
+        batch: &[(&NewOrder, &Workflow)],
+    ) -> Result<Vec<Submitted>, StoreError> {
+        self.store_new(batch, Some((me, room))).await
+    }
+
+    async fn store_new(
+        &self,
+        batch: &[(&NewOrder, &Workflow)],
+        starter: Option<(&Actor, u32)>,
+    ) -> Result<Vec<Submitted>, StoreError> {
+        let mut session = self.session().await?;
+        // The starter, and how many more orders it may start.
+        let (mut unit, mut starter) = match starter {
+            Some((me, room)) => {
+                let room = i64::from(room);
+                let (unit, held) = session.empty_with_room(room).await?;
+                (unit, Some((me, room - held)))
+            }
+            None => (session.empty(), None),
+        };
         let mut seen = std::collections::HashSet::with_capacity(batch.len());
+        let mut started = std::collections::HashSet::new();
         for &(order, workflow) in batch {
             if !seen.insert(order.order_id) {
                 continue;
@@ -252,16 +287,31 @@ impl Transitions {
                 .collect();
             let definition = (workflow.definition_id, &workflow.definition);
             let i = unit.insert(order, definition, steps);
-            let ctx = context(&unit, "submission");
-            let decision = rules::submission::receive(&unit.get(i).order, ctx);
+            let decision = match &mut starter {
+                Some((me, left)) if *left > 0 => {
+                    let ctx = context(&unit, &me.name);
+                    let decision = rules::submission::receive_and_start(&unit.get(i).order, ctx)?;
+                    if decision.order.row.locked_by.is_some() {
+                        *left -= 1;
+                    }
+                    decision
+                }
+                _ => rules::submission::receive(&unit.get(i).order, context(&unit, "submission")),
+            };
+            if decision.order.row.locked_by.is_some() {
+                started.insert(order.order_id);
+            }
             apply(&mut unit, i, decision, &self.queues)?;
         }
-        // Inserts only: no guard to fail, nothing to run again.
+        // Inserts only (a start takes no flow-control room): no guard to
+        // fail, nothing to run again.
         let ((), created) = self.write_back(session, ((), unit)).await?;
         let mut outcome = vec![Submitted::Duplicate; batch.len()];
         for id in created {
             if let Some(pos) = batch.iter().position(|(o, _)| o.order_id == id) {
-                outcome[pos] = Submitted::Created;
+                outcome[pos] = Submitted::Created {
+                    started: started.contains(&id),
+                };
             }
         }
         Ok(outcome)

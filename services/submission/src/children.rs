@@ -138,7 +138,7 @@ impl Children {
             sent: None,
         };
         match self.intake.submit(accepted).await.0 {
-            Ok(Submitted::Created) => {
+            Ok(Submitted::Created { .. }) => {
                 tracing::info!("child order started");
                 broker::ack(delivery).await
             }

@@ -359,7 +359,7 @@ async fn submit(
     };
     let (stored, _span) = api.intake.submit(accepted).await;
     let status = match stored {
-        Ok(Submitted::Created) => StatusCode::ACCEPTED,
+        Ok(Submitted::Created { .. }) => StatusCode::ACCEPTED,
         Ok(Submitted::Duplicate) => StatusCode::OK,
         Err(e) if e.is_refusal_of_input() => {
             let text = format!("the state store refused the order: {e}");

@@ -20,9 +20,10 @@ use crate::submission::{Intake, Submitter};
 /// (shared with the HTTP API, [`crate::http_api`]).
 pub async fn run(ctx: Arc<Context>, intake: Arc<Intake>) -> anyhow::Result<()> {
     let store = ctx.store()?.clone();
+    // The holder of the orders it starts: alive while it beats.
     sas::heartbeat::spawn(
         store.clone(),
-        sas::engine::Actor::new_instance("submission").name,
+        intake.actor().name.clone(),
         "submission",
         ctx.shutdown.clone(),
     );

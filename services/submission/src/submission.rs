@@ -10,7 +10,7 @@ use std::sync::Arc;
 use chrono::Utc;
 use sas::applications::Application;
 use sas::broker::{self, BrokerError, Outgoing, Publisher, Received, Verdict};
-use sas::engine::Submitted;
+use sas::engine::{Actor, Submitted};
 use sas::messages::{
     Quoted, RejectReason, RejectedHints, Submission, decode_submission, rejected_event,
 };
@@ -28,14 +28,25 @@ type Batcher = sas::batch::Batcher<(NewOrder, Workflow), Result<Submitted, Arc<S
 
 /// Stores orders in batches: those that arrive while a transaction commits
 /// share the next one (and its single wake-up of the schedulers).
-fn store_in_batches(pipeline: Pipeline, db: &sas::config::DatabaseSettings) -> Batcher {
+/// With `starter` (an instance, and the orders held deployment-wide below
+/// which it starts new ones), the orders whose first steps may go now start
+/// in the same transaction ([`sas::engine::Transitions::submit_and_start`]).
+fn store_in_batches(
+    pipeline: Pipeline,
+    db: &sas::config::DatabaseSettings,
+    starter: Option<(Actor, u32)>,
+) -> Batcher {
     let pipeline = Arc::new(pipeline);
+    let starter = Arc::new(starter);
     sas::batch::Batcher::start(db.batch_workers, db.batch_size, move |items| {
-        let pipeline = pipeline.clone();
+        let (pipeline, starter) = (pipeline.clone(), starter.clone());
         async move {
             let refs: Vec<(&NewOrder, &Workflow)> = items.iter().map(|(o, w)| (o, w)).collect();
-            sas::batch::isolating(&refs, StoreError::is_refusal_of_input, |some| {
-                pipeline.submit_many(some)
+            sas::batch::isolating(&refs, StoreError::is_refusal_of_input, |some| async {
+                match starter.as_ref() {
+                    Some((me, room)) => pipeline.submit_and_start(me, *room, some).await,
+                    None => pipeline.submit_many(some).await,
+                }
             })
             .await
         }
@@ -49,6 +60,8 @@ fn store_in_batches(pipeline: Pipeline, db: &sas::config::DatabaseSettings) -> B
 pub struct Intake {
     batcher: Batcher,
     pipeline: Pipeline,
+    /// This instance: it heartbeats as the holder of the orders it starts.
+    actor: Actor,
     /// The configured workflows, compiled.
     workflows: std::collections::HashMap<String, Workflow>,
     ctx: Arc<Context>,
@@ -90,12 +103,27 @@ impl Intake {
             .keys()
             .map(|name| Ok((name.clone(), ctx.settings.workflow(name)?)))
             .collect::<anyhow::Result<_>>()?;
+        let actor = Actor::new_instance("submission");
+        // While the orders held number fewer than one scheduler may hold:
+        // past that the schedulers' claims, bounded and by priority, decide.
+        let room = ctx.settings.scheduler.max_in_flight;
+        let starter = ctx
+            .settings
+            .submission
+            .start_orders
+            .then(|| (actor.clone(), room));
         Ok(Arc::new(Self {
-            batcher: store_in_batches(pipeline.clone(), &ctx.settings.database),
+            batcher: store_in_batches(pipeline.clone(), &ctx.settings.database, starter),
             pipeline,
+            actor,
             workflows,
             ctx,
         }))
+    }
+
+    /// This instance, as the holder of the orders it starts.
+    pub fn actor(&self) -> &Actor {
+        &self.actor
     }
 
     /// The configured workflow `name`, compiled.
@@ -202,9 +230,12 @@ impl Intake {
             .await
             .unwrap_or_else(|| Err(Arc::new(StoreError::NoOutcome)));
         span.in_scope(|| match &stored {
-            Ok(Submitted::Created) => {
-                tracing::debug!("order stored");
+            Ok(Submitted::Created { started }) => {
+                tracing::debug!(started, "order stored");
                 self.ctx.metrics.orders_received.inc();
+                if *started {
+                    self.ctx.metrics.orders_claimed.inc();
+                }
             }
             Ok(Submitted::Duplicate) => {
                 tracing::info!("order already exists; nothing to do");
@@ -277,7 +308,7 @@ impl Submitter {
         let (stored, span) = self.intake.submit(accepted).await;
         async {
             match stored {
-                Ok(Submitted::Created) => {
+                Ok(Submitted::Created { .. }) => {
                     sas::crash::point("submission.after_commit");
                     // Its `received` event went to the relay with the commit.
                     broker::ack(&delivery).await?;

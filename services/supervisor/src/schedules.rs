@@ -86,7 +86,7 @@ impl Schedules {
                 .await
                 .context("submitting the tick's order")?;
             span.in_scope(|| match submitted {
-                Submitted::Created => tracing::info!("scheduled order submitted"),
+                Submitted::Created { .. } => tracing::info!("scheduled order submitted"),
                 Submitted::Duplicate => tracing::debug!("scheduled order exists already"),
             });
             last_order = Some(order.order_id);

@@ -349,6 +349,14 @@ impl Handed {
         self.t.submit_many(b).await
     }
 
+    async fn submit_and_start(
+        &self,
+        me: &Actor,
+        b: &[(&NewOrder, &Workflow)],
+    ) -> Result<Vec<Submitted>, StoreError> {
+        self.t.submit_and_start(me, 1000, b).await
+    }
+
     async fn claim(&self, me: &Actor, limit: u32, max: u32) -> Result<Vec<Uuid>, StoreError> {
         let bounds = ClaimBounds::orders(limit, max);
         Ok(self.t.claim(me, bounds).await?.ids)
@@ -541,7 +549,11 @@ async fn run_batch_once(
     let batch: Vec<(&NewOrder, &sas::workflow::Workflow)> =
         orders.iter().map(|o| (o, &wf)).collect();
     let submitted = t.submit_many(&batch).await.expect("submit");
-    assert!(submitted.iter().all(|s| *s == Submitted::Created));
+    assert!(
+        submitted
+            .iter()
+            .all(|s| matches!(s, Submitted::Created { .. }))
+    );
     if kept > 0 {
         sqlx::query(
             // Compensated: not among the batch's processed orders counted below.
@@ -1249,6 +1261,71 @@ async fn claims_and_replies_cost_two_round_trips_and_relay_passes_three() {
     .await
     .expect("activity");
     assert_eq!(open, 0, "no connection left a transaction open");
+    store.close().await;
+}
+
+#[tokio::test]
+async fn a_new_order_started_by_its_submission_costs_two_round_trips_and_no_claim() {
+    // (Counted: the statements sqlx logs.) Stored and started in one
+    // write-back after one read of the room: a scheduler neither wakes nor
+    // reads the order back (the load and write-back of a claim).
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let app = TestApp::new().await;
+    let settings = Settings::load(Some(&app.config)).expect("settings");
+    let wf = settings.workflow("one").expect("workflow");
+    let status = app.status_queue("started").await;
+    let mut database = settings.database.clone();
+    database.max_connections = 1;
+    let store = StateStore::connect_with(&database, "costs", Plans::Generic)
+        .await
+        .expect("connect");
+    let t = Handed::plain(Transitions::new(store.clone(), app.queues.clone()));
+    let trips = RoundTrips::default();
+    let _counting =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(trips.clone()));
+    let me = Actor::new_instance("submission");
+    let scheduler = Actor::new_instance("scheduler");
+    for round in 0..2 {
+        let order = one_step_order(status.clone());
+        trips.take();
+        let submitted = t
+            .submit_and_start(&me, &[(&order, &wf)])
+            .await
+            .expect("submit");
+        let start = trips.take();
+        assert_eq!(submitted, [Submitted::Created { started: true }]);
+        let claimed = t.claim(&scheduler, 10, 10).await.expect("claim");
+        assert_eq!(claimed, Vec::<Uuid>::new(), "nothing left to claim");
+        let (_, published) = relay_pass(&store, &[order.order_id], false).await;
+        let kinds: Vec<&str> = published.iter().map(|r| r.kind.as_str()).collect();
+        assert_eq!(
+            kinds,
+            ["status", "status", "request"],
+            "received, processing, the request"
+        );
+        let request: StepRequest = serde_json::from_slice(&published[2].body).expect("request");
+        assert_eq!(request.locked_by, me.name);
+        let reply = StepReply::to(
+            &request,
+            StepOutcome::Succeeded {
+                result: json!({ "ok": true }),
+            },
+        );
+        trips.take();
+        let applied = t.apply_reply(&scheduler, &reply).await.expect("reply");
+        assert!(
+            matches!(applied, ReplyOutcome::Applied { .. }),
+            "{applied:?}"
+        );
+        let apply = trips.take();
+        if round == 1 {
+            assert_eq!(
+                (start, apply),
+                (2, 2),
+                "the room, then the write-back; the reply's load, then its write-back"
+            );
+        }
+    }
     store.close().await;
 }
 

@@ -20,12 +20,25 @@ const WAIT: Duration = Duration::from_secs(90);
 /// orders, waits for the crash, restarts the service normally and checks the
 /// invariants.
 async fn crash_and_recover(app: &TestApp, crashing: &str, point: &str, workflow: &str, n: usize) {
+    crash_and_recover_with(app, crashing, point, workflow, n, &[]).await;
+}
+
+/// [`crash_and_recover`], every service given `env` too.
+async fn crash_and_recover_with(
+    app: &TestApp,
+    crashing: &str,
+    point: &str,
+    workflow: &str,
+    n: usize,
+    env: &[(&str, &str)],
+) {
     for name in ALL {
         if name == crashing {
-            app.start_with_env(name, name, &[], &[("SAS_CRASH_AT", point)])
-                .await;
+            let mut crash = vec![("SAS_CRASH_AT", point)];
+            crash.extend_from_slice(env);
+            app.start_with_env(name, name, &[], &crash).await;
         } else {
-            app.start(name, name, &[]).await;
+            app.start_with_env(name, name, &[], env).await;
         }
     }
     let status = app.status_queue("status").await;
@@ -60,8 +73,18 @@ async fn submission_killed_after_its_commit_and_before_its_ack_loses_and_repeats
 async fn scheduler_killed_after_dispatching_a_step_loses_and_repeats_nothing() {
     let app = TestApp::new().await;
     // At the first claim: a burst of orders may well be claimed in one batch,
-    // so a later claim is not sure to come.
-    crash_and_recover(&app, "scheduler", "scheduler.after_dispatch:1", "three", 30).await;
+    // so a later claim is not sure to come. The orders wait for a claim
+    // (the submission starts none of them).
+    let claimed = [("SAS__SUBMISSION__START_ORDERS", "false")];
+    crash_and_recover_with(
+        &app,
+        "scheduler",
+        "scheduler.after_dispatch:1",
+        "three",
+        30,
+        &claimed,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

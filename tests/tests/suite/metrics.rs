@@ -48,8 +48,13 @@ async fn the_counters_equal_what_happened() {
         1.0
     );
 
+    // Claimed by the submission that started them, or by a scheduler.
     let scheduler = app.metrics("scheduler").await;
-    assert_eq!(sample(&scheduler, "sas_orders_claimed_total"), 12.0);
+    assert_eq!(
+        sample(&submission, "sas_orders_claimed_total")
+            + sample(&scheduler, "sas_orders_claimed_total"),
+        12.0
+    );
     assert_eq!(
         sample(
             &scheduler,
@@ -170,12 +175,22 @@ async fn at_low_load_the_messages_are_handed_over_not_relayed() {
         })
         .await;
     }
-    let scheduler = app.metrics("scheduler").await;
-    let request = |path: &str| {
-        sample(
-            &scheduler,
-            &format!(r#"sas_outbox_published_total{{kind="request",path="{path}"}}"#),
-        )
+    // The submission sends the requests of the orders it starts, the
+    // schedulers those of the orders they claim: together, each once.
+    let pages = [
+        app.metrics("submission").await,
+        app.metrics("scheduler").await,
+    ];
+    let request = |path: &str| -> f64 {
+        pages
+            .iter()
+            .map(|page| {
+                sample(
+                    page,
+                    &format!(r#"sas_outbox_published_total{{kind="request",path="{path}"}}"#),
+                )
+            })
+            .sum()
     };
     assert_eq!(request("handoff") + request("follow"), 3.0);
     assert_eq!(request("relay"), 0.0);

@@ -106,8 +106,11 @@ async fn a_stuck_order_says_why_an_agent_busy_then_gone_then_its_scheduler_gone(
         .supervisor_interval("100ms")
         .build()
         .await;
+    // Its second step hangs: a scheduler applied the first one's reply,
+    // and holds the order from then on (the submission that started it
+    // held it until then).
     app.knobs(
-        "a",
+        "b",
         Knobs {
             hang: true,
             hang_ms: 120_000,
@@ -115,7 +118,7 @@ async fn a_stuck_order_says_why_an_agent_busy_then_gone_then_its_scheduler_gone(
         },
     );
     app.start_all().await;
-    let id = app.submit("one", None).await;
+    let id = app.submit("three", None).await;
     let stuck = async || -> serde_json::Value {
         let out = run(&app, &["orders", "show", &id.to_string(), "--json"])
             .await
@@ -134,7 +137,7 @@ async fn a_stuck_order_says_why_an_agent_busy_then_gone_then_its_scheduler_gone(
     // Past its first rung (0.6 s), with the remote hanging.
     becomes("agent_busy").await;
     let busy = stuck().await;
-    assert_eq!(busy["detail"]["agent"], "a");
+    assert_eq!(busy["detail"]["agent"], "b");
     assert!(busy["since"].is_string(), "{busy}");
     // The request goes back to its queue, which nothing consumes.
     app.kill("agent");

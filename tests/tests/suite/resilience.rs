@@ -248,7 +248,8 @@ async fn assert_one_recovery_each(app: &TestApp, ids: &[Uuid]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn higher_priority_is_claimed_first_and_not_before_is_honoured() {
     let app = TestApp::new().await;
-    app.start("submission", "submission", &[]).await;
+    // Every order waits for a claim, where priorities and not_before rule.
+    app.start_submission_claiming_every_order().await;
     let low = Uuid::new_v4();
     let high = Uuid::new_v4();
     let later = Uuid::new_v4();
@@ -311,7 +312,8 @@ async fn a_thousand_orders_with_mixed_priorities_and_transient_faults_all_end_wi
             },
         );
     }
-    app.start("submission", "submission", &[]).await;
+    // Every order waits for a claim, where priorities and not_before rule.
+    app.start_submission_claiming_every_order().await;
     let mut priority = BTreeMap::new();
     let ids: Vec<Uuid> = (0..1000).map(|_| Uuid::new_v4()).collect();
     for (i, id) in ids.iter().enumerate() {
@@ -460,8 +462,18 @@ async fn a_scheduler_holds_no_more_than_max_in_flight_orders_and_claims_more_as_
             ..Knobs::default()
         },
     );
-    app.start_all_with_env("scheduler", &[("SAS__SCHEDULER__MAX_IN_FLIGHT", "3")])
-        .await;
+    // The scheduler's bound: the submission starts no order itself.
+    app.start_submission_claiming_every_order().await;
+    app.start_with_env(
+        "scheduler",
+        "scheduler",
+        &[],
+        &[("SAS__SCHEDULER__MAX_IN_FLIGHT", "3")],
+    )
+    .await;
+    for name in ["agent", "supervisor"] {
+        app.start(name, name, &[]).await;
+    }
     app.submit_many("one", 12, None).await;
     let mut most_held = 0;
     let started = std::time::Instant::now();

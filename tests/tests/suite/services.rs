@@ -349,3 +349,76 @@ async fn step_messages_are_transient_by_default_and_persistent_when_told_while_s
         assert_eq!(app.stats().keys[&format!("{id}:a")].applied, 1, "{env:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_order_starts_in_the_write_back_that_stores_it_unless_told_to_wait_for_a_scheduler() {
+    let wait = [("SAS__SUBMISSION__START_ORDERS", "false")];
+    for (env, starts) in [(&[][..], true), (&wait[..], false)] {
+        let app = TestApp::new().await;
+        // No scheduler yet: only the submission can have sent the request.
+        app.start_with_env("submission", "submission", &[], env)
+            .await;
+        let status = app.status_queue("started").await;
+        let id = app.submit("one", Some(&status)).await;
+        let stored = async || app.order(id).await.map(|(state, _)| state);
+        app.eventually("stored", Duration::from_secs(20), || async {
+            stored().await.is_some()
+        })
+        .await;
+        let requests = app.queues.agent_requests("a");
+        if starts {
+            assert_eq!(
+                stored().await.as_deref(),
+                Some("processing"),
+                "one statement"
+            );
+            app.eventually("its first request", Duration::from_secs(20), || async {
+                app.ready(&requests).await == 1
+            })
+            .await;
+        } else {
+            assert_eq!(stored().await.as_deref(), Some("pending"), "{env:?}");
+            assert_eq!(app.ready(&requests).await, 0, "{env:?}");
+        }
+        for name in ["scheduler", "agent"] {
+            app.start_with_env(name, name, &[], env).await;
+        }
+        let story = &app.stories(&status, &[id], Duration::from_secs(30)).await[&id];
+        let states: Vec<&str> = story.iter().filter_map(|e| e["state"].as_str()).collect();
+        assert_eq!(
+            states,
+            ["received", "processing", "step_succeeded", "processed"],
+            "{env:?}"
+        );
+        assert_eq!(app.stats().keys[&format!("{id}:a")].applied, 1, "{env:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_load_new_orders_wait_for_the_schedulers_claims_by_priority() {
+    // Room for two orders held at once, deployment-wide.
+    let bound = [("SAS__SCHEDULER__MAX_IN_FLIGHT", "2")];
+    let app = TestApp::new().await;
+    app.start_with_env("submission", "submission", &[], &bound)
+        .await;
+    let ids = app.submit_many("one", 5, None).await;
+    app.eventually("stored", Duration::from_secs(20), || async {
+        app.count_in("processing").await + app.count_in("pending").await == 5
+    })
+    .await;
+    assert_eq!(
+        app.count_in("processing").await,
+        2,
+        "{:?}",
+        app.states().await
+    );
+    assert_eq!(app.count_in("pending").await, 3);
+    for name in ["scheduler", "agent"] {
+        app.start_with_env(name, name, &[], &bound).await;
+    }
+    app.wait_for_state("processed", 5, Duration::from_secs(30))
+        .await;
+    for id in ids {
+        assert_eq!(app.stats().keys[&format!("{id}:a")].applied, 1);
+    }
+}
