@@ -477,18 +477,7 @@ impl StateStore {
         &self,
         limit: i64,
     ) -> Result<(Vec<uuid::Uuid>, chrono::DateTime<chrono::Utc>), StoreError> {
-        self.conn()
-            .await?
-            .run(|c| async move {
-                let mut tx = sqlx::Connection::begin(c).await?;
-                let loaded = orders::expired(&mut tx, limit, false, &[0], 1).await?;
-                let now = sqlx::query_scalar("SELECT now()")
-                    .fetch_one(&mut *tx)
-                    .await?;
-                tx.rollback().await?;
-                Ok::<_, sqlx::Error>((loaded.iter().map(|l| l.order.order_id).collect(), now))
-            })
-            .await
+        self.locking_load_now(limit, None).await
     }
 
     /// The orders the supervisor would load now to send their steps sent
@@ -500,11 +489,25 @@ impl StateStore {
         before: uuid::Uuid,
         limit: i64,
     ) -> Result<(Vec<uuid::Uuid>, chrono::DateTime<chrono::Utc>), StoreError> {
+        self.locking_load_now(limit, Some(before)).await
+    }
+
+    /// The expired query (`unsent`: the unsent one, with its bound) run in a
+    /// transaction rolled back at once, so that its row locks go with it;
+    /// the ids it loaded and its clock.
+    async fn locking_load_now(
+        &self,
+        limit: i64,
+        unsent: Option<uuid::Uuid>,
+    ) -> Result<(Vec<uuid::Uuid>, chrono::DateTime<chrono::Utc>), StoreError> {
         self.conn()
             .await?
             .run(|c| async move {
                 let mut tx = sqlx::Connection::begin(c).await?;
-                let loaded = orders::unsent(&mut tx, before, limit, false).await?;
+                let loaded = match unsent {
+                    None => orders::expired(&mut tx, limit, false, &[0], 1).await?,
+                    Some(before) => orders::unsent(&mut tx, before, limit, false).await?,
+                };
                 let now = sqlx::query_scalar("SELECT now()")
                     .fetch_one(&mut *tx)
                     .await?;

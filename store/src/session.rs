@@ -193,6 +193,11 @@ impl Session {
         self.locks == OutboxLocks::Take
     }
 
+    /// Whether this session's loads and write-back take outbox locks.
+    pub fn locks(&self) -> OutboxLocks {
+        self.locks
+    }
+
     /// The loaded orders with the definitions they run under, read on this
     /// connection unless this process has them (they never change).
     async fn unit(&mut self, loaded: Vec<Loaded>, claimed: bool) -> Result<Unit, StoreError> {

@@ -5,7 +5,8 @@
 //! an agent's instances opens, probes and closes ([`breaker`]), and which
 //! ticks of a recurring order's schedule get an order ([`schedule`]), and
 //! whether a ready step runs, with what, or is skipped ([`conditions`]), and
-//! the steps sas runs itself, waits and signals ([`waits`]). No I/O, no clock
+//! the steps sas runs itself, waits and signals ([`waits`]), and which steps
+//! go again when the broker lost their messages ([`resend`]). No I/O, no clock
 //! reads (`now` is an argument, from the database): the state store loads
 //! the order, asks the rule, and writes the decision back.
 

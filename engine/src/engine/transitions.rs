@@ -264,14 +264,17 @@ impl Transitions {
         starter: Option<(&Actor, u32)>,
     ) -> Result<Vec<Submitted>, StoreError> {
         let mut session = self.session().await?;
-        // The starter, and how many more orders it may start.
+        // The starter, and how many more orders it may start. Only while
+        // the outlet publishes at once: a busy one (under load) would leave
+        // the started orders' requests to its passes, where the schedulers'
+        // batched claims serve better.
         let (mut unit, mut starter) = match starter {
-            Some((me, room)) => {
+            Some((me, room)) if session.locks() == OutboxLocks::Take => {
                 let room = i64::from(room);
                 let (unit, held) = session.empty_with_room(room).await?;
                 (unit, Some((me, room - held)))
             }
-            None => (session.empty(), None),
+            _ => (session.empty(), None),
         };
         let mut seen = std::collections::HashSet::with_capacity(batch.len());
         let mut started = std::collections::HashSet::new();

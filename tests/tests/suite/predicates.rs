@@ -51,6 +51,27 @@ async fn empty(app: &TestApp) {
         .expect("truncate");
 }
 
+/// Stores a generated order, most often driven (held by a scheduler, in
+/// a state it drives), with a complete-by passed, to come, or none; its id.
+async fn driven_order(app: &TestApp, rng: &mut fastrand::Rng) -> Uuid {
+    let id = Uuid::now_v7();
+    let state = ORDER_STATES[rng.usize(..ORDER_STATES.len())].as_str();
+    let locked = (rng.u8(..4) > 0).then_some("scheduler-x");
+    let complete_by = [None, Some(-30.0), Some(300.0), Some(300.0)][rng.usize(..4)];
+    sqlx::query(
+        "INSERT INTO orders (order_id, workflow, payload, process_state, locked_by, complete_by) \
+         VALUES ($1, 'one', '{}', $2, $3, now() + make_interval(secs => $4))",
+    )
+    .bind(id)
+    .bind(state)
+    .bind(locked)
+    .bind(complete_by)
+    .execute(&app.db)
+    .await
+    .expect("insert order");
+    id
+}
+
 /// One round's verdict: the orders the query loaded are exactly those of
 /// `ids` that `rule` names, and the round had some.
 async fn agree(round: usize, ids: &[Uuid], loaded: Vec<Uuid>, rule: impl AsyncFn(Uuid) -> bool) {
@@ -83,23 +104,8 @@ async fn the_warnable_query_loads_exactly_the_orders_the_ladder_would_warn() {
         empty(&app).await;
         let mut ids = Vec::new();
         for _ in 0..150 {
-            let id = Uuid::now_v7();
+            let id = driven_order(&app, &mut rng).await;
             ids.push(id);
-            let state = ORDER_STATES[rng.usize(..ORDER_STATES.len())].as_str();
-            let locked = (rng.u8(..4) > 0).then_some("scheduler-x");
-            // The order's complete-by: passed, to come, or none.
-            let complete_by = [None, Some(-30.0), Some(300.0), Some(300.0)][rng.usize(..4)];
-            sqlx::query(
-                "INSERT INTO orders (order_id, workflow, payload, process_state, locked_by, complete_by) \
-                 VALUES ($1, 'one', '{}', $2, $3, now() + make_interval(secs => $4))",
-            )
-            .bind(id)
-            .bind(state)
-            .bind(locked)
-            .bind(complete_by)
-            .execute(&app.db)
-            .await
-            .expect("insert order");
             for idx in 0..rng.i32(1..4) {
                 let timeout_ms: i64 = [0, 100_000, 200_000][rng.usize(..3)];
                 let used = USED[rng.usize(..USED.len())];
@@ -259,22 +265,8 @@ async fn the_unsent_query_loads_exactly_the_orders_whose_steps_would_be_sent_aga
         empty(&app).await;
         let mut ids = Vec::new();
         for _ in 0..150 {
-            let id = Uuid::now_v7();
+            let id = driven_order(&app, &mut rng).await;
             ids.push(id);
-            let state = ORDER_STATES[rng.usize(..ORDER_STATES.len())].as_str();
-            let locked = (rng.u8(..4) > 0).then_some("scheduler-x");
-            let complete_by = [None, Some(-30.0), Some(300.0), Some(300.0)][rng.usize(..4)];
-            sqlx::query(
-                "INSERT INTO orders (order_id, workflow, payload, process_state, locked_by, complete_by) \
-                 VALUES ($1, 'one', '{}', $2, $3, now() + make_interval(secs => $4))",
-            )
-            .bind(id)
-            .bind(state)
-            .bind(locked)
-            .bind(complete_by)
-            .execute(&app.db)
-            .await
-            .expect("insert order");
             for idx in 0..rng.i32(1..4) {
                 let compensate = [None, Some("a-undo")][rng.usize(..2)];
                 sqlx::query(
