@@ -262,6 +262,12 @@ pub async fn claimable(
         .await
 }
 
+/// The orders `o` a scheduler drives whose complete-by has not passed (past
+/// it, the supervisor's expiry takes them): those the deadline ladder warns
+/// ([`warnable`]) and those whose steps may be sent again ([`unsent`]).
+const DRIVEN_IN_TIME: &str = "o.locked_by IS NOT NULL AND o.complete_by >= now() \
+     AND o.process_state IN ('processing', 'compensating')";
+
 /// Orders whose step deadline has passed, or held longer than their
 /// agent's `max_hold` (held now: a breaker's probe out keeps its hold's
 /// `hold_until` but is judged by its step's deadline, so that a probe whose
@@ -320,8 +326,7 @@ pub async fn warnable(
         loading(
             &format!(
                 "SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders o \
-                 WHERE o.locked_by IS NOT NULL AND o.complete_by >= now() \
-                   AND o.process_state IN ('processing', 'compensating') \
+                 WHERE {DRIVEN_IN_TIME} \
                    AND EXISTS (SELECT 1 FROM (SELECT s.complete_by, s.timeout_ms, s.warned \
                        FROM steps s WHERE s.order_id = o.order_id \
                          AND s.state = CASE o.process_state \
@@ -362,8 +367,7 @@ pub async fn unsent(
         loading(
             &format!(
                 "SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders o \
-                 WHERE o.locked_by IS NOT NULL AND o.complete_by >= now() \
-                   AND o.process_state IN ('processing', 'compensating') \
+                 WHERE {DRIVEN_IN_TIME} \
                    AND EXISTS (SELECT 1 FROM steps s WHERE s.order_id = o.order_id \
                      AND s.dispatch_id < $1 \
                      AND ((s.state = 'running' AND s.agent NOT LIKE 'wait:%' \
