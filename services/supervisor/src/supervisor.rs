@@ -188,8 +188,9 @@ async fn lead(
 /// With transient step messages, the leader's watch on RabbitMQ's: when
 /// the broker has lost them ([`Broker::lost_transient`]), every step sent
 /// before is sent again at once ([`sas::engine::Transitions::resend`]), a
-/// batch per tick, rather than left to its complete-by. `resend` holds the
-/// bound of the dispatches still to send again.
+/// batch per tick until a pass finds none, rather than left to its
+/// complete-by. `resend` holds the bound of the dispatches still to send
+/// again.
 async fn resend_lost(
     ctx: &Context,
     me: &Actor,
@@ -225,7 +226,9 @@ async fn resend_lost(
                     .get_or_create(&labels(&[("action", "resent")]))
                     .inc_by(resent.len() as u64);
             }
-            if resent.len() < usize::try_from(ctx.settings.supervisor.batch).unwrap_or(usize::MAX) {
+            // Until a pass finds none: one may have passed by orders that
+            // another transition had locked.
+            if resent.is_empty() {
                 *resend = None;
             }
         }
