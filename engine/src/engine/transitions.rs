@@ -293,16 +293,16 @@ impl Transitions {
             let decision = match &mut starter {
                 Some((me, left)) if *left > 0 => {
                     let ctx = context(&unit, &me.name);
-                    let decision = rules::submission::receive_and_start(&unit.get(i).order, ctx)?;
-                    if decision.order.row.locked_by.is_some() {
-                        *left -= 1;
-                    }
-                    decision
+                    rules::submission::receive_and_start(&unit.get(i).order, ctx)?
                 }
                 _ => rules::submission::receive(&unit.get(i).order, context(&unit, "submission")),
             };
+            // Started: held by its starter, one fewer it may start.
             if decision.order.row.locked_by.is_some() {
                 started.insert(order.order_id);
+                if let Some((_, left)) = &mut starter {
+                    *left -= 1;
+                }
             }
             apply(&mut unit, i, decision, &self.queues)?;
         }

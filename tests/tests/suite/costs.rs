@@ -1278,7 +1278,19 @@ async fn a_new_order_started_by_its_submission_costs_two_round_trips_and_no_clai
     // reads the order back (the load and write-back of a claim).
     use tracing_subscriber::layer::SubscriberExt as _;
     let app = TestApp::new().await;
-    let (wf, status, store, _) = one_connection(&app, "started").await;
+    let (wf, status, store, plain) = one_connection(&app, "started").await;
+    // With no outlet that publishes at once (a busy relay's, or none), the
+    // order waits for a scheduler's claim.
+    let me = Actor::new_instance("submission");
+    let waits = one_step_order(status.clone());
+    let submitted = plain
+        .submit_and_start(&me, &[(&waits, &wf)])
+        .await
+        .expect("submit");
+    assert_eq!(submitted, [Submitted::Created { started: false }]);
+    let scheduler = Actor::new_instance("scheduler");
+    let claimed = plain.claim(&scheduler, 10, 10).await.expect("claim");
+    assert_eq!(claimed, vec![waits.order_id]);
     // Handed over as to a service's relay, which publishes at once: only
     // then does a submission start orders.
     let recorder = std::sync::Arc::new(Recorder::default());
@@ -1289,8 +1301,6 @@ async fn a_new_order_started_by_its_submission_costs_two_round_trips_and_no_clai
     let trips = RoundTrips::default();
     let _counting =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(trips.clone()));
-    let me = Actor::new_instance("submission");
-    let scheduler = Actor::new_instance("scheduler");
     for round in 0..2 {
         let order = one_step_order(status.clone());
         trips.take();
