@@ -33,7 +33,8 @@ impl Pipeline {
                 store,
                 ctx.queues.clone(),
                 Arc::new(relay.clone()),
-            ),
+            )
+            .keeping_room_for(ctx.settings.submission.room_fresh_for),
             relay,
         }
     }

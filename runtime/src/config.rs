@@ -180,6 +180,11 @@ pub struct SubmissionSettings {
     /// submission, rather than waiting, pending, for a scheduler to read it
     /// back and claim it.
     pub start_orders: bool,
+    /// How long the room a start's write-back read (breakers, flow
+    /// control, orders held) stands for the room now: the next starts
+    /// within it read it no more. Zero: each start reads it first.
+    #[serde(with = "humantime_serde")]
+    pub room_fresh_for: Duration,
 }
 
 impl Default for SubmissionSettings {
@@ -192,6 +197,7 @@ impl Default for SubmissionSettings {
             stream_lifetime: Duration::from_secs(30 * 60),
             stream_heartbeat: Duration::from_secs(15),
             start_orders: true,
+            room_fresh_for: Duration::from_millis(100),
         }
     }
 }

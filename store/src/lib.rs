@@ -75,7 +75,7 @@ pub use search::{
     Cursor, FoundOrder, MAX_PAGE as MAX_SEARCH_PAGE, OrderSearch, PayloadField, SearchError,
     SearchFailed, SearchPage,
 };
-pub use session::{Session, Written};
+pub use session::{Room, Session, Written};
 pub use settings::DatabaseSettings;
 pub use stats::Stats;
 pub use steps::{StepRow, stage_names};

@@ -36,6 +36,38 @@ pub struct Written {
     pub created: Vec<Uuid>,
     /// The messages, with the connection that holds their outbox locks.
     pub committed: Committed,
+    /// The room as the write-back left it, when its unit asked
+    /// ([`Unit::room`]).
+    pub room: Option<Room>,
+}
+
+/// The room new orders start in ([`Session::room`]): what the rules judge
+/// a start by, and how many orders were held.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Room {
+    /// The database's clock when it was read.
+    pub now: DateTime<Utc>,
+    /// The agents' breakers that are not closed.
+    pub gates: Vec<Gate>,
+    /// The agents under flow control.
+    pub flows: Vec<Flow>,
+    /// Orders held (driven by an instance), counted up to the bound asked.
+    pub held: i64,
+}
+
+/// The expressions of a [`Room`] (clock, breakers, flow control, held
+/// count), with the bound of the held count in `bound`: read on their own
+/// ([`Session::room`]) or by a write-back asked to ([`Unit::room`]).
+pub(super) fn room_columns(bound: &str) -> [String; 4] {
+    [
+        "now()".to_owned(),
+        format!("({})", super::breakers::GATES),
+        format!("({})", *super::flows::FLOWS),
+        format!(
+            "(SELECT count(*) FROM (SELECT 1 FROM orders \
+               WHERE locked_by IS NOT NULL LIMIT {bound}) h)"
+        ),
+    ]
 }
 
 impl StateStore {
@@ -124,24 +156,15 @@ impl Session {
         Unit::empty(chrono::Utc::now(), self.locks)
     }
 
-    /// A unit with no orders, for new ones that may start at once: at the
-    /// database's clock, with the agents' breakers that are not closed and
-    /// the agents under flow control as they are now, for the rules to
-    /// judge whether the new orders' first steps may go; and how many
-    /// orders are held (driven by an instance) now, counted up to `bound`.
-    /// One statement.
-    pub async fn empty_with_room(&mut self, bound: i64) -> Result<(Unit, i64), StoreError> {
-        static SQL: LazyLock<String> = LazyLock::new(|| {
-            format!(
-                "SELECT now(), ({gates}), ({flows}), \
-                   (SELECT count(*) FROM (SELECT 1 FROM orders \
-                      WHERE locked_by IS NOT NULL LIMIT $1) h)",
-                gates = super::breakers::GATES,
-                flows = *super::flows::FLOWS,
-            )
-        });
-        type Room = (DateTime<Utc>, Json<Vec<Gate>>, Json<Vec<Flow>>, i64);
-        let (now, gates, flows, held): Room = self
+    /// The room for new orders to start in, as it is now: the database's
+    /// clock, the agents' breakers that are not closed, the agents under
+    /// flow control, and how many orders are held (driven by an instance),
+    /// counted up to `bound`. One statement.
+    pub async fn room(&mut self, bound: i64) -> Result<Room, StoreError> {
+        static SQL: LazyLock<String> =
+            LazyLock::new(|| format!("SELECT {}", room_columns("$1").join(", ")));
+        type Read = (DateTime<Utc>, Json<Vec<Gate>>, Json<Vec<Flow>>, i64);
+        let (now, gates, flows, held): Read = self
             .conn
             .run(|c| {
                 sqlx::query_as(sqlx::AssertSqlSafe(SQL.as_str()))
@@ -149,10 +172,22 @@ impl Session {
                     .fetch_one(c)
             })
             .await?;
-        let mut unit = Unit::empty(now, self.locks);
-        unit.gates = gates.0;
-        unit.flows = flows.0;
-        Ok((unit, held))
+        Ok(Room {
+            now,
+            gates: gates.0,
+            flows: flows.0,
+            held,
+        })
+    }
+
+    /// A unit with no orders, for new ones that may start at once in
+    /// `room`: at its clock, with its breakers and flow control for the
+    /// rules to judge whether their first steps may go.
+    pub fn empty_in(&self, room: &Room) -> Unit {
+        let mut unit = Unit::empty(room.now, self.locks);
+        unit.gates = room.gates.clone();
+        unit.flows = room.flows.clone();
+        unit
     }
 
     /// Writes `unit` back in one statement, moving the flow-control counts
@@ -180,6 +215,7 @@ impl Session {
             .holds_locks
             .then(|| (Held::new(conn, bound), flushed.publish));
         Ok(Written {
+            room: flushed.room,
             created: flushed.created,
             committed: Committed {
                 publish,

@@ -216,6 +216,10 @@ pub struct Unit {
     /// Whether this connection takes the outbox locks of the orders it
     /// writes messages for (the loaded orders' were taken with them).
     locks: OutboxLocks,
+    /// Asks the write-back to read the room as it leaves it (its held
+    /// count bounded by this), for the next orders to start in
+    /// ([`super::session::Room`]).
+    pub room: Option<i64>,
 }
 
 impl Unit {
@@ -270,6 +274,7 @@ impl Unit {
             dispatched: Vec::new(),
             definitions: Vec::new(),
             locks,
+            room: None,
         }
     }
 
@@ -457,6 +462,7 @@ impl Unit {
             .bind(Json(&flows))
             .bind(&changed_ids)
             .bind(Json(&definitions))
+            .bind(self.room)
             .fetch_one(&mut *conn)
             .await;
         let row = match found {
@@ -581,6 +587,8 @@ pub struct Flushed {
     pub follow: Vec<Uuid>,
     /// This connection holds outbox locks, to let go after publishing.
     pub holds_locks: bool,
+    /// The room as the write-back left it, if asked ([`Unit::room`]).
+    pub room: Option<super::session::Room>,
 }
 
 /// The row [`FLUSH`] returns.
@@ -593,6 +601,11 @@ struct FlushRow {
     locked_new: Vec<Uuid>,
     /// Locked orders that had messages waiting from earlier transitions.
     waiting: Vec<Uuid>,
+    /// The room, if asked: its clock, breakers, flow control, held count.
+    room_now: Option<DateTime<Utc>>,
+    room_gates: Option<Json<Vec<Gate>>>,
+    room_flows: Option<Json<Vec<Flow>>>,
+    room_held: Option<i64>,
 }
 
 impl FlushRow {
@@ -645,6 +658,19 @@ impl FlushRow {
             }
         }
         out.created = self.created;
+        if let (Some(now), Some(gates), Some(flows), Some(held)) = (
+            self.room_now,
+            self.room_gates,
+            self.room_flows,
+            self.room_held,
+        ) {
+            out.room = Some(super::session::Room {
+                now,
+                gates: gates.0,
+                flows: flows.0,
+                held,
+            });
+        }
         out
     }
 }
@@ -658,7 +684,9 @@ impl FlushRow {
 /// `$12` the channel to notify and whether to, `$13` the orders whose claim
 /// locks to let go, `$14` the flow-control counts to move, `$15` the ids
 /// of the orders updated, `$16` the definitions the new orders run under
-/// (contract §4d), stored with them unless stored already. Each order
+/// (contract §4d), stored with them unless stored already, `$17` the bound
+/// of the held count when the room is asked for ([`Unit::room`]; read in
+/// the statement's snapshot, so without the orders it inserts). Each order
 /// given events that an HTTP event stream watches (`event_watches`) is
 /// notified on [`super::watches::EVENTS_CHANNEL`], so that streams wait
 /// without polling. The updates look their rows up by those ids: a
@@ -775,6 +803,7 @@ SELECT ARRAY(SELECT order_id FROM n) AS created, \
   ARRAY(SELECT DISTINCT order_id FROM outbox WHERE order_id = ANY($10::uuid[])) AS waiting, \
   (SELECT count(*) FROM w) AS woken, \
   (SELECT count(*) FROM ev) AS watched, \
+  {room} \
   CASE WHEN (SELECT count(*) FROM o) = jsonb_array_length($3) \
         AND (SELECT count(*) FROM s) = jsonb_array_length($4) \
         AND (SELECT count(*) FROM fl) = jsonb_array_length($14) \
@@ -783,6 +812,15 @@ SELECT ARRAY(SELECT order_id FROM n) AS created, \
     ELSE sas_fail('a row changed since it was loaded') END AS guarded",
         bucket = super::flows::bucket("a"),
         events_channel = super::watches::EVENTS_CHANNEL,
+        room = {
+            let [now, gates, flows, held] = super::session::room_columns("$17");
+            format!(
+                "CASE WHEN $17::bigint IS NOT NULL THEN {now} END AS room_now, \
+                 CASE WHEN $17::bigint IS NOT NULL THEN {gates} END AS room_gates, \
+                 CASE WHEN $17::bigint IS NOT NULL THEN {flows} END AS room_flows, \
+                 CASE WHEN $17::bigint IS NOT NULL THEN {held} END AS room_held,"
+            )
+        },
     )
 });
 

@@ -9,10 +9,12 @@
 //! - [`outlet`]: the port to whoever publishes what a transition committed.
 //! - [`breakers`]: the shared breaker's transitions.
 //! - `apply`: a decision taken into a transition's unit.
+//! - `room`: the room new orders start in, kept between write-backs.
 
 mod apply;
 pub mod breakers;
 pub mod outlet;
+mod room;
 pub mod transitions;
 
 pub use breakers::Breakers;

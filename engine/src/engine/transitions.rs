@@ -19,11 +19,12 @@
 use std::sync::Arc;
 
 use chrono::Utc;
-use sas_store::{NewOrder, OutboxLocks, Session, StateStore, StepRow, StoreError, Unit};
+use sas_store::{NewOrder, OutboxLocks, Session, StateStore, StepRow, StoreError, Unit, Written};
 use uuid::Uuid;
 
 use super::apply::apply;
 use super::outlet::{Outlet, Sweep};
+use super::room::KeptRoom;
 use crate::config::{Settings, SupervisorSettings};
 use crate::messages::StepReply;
 use crate::rules::scheduler::Replied;
@@ -160,6 +161,8 @@ pub struct Transitions {
     store: StateStore,
     queues: QueueNames,
     outlet: Arc<dyn Outlet>,
+    /// The room the last start's write-back left, for the next start.
+    room: Arc<KeptRoom>,
 }
 
 impl Transitions {
@@ -181,6 +184,7 @@ impl Transitions {
             store,
             queues,
             outlet,
+            room: Arc::default(),
         }
     }
 
@@ -205,6 +209,15 @@ impl Transitions {
         self.store.session(locks).await
     }
 
+    /// The same transitions, starting new orders in the room the last
+    /// start's write-back read for `fresh_for` after it (zero: each start
+    /// reads the room first).
+    #[must_use]
+    pub fn keeping_room_for(mut self, fresh_for: std::time::Duration) -> Self {
+        self.room = Arc::new(KeptRoom::fresh_for(fresh_for));
+        self
+    }
+
     /// Writes back the unit a transition `decided` in `session`, with the
     /// flow-control counts its changes move, and hands what it committed
     /// to the outlet; returns the decided value and the orders created.
@@ -213,10 +226,22 @@ impl Transitions {
         session: Session,
         (value, unit): (T, Unit),
     ) -> Result<(T, Vec<Uuid>), StoreError> {
-        let flows = rules::flow::deltas(&unit.flows, unit.changes(), &unit.dispatched);
-        let written = session.write_back(unit, flows).await?;
-        self.outlet.hand_over(written.committed);
+        let (value, written) = self.write_back_reading(session, (value, unit)).await?;
         Ok((value, written.created))
+    }
+
+    /// [`Self::write_back`], returning what was written: also the room
+    /// when the unit asked for it.
+    async fn write_back_reading<T>(
+        &self,
+        session: Session,
+        (value, unit): (T, Unit),
+    ) -> Result<(T, Written), StoreError> {
+        let flows = rules::flow::deltas(&unit.flows, unit.changes(), &unit.dispatched);
+        let mut written = session.write_back(unit, flows).await?;
+        self.outlet
+            .hand_over(std::mem::take(&mut written.committed));
+        Ok((value, written))
     }
 
     /// Stores a new order, its steps and its `received` event, and wakes
@@ -269,10 +294,16 @@ impl Transitions {
         // the started orders' requests to its passes, where the schedulers'
         // batched claims serve better.
         let (mut unit, mut starter) = match starter {
-            Some((me, room)) if session.locks() == OutboxLocks::Take => {
-                let room = i64::from(room);
-                let (unit, held) = session.empty_with_room(room).await?;
-                (unit, Some((me, room - held)))
+            Some((me, bound)) if session.locks() == OutboxLocks::Take => {
+                let bound = i64::from(bound);
+                // The room the last start left, or read now.
+                let room = match self.room.fresh() {
+                    Some(room) => room,
+                    None => session.room(bound).await?,
+                };
+                let mut unit = session.empty_in(&room);
+                unit.room = Some(bound);
+                (unit, Some((me, bound - room.held)))
             }
             _ => (session.empty(), None),
         };
@@ -308,9 +339,13 @@ impl Transitions {
         }
         // Inserts only (a start takes no flow-control room): no guard to
         // fail, nothing to run again.
-        let ((), created) = self.write_back(session, ((), unit)).await?;
+        let ((), written) = self.write_back_reading(session, ((), unit)).await?;
+        if let Some(room) = written.room {
+            let begun = written.created.iter().filter(|id| started.contains(id));
+            self.room.keep(room, begun.count());
+        }
         let mut outcome = vec![Submitted::Duplicate; batch.len()];
-        for id in created {
+        for id in written.created {
             if let Some(pos) = batch.iter().position(|(o, _)| o.order_id == id) {
                 outcome[pos] = Submitted::Created {
                     started: started.contains(&id),
