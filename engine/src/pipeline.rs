@@ -39,6 +39,14 @@ impl Pipeline {
         }
     }
 
+    /// The same pipeline, its transitions keeping up to `max` orders that
+    /// wait for a reply ([`Transitions::keeping_orders`]).
+    #[must_use]
+    pub fn keeping_orders(mut self, max: usize) -> Self {
+        self.transitions = self.transitions.keeping_orders(max);
+        self
+    }
+
     /// Starts the relay for a broker session; stop it when the session ends.
     pub async fn start(&self, broker: &Broker) -> Result<RelayTask, BrokerError> {
         self.relay.start(broker).await

@@ -224,6 +224,11 @@ pub struct SchedulerSettings {
     /// Beyond it, orders wait as `pending` in the state store rather than as
     /// requests in the agents' queues, where they would outlive complete-by.
     pub max_in_flight: u32,
+    /// Most orders waiting for a reply that the scheduler keeps in memory
+    /// at the row versions its write-backs left them, so that their replies
+    /// are applied without loading them again (a write-back refused because
+    /// another process wrote the order since loads it). Zero: keep none.
+    pub keep_orders: u32,
 }
 
 impl Default for SchedulerSettings {
@@ -234,6 +239,7 @@ impl Default for SchedulerSettings {
             claim_batch: 256,
             claim_messages: 1024,
             max_in_flight: 1000,
+            keep_orders: 1000,
         }
     }
 }

@@ -14,6 +14,7 @@ use super::orders::{self, Loaded};
 use super::outbox::{Committed, Held, OutboxLocks};
 use super::unit::Unit;
 use super::{StateStore, StoreError};
+use sas_core::rules::Order;
 use sas_core::rules::breaker::Gate;
 use sas_core::rules::flow::{Flow, FlowDelta};
 
@@ -39,6 +40,10 @@ pub struct Written {
     /// The room as the write-back left it, when its unit asked
     /// ([`Unit::room`]).
     pub room: Option<Room>,
+    /// The orders updated, with the row version each was left at: what a
+    /// later transition of this process may keep instead of loading
+    /// ([`Session::load_keeping`]).
+    pub versions: Vec<(Uuid, i64)>,
 }
 
 /// The room new orders start in ([`Session::room`]): what the rules judge
@@ -95,6 +100,41 @@ impl Session {
             .run(|c| orders::load_many(c, order_ids, lock))
             .await?;
         self.unit(loaded, false).await
+    }
+
+    /// The orders `order_ids` as they are now, and beside them the orders
+    /// `kept` as this process's last write-back of each left them (at the
+    /// row version it returned; the write-back refuses one written since):
+    /// at the clock, breakers and flow control of the load, or of `room`
+    /// when there is nothing to load. With nothing to load and no `room`,
+    /// load them all instead.
+    pub async fn load_keeping(
+        &mut self,
+        order_ids: &[Uuid],
+        kept: Vec<(Order, i64)>,
+        room: Option<&Room>,
+    ) -> Result<Unit, StoreError> {
+        let mut unit = if !order_ids.is_empty() {
+            self.load(order_ids).await?
+        } else if let Some(room) = room {
+            self.empty_in(room)
+        } else {
+            let all: Vec<Uuid> = kept.iter().map(|(o, _)| o.row.order_id).collect();
+            return self.load(&all).await;
+        };
+        let missing: Vec<Uuid> = kept
+            .iter()
+            .filter_map(|(o, _)| o.row.definition)
+            .filter(|id| !unit.definitions.iter().any(|(d, _)| d == id))
+            .collect();
+        if !missing.is_empty() {
+            let found = self.store.definitions_on(&mut self.conn, missing).await?;
+            unit.definitions.extend(found);
+        }
+        for (order, version) in kept {
+            unit.keep(order, version);
+        }
+        Ok(unit)
     }
 
     /// Up to `limit` orders claimable now, their claim locks taken for
@@ -216,6 +256,7 @@ impl Session {
             .then(|| (Held::new(conn, bound), flushed.publish));
         Ok(Written {
             room: flushed.room,
+            versions: flushed.versions,
             created: flushed.created,
             committed: Committed {
                 publish,

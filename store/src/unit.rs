@@ -51,6 +51,9 @@ pub struct Tracked {
     inserted: bool,
     /// This connection holds the order's outbox lock.
     outbox_locked: bool,
+    /// Kept by the process from its last write-back, not loaded: the
+    /// write-back takes its outbox lock ([`Unit::keep`]).
+    kept: bool,
     /// The `traceparent` of the messages of its latest decision: that
     /// decision's exported span; `None` when nothing is exported (each
     /// message gets a new span id of its trace).
@@ -253,6 +256,7 @@ impl Unit {
                 version: l.version,
                 inserted: false,
                 outbox_locked: l.outbox_locked.unwrap_or(false),
+                kept: false,
                 hop: None,
             });
         }
@@ -301,9 +305,58 @@ impl Unit {
             version: 0,
             inserted: true,
             outbox_locked: false,
+            kept: false,
             hop: None,
         });
         self.orders.len() - 1
+    }
+
+    /// Adds an order this process kept from the write-back that last
+    /// wrote it, at the row version that write-back left, instead of
+    /// loading it: the write-back's guard refuses it if anyone wrote it
+    /// since. Its outbox lock is taken by the write-back, when it has
+    /// messages. Returns its position.
+    pub fn keep(&mut self, order: Order, version: i64) -> usize {
+        self.orders.push(Tracked {
+            read: order.clone(),
+            order,
+            version,
+            inserted: false,
+            outbox_locked: false,
+            kept: true,
+            hop: None,
+        });
+        self.orders.len() - 1
+    }
+
+    /// The orders the unit updates that wait for a reply (it sends them a
+    /// step request) and whose messages come to at most `max_bytes`, as its
+    /// decisions left them: what a scheduler keeps after the write-back,
+    /// at the versions it returns, for the replies to find.
+    pub fn awaiting_replies(&self, max_bytes: usize) -> Vec<Order> {
+        let mut sent: std::collections::HashMap<Uuid, (bool, usize)> =
+            std::collections::HashMap::new();
+        for m in &self.messages {
+            let (request, bytes) = sent.entry(m.order_id).or_default();
+            *request |= m.kind == "request";
+            *bytes += m.body.len();
+        }
+        self.orders
+            .iter()
+            .filter(|t| !t.inserted && t.order != t.read)
+            .filter(|t| {
+                sent.get(&t.order.row.order_id)
+                    .is_some_and(|&(request, bytes)| request && bytes <= max_bytes)
+            })
+            .map(|t| t.order.clone())
+            .collect()
+    }
+
+    /// Whether the decisions left an order kept ([`Unit::keep`]) as it
+    /// was: its write-back would not check its version, so nothing shows
+    /// that what they judged by (a reply judged stale, say) is still so.
+    pub fn unchecked_kept(&self) -> bool {
+        self.orders.iter().any(|t| t.kept && t.order == t.read)
     }
 
     /// How many orders the unit holds.
@@ -399,6 +452,14 @@ impl Unit {
             .filter(|t| t.outbox_locked)
             .map(|t| t.order.row.order_id)
             .collect();
+        // Kept orders with messages: the write-back tries their locks.
+        let to_lock: Vec<Uuid> = self
+            .orders
+            .iter()
+            .filter(|t| t.kept && direct)
+            .map(|t| t.order.row.order_id)
+            .filter(|id| self.messages.iter().any(|m| m.order_id == *id))
+            .collect();
         if inserted.is_empty()
             && changed.is_empty()
             && self.events.is_empty()
@@ -463,6 +524,7 @@ impl Unit {
             .bind(&changed_ids)
             .bind(Json(&definitions))
             .bind(self.room)
+            .bind(&to_lock)
             .fetch_one(&mut *conn)
             .await;
         let row = match found {
@@ -589,6 +651,8 @@ pub struct Flushed {
     pub holds_locks: bool,
     /// The room as the write-back left it, if asked ([`Unit::room`]).
     pub room: Option<super::session::Room>,
+    /// The orders updated, with the row version each was left at.
+    pub versions: Vec<(Uuid, i64)>,
 }
 
 /// The row [`FLUSH`] returns.
@@ -601,6 +665,11 @@ struct FlushRow {
     locked_new: Vec<Uuid>,
     /// Locked orders that had messages waiting from earlier transitions.
     waiting: Vec<Uuid>,
+    /// Kept orders whose outbox lock this connection took.
+    locked_kept: Vec<Uuid>,
+    /// The orders updated, ascending, and the row version each was left at.
+    updated_ids: Vec<Uuid>,
+    updated_versions: Vec<i64>,
     /// The room, if asked: its clock, breakers, flow control, held count.
     room_now: Option<DateTime<Utc>>,
     room_gates: Option<Json<Vec<Gate>>>,
@@ -621,6 +690,7 @@ impl FlushRow {
         direct: bool,
     ) -> Flushed {
         locked.extend(&self.locked_new);
+        locked.extend(&self.locked_kept);
         let written: Vec<NewMessage> = messages
             .into_iter()
             .filter(|m| !new.contains(&m.order_id) || self.created.contains(&m.order_id))
@@ -658,6 +728,11 @@ impl FlushRow {
             }
         }
         out.created = self.created;
+        out.versions = self
+            .updated_ids
+            .into_iter()
+            .zip(self.updated_versions)
+            .collect();
         if let (Some(now), Some(gates), Some(flows), Some(held)) = (
             self.room_now,
             self.room_gates,
@@ -686,7 +761,10 @@ impl FlushRow {
 /// of the orders updated, `$16` the definitions the new orders run under
 /// (contract §4d), stored with them unless stored already, `$17` the bound
 /// of the held count when the room is asked for ([`Unit::room`]; read in
-/// the statement's snapshot, so without the orders it inserts). Each order
+/// the statement's snapshot, so without the orders it inserts), `$18` the
+/// kept orders ([`Unit::keep`]) whose outbox locks to try, with `$9`: as
+/// for new orders, a lock another publisher holds sends their messages to
+/// follow it. Each order
 /// given events that an HTTP event stream watches (`event_watches`) is
 /// notified on [`super::watches::EVENTS_CHANNEL`], so that streams wait
 /// without polling. The updates look their rows up by those ids: a
@@ -752,7 +830,9 @@ o AS ( \
     redrives int, version bigint) \
   WHERE o.order_id = ANY($15::uuid[]) AND o.order_id = u.order_id \
     AND o.xmin::text::bigint = u.version \
-  RETURNING 1), \
+  RETURNING o.order_id, o.xmin::text::bigint AS version), \
+kl AS MATERIALIZED (SELECT k.id AS order_id FROM unnest($18::uuid[]) AS k(id) \
+  WHERE $9 AND pg_try_advisory_lock(hashtextextended('sas.outbox:' || k.id::text, 0))), \
 s AS ( \
   UPDATE steps s SET state = u.state, dispatches = u.dispatches, dispatch_id = u.dispatch_id, \
     complete_by = u.complete_by, result = u.result::jsonb, error = u.error, \
@@ -800,7 +880,11 @@ w AS (SELECT pg_notify($11, '') WHERE $12 \
 SELECT ARRAY(SELECT order_id FROM n) AS created, \
   ARRAY(SELECT id FROM m ORDER BY id) AS message_ids, \
   ARRAY(SELECT order_id FROM n WHERE locked) AS locked_new, \
-  ARRAY(SELECT DISTINCT order_id FROM outbox WHERE order_id = ANY($10::uuid[])) AS waiting, \
+  ARRAY(SELECT order_id FROM kl) AS locked_kept, \
+  ARRAY(SELECT DISTINCT order_id FROM outbox WHERE order_id = ANY($10::uuid[]) \
+    OR order_id IN (SELECT order_id FROM kl)) AS waiting, \
+  ARRAY(SELECT order_id FROM o ORDER BY order_id) AS updated_ids, \
+  ARRAY(SELECT version FROM o ORDER BY order_id) AS updated_versions, \
   (SELECT count(*) FROM w) AS woken, \
   (SELECT count(*) FROM ev) AS watched, \
   {room} \

@@ -10,9 +10,11 @@
 //! - [`breakers`]: the shared breaker's transitions.
 //! - `apply`: a decision taken into a transition's unit.
 //! - `room`: the room new orders start in, kept between write-backs.
+//! - `kept`: the orders a scheduler keeps between their transitions.
 
 mod apply;
 pub mod breakers;
+mod kept;
 pub mod outlet;
 mod room;
 pub mod transitions;

@@ -23,6 +23,7 @@ use sas_store::{NewOrder, OutboxLocks, Session, StateStore, StepRow, StoreError,
 use uuid::Uuid;
 
 use super::apply::apply;
+use super::kept::{self, KeptOrders};
 use super::outlet::{Outlet, Sweep};
 use super::room::KeptRoom;
 use crate::config::{Settings, SupervisorSettings};
@@ -163,6 +164,8 @@ pub struct Transitions {
     outlet: Arc<dyn Outlet>,
     /// The room the last start's write-back left, for the next start.
     room: Arc<KeptRoom>,
+    /// The orders kept between their transitions (a scheduler's), if any.
+    kept: Option<Arc<KeptOrders>>,
 }
 
 impl Transitions {
@@ -185,12 +188,17 @@ impl Transitions {
             queues,
             outlet,
             room: Arc::default(),
+            kept: None,
         }
     }
 
-    /// The same transitions, handing what they commit to `outlet`.
+    /// The same transitions (the room and the orders they keep too),
+    /// handing what they commit to `outlet`.
     pub fn handing_to(&self, outlet: Arc<dyn Outlet>) -> Self {
-        Self::with_outlet(self.store.clone(), self.queues.clone(), outlet)
+        Self {
+            outlet,
+            ..self.clone()
+        }
     }
 
     /// The state store underneath.
@@ -218,6 +226,20 @@ impl Transitions {
         self
     }
 
+    /// The same transitions, keeping up to `max` orders that wait for a
+    /// reply at the row versions their write-backs left them, so that the
+    /// reply is applied without loading the order again (a scheduler's).
+    #[must_use]
+    pub fn keeping_orders(mut self, max: usize) -> Self {
+        self.kept = Some(Arc::new(KeptOrders::new(max)));
+        self
+    }
+
+    /// How many orders these transitions keep now.
+    pub fn kept(&self) -> usize {
+        self.kept.as_ref().map_or(0, |k| k.len())
+    }
+
     /// Writes back the unit a transition `decided` in `session`, with the
     /// flow-control counts its changes move, and hands what it committed
     /// to the outlet; returns the decided value and the orders created.
@@ -238,7 +260,14 @@ impl Transitions {
         (value, unit): (T, Unit),
     ) -> Result<(T, Written), StoreError> {
         let flows = rules::flow::deltas(&unit.flows, unit.changes(), &unit.dispatched);
+        let keep = self
+            .kept
+            .as_ref()
+            .map(|k| (k, unit.awaiting_replies(kept::MAX_BYTES)));
         let mut written = session.write_back(unit, flows).await?;
+        if let Some((kept, orders)) = keep {
+            kept.keep(orders, &written.versions, written.room.clone());
+        }
         self.outlet
             .hand_over(std::mem::take(&mut written.committed));
         Ok((value, written))
@@ -428,12 +457,46 @@ impl Transitions {
         ids.sort_unstable();
         ids.dedup();
         let mut session = self.session().await?;
-        let mut unit = session.load(&ids).await?;
-        let mut outcome = Vec::with_capacity(replies.len());
-        for reply in replies {
-            outcome.push(self.apply_one(&mut unit, me, reply)?);
-        }
+        let (unit, outcome) = match &self.kept {
+            // The orders kept are not loaded again; the write-back reads
+            // the room for the next replies to decide in.
+            Some(kept) => {
+                let (orders, load, room) = kept.take(&ids);
+                let mut unit = session.load_keeping(&load, orders, room.as_ref()).await?;
+                unit.room = Some(0);
+                let outcome = self.apply_all(&mut unit, me, replies)?;
+                if !unit.unchecked_kept() {
+                    (unit, outcome)
+                } else {
+                    // Judged on a kept order that the write-back would
+                    // leave unwritten, so that no version guard checks it
+                    // (a reply judged stale): judge again on it loaded.
+                    let mut unit = session.load(&ids).await?;
+                    unit.room = Some(0);
+                    let outcome = self.apply_all(&mut unit, me, replies)?;
+                    (unit, outcome)
+                }
+            }
+            None => {
+                let mut unit = session.load(&ids).await?;
+                let outcome = self.apply_all(&mut unit, me, replies)?;
+                (unit, outcome)
+            }
+        };
         Ok(self.write_back(session, (outcome, unit)).await?.0)
+    }
+
+    /// The replies against the unit's orders, in order.
+    fn apply_all(
+        &self,
+        unit: &mut Unit,
+        me: &Actor,
+        replies: &[StepReply],
+    ) -> Result<Vec<ReplyOutcome>, StoreError> {
+        replies
+            .iter()
+            .map(|reply| self.apply_one(unit, me, reply))
+            .collect()
     }
 
     /// One reply against the unit's orders (see [`apply_reply`](Self::apply_reply)).

@@ -70,7 +70,11 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         "scheduler",
         ctx.shutdown.clone(),
     );
-    let pipeline = Pipeline::new(&ctx, store);
+    let mut pipeline = Pipeline::new(&ctx, store);
+    let keep = ctx.settings.scheduler.keep_orders as usize;
+    if keep > 0 {
+        pipeline = pipeline.keeping_orders(keep);
+    }
     let replies = apply_in_batches(pipeline.clone(), me.clone(), &ctx.settings.database);
     let scheduler = Arc::new(Scheduler {
         me,

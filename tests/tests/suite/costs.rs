@@ -1353,6 +1353,159 @@ async fn a_new_order_started_by_its_submission_costs_one_round_trip_in_the_room_
     store.close().await;
 }
 
+/// The step request of `published` (one of them).
+fn request_of(published: &[OutboxRow]) -> StepRequest {
+    let row = published
+        .iter()
+        .find(|r| r.kind == "request")
+        .expect("a request");
+    serde_json::from_slice(&row.body).expect("request")
+}
+
+#[tokio::test]
+async fn a_reply_to_an_order_its_scheduler_keeps_costs_one_round_trip_and_a_changed_order_is_loaded_again()
+ {
+    // (Counted: the statements sqlx logs.) The first reply loads the
+    // order the submission started; its write-back returns the version it
+    // left the order at, and the scheduler keeps the order, which the next
+    // replies find without a load. Written since by anyone else, the
+    // order's guard refuses the kept version, and the reply is applied to
+    // the order loaded.
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let app = TestApp::new().await;
+    let (_, status, store, _) = one_connection(&app, "kept").await;
+    let settings = Settings::load(Some(&app.config)).expect("settings");
+    let wf = settings.workflow("three").expect("workflow");
+    let recorder = std::sync::Arc::new(Recorder::default());
+    let submission = Handed::to(
+        Transitions::new(store.clone(), app.queues.clone()),
+        recorder.clone(),
+    );
+    let scheduler = Handed::to(
+        Transitions::new(store.clone(), app.queues.clone()).keeping_orders(100),
+        recorder.clone(),
+    );
+    let me = Actor::new_instance("scheduler");
+    let trips = RoundTrips::default();
+    let _counting =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(trips.clone()));
+    for changed_meanwhile in [false, true] {
+        let mut order = one_step_order(status.clone());
+        order.workflow = "three".into();
+        let started = submission
+            .submit_and_start(&Actor::new_instance("submission"), &[(&order, &wf)])
+            .await
+            .expect("submit");
+        assert_eq!(started, [Submitted::Created { started: true }]);
+        let mut request = request_of(&recorder.take().await);
+        let mut costs = Vec::new();
+        for step in 0..3 {
+            if step == 2 && changed_meanwhile {
+                // A write by another process: the row's version moves on.
+                sqlx::query("UPDATE orders SET priority = priority WHERE order_id = $1")
+                    .bind(order.order_id)
+                    .execute(&app.db)
+                    .await
+                    .expect("touch");
+            }
+            let reply = StepReply::to(
+                &request,
+                StepOutcome::Succeeded {
+                    result: json!({ "step": step }),
+                },
+            );
+            trips.take();
+            let applied = scheduler.apply_reply(&me, &reply).await.expect("reply");
+            assert!(
+                matches!(applied, ReplyOutcome::Applied { .. }),
+                "{applied:?}"
+            );
+            costs.push(trips.take());
+            let published = recorder.take().await;
+            if step < 2 {
+                request = request_of(&published);
+                assert_eq!(request.step_index, step + 1);
+            }
+        }
+        let state: String =
+            sqlx::query_scalar("SELECT process_state FROM orders WHERE order_id = $1")
+                .bind(order.order_id)
+                .fetch_one(&app.db)
+                .await
+                .expect("state");
+        assert_eq!(state, "processed");
+        let expected = if changed_meanwhile {
+            // The refused write-back, then the load and the write-back.
+            [2, 1, 3]
+        } else {
+            [2, 1, 1]
+        };
+        assert_eq!(
+            costs, expected,
+            "the first reply loads; the kept order's replies only write back"
+        );
+        assert_eq!(scheduler.t.kept(), 0, "an ended order is not kept");
+    }
+    store.close().await;
+}
+
+#[tokio::test]
+async fn a_reply_judged_stale_on_a_kept_order_is_judged_again_on_the_order_loaded() {
+    // Two schedulers: the first keeps the order after the first reply, the
+    // second applies the next one. The third reply, at the first, finds
+    // its step not yet sent in the order as kept: a judgement its
+    // write-back would not check (it writes nothing), so it is made again
+    // on the order loaded, and applied.
+    let app = TestApp::new().await;
+    let (_, status, store, _) = one_connection(&app, "stale").await;
+    let settings = Settings::load(Some(&app.config)).expect("settings");
+    let wf = settings.workflow("three").expect("workflow");
+    let recorder = std::sync::Arc::new(Recorder::default());
+    let submission = Handed::to(
+        Transitions::new(store.clone(), app.queues.clone()),
+        recorder.clone(),
+    );
+    let keeping = || {
+        Handed::to(
+            Transitions::new(store.clone(), app.queues.clone()).keeping_orders(100),
+            recorder.clone(),
+        )
+    };
+    let (first, second) = (keeping(), keeping());
+    let me = Actor::new_instance("scheduler");
+    let mut order = one_step_order(status.clone());
+    order.workflow = "three".into();
+    submission
+        .submit_and_start(&Actor::new_instance("submission"), &[(&order, &wf)])
+        .await
+        .expect("submit");
+    let mut request = request_of(&recorder.take().await);
+    for (step, scheduler) in [(0, &first), (1, &second), (2, &first)] {
+        let reply = StepReply::to(
+            &request,
+            StepOutcome::Succeeded {
+                result: json!({ "step": step }),
+            },
+        );
+        let applied = scheduler.apply_reply(&me, &reply).await.expect("reply");
+        assert!(
+            matches!(applied, ReplyOutcome::Applied { .. }),
+            "step {step}: {applied:?}"
+        );
+        let published = recorder.take().await;
+        if step < 2 {
+            request = request_of(&published);
+        }
+    }
+    let state: String = sqlx::query_scalar("SELECT process_state FROM orders WHERE order_id = $1")
+        .bind(order.order_id)
+        .fetch_one(&app.db)
+        .await
+        .expect("state");
+    assert_eq!(state, "processed");
+    store.close().await;
+}
+
 /// A relay's pass over `ids` ([`StateStore::take_outbox`]), every message
 /// published: the orders another publisher held, and the messages taken.
 async fn relay_pass(store: &StateStore, ids: &[Uuid], wait: bool) -> (Vec<Uuid>, Vec<OutboxRow>) {
