@@ -532,6 +532,12 @@ impl Unit {
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(GUARD_FAILED) => {
                 return Err(StoreError::WriteBackRefused(e.message().to_owned()));
             }
+            // An event numbered as another transition numbered one of its
+            // own first: that transition changed the order since it was
+            // loaded (the insert ran before the guard could say so).
+            Err(sqlx::Error::Database(e)) if e.constraint() == Some("order_events_pkey") => {
+                return Err(StoreError::WriteBackRefused(e.message().to_owned()));
+            }
             Err(e) => return Err(e.into()),
         };
         let new: std::collections::HashSet<Uuid> =

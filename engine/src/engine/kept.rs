@@ -37,20 +37,36 @@ impl KeptOrders {
         }
     }
 
-    /// Takes the kept ones of `ids` out (a transition that fails leaves
+    /// Takes out the kept orders that sent the requests `answered` answers
+    /// (pairs of an order and a dispatch id; a transition that fails leaves
     /// them to be loaded): the orders kept, the ids to load, and the room
-    /// to decide in when nothing is to be loaded (none: load them all).
-    pub fn take(&self, ids: &[Uuid]) -> (Vec<(Order, i64)>, Vec<Uuid>, Option<Room>) {
+    /// to decide in when nothing is to be loaded (none: load them all). An
+    /// order kept whose steps sent none of its answers' dispatches was
+    /// moved on by another process since (another scheduler applied a
+    /// reply): it is dropped and loaded, so that no judgement is made on
+    /// it and no write-back refused.
+    pub fn take(&self, answered: &[(Uuid, Uuid)]) -> (Vec<(Order, i64)>, Vec<Uuid>, Option<Room>) {
+        let mut ids: Vec<Uuid> = answered.iter().map(|(order, _)| *order).collect();
+        ids.sort_unstable();
+        ids.dedup();
         let room = self.room.fresh();
         if room.is_none() {
-            return (Vec::new(), ids.to_vec(), None);
+            return (Vec::new(), ids, None);
         }
         let mut orders = self.orders.lock().unwrap_or_else(|p| p.into_inner());
         let (mut kept, mut load) = (Vec::new(), Vec::new());
         for id in ids {
-            match orders.remove(id) {
-                Some(order) => kept.push(order),
-                None => load.push(*id),
+            let sent = |(order, _): &(Order, i64)| {
+                answered
+                    .iter()
+                    .filter(|(o, _)| *o == id)
+                    .all(|(_, dispatch)| {
+                        order.steps.iter().any(|s| s.dispatch_id == Some(*dispatch))
+                    })
+            };
+            match orders.remove(&id) {
+                Some(order) if sent(&order) => kept.push(order),
+                _ => load.push(id),
             }
         }
         (kept, load, room)
@@ -83,5 +99,69 @@ impl KeptOrders {
     /// How many orders are kept.
     pub fn len(&self) -> usize {
         self.orders.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sas_core::model::{NewOrder, OrderRow, StepRow};
+
+    /// An order with one step out under `dispatch`.
+    fn order(dispatch: Uuid) -> Order {
+        let id = Uuid::now_v7();
+        let row = OrderRow::pending(
+            &NewOrder::new(id, "one", serde_json::json!({})),
+            chrono::Utc::now(),
+        );
+        let step: StepRow = serde_json::from_value(serde_json::json!({
+            "order_id": id, "idx": 0, "name": "a", "agent": "a", "compensate": null,
+            "timeout_ms": 1000, "state": "running", "dispatches": 1,
+            "dispatch_id": dispatch, "complete_by": null, "result": null,
+            "error": null, "started_at": null, "finished_at": null, "warned": 0,
+        }))
+        .expect("step");
+        Order {
+            row,
+            steps: vec![step],
+        }
+    }
+
+    fn room() -> Room {
+        Room {
+            now: chrono::Utc::now(),
+            gates: Vec::new(),
+            flows: Vec::new(),
+            held: 0,
+        }
+    }
+
+    #[test]
+    fn a_kept_order_is_used_only_for_answers_to_what_it_sent_and_only_in_a_fresh_room() {
+        let kept = KeptOrders::new(10);
+        let (sent, other) = (Uuid::now_v7(), Uuid::now_v7());
+        let (a, b) = (order(sent), order(sent));
+        let (a_id, b_id) = (a.row.order_id, b.row.order_id);
+        // No room read yet: everything is loaded.
+        kept.keep(vec![a.clone()], &[(a_id, 7)], None);
+        let (orders, load, room_now) = kept.take(&[(a_id, sent)]);
+        assert!(orders.is_empty() && room_now.is_none());
+        assert_eq!(load, [a_id]);
+        // Kept at the version returned; not kept without one.
+        kept.keep(vec![a, b], &[(a_id, 7)], Some(room()));
+        assert_eq!(kept.len(), 1);
+        let (orders, load, room_now) = kept.take(&[(a_id, sent), (b_id, sent)]);
+        assert_eq!(orders.len(), 1);
+        assert_eq!((orders[0].0.row.order_id, orders[0].1), (a_id, 7));
+        assert_eq!(load, [b_id]);
+        assert!(room_now.is_some());
+        assert_eq!(kept.len(), 0, "taken out");
+        // An answer to a dispatch the kept order did not send (another
+        // scheduler moved it on): dropped and loaded.
+        kept.keep(vec![orders[0].0.clone()], &[(a_id, 8)], Some(room()));
+        let (orders, load, _) = kept.take(&[(a_id, other)]);
+        assert!(orders.is_empty());
+        assert_eq!(load, [a_id]);
+        assert_eq!(kept.len(), 0, "dropped");
     }
 }

@@ -461,7 +461,11 @@ impl Transitions {
             // The orders kept are not loaded again; the write-back reads
             // the room for the next replies to decide in.
             Some(kept) => {
-                let (orders, load, room) = kept.take(&ids);
+                let answered: Vec<(Uuid, Uuid)> = replies
+                    .iter()
+                    .map(|r| (r.order_id, r.dispatch_id))
+                    .collect();
+                let (orders, load, room) = kept.take(&answered);
                 let mut unit = session.load_keeping(&load, orders, room.as_ref()).await?;
                 unit.room = Some(0);
                 let outcome = self.apply_all(&mut unit, me, replies)?;

@@ -1389,7 +1389,8 @@ async fn a_reply_to_an_order_its_scheduler_keeps_costs_one_round_trip_and_a_chan
     let trips = RoundTrips::default();
     let _counting =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(trips.clone()));
-    for changed_meanwhile in [false, true] {
+    for meanwhile in ["nothing", "a write", "an event"] {
+        let changed_meanwhile = meanwhile != "nothing";
         let mut order = one_step_order(status.clone());
         order.workflow = "three".into();
         let started = submission
@@ -1400,13 +1401,28 @@ async fn a_reply_to_an_order_its_scheduler_keeps_costs_one_round_trip_and_a_chan
         let mut request = request_of(&recorder.take().await);
         let mut costs = Vec::new();
         for step in 0..3 {
-            if step == 2 && changed_meanwhile {
+            if step == 2 && meanwhile == "a write" {
                 // A write by another process: the row's version moves on.
                 sqlx::query("UPDATE orders SET priority = priority WHERE order_id = $1")
                     .bind(order.order_id)
                     .execute(&app.db)
                     .await
                     .expect("touch");
+            }
+            if step == 2 && meanwhile == "an event" {
+                // Another process's transition logged the order's next
+                // event: the kept order's event, numbered the same, runs
+                // into it before the version guard.
+                sqlx::query(
+                    "WITH o AS (UPDATE orders SET last_seq = last_seq + 1 \
+                       WHERE order_id = $1 RETURNING order_id, last_seq) \
+                     INSERT INTO order_events (order_id, seq, event, to_state, attempt, actor, at) \
+                     SELECT order_id, last_seq, 'note', 'processing', 1, 'other', now() FROM o",
+                )
+                .bind(order.order_id)
+                .execute(&app.db)
+                .await
+                .expect("event");
             }
             let reply = StepReply::to(
                 &request,
@@ -1442,7 +1458,7 @@ async fn a_reply_to_an_order_its_scheduler_keeps_costs_one_round_trip_and_a_chan
         };
         assert_eq!(
             costs, expected,
-            "the first reply loads; the kept order's replies only write back"
+            "the first reply loads; the kept order's replies only write back ({meanwhile} meanwhile)"
         );
         assert_eq!(scheduler.t.kept(), 0, "an ended order is not kept");
     }
@@ -1450,12 +1466,15 @@ async fn a_reply_to_an_order_its_scheduler_keeps_costs_one_round_trip_and_a_chan
 }
 
 #[tokio::test]
-async fn a_reply_judged_stale_on_a_kept_order_is_judged_again_on_the_order_loaded() {
-    // Two schedulers: the first keeps the order after the first reply, the
-    // second applies the next one. The third reply, at the first, finds
-    // its step not yet sent in the order as kept: a judgement its
-    // write-back would not check (it writes nothing), so it is made again
-    // on the order loaded, and applied.
+async fn a_reply_to_an_order_moved_on_elsewhere_or_a_duplicate_is_judged_on_the_order_loaded() {
+    // (Counted: the statements sqlx logs.) Two schedulers: the first keeps
+    // the order after the first reply, the second applies the next one and
+    // keeps it in turn. A duplicate of that reply at the second is judged
+    // stale on the order as kept, a judgement its write-back would not
+    // check (it writes nothing): it is made again on the order loaded. The
+    // third reply, at the first, answers a request its kept order never
+    // sent: the order is loaded, not judged as kept.
+    use tracing_subscriber::layer::SubscriberExt as _;
     let app = TestApp::new().await;
     let (_, status, store, _) = one_connection(&app, "stale").await;
     let settings = Settings::load(Some(&app.config)).expect("settings");
@@ -1480,6 +1499,10 @@ async fn a_reply_judged_stale_on_a_kept_order_is_judged_again_on_the_order_loade
         .await
         .expect("submit");
     let mut request = request_of(&recorder.take().await);
+    let trips = RoundTrips::default();
+    let _counting =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(trips.clone()));
+    let mut costs = Vec::new();
     for (step, scheduler) in [(0, &first), (1, &second), (2, &first)] {
         let reply = StepReply::to(
             &request,
@@ -1487,16 +1510,33 @@ async fn a_reply_judged_stale_on_a_kept_order_is_judged_again_on_the_order_loade
                 result: json!({ "step": step }),
             },
         );
+        trips.take();
         let applied = scheduler.apply_reply(&me, &reply).await.expect("reply");
         assert!(
             matches!(applied, ReplyOutcome::Applied { .. }),
             "step {step}: {applied:?}"
         );
+        costs.push(trips.take());
         let published = recorder.take().await;
+        if step == 1 {
+            // (Not counted: the release of the hand-over just taken.)
+            trips.take();
+            let again = second.apply_reply(&me, &reply).await.expect("again");
+            assert!(matches!(again, ReplyOutcome::Stale(_)), "{again:?}");
+            assert_eq!(trips.take(), 1, "the load, and nothing to write");
+            // (Not counted: letting go of the outbox lock its load took.)
+            recorder.take().await;
+            trips.take();
+        }
         if step < 2 {
             request = request_of(&published);
         }
     }
+    assert_eq!(
+        costs,
+        [2, 2, 2],
+        "each reply loads its order: none answers what a kept order sent"
+    );
     let state: String = sqlx::query_scalar("SELECT process_state FROM orders WHERE order_id = $1")
         .bind(order.order_id)
         .fetch_one(&app.db)
