@@ -1362,6 +1362,76 @@ fn request_of(published: &[OutboxRow]) -> StepRequest {
     serde_json::from_slice(&row.body).expect("request")
 }
 
+/// Three-step orders started by a submission over one connection, their
+/// messages handed to a recorder (as to a relay that publishes at once),
+/// and schedulers over the same store that keep the orders they reply to.
+struct Started {
+    store: StateStore,
+    status: String,
+    wf: Workflow,
+    recorder: std::sync::Arc<Recorder>,
+    submission: Handed,
+}
+
+impl Started {
+    async fn new(app: &TestApp, queue: &str) -> Self {
+        let (_, status, store, _) = one_connection(app, queue).await;
+        let settings = Settings::load(Some(&app.config)).expect("settings");
+        let recorder = std::sync::Arc::new(Recorder::default());
+        let submission = Handed::to(
+            Transitions::new(store.clone(), app.queues.clone()),
+            recorder.clone(),
+        );
+        Self {
+            wf: settings.workflow("three").expect("workflow"),
+            store,
+            status,
+            recorder,
+            submission,
+        }
+    }
+
+    /// A scheduler that keeps orders.
+    fn keeping(&self, app: &TestApp) -> Handed {
+        Handed::to(
+            Transitions::new(self.store.clone(), app.queues.clone()).keeping_orders(100),
+            self.recorder.clone(),
+        )
+    }
+
+    /// A new order, started: its id and its first step's request.
+    async fn start(&self) -> (Uuid, StepRequest) {
+        let mut order = one_step_order(self.status.clone());
+        order.workflow = "three".into();
+        let started = self
+            .submission
+            .submit_and_start(&Actor::new_instance("submission"), &[(&order, &self.wf)])
+            .await
+            .expect("submit");
+        assert_eq!(started, [Submitted::Created { started: true }]);
+        (order.order_id, request_of(&self.recorder.take().await))
+    }
+}
+
+/// The reply that step `step`, asked for by `request`, succeeded.
+fn succeeded(request: &StepRequest, step: i32) -> StepReply {
+    StepReply::to(
+        request,
+        StepOutcome::Succeeded {
+            result: json!({ "step": step }),
+        },
+    )
+}
+
+/// The order's process state as stored.
+async fn state_of(app: &TestApp, order_id: Uuid) -> String {
+    sqlx::query_scalar("SELECT process_state FROM orders WHERE order_id = $1")
+        .bind(order_id)
+        .fetch_one(&app.db)
+        .await
+        .expect("state")
+}
+
 #[tokio::test]
 async fn a_reply_to_an_order_its_scheduler_keeps_costs_one_round_trip_and_a_changed_order_is_loaded_again()
  {
@@ -1373,38 +1443,20 @@ async fn a_reply_to_an_order_its_scheduler_keeps_costs_one_round_trip_and_a_chan
     // the order loaded.
     use tracing_subscriber::layer::SubscriberExt as _;
     let app = TestApp::new().await;
-    let (_, status, store, _) = one_connection(&app, "kept").await;
-    let settings = Settings::load(Some(&app.config)).expect("settings");
-    let wf = settings.workflow("three").expect("workflow");
-    let recorder = std::sync::Arc::new(Recorder::default());
-    let submission = Handed::to(
-        Transitions::new(store.clone(), app.queues.clone()),
-        recorder.clone(),
-    );
-    let scheduler = Handed::to(
-        Transitions::new(store.clone(), app.queues.clone()).keeping_orders(100),
-        recorder.clone(),
-    );
+    let started = Started::new(&app, "kept").await;
+    let scheduler = started.keeping(&app);
     let me = Actor::new_instance("scheduler");
     let trips = RoundTrips::default();
     let _counting =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(trips.clone()));
     for meanwhile in ["nothing", "a write", "an event"] {
-        let changed_meanwhile = meanwhile != "nothing";
-        let mut order = one_step_order(status.clone());
-        order.workflow = "three".into();
-        let started = submission
-            .submit_and_start(&Actor::new_instance("submission"), &[(&order, &wf)])
-            .await
-            .expect("submit");
-        assert_eq!(started, [Submitted::Created { started: true }]);
-        let mut request = request_of(&recorder.take().await);
+        let (order_id, mut request) = started.start().await;
         let mut costs = Vec::new();
         for step in 0..3 {
             if step == 2 && meanwhile == "a write" {
                 // A write by another process: the row's version moves on.
                 sqlx::query("UPDATE orders SET priority = priority WHERE order_id = $1")
-                    .bind(order.order_id)
+                    .bind(order_id)
                     .execute(&app.db)
                     .await
                     .expect("touch");
@@ -1419,42 +1471,33 @@ async fn a_reply_to_an_order_its_scheduler_keeps_costs_one_round_trip_and_a_chan
                      INSERT INTO order_events (order_id, seq, event, to_state, attempt, actor, at) \
                      SELECT order_id, last_seq, 'note', 'processing', 1, 'other', now() FROM o",
                 )
-                .bind(order.order_id)
+                .bind(order_id)
                 .execute(&app.db)
                 .await
                 .expect("event");
             }
-            let reply = StepReply::to(
-                &request,
-                StepOutcome::Succeeded {
-                    result: json!({ "step": step }),
-                },
-            );
             trips.take();
-            let applied = scheduler.apply_reply(&me, &reply).await.expect("reply");
+            let applied = scheduler
+                .apply_reply(&me, &succeeded(&request, step))
+                .await
+                .expect("reply");
             assert!(
                 matches!(applied, ReplyOutcome::Applied { .. }),
                 "{applied:?}"
             );
             costs.push(trips.take());
-            let published = recorder.take().await;
+            let published = started.recorder.take().await;
             if step < 2 {
                 request = request_of(&published);
                 assert_eq!(request.step_index, step + 1);
             }
         }
-        let state: String =
-            sqlx::query_scalar("SELECT process_state FROM orders WHERE order_id = $1")
-                .bind(order.order_id)
-                .fetch_one(&app.db)
-                .await
-                .expect("state");
-        assert_eq!(state, "processed");
-        let expected = if changed_meanwhile {
+        assert_eq!(state_of(&app, order_id).await, "processed");
+        let expected = if meanwhile == "nothing" {
+            [2, 1, 1]
+        } else {
             // The refused write-back, then the load and the write-back.
             [2, 1, 3]
-        } else {
-            [2, 1, 1]
         };
         assert_eq!(
             costs, expected,
@@ -1462,7 +1505,7 @@ async fn a_reply_to_an_order_its_scheduler_keeps_costs_one_round_trip_and_a_chan
         );
         assert_eq!(scheduler.t.kept(), 0, "an ended order is not kept");
     }
-    store.close().await;
+    started.store.close().await;
 }
 
 #[tokio::test]
@@ -1476,40 +1519,16 @@ async fn a_reply_to_an_order_moved_on_elsewhere_or_a_duplicate_is_judged_on_the_
     // sent: the order is loaded, not judged as kept.
     use tracing_subscriber::layer::SubscriberExt as _;
     let app = TestApp::new().await;
-    let (_, status, store, _) = one_connection(&app, "stale").await;
-    let settings = Settings::load(Some(&app.config)).expect("settings");
-    let wf = settings.workflow("three").expect("workflow");
-    let recorder = std::sync::Arc::new(Recorder::default());
-    let submission = Handed::to(
-        Transitions::new(store.clone(), app.queues.clone()),
-        recorder.clone(),
-    );
-    let keeping = || {
-        Handed::to(
-            Transitions::new(store.clone(), app.queues.clone()).keeping_orders(100),
-            recorder.clone(),
-        )
-    };
-    let (first, second) = (keeping(), keeping());
+    let started = Started::new(&app, "stale").await;
+    let (first, second) = (started.keeping(&app), started.keeping(&app));
     let me = Actor::new_instance("scheduler");
-    let mut order = one_step_order(status.clone());
-    order.workflow = "three".into();
-    submission
-        .submit_and_start(&Actor::new_instance("submission"), &[(&order, &wf)])
-        .await
-        .expect("submit");
-    let mut request = request_of(&recorder.take().await);
+    let (order_id, mut request) = started.start().await;
     let trips = RoundTrips::default();
     let _counting =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(trips.clone()));
     let mut costs = Vec::new();
     for (step, scheduler) in [(0, &first), (1, &second), (2, &first)] {
-        let reply = StepReply::to(
-            &request,
-            StepOutcome::Succeeded {
-                result: json!({ "step": step }),
-            },
-        );
+        let reply = succeeded(&request, step);
         trips.take();
         let applied = scheduler.apply_reply(&me, &reply).await.expect("reply");
         assert!(
@@ -1517,7 +1536,7 @@ async fn a_reply_to_an_order_moved_on_elsewhere_or_a_duplicate_is_judged_on_the_
             "step {step}: {applied:?}"
         );
         costs.push(trips.take());
-        let published = recorder.take().await;
+        let published = started.recorder.take().await;
         if step == 1 {
             // (Not counted: the release of the hand-over just taken.)
             trips.take();
@@ -1525,7 +1544,7 @@ async fn a_reply_to_an_order_moved_on_elsewhere_or_a_duplicate_is_judged_on_the_
             assert!(matches!(again, ReplyOutcome::Stale(_)), "{again:?}");
             assert_eq!(trips.take(), 1, "the load, and nothing to write");
             // (Not counted: letting go of the outbox lock its load took.)
-            recorder.take().await;
+            started.recorder.take().await;
             trips.take();
         }
         if step < 2 {
@@ -1537,13 +1556,8 @@ async fn a_reply_to_an_order_moved_on_elsewhere_or_a_duplicate_is_judged_on_the_
         [2, 2, 2],
         "each reply loads its order: none answers what a kept order sent"
     );
-    let state: String = sqlx::query_scalar("SELECT process_state FROM orders WHERE order_id = $1")
-        .bind(order.order_id)
-        .fetch_one(&app.db)
-        .await
-        .expect("state");
-    assert_eq!(state, "processed");
-    store.close().await;
+    assert_eq!(state_of(&app, order_id).await, "processed");
+    started.store.close().await;
 }
 
 /// A relay's pass over `ids` ([`StateStore::take_outbox`]), every message
