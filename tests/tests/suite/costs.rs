@@ -1560,6 +1560,47 @@ async fn a_reply_to_an_order_moved_on_elsewhere_or_a_duplicate_is_judged_on_the_
     started.store.close().await;
 }
 
+#[tokio::test]
+async fn the_room_a_start_reads_with_its_write_back_holds_the_breakers_the_next_start_judges_by() {
+    // (Counted: the statements sqlx logs.) With the first step's agent
+    // under an open breaker, a start reads the room, leaves its order
+    // pending, and its write-back reads the room again as it leaves it:
+    // the next start, in that room, reads nothing first and still sees the
+    // breaker (a room read without it would start the order).
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let app = TestApp::new().await;
+    let started = Started::new(&app, "room").await;
+    sqlx::query("INSERT INTO breakers (agent, state, opened_at) VALUES ('a', 'open', now())")
+        .execute(&app.db)
+        .await
+        .expect("open the breaker");
+    let submission = Handed::to(
+        Transitions::new(started.store.clone(), app.queues.clone())
+            .keeping_room_for(std::time::Duration::from_secs(3600)),
+        started.recorder.clone(),
+    );
+    let trips = RoundTrips::default();
+    let _counting =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(trips.clone()));
+    let me = Actor::new_instance("submission");
+    let mut costs = Vec::new();
+    for _ in 0..2 {
+        let mut order = one_step_order(started.status.clone());
+        order.workflow = "three".into();
+        trips.take();
+        let submitted = submission
+            .submit_and_start(&me, &[(&order, &started.wf)])
+            .await
+            .expect("submit");
+        costs.push(trips.take());
+        assert_eq!(submitted, [Submitted::Created { started: false }]);
+        started.recorder.take().await;
+        assert_eq!(state_of(&app, order.order_id).await, "pending");
+    }
+    assert_eq!(costs[1], 1, "the second start reads no room of its own");
+    started.store.close().await;
+}
+
 /// A relay's pass over `ids` ([`StateStore::take_outbox`]), every message
 /// published: the orders another publisher held, and the messages taken.
 async fn relay_pass(store: &StateStore, ids: &[Uuid], wait: bool) -> (Vec<Uuid>, Vec<OutboxRow>) {
