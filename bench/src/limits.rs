@@ -559,8 +559,8 @@ impl sas::engine::Outlet for Outlet {
 
     /// Takes what a transition committed: the messages handed over.
     fn hand_over(&self, committed: Committed) {
-        if let Some((held, rows)) = committed.publish {
-            self.publish(held, rows);
+        if let Some(held) = committed.held {
+            self.publish(held, committed.publish);
         }
     }
 }

@@ -11,7 +11,10 @@
 //! While the relay is not busy, transitions skip its transaction: a
 //! transition hands its committed messages over ([`Relay::hand_over`]) together with
 //! the connection that still holds its orders' outbox locks, and they are
-//! published at once, then deleted. Under load (a few hand-overs under way)
+//! published at once, then deleted. Step requests alone need no lock: a
+//! service's relay ([`Relay::publishing_as`]) leaves them in the outbox,
+//! handed to its instance, and the reply's write-back deletes them; while
+//! the instance beats, no other relay sends them again. Under load (a few hand-overs under way)
 //! the relay's passes take everything, many orders at a time; they are also
 //! the way back for what a hand-over could not do: messages of orders with
 //! older ones still waiting, messages whose publish failed, and rows that a
@@ -47,6 +50,9 @@ pub struct Relay {
     /// behind (a service's relay), or only publish what this process
     /// handed over (a tool's, [`Relay::for_handovers`]).
     sweeps: bool,
+    /// The instance whose heartbeat covers the step requests it sent
+    /// ([`Relay::publishing_as`]).
+    instance: std::sync::OnceLock<String>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -69,16 +75,30 @@ impl Relay {
         if !committed.follow.is_empty() {
             self.clone().follow(committed.follow);
         }
-        if let Some((held, rows)) = committed.publish {
-            self.clone().publish(held, rows);
+        if !committed.publish.is_empty() || committed.held.is_some() {
+            self.clone().publish(committed.held, committed.publish);
         }
     }
 
-    fn publish(self: Arc<Self>, held: Held, rows: Vec<OutboxRow>) {
+    /// Makes this relay a service's, whose instance beats as `instance`:
+    /// the step requests it hands over stay in the outbox, handed to it,
+    /// until their replies delete them (no delete, no lock for them).
+    pub fn publishing_as(&self, instance: &str) {
+        // Set once, as the service starts: a second name is ignored.
+        let _ = self.instance.set(instance.to_owned());
+    }
+
+    /// The instance named by [`Relay::publishing_as`], if any.
+    pub fn instance(&self) -> Option<&str> {
+        self.instance.get().map(String::as_str)
+    }
+
+    fn publish(self: Arc<Self>, held: Option<Held>, rows: Vec<OutboxRow>) {
         let publisher = self.publisher();
         let relay = self.clone();
         self.handoffs.spawn(async move {
-            let orders: Vec<(i64, Uuid)> = rows.iter().map(|r| (r.id, r.order_id)).collect();
+            let orders: Vec<(i64, Uuid, bool)> =
+                rows.iter().map(|r| (r.id, r.order_id, r.handed)).collect();
             let (done, outcome) = match publisher {
                 Some(publisher) => relay.send(&publisher, "handoff", held, rows).await,
                 // Between broker sessions: the relay's next pass sends them.
@@ -86,11 +106,25 @@ impl Relay {
             };
             if outcome.is_err() {
                 // Unsent (a message the broker refused as unroutable stays
-                // for the sweep, as in the relay's own pass).
+                // for the sweep, as in the relay's own pass). Requests
+                // handed to this instance go back to the relays first:
+                // while it beats, no relay takes them otherwise.
+                let unsent = |&&(id, _, _): &&(i64, Uuid, bool)| !done.contains(&id);
+                let handed: Vec<i64> = orders
+                    .iter()
+                    .filter(unsent)
+                    .filter(|(_, _, handed)| *handed)
+                    .map(|&(id, _, _)| id)
+                    .collect();
+                if !handed.is_empty()
+                    && let Err(e) = relay.store.unhand_outbox(&handed).await
+                {
+                    tracing::warn!(error = %e, "could not hand unsent requests back to the relays");
+                }
                 let mut left: Vec<Uuid> = orders
                     .iter()
-                    .filter(|(id, _)| !done.contains(id))
-                    .map(|&(_, order)| order)
+                    .filter(unsent)
+                    .map(|&(_, order, _)| order)
                     .collect();
                 left.dedup();
                 relay.push(left);
@@ -110,7 +144,7 @@ impl Relay {
             let sent = match relay.store.take_outbox(&orders, true).await {
                 Ok(taken) => {
                     relay
-                        .send(&publisher, "follow", taken.held, taken.rows)
+                        .send(&publisher, "follow", Some(taken.held), taken.rows)
                         .await
                         .1
                 }
@@ -134,25 +168,34 @@ impl Relay {
     }
 
     /// Publishes messages taken with their orders' outbox locks
-    /// ([`publish_rows`]), then deletes the ones published and lets the
-    /// locks go. Returns the ids published (or dropped as unpublishable) and
-    /// whether the broker is still usable.
+    /// ([`publish_rows`]), then deletes the ones published, but for the
+    /// handed requests (their replies do), and lets the locks go. Returns
+    /// the ids published (or dropped as unpublishable) and whether the
+    /// broker is still usable.
     async fn send(
         &self,
         publisher: &Publisher,
         path: &str,
-        held: Held,
+        held: Option<Held>,
         rows: Vec<OutboxRow>,
     ) -> (Vec<i64>, Result<(), BrokerError>) {
+        let handed: Vec<i64> = rows.iter().filter(|r| r.handed).map(|r| r.id).collect();
         let (done, outcome) = if rows.is_empty() {
             (Vec::new(), Ok(()))
         } else {
             publish_rows(publisher, &self.metrics, self.requests, path, rows).await
         };
         crate::crash::point("outbox.after_publish");
-        if let Err(e) = held.release(&done).await {
-            // Published all the same: the sweep sends them again, later.
-            tracing::warn!(error = %e, "could not delete published messages");
+        if let Some(held) = held {
+            let delete: Vec<i64> = done
+                .iter()
+                .copied()
+                .filter(|id| !handed.contains(id))
+                .collect();
+            if let Err(e) = held.release(&delete).await {
+                // Published all the same: the sweep sends them again, later.
+                tracing::warn!(error = %e, "could not delete published messages");
+            }
         }
         (done, outcome)
     }
@@ -235,6 +278,7 @@ impl Relay {
             publisher: Mutex::new(None),
             handoffs: tokio_util::task::TaskTracker::new(),
             sweeps,
+            instance: std::sync::OnceLock::new(),
         })
     }
 
@@ -324,6 +368,10 @@ impl Relay {
         }
         let age = i64::try_from(self.settings.sweep_age.as_millis()).unwrap_or(i64::MAX);
         let limit = i64::try_from(self.settings.batch).unwrap_or(i64::MAX);
+        // Requests answered or dispatched again elsewhere: nobody sends them.
+        if let Err(e) = self.store.outbox_drop_superseded(age).await {
+            tracing::warn!(error = %e, "could not drop superseded requests");
+        }
         match self.store.outbox_stale_orders(age, limit).await {
             Ok(ids) if !ids.is_empty() => {
                 tracing::info!(orders = ids.len(), "relaying messages left behind");
@@ -356,7 +404,9 @@ impl Relay {
                 return Ok(Vec::new());
             }
         };
-        let (done, outcome) = self.send(publisher, "relay", taken.held, taken.rows).await;
+        let (done, outcome) = self
+            .send(publisher, "relay", Some(taken.held), taken.rows)
+            .await;
         outcome?;
         tracing::debug!(
             orders = orders.len(),
@@ -498,6 +548,14 @@ impl RelayTask {
         self.relay.handoffs.close();
         self.relay.handoffs.wait().await;
         self.relay.handoffs.reopen();
+        // Every request handed to this instance is sent now (an unsent one
+        // was handed back): no relay must send them again once it stops
+        // beating.
+        if let Some(instance) = self.relay.instance()
+            && let Err(e) = self.relay.store.forget_handed(instance).await
+        {
+            tracing::warn!(error = %e, "could not forget the requests sent");
+        }
         self.stop.cancel();
         let relayed = self
             .handle

@@ -47,6 +47,15 @@ impl Pipeline {
         self
     }
 
+    /// The same pipeline, its relay a service instance's that beats as
+    /// `instance` ([`Relay::publishing_as`]): the step requests it hands
+    /// over stay in the outbox until their replies delete them.
+    #[must_use]
+    pub fn publishing_as(self, instance: &str) -> Self {
+        self.relay.publishing_as(instance);
+        self
+    }
+
     /// Starts the relay for a broker session; stop it when the session ends.
     pub async fn start(&self, broker: &Broker) -> Result<RelayTask, BrokerError> {
         self.relay.start(broker).await

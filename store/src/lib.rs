@@ -458,7 +458,7 @@ impl StateStore {
         self.conn()
             .await?
             .run(|c| async move {
-                let loaded = orders::warnable(&mut *c, rungs, limit, false).await?;
+                let loaded = orders::warnable(&mut *c, rungs, limit).await?;
                 let now = match loaded.first() {
                     Some(l) => l.tx_now,
                     None => sqlx::query_scalar("SELECT now()").fetch_one(c).await?,
@@ -505,8 +505,8 @@ impl StateStore {
             .run(|c| async move {
                 let mut tx = sqlx::Connection::begin(c).await?;
                 let loaded = match unsent {
-                    None => orders::expired(&mut tx, limit, false, &[0], 1).await?,
-                    Some(before) => orders::unsent(&mut tx, before, limit, false).await?,
+                    None => orders::expired(&mut tx, limit, &[0], 1).await?,
+                    Some(before) => orders::unsent(&mut tx, before, limit).await?,
                 };
                 let now = sqlx::query_scalar("SELECT now()")
                     .fetch_one(&mut *tx)

@@ -21,9 +21,6 @@ pub struct Loaded {
     pub version: i64,
     /// The statement's clock (`now()`).
     pub tx_now: DateTime<Utc>,
-    /// Whether this connection took the order's outbox lock with it (`None`:
-    /// not asked to, or another publisher holds it).
-    pub outbox_locked: Option<bool>,
     /// Its steps, by index.
     pub steps: sqlx::types::Json<Vec<super::steps::StepRow>>,
     /// The agents' breakers that are not closed (the same on every row).
@@ -59,7 +56,7 @@ impl super::StateStore {
         let limit = i64::from(limit);
         let loaded = {
             let mut tx = conn.begin().await?;
-            let loaded = claimable(&mut tx, limit, "", limit, false).await;
+            let loaded = claimable(&mut tx, limit, "", limit).await;
             tx.rollback().await?;
             loaded?
         };
@@ -95,21 +92,17 @@ impl super::StateStore {
 /// breakers that are not closed, read once ([`super::breakers::GATES`]).
 /// The rows come back in order id order. Constant text: `flag` is a
 /// parameter's number.
-fn loading(picked: &str, flag: u8) -> String {
+fn loading(picked: &str) -> String {
     format!(
         "WITH l AS MATERIALIZED ({picked}) \
-         SELECT l.*, now() AS tx_now, k.outbox_locked, \
+         SELECT l.*, now() AS tx_now, \
            (SELECT coalesce(json_agg(s ORDER BY s.idx), '[]') FROM ( \
              SELECT {steps} FROM steps WHERE steps.order_id = l.order_id) s) AS steps, \
            ({gates}) AS gates, ({flows}) AS flows \
-         FROM l LEFT JOIN LATERAL ( \
-           SELECT pg_try_advisory_lock({key}) AS outbox_locked \
-           WHERE ${flag}) k ON k.outbox_locked \
-         ORDER BY l.order_id",
+         FROM l ORDER BY l.order_id",
         steps = super::steps::COLUMNS,
         gates = super::breakers::GATES,
         flows = *super::flows::FLOWS,
-        key = super::outbox::lock_key("l.order_id"),
     )
 }
 
@@ -128,7 +121,6 @@ impl<'r> sqlx::FromRow<'r, PgRow> for Loaded {
             order: order_from_row(row)?,
             version: row.try_get("version")?,
             tx_now: row.try_get("tx_now")?,
-            outbox_locked: row.try_get("outbox_locked")?,
             steps: row.try_get("steps")?,
             gates: row.try_get("gates")?,
             flows: row.try_get("flows")?,
@@ -186,24 +178,19 @@ pub async fn get(conn: &mut PgConnection, order_id: Uuid) -> Result<Option<Order
 }
 
 /// These orders, as they are now (not locked: the write-back is guarded
-/// by each row's version). With `outbox_locks`, also takes their outbox locks.
+/// by each row's version).
 pub async fn load_many(
     conn: &mut PgConnection,
     order_ids: &[Uuid],
-    outbox_locks: bool,
 ) -> Result<Vec<Loaded>, sqlx::Error> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
-        loading(
-            &format!(
-                "SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders \
+        loading(&format!(
+            "SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders \
                  WHERE order_id = ANY($1)"
-            ),
-            2,
-        )
+        ))
     });
     sqlx::query_as::<_, Loaded>(sqlx::AssertSqlSafe(SQL.as_str()))
         .bind(order_ids)
-        .bind(outbox_locks)
         .fetch_all(conn)
         .await
 }
@@ -215,8 +202,7 @@ pub async fn load_many(
 /// room. Orders another scheduler is claiming (its row lock
 /// or claim lock) are passed by; `holder` takes the claim lock of each order
 /// returned, which the write-back lets go ([`claim_key`]). Fewer when
-/// `holder` already holds nearly `max_held` orders. With `outbox_locks`,
-/// also takes their outbox locks.
+/// `holder` already holds nearly `max_held` orders.
 ///
 /// Its row locks make it a transaction that writes; it commits without
 /// waiting for the disk, as it changes no data.
@@ -225,12 +211,10 @@ pub async fn claimable(
     limit: i64,
     holder: &str,
     max_held: i64,
-    outbox_locks: bool,
 ) -> Result<Vec<Loaded>, sqlx::Error> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
-        loading(
-            &format!(
-                "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), \
+        loading(&format!(
+            "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), \
                  c AS MATERIALIZED ( \
                    SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders, relaxed \
                    WHERE (process_state = 'pending' \
@@ -247,17 +231,14 @@ pub async fn claimable(
                    LIMIT LEAST($1, GREATEST(0, $3 - (SELECT count(*) FROM orders WHERE locked_by = $2))) \
                    FOR UPDATE OF orders SKIP LOCKED) \
                  SELECT * FROM c WHERE pg_try_advisory_lock({key})",
-                key = claim_key("c.order_id"),
-                bucket = super::flows::bucket("f"),
-            ),
-            4,
-        )
+            key = claim_key("c.order_id"),
+            bucket = super::flows::bucket("f"),
+        ))
     });
     sqlx::query_as::<_, Loaded>(sqlx::AssertSqlSafe(SQL.as_str()))
         .bind(limit)
         .bind(holder)
         .bind(max_held)
-        .bind(outbox_locks)
         .fetch_all(conn)
         .await
 }
@@ -273,34 +254,28 @@ const DRIVEN_IN_TIME: &str = "o.locked_by IS NOT NULL AND o.complete_by >= now()
 /// `hold_until` but is judged by its step's deadline, so that a probe whose
 /// answer is on its way is not cut at `max_hold`), oldest deadline first, of the
 /// `partitions` (out of `count`, [`super::partitions`]) the caller sweeps.
-/// Orders another supervisor's sweep has locked are passed by. With
-/// `outbox_locks`, also takes their outbox locks.
+/// Orders another supervisor's sweep has locked are passed by.
 pub async fn expired(
     conn: &mut PgConnection,
     limit: i64,
-    outbox_locks: bool,
     partitions: &[i32],
     count: i32,
 ) -> Result<Vec<Loaded>, sqlx::Error> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
-        loading(
-            &format!(
-                "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) \
+        loading(&format!(
+            "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) \
                  SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders, relaxed \
                  WHERE ((locked_by IS NOT NULL AND complete_by < now() \
                          AND process_state IN ('processing', 'compensating')) \
                         OR (hold_until < now() AND held_for IS NOT NULL)) \
-                   AND {partition} = ANY($3::int[]) \
+                   AND {partition} = ANY($2::int[]) \
                  ORDER BY coalesce(complete_by, hold_until) LIMIT $1 \
                  FOR UPDATE OF orders SKIP LOCKED",
-                partition = super::partitions::partition_of("order_id", "$4::int"),
-            ),
-            2,
-        )
+            partition = super::partitions::partition_of("order_id", "$3::int"),
+        ))
     });
     sqlx::query_as::<_, Loaded>(sqlx::AssertSqlSafe(SQL.as_str()))
         .bind(limit)
-        .bind(outbox_locks)
         .bind(partitions)
         .bind(count)
         .fetch_all(conn)
@@ -314,18 +289,15 @@ pub async fn expired(
 /// undone) with the soonest complete-by, a wait excepted: exactly the
 /// orders [`sas_core::rules::supervisor::warnable`] names, which a test checks
 /// over generated rows (a wait was picked here and never warned, so it was
-/// loaded again at every tick). With `outbox_locks`, also takes their
-/// outbox locks.
+/// loaded again at every tick).
 pub async fn warnable(
     conn: &mut PgConnection,
     rungs: &[f64],
     limit: i64,
-    outbox_locks: bool,
 ) -> Result<Vec<Loaded>, sqlx::Error> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
-        loading(
-            &format!(
-                "SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders o \
+        loading(&format!(
+            "SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders o \
                  WHERE {DRIVEN_IN_TIME} \
                    AND EXISTS (SELECT 1 FROM (SELECT s.complete_by, s.timeout_ms, s.warned \
                        FROM steps s WHERE s.order_id = o.order_id \
@@ -337,14 +309,11 @@ pub async fn warnable(
                        AND w.warned < cardinality($1::float8[]) \
                        AND now() >= w.complete_by \
                          - (1 - ($1::float8[])[w.warned + 1]) * w.timeout_ms * interval '1 millisecond') \
-                 ORDER BY o.complete_by LIMIT $3"
-            ),
-            2,
-        )
+                 ORDER BY o.complete_by LIMIT $2"
+        ))
     });
     sqlx::query_as::<_, Loaded>(sqlx::AssertSqlSafe(SQL.as_str()))
         .bind(rungs)
-        .bind(outbox_locks)
         .bind(limit)
         .fetch_all(conn)
         .await
@@ -356,32 +325,27 @@ pub async fn warnable(
 /// sends nothing), or an undo out with its compensating agent. Exactly the
 /// orders [`sas_core::rules::resend::unsent`] names, which a test checks
 /// over generated rows. Soonest deadline first; orders another sweep has
-/// locked are passed by. With `outbox_locks`, also takes their outbox locks.
+/// locked are passed by.
 pub async fn unsent(
     conn: &mut PgConnection,
     before: Uuid,
     limit: i64,
-    outbox_locks: bool,
 ) -> Result<Vec<Loaded>, sqlx::Error> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
-        loading(
-            &format!(
-                "SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders o \
+        loading(&format!(
+            "SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders o \
                  WHERE {DRIVEN_IN_TIME} \
                    AND EXISTS (SELECT 1 FROM steps s WHERE s.order_id = o.order_id \
                      AND s.dispatch_id < $1 \
                      AND ((s.state = 'running' AND s.agent NOT LIKE 'wait:%' \
                            AND s.agent NOT LIKE 'signal:%') \
                        OR (s.state = 'compensating' AND s.compensate IS NOT NULL))) \
-                 ORDER BY o.complete_by LIMIT $3 \
+                 ORDER BY o.complete_by LIMIT $2 \
                  FOR UPDATE OF o SKIP LOCKED"
-            ),
-            2,
-        )
+        ))
     });
     sqlx::query_as::<_, Loaded>(sqlx::AssertSqlSafe(SQL.as_str()))
         .bind(before)
-        .bind(outbox_locks)
         .bind(limit)
         .fetch_all(conn)
         .await
@@ -391,21 +355,17 @@ pub async fn unsent(
 /// ladder, and held orders (those that may be stuck), soonest deadline first.
 pub async fn late(conn: &mut PgConnection, limit: i64) -> Result<Vec<Loaded>, sqlx::Error> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
-        loading(
-            &format!(
-                "SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders o \
+        loading(&format!(
+            "SELECT {COLUMNS}, xmin::text::bigint AS version FROM orders o \
                  WHERE o.held_for IS NOT NULL OR (o.locked_by IS NOT NULL \
                    AND o.process_state IN ('processing', 'compensating') \
                    AND EXISTS (SELECT 1 FROM steps s WHERE s.order_id = o.order_id \
                      AND s.state IN ('running', 'compensating') AND s.warned > 0)) \
                  ORDER BY o.complete_by LIMIT $1"
-            ),
-            2,
-        )
+        ))
     });
     sqlx::query_as::<_, Loaded>(sqlx::AssertSqlSafe(SQL.as_str()))
         .bind(limit)
-        .bind(false)
         .fetch_all(conn)
         .await
 }

@@ -20,6 +20,11 @@ pub struct OutboxRow {
     pub traceparent: Option<String>,
     /// The JSON body, as published: encoded once, when the transition wrote it.
     pub body: Vec<u8>,
+    /// A step request handed to this process to publish (`handed_to`): it
+    /// stays in the outbox until its reply's write-back deletes it, so the
+    /// publisher does not delete it.
+    #[sqlx(default)]
+    pub handed: bool,
 }
 
 /// Whether a transition's connection takes the outbox locks of the orders
@@ -44,13 +49,19 @@ pub(super) fn lock_key(column: &str) -> String {
 /// What a transition committed for publishing, handed back to its caller,
 /// which passes it to whoever publishes (the engine's relay).
 /// Dropped unread, the connection it holds is closed (letting its outbox
-/// locks go) and the messages wait for a relay's sweep.
+/// locks go) and the messages wait for a relay's sweep (a handed request:
+/// until its publisher stops beating, [`PUBLISHABLE`]).
 #[derive(Debug, Default)]
 pub struct Committed {
-    /// Messages to publish at once, in order (several orders' messages),
-    /// over the connection that holds their orders' outbox locks; then
-    /// [`Held::release`] deletes them and lets the locks go.
-    pub publish: Option<(Held, Vec<OutboxRow>)>,
+    /// Messages to publish at once, in order (several orders' messages);
+    /// then [`Held::release`] deletes them, but for the handed requests
+    /// ([`OutboxRow::handed`]), and lets the locks go.
+    pub publish: Vec<OutboxRow>,
+    /// The connection holding the outbox locks of the orders among them
+    /// with messages that applications see (status events, alerts), and of
+    /// any whose older messages still wait; none when only handed requests
+    /// go out.
+    pub held: Option<Held>,
     /// Orders whose new messages are left to the relay's next pass.
     pub later: Vec<Uuid>,
     /// Orders whose outbox locks another publisher held when the transition
@@ -211,31 +222,61 @@ pub(super) async fn take(
                 reply_to: r.reply_to,
                 traceparent: r.traceparent,
                 body,
+                handed: false,
             });
         }
     }
     Ok((taken, rows))
 }
 
-/// Orders with messages older than `age_ms`: left behind by a process that died.
+/// Whether the relays may publish an outbox row now (the SQL function of
+/// migration 20261208000001, over the row's columns): any message but a
+/// step request handed to a publisher that still beats, or one whose step
+/// no longer waits for its dispatch (never to be sent again).
+pub(super) const PUBLISHABLE: &str =
+    "sas_outbox_publishable(kind, order_id, correlation_id, handed_to)";
+
+/// Orders with messages older than `age_ms` that a relay may publish: left
+/// behind by a process that died.
 pub async fn stale_orders(
     conn: &mut PgConnection,
     age_ms: i64,
     limit: i64,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT order_id FROM outbox WHERE created_at < now() - $1 * interval '1 millisecond' \
-         GROUP BY order_id ORDER BY min(id) LIMIT $2",
-    )
-    .bind(age_ms)
-    .bind(limit)
-    .fetch_all(conn)
-    .await
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "SELECT order_id FROM outbox WHERE created_at < now() - $1 * interval '1 millisecond' \
+             AND {PUBLISHABLE} GROUP BY order_id ORDER BY min(id) LIMIT $2"
+        )
+    });
+    sqlx::query_scalar(sqlx::AssertSqlSafe(SQL.as_str()))
+        .bind(age_ms)
+        .bind(limit)
+        .fetch_all(conn)
+        .await
 }
 
-/// Messages waiting in the outbox.
+/// Deletes the step requests older than `age_ms` whose step no longer
+/// waits for their dispatch (answered elsewhere, or dispatched again):
+/// nobody may send them again. Returns how many.
+pub async fn drop_superseded(conn: &mut PgConnection, age_ms: i64) -> Result<u64, sqlx::Error> {
+    sqlx::query(
+        "DELETE FROM outbox o WHERE o.kind = 'request' \
+           AND o.created_at < now() - $1 * interval '1 millisecond' \
+           AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.order_id = o.order_id \
+             AND s.dispatch_id::text = o.correlation_id \
+             AND s.state IN ('running', 'compensating'))",
+    )
+    .bind(age_ms)
+    .execute(conn)
+    .await
+    .map(|done| done.rows_affected())
+}
+
+/// Messages waiting in the outbox for a publisher: not the step requests
+/// handed over and sent, which wait only for their replies.
 pub async fn backlog(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("SELECT count(*) FROM outbox")
+    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE kind <> 'request' OR handed_to IS NULL")
         .fetch_one(conn)
         .await
 }
@@ -262,6 +303,39 @@ impl StateStore {
             .copied()
             .collect();
         Ok(Taken { held, rows, busy })
+    }
+
+    /// Hands these step requests back to the relays: their hand-over could
+    /// not send them, so any relay may now ([`PUBLISHABLE`]).
+    pub async fn unhand_outbox(&self, ids: &[i64]) -> Result<(), StoreError> {
+        let mut conn = self.conn().await?;
+        conn.run(|c| {
+            sqlx::query("UPDATE outbox SET handed_to = NULL WHERE id = ANY($1)")
+                .bind(ids)
+                .execute(c)
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Deletes the step requests handed to `instance`, all sent: called as
+    /// it stops, so that no relay sends them again once it no longer beats.
+    pub async fn forget_handed(&self, instance: &str) -> Result<(), StoreError> {
+        let mut conn = self.conn().await?;
+        conn.run(|c| {
+            sqlx::query("DELETE FROM outbox WHERE handed_to = $1 AND kind = 'request'")
+                .bind(instance)
+                .execute(c)
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Deletes step requests superseded for longer than `age_ms`
+    /// ([`drop_superseded`]).
+    pub async fn outbox_drop_superseded(&self, age_ms: i64) -> Result<u64, StoreError> {
+        let mut conn = self.conn().await?;
+        conn.run(|c| drop_superseded(c, age_ms)).await
     }
 
     /// Messages waiting in the outbox.

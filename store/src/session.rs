@@ -27,6 +27,8 @@ pub struct Session {
     store: StateStore,
     conn: Conn,
     locks: OutboxLocks,
+    /// The instance its hand-overs' step requests stay handed to.
+    handed_to: Option<String>,
 }
 
 /// What a write-back wrote, and the messages it committed for the caller
@@ -76,9 +78,14 @@ pub(super) fn room_columns(bound: &str) -> [String; 4] {
 }
 
 impl StateStore {
-    /// A session for one transition, whose loads and write-back take outbox
-    /// locks as `locks` says.
-    pub async fn session(&self, locks: OutboxLocks) -> Result<Session, StoreError> {
+    /// A session for one transition, whose write-back takes outbox locks
+    /// as `locks` says, leaving the step requests it hands over handed to
+    /// `handed_to` ([`Unit::handed_to`]).
+    pub async fn session(
+        &self,
+        locks: OutboxLocks,
+        handed_to: Option<&str>,
+    ) -> Result<Session, StoreError> {
         let mut conn = self.conn().await?;
         // Until the write-back, the connection may hold claim or outbox
         // locks (a failed statement's too): dropped, it is closed.
@@ -87,6 +94,7 @@ impl StateStore {
             conn,
             store: self.clone(),
             locks,
+            handed_to: handed_to.map(str::to_owned),
         })
     }
 }
@@ -94,11 +102,7 @@ impl StateStore {
 impl Session {
     /// These orders, as they are now (`orders::load_many`).
     pub async fn load(&mut self, order_ids: &[Uuid]) -> Result<Unit, StoreError> {
-        let lock = self.takes_locks();
-        let loaded = self
-            .conn
-            .run(|c| orders::load_many(c, order_ids, lock))
-            .await?;
+        let loaded = self.conn.run(|c| orders::load_many(c, order_ids)).await?;
         self.unit(loaded, false).await
     }
 
@@ -145,10 +149,9 @@ impl Session {
         claimer: &str,
         max_held: i64,
     ) -> Result<Unit, StoreError> {
-        let lock = self.takes_locks();
         let loaded = self
             .conn
-            .run(|c| orders::claimable(c, limit, claimer, max_held, lock))
+            .run(|c| orders::claimable(c, limit, claimer, max_held))
             .await?;
         self.unit(loaded, true).await
     }
@@ -161,10 +164,9 @@ impl Session {
         partitions: &[i32],
         count: i32,
     ) -> Result<Unit, StoreError> {
-        let lock = self.takes_locks();
         let loaded = self
             .conn
-            .run(|c| orders::expired(c, limit, lock, partitions, count))
+            .run(|c| orders::expired(c, limit, partitions, count))
             .await?;
         self.unit(loaded, false).await
     }
@@ -172,28 +174,26 @@ impl Session {
     /// Up to `limit` orders whose watched step passed a rung of `rungs`
     /// ([`orders::warnable`]).
     pub async fn load_warnable(&mut self, rungs: &[f64], limit: i64) -> Result<Unit, StoreError> {
-        let lock = self.takes_locks();
-        let loaded = self
-            .conn
-            .run(|c| orders::warnable(c, rungs, limit, lock))
-            .await?;
+        let loaded = self.conn.run(|c| orders::warnable(c, rungs, limit)).await?;
         self.unit(loaded, false).await
     }
 
     /// Up to `limit` orders with a step out by a message sent before
     /// `before` ([`orders::unsent`]).
     pub async fn load_unsent(&mut self, before: Uuid, limit: i64) -> Result<Unit, StoreError> {
-        let lock = self.takes_locks();
-        let loaded = self
-            .conn
-            .run(|c| orders::unsent(c, before, limit, lock))
-            .await?;
+        let loaded = self.conn.run(|c| orders::unsent(c, before, limit)).await?;
         self.unit(loaded, false).await
     }
 
     /// A unit with no orders, for new ones, at the client's clock.
     pub fn empty(&self) -> Unit {
-        Unit::empty(chrono::Utc::now(), self.locks)
+        self.handing(Unit::empty(chrono::Utc::now(), self.locks))
+    }
+
+    /// `unit`, its hand-overs' requests handed to this session's instance.
+    fn handing(&self, mut unit: Unit) -> Unit {
+        unit.handed_to.clone_from(&self.handed_to);
+        unit
     }
 
     /// The room for new orders to start in, as it is now: the database's
@@ -224,16 +224,15 @@ impl Session {
     /// `room`: at its clock, with its breakers and flow control for the
     /// rules to judge whether their first steps may go.
     pub fn empty_in(&self, room: &Room) -> Unit {
-        let mut unit = Unit::empty(room.now, self.locks);
+        let mut unit = self.handing(Unit::empty(room.now, self.locks));
         unit.gates = room.gates.clone();
         unit.flows = room.flows.clone();
         unit
     }
 
     /// Writes `unit` back in one statement, moving the flow-control counts
-    /// by `flows`, and hands its messages back with the connection when it
-    /// holds their outbox locks (otherwise the connection goes back to the
-    /// pool).
+    /// by `flows`, and hands its messages back, with the connection when it
+    /// holds outbox locks (otherwise the connection goes back to the pool).
     pub async fn write_back(
         mut self,
         unit: Unit,
@@ -251,23 +250,18 @@ impl Session {
         let Some(conn) = self.conn.into_pooled() else {
             return Err(StoreError::Silent(bound));
         };
-        let publish = flushed
-            .holds_locks
-            .then(|| (Held::new(conn, bound), flushed.publish));
+        let held = flushed.holds_locks.then(|| Held::new(conn, bound));
         Ok(Written {
             room: flushed.room,
             versions: flushed.versions,
             created: flushed.created,
             committed: Committed {
-                publish,
+                publish: flushed.publish,
+                held,
                 later: flushed.later,
                 follow: flushed.follow,
             },
         })
-    }
-
-    fn takes_locks(&self) -> bool {
-        self.locks == OutboxLocks::Take
     }
 
     /// Whether this session's loads and write-back take outbox locks.
@@ -280,6 +274,6 @@ impl Session {
     async fn unit(&mut self, loaded: Vec<Loaded>, claimed: bool) -> Result<Unit, StoreError> {
         let ids = loaded.iter().filter_map(|l| l.order.definition);
         let definitions = self.store.definitions_on(&mut self.conn, ids).await?;
-        Ok(Unit::load(loaded, claimed, definitions, self.locks))
+        Ok(self.handing(Unit::load(loaded, claimed, definitions, self.locks)))
     }
 }

@@ -49,10 +49,8 @@ pub struct Tracked {
     version: i64,
     /// New: written by the unit's insert, nothing to update.
     inserted: bool,
-    /// This connection holds the order's outbox lock.
-    outbox_locked: bool,
-    /// Kept by the process from its last write-back, not loaded: the
-    /// write-back takes its outbox lock ([`Unit::keep`]).
+    /// Kept by the process from its last write-back, not loaded
+    /// ([`Unit::keep`]).
     kept: bool,
     /// The `traceparent` of the messages of its latest decision: that
     /// decision's exported span; `None` when nothing is exported (each
@@ -89,6 +87,14 @@ pub struct NewMessage {
     /// The JSON to publish, encoded once.
     #[serde(skip)]
     pub body: Vec<u8>,
+}
+
+/// A dispatch a reply answers: its request leaves the outbox.
+#[derive(Debug, Serialize)]
+struct Answered {
+    order_id: Uuid,
+    /// As the request's `correlation_id`.
+    dispatch: String,
 }
 
 /// A new `orders` row.
@@ -216,9 +222,17 @@ pub struct Unit {
     pub dispatched: Vec<String>,
     /// The definitions the orders run under ([`sas_core::rules::Given::definitions`]).
     pub definitions: super::definitions::Definitions,
-    /// Whether this connection takes the outbox locks of the orders it
-    /// writes messages for (the loaded orders' were taken with them).
+    /// Whether the write-back takes the outbox locks of the orders it
+    /// writes messages for, so that they go out at once.
     locks: OutboxLocks,
+    /// The instance that publishes what the write-back hands over, and
+    /// whose heartbeat covers the step requests it sent: they stay in the
+    /// outbox, handed to it, until their replies delete them. `None`: every
+    /// message is deleted once published (a tool's hand-overs).
+    pub(super) handed_to: Option<String>,
+    /// The dispatches the unit's replies answer, `(order, dispatch)`: the
+    /// write-back deletes their requests from the outbox.
+    answered: Vec<(Uuid, Uuid)>,
     /// Asks the write-back to read the room as it leaves it (its held
     /// count bounded by this), for the next orders to start in
     /// ([`super::session::Room`]).
@@ -255,7 +269,6 @@ impl Unit {
                 order,
                 version: l.version,
                 inserted: false,
-                outbox_locked: l.outbox_locked.unwrap_or(false),
                 kept: false,
                 hop: None,
             });
@@ -278,6 +291,8 @@ impl Unit {
             dispatched: Vec::new(),
             definitions: Vec::new(),
             locks,
+            handed_to: None,
+            answered: Vec::new(),
             room: None,
         }
     }
@@ -304,7 +319,6 @@ impl Unit {
             order,
             version: 0,
             inserted: true,
-            outbox_locked: false,
             kept: false,
             hop: None,
         });
@@ -314,15 +328,13 @@ impl Unit {
     /// Adds an order this process kept from the write-back that last
     /// wrote it, at the row version that write-back left, instead of
     /// loading it: the write-back's guard refuses it if anyone wrote it
-    /// since. Its outbox lock is taken by the write-back, when it has
-    /// messages. Returns its position.
+    /// since. Returns its position.
     pub fn keep(&mut self, order: Order, version: i64) -> usize {
         self.orders.push(Tracked {
             read: order.clone(),
             order,
             version,
             inserted: false,
-            outbox_locked: false,
             kept: true,
             hop: None,
         });
@@ -408,6 +420,20 @@ impl Unit {
         self.messages.push(message);
     }
 
+    /// Records that a reply answers `dispatch` of `order` (applied or
+    /// judged stale): its step request is done with, and the write-back
+    /// deletes it from the outbox.
+    pub fn answered(&mut self, order: Uuid, dispatch: Uuid) {
+        self.answered.push((order, dispatch));
+    }
+
+    /// Whether `m` is a message whose order's outbox lock the write-back
+    /// takes: one that applications see (a status event, an alert), or any
+    /// message when nothing is handed over to a publisher that beats.
+    fn locking(&self, m: &NewMessage) -> bool {
+        self.handed_to.is_none() || m.kind != "request"
+    }
+
     /// The steps of each order changed so far, as read and as they are now
     /// (new orders left out): what flow control counts.
     pub fn changes(&self) -> impl Iterator<Item = (&[StepRow], &[StepRow])> {
@@ -425,14 +451,16 @@ impl Unit {
     /// `flows` are the flow-control counts to move, as the rules count
     /// them from the unit's changes ([`Unit::changes`]).
     ///
-    /// With [`OutboxLocks::Take`], the outbox locks of the new orders it
-    /// has messages for are taken too (the loaded orders' were taken when
-    /// they were read; a new order with nothing to publish, such as one
-    /// with terminal events, has nothing to keep in order), and the
-    /// messages of locked orders with no older message waiting come back to
-    /// be published at once; those of orders whose lock another publisher
-    /// held follow it ([`Flushed::follow`]), the others' are left to the
-    /// outbox's sweep.
+    /// With [`OutboxLocks::Take`], the messages come back to be published
+    /// at once, in order, where they may go now: the write-back takes the
+    /// outbox locks of the orders with messages that applications see
+    /// ([`Unit::locking`]; step requests alone need no order kept), and
+    /// their messages go now when no older message of theirs waits; those
+    /// of orders whose lock another publisher held follow it
+    /// ([`Flushed::follow`]), the others' are left to the relay. Step
+    /// requests that go now are written handed to [`Unit::handed_to`], if
+    /// any: they stay until a reply's write-back deletes them
+    /// ([`Unit::answered`]).
     pub(super) async fn flush(
         self,
         conn: &mut PgConnection,
@@ -446,32 +474,29 @@ impl Unit {
             .iter()
             .filter(|t| !t.inserted && t.order != t.read)
             .collect();
-        let locked: Vec<Uuid> = self
-            .orders
-            .iter()
-            .filter(|t| t.outbox_locked)
-            .map(|t| t.order.row.order_id)
-            .collect();
-        // Kept orders with messages: the write-back tries their locks.
+        // Orders read or kept with messages to keep in order: the
+        // write-back tries their locks (a new order's, as it inserts it).
         let to_lock: Vec<Uuid> = self
             .orders
             .iter()
-            .filter(|t| t.kept && direct)
+            .filter(|t| !t.inserted && direct)
             .map(|t| t.order.row.order_id)
-            .filter(|id| self.messages.iter().any(|m| m.order_id == *id))
+            .filter(|id| {
+                self.messages
+                    .iter()
+                    .any(|m| m.order_id == *id && self.locking(m))
+            })
             .collect();
         if inserted.is_empty()
             && changed.is_empty()
             && self.events.is_empty()
             && self.messages.is_empty()
             && self.claimed.is_empty()
+            && self.answered.is_empty()
             && !self.wake
             && flows.is_empty()
         {
-            return Ok(Flushed {
-                holds_locks: !locked.is_empty(),
-                ..Flushed::default()
-            });
+            return Ok(Flushed::default());
         }
         let new_orders: Vec<OrderInsert> = inserted
             .iter()
@@ -492,6 +517,14 @@ impl Unit {
         // Room came free under flow control: orders may wait for it.
         let wake = self.wake || flows.iter().any(|f| f.delta < 0);
         let bodies: Vec<&[u8]> = self.messages.iter().map(|m| m.body.as_slice()).collect();
+        let answered: Vec<Answered> = self
+            .answered
+            .iter()
+            .map(|&(order_id, dispatch)| Answered {
+                order_id,
+                dispatch: dispatch.to_string(),
+            })
+            .collect();
         // The definitions the new orders run under, stored with them (§4d).
         let definitions: Vec<DefinitionInsert> = if inserted.is_empty() {
             Vec::new()
@@ -516,7 +549,7 @@ impl Unit {
             .bind(&bodies)
             .bind(self.now)
             .bind(direct)
-            .bind(&locked)
+            .bind(self.handed_to.as_deref())
             .bind(WAKE_CHANNEL)
             .bind(wake)
             .bind(&self.claimed)
@@ -525,6 +558,7 @@ impl Unit {
             .bind(Json(&definitions))
             .bind(self.room)
             .bind(&to_lock)
+            .bind(Json(&answered))
             .fetch_one(&mut *conn)
             .await;
         let row = match found {
@@ -542,7 +576,14 @@ impl Unit {
         };
         let new: std::collections::HashSet<Uuid> =
             inserted.iter().map(|t| t.order.row.order_id).collect();
-        Ok(row.sort(self.messages, &new, locked, direct))
+        let locking: std::collections::HashSet<Uuid> = self
+            .messages
+            .iter()
+            .filter(|m| self.locking(m))
+            .map(|m| m.order_id)
+            .collect();
+        let handed = self.handed_to.is_some();
+        Ok(row.sort(self.messages, &new, &locking, direct, handed))
     }
 }
 
@@ -646,7 +687,8 @@ pub struct Flushed {
     pub created: Vec<Uuid>,
     /// Messages to publish at once, in order, with their outbox ids: those
     /// of orders whose outbox lock this connection holds and that have no
-    /// older message waiting.
+    /// older message waiting, and the handed requests of orders with no
+    /// other message.
     pub publish: Vec<super::OutboxRow>,
     /// Orders whose new messages are left to the relay.
     pub later: Vec<Uuid>,
@@ -667,12 +709,10 @@ struct FlushRow {
     created: Vec<Uuid>,
     /// The ids of the messages written, ascending: the order they were given in.
     message_ids: Vec<i64>,
-    /// New orders whose outbox lock this connection took.
-    locked_new: Vec<Uuid>,
-    /// Locked orders that had messages waiting from earlier transitions.
-    waiting: Vec<Uuid>,
-    /// Kept orders whose outbox lock this connection took.
-    locked_kept: Vec<Uuid>,
+    /// Orders whose outbox lock this connection took.
+    locked: Vec<Uuid>,
+    /// Orders whose messages go now.
+    now_orders: Vec<Uuid>,
     /// The orders updated, ascending, and the row version each was left at.
     updated_ids: Vec<Uuid>,
     updated_versions: Vec<i64>,
@@ -686,32 +726,33 @@ struct FlushRow {
 impl FlushRow {
     /// Pairs the messages written with their ids and splits them between
     /// publishing now and the relay. `new` are the orders the unit inserted
-    /// (the messages of one that existed were not written); `locked` the
-    /// existing orders whose outbox lock this connection holds.
+    /// (the messages of one that existed were not written); `locking` the
+    /// orders with messages whose outbox lock the write-back tried to
+    /// take; `handed` whether requests that go now stay handed over.
     fn sort(
         self,
         messages: Vec<NewMessage>,
         new: &std::collections::HashSet<Uuid>,
-        mut locked: Vec<Uuid>,
+        locking: &std::collections::HashSet<Uuid>,
         direct: bool,
+        handed: bool,
     ) -> Flushed {
-        locked.extend(&self.locked_new);
-        locked.extend(&self.locked_kept);
         let written: Vec<NewMessage> = messages
             .into_iter()
             .filter(|m| !new.contains(&m.order_id) || self.created.contains(&m.order_id))
             .collect();
         let mut out = Flushed {
-            holds_locks: !locked.is_empty(),
+            holds_locks: !self.locked.is_empty(),
             ..Flushed::default()
         };
         // Written as many as given: ids ascend in the order given.
         let paired = written.len() == self.message_ids.len();
         for (i, m) in written.into_iter().enumerate() {
-            let now = paired && locked.contains(&m.order_id) && !self.waiting.contains(&m.order_id);
+            let now = paired && self.now_orders.contains(&m.order_id);
             match self.message_ids.get(i) {
                 Some(&id) if now => out.publish.push(super::OutboxRow {
                     id,
+                    handed: handed && m.kind == "request",
                     order_id: m.order_id,
                     kind: m.kind,
                     routing_key: m.routing_key,
@@ -721,7 +762,10 @@ impl FlushRow {
                     body: m.body,
                 }),
                 _ => {
-                    let busy = direct && paired && !locked.contains(&m.order_id);
+                    let busy = direct
+                        && paired
+                        && locking.contains(&m.order_id)
+                        && !self.locked.contains(&m.order_id);
                     let to = if busy {
                         &mut out.follow
                     } else {
@@ -759,18 +803,21 @@ impl FlushRow {
 /// The one statement of [`Unit::flush`]: `$1` the new orders, `$2` their
 /// steps, `$3` the orders' updates, `$4` the steps', `$5` the events, `$6`
 /// the messages (JSON arrays of the structs above) and `$7` their bodies;
-/// `$8` the unit's time, `$9` whether to take the outbox locks of the new
-/// orders with messages,
-/// `$10` the orders whose outbox locks this connection holds, `$11` and
+/// `$8` the unit's time, `$9` whether to take the outbox locks of the
+/// orders with messages to keep in order ([`Unit::locking`]) and hand
+/// their messages over, `$10` the instance handed the step requests that
+/// go now ([`Unit::handed_to`]; with none, requests lock as any message), `$11` and
 /// `$12` the channel to notify and whether to, `$13` the orders whose claim
 /// locks to let go, `$14` the flow-control counts to move, `$15` the ids
 /// of the orders updated, `$16` the definitions the new orders run under
 /// (contract §4d), stored with them unless stored already, `$17` the bound
 /// of the held count when the room is asked for ([`Unit::room`]; read in
 /// the statement's snapshot, so without the orders it inserts), `$18` the
-/// kept orders ([`Unit::keep`]) whose outbox locks to try, with `$9`: as
-/// for new orders, a lock another publisher holds sends their messages to
-/// follow it. Each order
+/// orders read or kept whose outbox locks to try, with `$9` (a new
+/// order's are tried as it is inserted): a lock another publisher holds
+/// sends the order's messages to follow it, older messages still waiting
+/// send them to the relay; `$19` the dispatches replies answer, whose
+/// requests leave the outbox. Each order
 /// given events that an HTTP event stream watches (`event_watches`) is
 /// notified on [`super::watches::EVENTS_CHANNEL`], so that streams wait
 /// without polling. The updates look their rows up by those ids: a
@@ -804,7 +851,8 @@ n AS ( \
     locked_by text, complete_by timestamptz) \
   ON CONFLICT (order_id) DO NOTHING \
   RETURNING order_id, CASE WHEN $9 \
-      AND order_id IN (SELECT order_id FROM jsonb_to_recordset($6) AS mo(order_id uuid)) \
+      AND order_id IN (SELECT order_id FROM jsonb_to_recordset($6) AS mo(order_id uuid, kind text) \
+        WHERE $10::text IS NULL OR mo.kind <> 'request') \
     THEN pg_try_advisory_lock(hashtextextended('sas.outbox:' || order_id::text, 0)) ELSE false END AS locked), \
 nd AS ( \
   INSERT INTO definitions (id, workflow, version, spec) \
@@ -839,6 +887,17 @@ o AS ( \
   RETURNING o.order_id, o.xmin::text::bigint AS version), \
 kl AS MATERIALIZED (SELECT k.id AS order_id FROM unnest($18::uuid[]) AS k(id) \
   WHERE $9 AND pg_try_advisory_lock(hashtextextended('sas.outbox:' || k.id::text, 0))), \
+lk AS (SELECT order_id FROM n WHERE locked UNION ALL SELECT order_id FROM kl), \
+nw AS MATERIALIZED (SELECT x.order_id FROM \
+    (SELECT DISTINCT order_id FROM jsonb_to_recordset($6) AS mo(order_id uuid)) x \
+  WHERE $9 AND ((x.order_id IN (SELECT order_id FROM lk) \
+      AND NOT EXISTS (SELECT 1 FROM outbox w WHERE w.order_id = x.order_id \
+        AND (w.kind <> 'request' OR w.handed_to IS NULL))) \
+    OR ($10::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM jsonb_to_recordset($6) \
+        AS ml(order_id uuid, kind text) WHERE ml.order_id = x.order_id AND ml.kind <> 'request')))), \
+ad AS ( \
+  DELETE FROM outbox x USING jsonb_to_recordset($19) AS r(order_id uuid, dispatch text) \
+  WHERE x.order_id = r.order_id AND x.kind = 'request' AND x.correlation_id = r.dispatch), \
 s AS ( \
   UPDATE steps s SET state = u.state, dispatches = u.dispatches, dispatch_id = u.dispatch_id, \
     complete_by = u.complete_by, result = u.result::jsonb, error = u.error, \
@@ -863,8 +922,10 @@ ev AS (SELECT pg_notify('{events_channel}', x.order_id::text) \
   FROM (SELECT DISTINCT order_id FROM e) x \
   WHERE EXISTS (SELECT 1 FROM event_watches w WHERE w.order_id = x.order_id)), \
 m AS ( \
-  INSERT INTO outbox (order_id, kind, routing_key, correlation_id, reply_to, traceparent, body) \
-  SELECT u.order_id, u.kind, u.routing_key, u.correlation_id, u.reply_to, u.traceparent, b.body \
+  INSERT INTO outbox (order_id, kind, routing_key, correlation_id, reply_to, traceparent, body, \
+    handed_to) \
+  SELECT u.order_id, u.kind, u.routing_key, u.correlation_id, u.reply_to, u.traceparent, b.body, \
+    CASE WHEN u.kind = 'request' AND u.order_id IN (SELECT order_id FROM nw) THEN $10::text END \
   FROM ROWS FROM (jsonb_to_recordset($6) AS (order_id uuid, kind text, routing_key text, \
       correlation_id text, reply_to text, traceparent text)) \
     WITH ORDINALITY AS u(order_id, kind, routing_key, correlation_id, reply_to, traceparent, n) \
@@ -885,10 +946,8 @@ w AS (SELECT pg_notify($11, '') WHERE $12 \
   AND (NOT EXISTS (SELECT 1 FROM new) OR EXISTS (SELECT 1 FROM n))) \
 SELECT ARRAY(SELECT order_id FROM n) AS created, \
   ARRAY(SELECT id FROM m ORDER BY id) AS message_ids, \
-  ARRAY(SELECT order_id FROM n WHERE locked) AS locked_new, \
-  ARRAY(SELECT order_id FROM kl) AS locked_kept, \
-  ARRAY(SELECT DISTINCT order_id FROM outbox WHERE order_id = ANY($10::uuid[]) \
-    OR order_id IN (SELECT order_id FROM kl)) AS waiting, \
+  ARRAY(SELECT order_id FROM lk) AS locked, \
+  ARRAY(SELECT order_id FROM nw) AS now_orders, \
   ARRAY(SELECT order_id FROM o ORDER BY order_id) AS updated_ids, \
   ARRAY(SELECT version FROM o ORDER BY order_id) AS updated_versions, \
   (SELECT count(*) FROM w) AS woken, \

@@ -15,6 +15,13 @@ pub trait Outlet: Send + Sync + std::fmt::Debug {
 
     /// Takes what a transition committed.
     fn hand_over(&self, committed: Committed);
+
+    /// The instance, beating while it runs, whose hand-overs leave the
+    /// step requests they send in the outbox until their replies delete
+    /// them; `None`: every message is deleted once published.
+    fn publisher(&self) -> Option<String> {
+        None
+    }
 }
 
 /// No publisher of its own: the messages wait in the outbox for the
@@ -38,5 +45,9 @@ impl Outlet for Arc<crate::outbox::Relay> {
 
     fn hand_over(&self, committed: Committed) {
         crate::outbox::Relay::hand_over(self, committed);
+    }
+
+    fn publisher(&self) -> Option<String> {
+        self.instance().map(str::to_owned)
     }
 }

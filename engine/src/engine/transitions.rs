@@ -209,12 +209,14 @@ impl Transitions {
     /// A session for one run of a transition: it takes its orders' outbox
     /// locks when the outlet would publish at once.
     async fn session(&self) -> Result<Session, StoreError> {
-        let locks = if self.outlet.ready() {
-            OutboxLocks::Take
+        if self.outlet.ready() {
+            let publisher = self.outlet.publisher();
+            self.store
+                .session(OutboxLocks::Take, publisher.as_deref())
+                .await
         } else {
-            OutboxLocks::Leave
-        };
-        self.store.session(locks).await
+            self.store.session(OutboxLocks::Leave, None).await
+        }
     }
 
     /// The same transitions, starting new orders in the room the last
@@ -517,6 +519,8 @@ impl Transitions {
         match rules::scheduler::apply_reply(&unit.get(i).order, reply, ctx)? {
             Replied::Stale(why) => Ok(ReplyOutcome::Stale(why)),
             Replied::Applied(decision) => {
+                // Its request is done with: the write-back deletes it.
+                unit.answered(reply.order_id, reply.dispatch_id);
                 let (ended, created_at) = (Ending::of(&decision), decision.order.row.created_at);
                 apply(unit, i, *decision, &self.queues)?;
                 let age = (Utc::now() - created_at).to_std().unwrap_or_default();

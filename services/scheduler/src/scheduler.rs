@@ -70,7 +70,7 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         "scheduler",
         ctx.shutdown.clone(),
     );
-    let mut pipeline = Pipeline::new(&ctx, store);
+    let mut pipeline = Pipeline::new(&ctx, store).publishing_as(&me.name);
     let keep = ctx.settings.scheduler.keep_orders as usize;
     if keep > 0 {
         pipeline = pipeline.keeping_orders(keep);

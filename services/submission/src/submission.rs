@@ -94,7 +94,10 @@ impl Intake {
     /// session ([`crate::session::run`]).
     pub fn new(ctx: Arc<Context>) -> anyhow::Result<Arc<Self>> {
         let store = ctx.store()?.clone();
-        let pipeline = Pipeline::new(&ctx, store);
+        // The holder of the orders it starts, beating as it runs
+        // (`crate::session::run`): the requests it sends stay handed to it.
+        let actor = Actor::new_instance("submission");
+        let pipeline = Pipeline::new(&ctx, store).publishing_as(&actor.name);
         // Compiled once: each order takes its workflow (and the id of its
         // definition, a hash) from here.
         let workflows = ctx
@@ -103,7 +106,6 @@ impl Intake {
             .keys()
             .map(|name| Ok((name.clone(), ctx.settings.workflow(name)?)))
             .collect::<anyhow::Result<_>>()?;
-        let actor = Actor::new_instance("submission");
         // While the orders held number fewer than one scheduler may hold:
         // past that the schedulers' claims, bounded and by priority, decide.
         let room = ctx.settings.scheduler.max_in_flight;

@@ -279,6 +279,8 @@ struct Recorder {
     later: std::sync::Mutex<Vec<Uuid>>,
     follow: std::sync::Mutex<Vec<Uuid>>,
     releases: tokio_util::task::TaskTracker,
+    /// Publishes as this instance: the requests it is handed stay handed.
+    instance: Option<String>,
 }
 
 // The engine's port: transitions hand over to it as to a service's relay.
@@ -291,16 +293,21 @@ impl Outlet for Recorder {
     fn hand_over(&self, committed: Committed) {
         self.later.lock().unwrap().extend(committed.later);
         self.follow.lock().unwrap().extend(committed.follow);
-        if let Some((held, rows)) = committed.publish {
-            self.publish(held, rows);
-        }
+        self.publish(committed.held, committed.publish);
+    }
+
+    fn publisher(&self) -> Option<String> {
+        self.instance.clone()
     }
 }
 
 impl Recorder {
-    fn publish(&self, held: Held, rows: Vec<OutboxRow>) {
-        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+    /// Records the rows; deletes them, but for the handed requests, and
+    /// lets the locks go, as a relay does once they are published.
+    fn publish(&self, held: Option<Held>, rows: Vec<OutboxRow>) {
+        let ids: Vec<i64> = rows.iter().filter(|r| !r.handed).map(|r| r.id).collect();
         self.rows.lock().unwrap().extend(rows);
+        let Some(held) = held else { return };
         if self.keep {
             return self.kept.lock().unwrap().push((held, ids));
         }
@@ -1171,7 +1178,8 @@ async fn the_services_connections_plan_each_statement_once_and_the_operators_per
 }
 
 /// Counts the statements sqlx sends (its `sqlx::query` events), one per
-/// round trip: a simple query of several statements is one.
+/// round trip: a simple query of several statements is one. With
+/// `COSTS_DEBUG` set, prints each one's summary (to see what a count holds).
 #[derive(Clone, Default)]
 struct RoundTrips(std::sync::Arc<std::sync::atomic::AtomicUsize>);
 
@@ -1185,6 +1193,17 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RoundTrips {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
         if event.metadata().target() == "sqlx::query" {
             self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if std::env::var_os("COSTS_DEBUG").is_some() {
+                struct V;
+                impl tracing::field::Visit for V {
+                    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                        if f.name() == "summary" {
+                            eprintln!("STMT {v:?}");
+                        }
+                    }
+                }
+                event.record(&mut V);
+            }
         }
     }
 }
@@ -1543,9 +1562,9 @@ async fn a_reply_to_an_order_moved_on_elsewhere_or_a_duplicate_is_judged_on_the_
             let again = second.apply_reply(&me, &reply).await.expect("again");
             assert!(matches!(again, ReplyOutcome::Stale(_)), "{again:?}");
             assert_eq!(trips.take(), 1, "the load, and nothing to write");
-            // (Not counted: letting go of the outbox lock its load took.)
+            // A load takes no outbox lock: nothing to let go.
             started.recorder.take().await;
-            trips.take();
+            assert_eq!(trips.take(), 0, "no release");
         }
         if step < 2 {
             request = request_of(&published);
@@ -1952,4 +1971,218 @@ async fn postgres_connections_have_nagle_off() {
         to_server.iter().all(|&off| off),
         "Nagle's algorithm on for a Postgres connection: {to_server:?}"
     );
+}
+
+/// Order `order_id`'s step requests in the outbox, and whom each is handed to.
+async fn requests_kept(app: &TestApp, order_id: Uuid) -> Vec<Option<String>> {
+    sqlx::query_scalar("SELECT handed_to FROM outbox WHERE order_id = $1 AND kind = 'request'")
+        .bind(order_id)
+        .fetch_all(&app.db)
+        .await
+        .expect("outbox")
+}
+
+/// A submission and a scheduler that publish as instances that beat (a
+/// service's relay, [`sas::outbox::Relay::publishing_as`]), over one
+/// connection, with a one-step order with terminal events to start.
+struct Beating {
+    wf: Workflow,
+    order: NewOrder,
+    store: StateStore,
+    submission: Actor,
+    started: Handed,
+    starts: std::sync::Arc<Recorder>,
+    scheduler: Actor,
+    replies: Handed,
+    replied: std::sync::Arc<Recorder>,
+}
+
+impl Beating {
+    async fn new(app: &TestApp, queue: &str) -> Self {
+        let (wf, status, store, _) = one_connection(app, queue).await;
+        let (submission, scheduler) = (
+            Actor::new_instance("submission"),
+            Actor::new_instance("scheduler"),
+        );
+        let handing = |me: &Actor| {
+            let recorder = std::sync::Arc::new(Recorder {
+                instance: Some(me.name.clone()),
+                ..Recorder::default()
+            });
+            let t = Handed::to(
+                Transitions::new(store.clone(), app.queues.clone())
+                    .keeping_room_for(std::time::Duration::from_secs(3600)),
+                recorder.clone(),
+            );
+            (t, recorder)
+        };
+        let ((started, starts), (replies, replied)) = (handing(&submission), handing(&scheduler));
+        for me in [&submission, &scheduler] {
+            store.heartbeat(&me.name, "costs").await.expect("beat");
+        }
+        let mut order = one_step_order(status);
+        order.events = Events::Terminal;
+        Self {
+            wf,
+            order,
+            store,
+            submission,
+            started,
+            starts,
+            scheduler,
+            replies,
+            replied,
+        }
+    }
+
+    /// A new order like [`Beating::order`], started: what it published.
+    async fn start(&self) -> (NewOrder, Vec<OutboxRow>) {
+        let order = NewOrder {
+            order_id: Uuid::new_v4(),
+            ..self.order.clone()
+        };
+        let submitted = self
+            .started
+            .submit_and_start(&self.submission, &[(&order, &self.wf)])
+            .await
+            .expect("submit");
+        assert_eq!(submitted, [Submitted::Created { started: true }]);
+        (order, self.starts.take().await)
+    }
+}
+
+#[tokio::test]
+async fn a_one_step_order_started_by_a_submission_that_beats_costs_four_statements_and_its_reply_deletes_its_request()
+ {
+    // (Counted: the statements sqlx logs.) Its request alone goes out at
+    // once, handed to the submission's instance: no outbox lock, no delete.
+    // The reply's load and write-back (which deletes the request), then
+    // the terminal event's delete: four in all, from five.
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let app = TestApp::new().await;
+    let b = Beating::new(&app, "handed").await;
+    let trips = RoundTrips::default();
+    let _counting =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(trips.clone()));
+    let mut costs = Vec::new();
+    for _ in 0..3 {
+        trips.take();
+        let (order, published) = b.start().await;
+        let start = trips.take();
+        let kinds: Vec<(&str, bool)> = published
+            .iter()
+            .map(|r| (r.kind.as_str(), r.handed))
+            .collect();
+        assert_eq!(kinds, [("request", true)], "the request alone, handed");
+        assert_eq!(
+            requests_kept(&app, order.order_id).await,
+            [Some(b.submission.name.clone())],
+            "kept until its reply, handed to the submission"
+        );
+        let request = request_of(&published);
+        trips.take();
+        let applied = b
+            .replies
+            .apply_reply(&b.scheduler, &succeeded(&request, 0))
+            .await
+            .expect("reply");
+        assert!(
+            matches!(applied, ReplyOutcome::Applied { .. }),
+            "{applied:?}"
+        );
+        let ended = b.replied.take().await;
+        let reply = trips.take();
+        assert_eq!(
+            ended.iter().map(|r| r.kind.as_str()).collect::<Vec<_>>(),
+            ["status"],
+            "the terminal event"
+        );
+        assert_eq!(
+            requests_kept(&app, order.order_id).await,
+            Vec::<Option<String>>::new()
+        );
+        assert_eq!(state_of(&app, order.order_id).await, "processed");
+        costs.push((start, reply));
+    }
+    assert_eq!(
+        &costs[1..],
+        [(1, 3), (1, 3)],
+        "the start's write-back; the reply's load, write-back and the terminal event's delete"
+    );
+    b.store.close().await;
+}
+
+#[tokio::test]
+async fn a_handed_request_is_sent_again_only_once_its_publisher_stops_beating_or_hands_it_back_and_never_once_superseded()
+ {
+    let app = TestApp::new().await;
+    let b = Beating::new(&app, "handed-again").await;
+    let relays = StateStore::from_pool(pool(&app.db_url).await);
+    let pass = async |ids: &[Uuid]| {
+        let (busy, rows) = relay_pass(&relays, ids, false).await;
+        assert!(busy.is_empty(), "no other relay runs");
+        rows.iter().map(|r| r.kind.clone()).collect::<Vec<_>>()
+    };
+    // Handed to an instance that beats: no relay's pass nor sweep sends it.
+    let id = b.start().await.0.order_id;
+    assert_eq!(pass(&[id]).await, Vec::<String>::new(), "sent already");
+    let stale = relays.outbox_stale_orders(0, 10).await.expect("stale");
+    assert!(!stale.contains(&id), "the sweep passes it by");
+    assert_eq!(relays.outbox_backlog().await.expect("backlog"), 0);
+    // Its publisher stopped beating: sent again, then deleted.
+    sqlx::query(
+        "UPDATE instances SET last_seen = now() - interval '1 minute' WHERE instance_id = $1",
+    )
+    .bind(&b.submission.name)
+    .execute(&app.db)
+    .await
+    .expect("silence");
+    assert_eq!(
+        relays.outbox_stale_orders(0, 10).await.expect("stale"),
+        [id]
+    );
+    assert_eq!(pass(&[id]).await, ["request"], "its publisher is gone");
+    assert_eq!(requests_kept(&app, id).await, Vec::<Option<String>>::new());
+    // Handed back (its hand-over could not send it): any relay sends it.
+    b.store
+        .heartbeat(&b.submission.name, "costs")
+        .await
+        .expect("beat");
+    let back = b.start().await.0;
+    let ids: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM outbox WHERE order_id = $1 AND kind = 'request'")
+            .bind(back.order_id)
+            .fetch_all(&app.db)
+            .await
+            .expect("ids");
+    relays.unhand_outbox(&ids).await.expect("unhand");
+    assert_eq!(pass(&[back.order_id]).await, ["request"], "handed back");
+    // Superseded (its step dispatched again, or answered elsewhere):
+    // never sent again, even with its publisher gone, and swept away.
+    let superseded = b.start().await.0;
+    sqlx::query("UPDATE steps SET dispatch_id = gen_random_uuid() WHERE order_id = $1")
+        .bind(superseded.order_id)
+        .execute(&app.db)
+        .await
+        .expect("dispatch again");
+    sqlx::query("UPDATE outbox SET handed_to = NULL WHERE order_id = $1")
+        .bind(superseded.order_id)
+        .execute(&app.db)
+        .await
+        .expect("unhanded");
+    assert_eq!(pass(&[superseded.order_id]).await, Vec::<String>::new());
+    assert!(
+        !relays
+            .outbox_stale_orders(0, 10)
+            .await
+            .expect("stale")
+            .contains(&superseded.order_id)
+    );
+    assert_eq!(relays.outbox_drop_superseded(0).await.expect("drop"), 1);
+    assert_eq!(
+        requests_kept(&app, superseded.order_id).await,
+        Vec::<Option<String>>::new()
+    );
+    relays.close().await;
+    b.store.close().await;
 }
