@@ -53,6 +53,10 @@ pub struct Relay {
     /// The instance whose heartbeat covers the step requests it sent
     /// ([`Relay::publishing_as`]).
     instance: std::sync::OnceLock<String>,
+    /// Status events and alerts handed over and confirmed, to delete: by
+    /// the process's next write-back ([`Relay::take_published`]), or in a
+    /// batch of their own ([`Relay::delete_published`]).
+    published: Mutex<Vec<i64>>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -91,6 +95,36 @@ impl Relay {
     /// The instance named by [`Relay::publishing_as`], if any.
     pub fn instance(&self) -> Option<&str> {
         self.instance.get().map(String::as_str)
+    }
+
+    /// The status events and alerts handed over and confirmed since the
+    /// last call, for a write-back to delete. Give them back
+    /// ([`Relay::keep_published`]) if it did not.
+    pub fn take_published(&self) -> Vec<i64> {
+        std::mem::take(&mut *self.published.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Keeps `ids` to delete later ([`Relay::take_published`]).
+    pub fn keep_published(&self, ids: Vec<i64>) {
+        if !ids.is_empty() {
+            let mut published = self.published.lock().unwrap_or_else(|p| p.into_inner());
+            published.extend(ids);
+        }
+    }
+
+    /// Deletes the status events and alerts handed over and confirmed that
+    /// no write-back took, in one statement; kept for the next try if it
+    /// fails (until then, a relay takes none of their orders' later
+    /// messages, which wait behind them).
+    async fn delete_published(&self) {
+        let ids = self.take_published();
+        if ids.is_empty() {
+            return;
+        }
+        if let Err(e) = self.store.delete_published(&ids).await {
+            tracing::warn!(error = %e, "could not delete published messages; will retry");
+            self.keep_published(ids);
+        }
     }
 
     fn publish(self: Arc<Self>, held: Option<Held>, rows: Vec<OutboxRow>) {
@@ -143,6 +177,9 @@ impl Relay {
         self.handoffs.spawn(async move {
             let sent = match relay.store.take_outbox(&orders, true).await {
                 Ok(taken) => {
+                    // Behind messages handed over and not yet deleted:
+                    // the relay's passes try them again.
+                    relay.push(taken.busy);
                     relay
                         .send(&publisher, "follow", Some(taken.held), taken.rows)
                         .await
@@ -180,12 +217,24 @@ impl Relay {
         rows: Vec<OutboxRow>,
     ) -> (Vec<i64>, Result<(), BrokerError>) {
         let handed: Vec<i64> = rows.iter().filter(|r| r.handed).map(|r| r.id).collect();
+        // Handed over and seen by applications: deleted once confirmed.
+        let seen: Vec<i64> = rows
+            .iter()
+            .filter(|r| r.handed && r.kind != "request")
+            .map(|r| r.id)
+            .collect();
         let (done, outcome) = if rows.is_empty() {
             (Vec::new(), Ok(()))
         } else {
             publish_rows(publisher, &self.metrics, self.requests, path, rows).await
         };
         crate::crash::point("outbox.after_publish");
+        self.keep_published(
+            done.iter()
+                .copied()
+                .filter(|id| seen.contains(id))
+                .collect(),
+        );
         if let Some(held) = held {
             let delete: Vec<i64> = done
                 .iter()
@@ -245,6 +294,13 @@ impl Pending {
     }
 }
 
+/// How often a relay deletes the status events handed over and confirmed
+/// that no write-back of its process took ([`Relay::take_published`]):
+/// until then they cost nothing, but a relay takes none of their orders'
+/// later messages (an operator's retry of an order just ended waits as
+/// long, at most).
+const DELETE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// Hand-overs under way beyond which transitions leave their messages to
 /// the relay's passes: each holds a connection until its confirms arrive,
 /// and under load one pass for many orders costs less than a hand-over each.
@@ -279,6 +335,7 @@ impl Relay {
             handoffs: tokio_util::task::TaskTracker::new(),
             sweeps,
             instance: std::sync::OnceLock::new(),
+            published: Mutex::new(Vec::new()),
         })
     }
 
@@ -321,11 +378,17 @@ impl Relay {
     ) -> Result<(), BrokerError> {
         let mut sweep = tokio::time::interval(self.settings.sweep_interval);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut deletes = tokio::time::interval(DELETE_INTERVAL);
+        deletes.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let stop = tokio::select! {
                 () = self.wake.notified() => false,
                 _ = sweep.tick(), if self.sweeps => {
                     self.sweep(&publisher).await?;
+                    false
+                }
+                _ = deletes.tick() => {
+                    self.delete_published().await;
                     false
                 }
                 () = shutdown.cancelled() => true,
@@ -548,9 +611,10 @@ impl RelayTask {
         self.relay.handoffs.close();
         self.relay.handoffs.wait().await;
         self.relay.handoffs.reopen();
-        // Every request handed to this instance is sent now (an unsent one
-        // was handed back): no relay must send them again once it stops
-        // beating.
+        // Every message handed to this instance is sent now (an unsent one
+        // was handed back): the confirmed status events are deleted, and
+        // no relay must send its requests again once it stops beating.
+        self.relay.delete_published().await;
         if let Some(instance) = self.relay.instance()
             && let Err(e) = self.relay.store.forget_handed(instance).await
         {

@@ -230,11 +230,12 @@ pub(super) async fn take(
 }
 
 /// Whether the relays may publish an outbox row now (the SQL function of
-/// migration 20261208000001, over the row's columns): any message but a
-/// step request handed to a publisher that still beats, or one whose step
-/// no longer waits for its dispatch (never to be sent again).
+/// migration 20261208000001, over the row's columns): not while it is
+/// handed to a publisher that still beats (a status event or alert for 30
+/// seconds at most), nor ever a step request whose step no longer waits
+/// for its dispatch.
 pub(super) const PUBLISHABLE: &str =
-    "sas_outbox_publishable(kind, order_id, correlation_id, handed_to)";
+    "sas_outbox_publishable(kind, order_id, correlation_id, handed_to, created_at)";
 
 /// Orders with messages older than `age_ms` that a relay may publish: left
 /// behind by a process that died.
@@ -273,10 +274,10 @@ pub async fn drop_superseded(conn: &mut PgConnection, age_ms: i64) -> Result<u64
     .map(|done| done.rows_affected())
 }
 
-/// Messages waiting in the outbox for a publisher: not the step requests
-/// handed over and sent, which wait only for their replies.
+/// Messages waiting in the outbox for a relay: not those handed over (a
+/// step request waits for its reply, a status event sent for its delete).
 pub async fn backlog(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE kind <> 'request' OR handed_to IS NULL")
+    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE handed_to IS NULL")
         .fetch_one(conn)
         .await
 }
@@ -311,6 +312,20 @@ impl StateStore {
         let mut conn = self.conn().await?;
         conn.run(|c| {
             sqlx::query("UPDATE outbox SET handed_to = NULL WHERE id = ANY($1)")
+                .bind(ids)
+                .execute(c)
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Deletes messages handed to this process that the broker confirmed
+    /// (status events and alerts: a step request waits for its reply), in
+    /// one statement for many.
+    pub async fn delete_published(&self, ids: &[i64]) -> Result<(), StoreError> {
+        let mut conn = self.conn().await?;
+        conn.run(|c| {
+            sqlx::query("DELETE FROM outbox WHERE id = ANY($1)")
                 .bind(ids)
                 .execute(c)
         })

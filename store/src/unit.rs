@@ -89,6 +89,26 @@ pub struct NewMessage {
     pub body: Vec<u8>,
 }
 
+/// How a write-back keeps an order's messages in order behind its older
+/// ones, by what it sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keeping {
+    /// Its outbox lock, kept past the commit until the messages are
+    /// published and deleted ([`super::Held`]): any message, when nothing
+    /// is handed to a publisher that beats; and the status events (or
+    /// alerts) of an order that goes on (its requests stay handed).
+    Lock,
+    /// Nothing: step requests alone stay handed over until their replies.
+    Nothing,
+    /// Its lock for the write-back only, then every message handed over,
+    /// deleted by the publisher in a batch once confirmed: the events of an
+    /// order that ended (nothing follows them but an operator's retry; a
+    /// crash before the delete sends them again, which at-least-once
+    /// delivery allows). Until then, a relay takes none of the order's
+    /// later messages.
+    Handed,
+}
+
 /// A dispatch a reply answers: its request leaves the outbox.
 #[derive(Debug, Serialize)]
 struct Answered {
@@ -233,6 +253,9 @@ pub struct Unit {
     /// The dispatches the unit's replies answer, `(order, dispatch)`: the
     /// write-back deletes their requests from the outbox.
     answered: Vec<(Uuid, Uuid)>,
+    /// Outbox rows this process published (handed over, confirmed) that
+    /// the write-back deletes too.
+    published: Vec<i64>,
     /// Asks the write-back to read the room as it leaves it (its held
     /// count bounded by this), for the next orders to start in
     /// ([`super::session::Room`]).
@@ -293,6 +316,7 @@ impl Unit {
             locks,
             handed_to: None,
             answered: Vec::new(),
+            published: Vec::new(),
             room: None,
         }
     }
@@ -420,6 +444,12 @@ impl Unit {
         self.messages.push(message);
     }
 
+    /// Has the write-back delete these outbox rows, published and
+    /// confirmed: it is a statement the process makes anyway.
+    pub fn delete_published(&mut self, ids: Vec<i64>) {
+        self.published.extend(ids);
+    }
+
     /// Records that a reply answers `dispatch` of `order` (applied or
     /// judged stale): its step request is done with, and the write-back
     /// deletes it from the outbox.
@@ -427,11 +457,31 @@ impl Unit {
         self.answered.push((order, dispatch));
     }
 
-    /// Whether `m` is a message whose order's outbox lock the write-back
-    /// takes: one that applications see (a status event, an alert), or any
-    /// message when nothing is handed over to a publisher that beats.
-    fn locking(&self, m: &NewMessage) -> bool {
-        self.handed_to.is_none() || m.kind != "request"
+    /// How the write-back keeps each order's messages in order, by what
+    /// it sends ([`Keeping`]).
+    fn keeping(&self) -> std::collections::HashMap<Uuid, Keeping> {
+        let mut sends: std::collections::HashMap<Uuid, (bool, bool)> =
+            std::collections::HashMap::new();
+        for m in &self.messages {
+            let (requests, seen) = sends.entry(m.order_id).or_default();
+            *requests |= m.kind == "request";
+            *seen |= m.kind != "request";
+        }
+        let ended = |order: Uuid| {
+            self.find(order)
+                .is_some_and(|i| self.orders[i].order.row.process_state.is_terminal())
+        };
+        sends
+            .into_iter()
+            .map(|(order, (requests, seen))| {
+                let keeping = match (&self.handed_to, requests, seen) {
+                    (Some(_), true, false) => Keeping::Nothing,
+                    (Some(_), false, true) if ended(order) => Keeping::Handed,
+                    _ => Keeping::Lock,
+                };
+                (order, keeping)
+            })
+            .collect()
     }
 
     /// The steps of each order changed so far, as read and as they are now
@@ -452,15 +502,14 @@ impl Unit {
     /// them from the unit's changes ([`Unit::changes`]).
     ///
     /// With [`OutboxLocks::Take`], the messages come back to be published
-    /// at once, in order, where they may go now: the write-back takes the
-    /// outbox locks of the orders with messages that applications see
-    /// ([`Unit::locking`]; step requests alone need no order kept), and
-    /// their messages go now when no older message of theirs waits; those
-    /// of orders whose lock another publisher held follow it
-    /// ([`Flushed::follow`]), the others' are left to the relay. Step
-    /// requests that go now are written handed to [`Unit::handed_to`], if
-    /// any: they stay until a reply's write-back deletes them
-    /// ([`Unit::answered`]).
+    /// at once, in order, where they may go now: the write-back tries the
+    /// outbox lock of each order as [`Keeping`] says, and its messages go
+    /// now when no older message of the order waits; those of orders whose
+    /// lock another publisher held follow it ([`Flushed::follow`]), the
+    /// others' are left to the relay. Messages that go now are written
+    /// handed to [`Unit::handed_to`], if any, but for status events before
+    /// a request: a request stays until a reply's write-back deletes it
+    /// ([`Unit::answered`]), a status event until its publisher does.
     pub(super) async fn flush(
         self,
         conn: &mut PgConnection,
@@ -474,25 +523,24 @@ impl Unit {
             .iter()
             .filter(|t| !t.inserted && t.order != t.read)
             .collect();
-        // Orders read or kept with messages to keep in order: the
-        // write-back tries their locks (a new order's, as it inserts it).
-        let to_lock: Vec<Uuid> = self
-            .orders
-            .iter()
-            .filter(|t| !t.inserted && direct)
-            .map(|t| t.order.row.order_id)
-            .filter(|id| {
-                self.messages
-                    .iter()
-                    .any(|m| m.order_id == *id && self.locking(m))
-            })
-            .collect();
+        // The orders whose locks the write-back tries: kept past it, or
+        // for its own transaction.
+        let keeping = self.keeping();
+        let tried = |how: Keeping| -> Vec<Uuid> {
+            keeping
+                .iter()
+                .filter(|&(_, &k)| direct && k == how)
+                .map(|(&id, _)| id)
+                .collect()
+        };
+        let (to_lock, to_hand) = (tried(Keeping::Lock), tried(Keeping::Handed));
         if inserted.is_empty()
             && changed.is_empty()
             && self.events.is_empty()
             && self.messages.is_empty()
             && self.claimed.is_empty()
             && self.answered.is_empty()
+            && self.published.is_empty()
             && !self.wake
             && flows.is_empty()
         {
@@ -559,6 +607,8 @@ impl Unit {
             .bind(self.room)
             .bind(&to_lock)
             .bind(Json(&answered))
+            .bind(&to_hand)
+            .bind(&self.published)
             .fetch_one(&mut *conn)
             .await;
         let row = match found {
@@ -576,14 +626,8 @@ impl Unit {
         };
         let new: std::collections::HashSet<Uuid> =
             inserted.iter().map(|t| t.order.row.order_id).collect();
-        let locking: std::collections::HashSet<Uuid> = self
-            .messages
-            .iter()
-            .filter(|m| self.locking(m))
-            .map(|m| m.order_id)
-            .collect();
-        let handed = self.handed_to.is_some();
-        Ok(row.sort(self.messages, &new, &locking, direct, handed))
+        let handing = self.handed_to.is_some();
+        Ok(row.sort(self.messages, &new, &keeping, direct, handing))
     }
 }
 
@@ -709,8 +753,10 @@ struct FlushRow {
     created: Vec<Uuid>,
     /// The ids of the messages written, ascending: the order they were given in.
     message_ids: Vec<i64>,
-    /// Orders whose outbox lock this connection took.
+    /// Orders whose outbox lock this connection took, kept past the commit.
     locked: Vec<Uuid>,
+    /// Orders whose outbox lock the write-back's transaction took.
+    handed: Vec<Uuid>,
     /// Orders whose messages go now.
     now_orders: Vec<Uuid>,
     /// The orders updated, ascending, and the row version each was left at.
@@ -726,16 +772,16 @@ struct FlushRow {
 impl FlushRow {
     /// Pairs the messages written with their ids and splits them between
     /// publishing now and the relay. `new` are the orders the unit inserted
-    /// (the messages of one that existed were not written); `locking` the
-    /// orders with messages whose outbox lock the write-back tried to
-    /// take; `handed` whether requests that go now stay handed over.
+    /// (the messages of one that existed were not written); `keeping` how
+    /// each order's messages are kept in order; `handing` whether its
+    /// requests stay handed over.
     fn sort(
         self,
         messages: Vec<NewMessage>,
         new: &std::collections::HashSet<Uuid>,
-        locking: &std::collections::HashSet<Uuid>,
+        keeping: &std::collections::HashMap<Uuid, Keeping>,
         direct: bool,
-        handed: bool,
+        handing: bool,
     ) -> Flushed {
         let written: Vec<NewMessage> = messages
             .into_iter()
@@ -752,7 +798,12 @@ impl FlushRow {
             match self.message_ids.get(i) {
                 Some(&id) if now => out.publish.push(super::OutboxRow {
                     id,
-                    handed: handed && m.kind == "request",
+                    handed: match keeping.get(&m.order_id) {
+                        Some(Keeping::Handed) => true,
+                        Some(Keeping::Nothing) => m.kind == "request",
+                        // Requests after status events, when handed over.
+                        Some(Keeping::Lock) | None => handing && m.kind == "request",
+                    },
                     order_id: m.order_id,
                     kind: m.kind,
                     routing_key: m.routing_key,
@@ -762,10 +813,14 @@ impl FlushRow {
                     body: m.body,
                 }),
                 _ => {
+                    let tried = keeping.get(&m.order_id).copied();
                     let busy = direct
                         && paired
-                        && locking.contains(&m.order_id)
-                        && !self.locked.contains(&m.order_id);
+                        && match tried {
+                            Some(Keeping::Lock) => !self.locked.contains(&m.order_id),
+                            Some(Keeping::Handed) => !self.handed.contains(&m.order_id),
+                            Some(Keeping::Nothing) | None => false,
+                        };
                     let to = if busy {
                         &mut out.follow
                     } else {
@@ -803,21 +858,23 @@ impl FlushRow {
 /// The one statement of [`Unit::flush`]: `$1` the new orders, `$2` their
 /// steps, `$3` the orders' updates, `$4` the steps', `$5` the events, `$6`
 /// the messages (JSON arrays of the structs above) and `$7` their bodies;
-/// `$8` the unit's time, `$9` whether to take the outbox locks of the
-/// orders with messages to keep in order ([`Unit::locking`]) and hand
-/// their messages over, `$10` the instance handed the step requests that
-/// go now ([`Unit::handed_to`]; with none, requests lock as any message), `$11` and
+/// `$8` the unit's time, `$9` whether to take outbox locks and hand the
+/// messages over, `$10` the instance handed the messages that go now
+/// ([`Unit::handed_to`]; with none, every order with messages locks), `$11` and
 /// `$12` the channel to notify and whether to, `$13` the orders whose claim
 /// locks to let go, `$14` the flow-control counts to move, `$15` the ids
 /// of the orders updated, `$16` the definitions the new orders run under
 /// (contract §4d), stored with them unless stored already, `$17` the bound
 /// of the held count when the room is asked for ([`Unit::room`]; read in
 /// the statement's snapshot, so without the orders it inserts), `$18` the
-/// orders read or kept whose outbox locks to try, with `$9` (a new
-/// order's are tried as it is inserted): a lock another publisher holds
-/// sends the order's messages to follow it, older messages still waiting
-/// send them to the relay; `$19` the dispatches replies answer, whose
-/// requests leave the outbox. Each order
+/// orders whose outbox locks to try and keep, with `$9` ([`Keeping::Lock`];
+/// a new order's as it is inserted), `$20` those whose locks to try for the
+/// statement only, their messages handed over ([`Keeping::Handed`]): a lock
+/// another publisher holds sends the order's messages to follow it, older
+/// messages still waiting (or handed over, not yet deleted) send them to
+/// the relay; `$19` the dispatches replies answer, whose requests leave
+/// the outbox; `$21` rows this process published, to delete
+/// ([`Unit::delete_published`]). Each order
 /// given events that an HTTP event stream watches (`event_watches`) is
 /// notified on [`super::watches::EVENTS_CHANNEL`], so that streams wait
 /// without polling. The updates look their rows up by those ids: a
@@ -850,9 +907,7 @@ n AS ( \
     events text, application text, app_order_id uuid, definition uuid, process_state text, \
     locked_by text, complete_by timestamptz) \
   ON CONFLICT (order_id) DO NOTHING \
-  RETURNING order_id, CASE WHEN $9 \
-      AND order_id IN (SELECT order_id FROM jsonb_to_recordset($6) AS mo(order_id uuid, kind text) \
-        WHERE $10::text IS NULL OR mo.kind <> 'request') \
+  RETURNING order_id, CASE WHEN $9 AND order_id = ANY($18::uuid[]) \
     THEN pg_try_advisory_lock(hashtextextended('sas.outbox:' || order_id::text, 0)) ELSE false END AS locked), \
 nd AS ( \
   INSERT INTO definitions (id, workflow, version, spec) \
@@ -886,18 +941,24 @@ o AS ( \
     AND o.xmin::text::bigint = u.version \
   RETURNING o.order_id, o.xmin::text::bigint AS version), \
 kl AS MATERIALIZED (SELECT k.id AS order_id FROM unnest($18::uuid[]) AS k(id) \
-  WHERE $9 AND pg_try_advisory_lock(hashtextextended('sas.outbox:' || k.id::text, 0))), \
-lk AS (SELECT order_id FROM n WHERE locked UNION ALL SELECT order_id FROM kl), \
+  WHERE $9 AND k.id NOT IN (SELECT order_id FROM new) \
+    AND pg_try_advisory_lock(hashtextextended('sas.outbox:' || k.id::text, 0))), \
+xl AS MATERIALIZED (SELECT h.id AS order_id FROM unnest($20::uuid[]) AS h(id) \
+  WHERE $9 AND (h.id NOT IN (SELECT order_id FROM new) OR h.id IN (SELECT order_id FROM n)) \
+    AND pg_try_advisory_xact_lock(hashtextextended('sas.outbox:' || h.id::text, 0))), \
+lk AS (SELECT order_id FROM n WHERE locked UNION ALL SELECT order_id FROM kl \
+  UNION ALL SELECT order_id FROM xl), \
 nw AS MATERIALIZED (SELECT x.order_id FROM \
     (SELECT DISTINCT order_id FROM jsonb_to_recordset($6) AS mo(order_id uuid)) x \
   WHERE $9 AND ((x.order_id IN (SELECT order_id FROM lk) \
       AND NOT EXISTS (SELECT 1 FROM outbox w WHERE w.order_id = x.order_id \
-        AND (w.kind <> 'request' OR w.handed_to IS NULL))) \
+        AND (w.kind <> 'request' OR w.handed_to IS NULL) AND w.id <> ALL($21::bigint[]))) \
     OR ($10::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM jsonb_to_recordset($6) \
         AS ml(order_id uuid, kind text) WHERE ml.order_id = x.order_id AND ml.kind <> 'request')))), \
 ad AS ( \
   DELETE FROM outbox x USING jsonb_to_recordset($19) AS r(order_id uuid, dispatch text) \
   WHERE x.order_id = r.order_id AND x.kind = 'request' AND x.correlation_id = r.dispatch), \
+dp AS (DELETE FROM outbox WHERE id = ANY($21::bigint[])), \
 s AS ( \
   UPDATE steps s SET state = u.state, dispatches = u.dispatches, dispatch_id = u.dispatch_id, \
     complete_by = u.complete_by, result = u.result::jsonb, error = u.error, \
@@ -925,7 +986,8 @@ m AS ( \
   INSERT INTO outbox (order_id, kind, routing_key, correlation_id, reply_to, traceparent, body, \
     handed_to) \
   SELECT u.order_id, u.kind, u.routing_key, u.correlation_id, u.reply_to, u.traceparent, b.body, \
-    CASE WHEN u.kind = 'request' AND u.order_id IN (SELECT order_id FROM nw) THEN $10::text END \
+    CASE WHEN u.order_id IN (SELECT order_id FROM nw) \
+      AND (u.kind = 'request' OR u.order_id = ANY($20::uuid[])) THEN $10::text END \
   FROM ROWS FROM (jsonb_to_recordset($6) AS (order_id uuid, kind text, routing_key text, \
       correlation_id text, reply_to text, traceparent text)) \
     WITH ORDINALITY AS u(order_id, kind, routing_key, correlation_id, reply_to, traceparent, n) \
@@ -946,7 +1008,8 @@ w AS (SELECT pg_notify($11, '') WHERE $12 \
   AND (NOT EXISTS (SELECT 1 FROM new) OR EXISTS (SELECT 1 FROM n))) \
 SELECT ARRAY(SELECT order_id FROM n) AS created, \
   ARRAY(SELECT id FROM m ORDER BY id) AS message_ids, \
-  ARRAY(SELECT order_id FROM lk) AS locked, \
+  ARRAY(SELECT order_id FROM n WHERE locked UNION ALL SELECT order_id FROM kl) AS locked, \
+  ARRAY(SELECT order_id FROM xl) AS handed, \
   ARRAY(SELECT order_id FROM nw) AS now_orders, \
   ARRAY(SELECT order_id FROM o ORDER BY order_id) AS updated_ids, \
   ARRAY(SELECT version FROM o ORDER BY order_id) AS updated_versions, \

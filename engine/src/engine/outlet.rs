@@ -22,6 +22,18 @@ pub trait Outlet: Send + Sync + std::fmt::Debug {
     fn publisher(&self) -> Option<String> {
         None
     }
+
+    /// Messages handed over and confirmed that are left to delete, for a
+    /// write-back to take; give back what it did not delete.
+    fn take_published(&self) -> Vec<i64> {
+        Vec::new()
+    }
+
+    /// Gives back messages taken with [`Outlet::take_published`] and not
+    /// deleted.
+    fn keep_published(&self, ids: Vec<i64>) {
+        drop(ids);
+    }
 }
 
 /// No publisher of its own: the messages wait in the outbox for the
@@ -49,5 +61,13 @@ impl Outlet for Arc<crate::outbox::Relay> {
 
     fn publisher(&self) -> Option<String> {
         self.instance().map(str::to_owned)
+    }
+
+    fn take_published(&self) -> Vec<i64> {
+        crate::outbox::Relay::take_published(self)
+    }
+
+    fn keep_published(&self, ids: Vec<i64>) {
+        crate::outbox::Relay::keep_published(self, ids);
     }
 }

@@ -259,14 +259,24 @@ impl Transitions {
     async fn write_back_reading<T>(
         &self,
         session: Session,
-        (value, unit): (T, Unit),
+        (value, mut unit): (T, Unit),
     ) -> Result<(T, Written), StoreError> {
         let flows = rules::flow::deltas(&unit.flows, unit.changes(), &unit.dispatched);
         let keep = self
             .kept
             .as_ref()
             .map(|k| (k, unit.awaiting_replies(kept::MAX_BYTES)));
-        let mut written = session.write_back(unit, flows).await?;
+        // The messages this process published that wait to be deleted go
+        // with the write-back, instead of a statement of their own.
+        let published = self.outlet.take_published();
+        unit.delete_published(published.clone());
+        let mut written = match session.write_back(unit, flows).await {
+            Ok(written) => written,
+            Err(e) => {
+                self.outlet.keep_published(published);
+                return Err(e);
+            }
+        };
         if let Some((kept, orders)) = keep {
             kept.keep(orders, &written.versions, written.room.clone());
         }

@@ -281,6 +281,8 @@ struct Recorder {
     releases: tokio_util::task::TaskTracker,
     /// Publishes as this instance: the requests it is handed stay handed.
     instance: Option<String>,
+    /// Status events handed over, "confirmed", for a write-back to delete.
+    published: std::sync::Mutex<Vec<i64>>,
 }
 
 // The engine's port: transitions hand over to it as to a service's relay.
@@ -299,13 +301,28 @@ impl Outlet for Recorder {
     fn publisher(&self) -> Option<String> {
         self.instance.clone()
     }
+
+    fn take_published(&self) -> Vec<i64> {
+        std::mem::take(&mut *self.published.lock().unwrap())
+    }
+
+    fn keep_published(&self, ids: Vec<i64>) {
+        self.published.lock().unwrap().extend(ids);
+    }
 }
 
 impl Recorder {
-    /// Records the rows; deletes them, but for the handed requests, and
-    /// lets the locks go, as a relay does once they are published.
+    /// Records the rows; deletes them, but for the handed ones, and lets
+    /// the locks go, as a relay does once they are published; keeps the
+    /// handed status events for a write-back to delete.
     fn publish(&self, held: Option<Held>, rows: Vec<OutboxRow>) {
         let ids: Vec<i64> = rows.iter().filter(|r| !r.handed).map(|r| r.id).collect();
+        self.keep_published(
+            rows.iter()
+                .filter(|r| r.handed && r.kind != "request")
+                .map(|r| r.id)
+                .collect(),
+        );
         self.rows.lock().unwrap().extend(rows);
         let Some(held) = held else { return };
         if self.keep {
@@ -1999,7 +2016,15 @@ struct Beating {
 
 impl Beating {
     async fn new(app: &TestApp, queue: &str) -> Self {
-        let (wf, status, store, _) = one_connection(app, queue).await;
+        Self::running(app, queue, "one").await
+    }
+
+    /// As [`Beating::new`], its orders running `workflow`, the scheduler
+    /// keeping the orders that wait for its replies (as a service's does).
+    async fn running(app: &TestApp, queue: &str, workflow: &str) -> Self {
+        let (_, status, store, _) = one_connection(app, queue).await;
+        let settings = Settings::load(Some(&app.config)).expect("settings");
+        let wf = settings.workflow(workflow).expect("workflow");
         let (submission, scheduler) = (
             Actor::new_instance("submission"),
             Actor::new_instance("scheduler"),
@@ -2011,7 +2036,8 @@ impl Beating {
             });
             let t = Handed::to(
                 Transitions::new(store.clone(), app.queues.clone())
-                    .keeping_room_for(std::time::Duration::from_secs(3600)),
+                    .keeping_room_for(std::time::Duration::from_secs(3600))
+                    .keeping_orders(100),
                 recorder.clone(),
             );
             (t, recorder)
@@ -2022,6 +2048,7 @@ impl Beating {
         }
         let mut order = one_step_order(status);
         order.events = Events::Terminal;
+        order.workflow = workflow.into();
         Self {
             wf,
             order,
@@ -2052,19 +2079,21 @@ impl Beating {
 }
 
 #[tokio::test]
-async fn a_one_step_order_started_by_a_submission_that_beats_costs_four_statements_and_its_reply_deletes_its_request()
+async fn a_one_step_order_started_by_a_submission_that_beats_costs_three_statements_its_reply_deletes_its_request_and_the_next_write_back_its_event()
  {
     // (Counted: the statements sqlx logs.) Its request alone goes out at
     // once, handed to the submission's instance: no outbox lock, no delete.
-    // The reply's load and write-back (which deletes the request), then
-    // the terminal event's delete: four in all, from five.
+    // The reply's load and write-back (which deletes the request); its
+    // terminal event goes out handed to the scheduler's instance, and the
+    // scheduler's next write-back deletes it once confirmed: three in all,
+    // from five.
     use tracing_subscriber::layer::SubscriberExt as _;
     let app = TestApp::new().await;
     let b = Beating::new(&app, "handed").await;
     let trips = RoundTrips::default();
     let _counting =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(trips.clone()));
-    let mut costs = Vec::new();
+    let (mut costs, mut ids) = (Vec::new(), Vec::new());
     for _ in 0..3 {
         trips.take();
         let (order, published) = b.start().await;
@@ -2092,23 +2121,42 @@ async fn a_one_step_order_started_by_a_submission_that_beats_costs_four_statemen
         );
         let ended = b.replied.take().await;
         let reply = trips.take();
-        assert_eq!(
-            ended.iter().map(|r| r.kind.as_str()).collect::<Vec<_>>(),
-            ["status"],
-            "the terminal event"
-        );
+        let kinds: Vec<(&str, bool)> = ended.iter().map(|r| (r.kind.as_str(), r.handed)).collect();
+        assert_eq!(kinds, [("status", true)], "the terminal event, handed");
         assert_eq!(
             requests_kept(&app, order.order_id).await,
             Vec::<Option<String>>::new()
         );
         assert_eq!(state_of(&app, order.order_id).await, "processed");
+        ids.push(order.order_id);
         costs.push((start, reply));
     }
     assert_eq!(
         &costs[1..],
-        [(1, 3), (1, 3)],
-        "the start's write-back; the reply's load, write-back and the terminal event's delete"
+        [(1, 2), (1, 2)],
+        "the start's write-back; the reply's load and write-back"
     );
+    // Each terminal event stayed, handed to the scheduler, until its next
+    // write-back: the last one's until the relay deletes it.
+    let db = &app.db;
+    let events = |id: Uuid| async move {
+        sqlx::query_scalar::<_, String>(
+            "SELECT handed_to FROM outbox WHERE order_id = $1 AND kind = 'status'",
+        )
+        .bind(id)
+        .fetch_all(db)
+        .await
+        .expect("events")
+    };
+    assert_eq!(events(ids[0]).await, Vec::<String>::new());
+    assert_eq!(events(ids[1]).await, Vec::<String>::new());
+    assert_eq!(
+        events(ids[2]).await,
+        std::slice::from_ref(&b.scheduler.name)
+    );
+    let left = b.replied.take_published();
+    b.store.delete_published(&left).await.expect("delete");
+    assert_eq!(events(ids[2]).await, Vec::<String>::new());
     b.store.close().await;
 }
 
@@ -2184,5 +2232,100 @@ async fn a_handed_request_is_sent_again_only_once_its_publisher_stops_beating_or
         Vec::<Option<String>>::new()
     );
     relays.close().await;
+    b.store.close().await;
+}
+
+#[tokio::test]
+async fn an_event_handed_to_a_publisher_holds_back_its_orders_later_messages_until_deleted_or_its_publisher_is_gone()
+ {
+    let app = TestApp::new().await;
+    let b = Beating::new(&app, "handed-event").await;
+    let relays = StateStore::from_pool(pool(&app.db_url).await);
+    // An order ended, its terminal event handed to the scheduler, and a
+    // later message of it (an operator's, say) left to the relays.
+    let ended = async || {
+        let (order, published) = b.start().await;
+        let reply = succeeded(&request_of(&published), 0);
+        let applied = b
+            .replies
+            .apply_reply(&b.scheduler, &reply)
+            .await
+            .expect("reply");
+        assert!(matches!(applied, ReplyOutcome::Applied { .. }));
+        b.replied.take().await;
+        sqlx::query(
+            "INSERT INTO outbox (order_id, kind, routing_key, body) \
+             VALUES ($1, 'status', 'later', '\\x7b7d')",
+        )
+        .bind(order.order_id)
+        .execute(&app.db)
+        .await
+        .expect("later");
+        order.order_id
+    };
+    let pass = async |id: Uuid| {
+        let (busy, rows) = relay_pass(&relays, &[id], false).await;
+        let kinds: Vec<String> = rows.iter().map(|r| r.routing_key.clone()).collect();
+        (busy, kinds)
+    };
+    let deleted = ended().await;
+    assert_eq!(pass(deleted).await, (vec![deleted], vec![]), "held back");
+    assert_eq!(pass(deleted).await, (vec![deleted], vec![]), "still");
+    let confirmed = b.replied.take_published();
+    relays.delete_published(&confirmed).await.expect("delete");
+    assert_eq!(pass(deleted).await, (vec![], vec!["later".to_owned()]));
+    // Its publisher stopped beating: the event goes again, then the later one.
+    let gone = ended().await;
+    assert_eq!(pass(gone).await, (vec![gone], vec![]), "held back");
+    sqlx::query(
+        "UPDATE instances SET last_seen = now() - interval '1 minute' WHERE instance_id = $1",
+    )
+    .bind(&b.scheduler.name)
+    .execute(&app.db)
+    .await
+    .expect("silence");
+    let (busy, kinds) = pass(gone).await;
+    assert!(busy.is_empty());
+    assert_eq!(kinds.len(), 2, "{kinds:?}");
+    assert_eq!(kinds[1], "later", "in order");
+    relays.close().await;
+    b.store.close().await;
+}
+
+#[tokio::test]
+async fn a_three_step_order_started_by_a_submission_that_beats_costs_five_statements() {
+    // (Counted: the statements sqlx logs.) The start's write-back; the
+    // first reply's load (the order is the submission's, not kept) and
+    // write-back; then one write-back per reply, on the order kept.
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let app = TestApp::new().await;
+    let b = Beating::running(&app, "handed-three", "three").await;
+    let trips = RoundTrips::default();
+    let _counting =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(trips.clone()));
+    let mut costs = Vec::new();
+    for _ in 0..2 {
+        trips.take();
+        let (order, mut published) = b.start().await;
+        let mut cost = vec![trips.take()];
+        for step in 0..3 {
+            let request = request_of(&published);
+            trips.take();
+            let applied = b
+                .replies
+                .apply_reply(&b.scheduler, &succeeded(&request, step))
+                .await
+                .expect("reply");
+            assert!(
+                matches!(applied, ReplyOutcome::Applied { .. }),
+                "{applied:?}"
+            );
+            published = b.replied.take().await;
+            cost.push(trips.take());
+        }
+        assert_eq!(state_of(&app, order.order_id).await, "processed");
+        costs.push(cost);
+    }
+    assert_eq!(costs[1], [1, 2, 1, 1], "five in all");
     b.store.close().await;
 }
