@@ -306,10 +306,17 @@ impl<'c> Deciding<'c> {
             ),
             Hold::Flow(agent) => (agent, "rate_limited", now, None),
         };
-        // Its breaker's probe (this order's step) failed: the hold it was
+        // Its breaker's probe (this order's step) failed, or it was held
+        // already (for another agent, or another reason): the hold it was
         // in goes on, from when it began, and was announced then
         // (contract §4c: a hold is announced once, whatever the probes).
-        let ongoing = self.probing();
+        let ongoing = self.probing().or_else(|| {
+            let o = self.row();
+            o.held_for
+                .as_ref()
+                .and(o.held_since)
+                .map(|since| (since, o.hold_until))
+        });
         self.set_state(to, None, None);
         let o = &mut self.order.row;
         o.not_before = None;

@@ -1068,6 +1068,42 @@ mod decisions {
     }
 
     #[test]
+    fn an_order_held_for_its_breaker_then_for_room_stays_in_the_one_hold_announced_then() {
+        // Held for its breaker, then claimed (say as its probe) while its
+        // next step's agent has no room: held for that agent now, in the
+        // hold that began before (contract §4c), with no second `held`.
+        let mut order = pending(1, |_| false);
+        let began = now() - chrono::Duration::minutes(1);
+        let row = &mut order.row;
+        row.held_for = Some("elsewhere".into());
+        row.held_reason = Some("breaker_open".into());
+        row.held_since = Some(began);
+        row.hold_until = Some(now() + chrono::Duration::minutes(1));
+        let agent = order.steps[0].agent.clone();
+        let full = [crate::rules::flow::Flow {
+            agent: agent.clone(),
+            max_in_flight: Some(1),
+            in_flight: 1,
+            rate_per_sec: None,
+            available: None,
+        }];
+        let d = claim(
+            &order,
+            Given {
+                flows: &full,
+                ..ctx("s1")
+            },
+        )
+        .expect("claim");
+        assert_eq!(d.events().map(|e| e.kind).collect::<Vec<_>>(), []);
+        let row = &d.order.row;
+        assert_eq!(row.held_for.as_deref(), Some(agent.as_str()));
+        assert_eq!(row.held_reason.as_deref(), Some("rate_limited"));
+        assert_eq!(row.held_since, Some(began), "the hold goes on");
+        assert_eq!(row.hold_until, None, "a wait for room has no end");
+    }
+
+    #[test]
     fn a_claim_starts_a_pending_order_and_dispatches_its_first_step() {
         let order = pending(2, |_| true);
         let d = claimed(&order);
