@@ -309,28 +309,24 @@ impl StateStore {
     /// Hands these step requests back to the relays: their hand-over could
     /// not send them, so any relay may now ([`PUBLISHABLE`]).
     pub async fn unhand_outbox(&self, ids: &[i64]) -> Result<(), StoreError> {
+        self.outbox_rows("UPDATE outbox SET handed_to = NULL WHERE id = ANY($1)", ids)
+            .await
+    }
+
+    /// Runs `sql`, a write to the outbox rows `ids` (`$1`).
+    async fn outbox_rows(&self, sql: &'static str, ids: &[i64]) -> Result<(), StoreError> {
         let mut conn = self.conn().await?;
-        conn.run(|c| {
-            sqlx::query("UPDATE outbox SET handed_to = NULL WHERE id = ANY($1)")
-                .bind(ids)
-                .execute(c)
-        })
-        .await
-        .map(drop)
+        conn.run(|c| sqlx::query(sql).bind(ids).execute(c))
+            .await
+            .map(drop)
     }
 
     /// Deletes messages handed to this process that the broker confirmed
     /// (status events and alerts: a step request waits for its reply), in
     /// one statement for many.
     pub async fn delete_published(&self, ids: &[i64]) -> Result<(), StoreError> {
-        let mut conn = self.conn().await?;
-        conn.run(|c| {
-            sqlx::query("DELETE FROM outbox WHERE id = ANY($1)")
-                .bind(ids)
-                .execute(c)
-        })
-        .await
-        .map(drop)
+        self.outbox_rows("DELETE FROM outbox WHERE id = ANY($1)", ids)
+            .await
     }
 
     /// Deletes the step requests handed to `instance`, all sent: called as

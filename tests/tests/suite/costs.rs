@@ -1990,6 +1990,17 @@ async fn postgres_connections_have_nagle_off() {
     );
 }
 
+/// Has `me` last beat a minute ago: gone, as far as the relays can tell.
+async fn silence(app: &TestApp, me: &Actor) {
+    sqlx::query(
+        "UPDATE instances SET last_seen = now() - interval '1 minute' WHERE instance_id = $1",
+    )
+    .bind(&me.name)
+    .execute(&app.db)
+    .await
+    .expect("silence");
+}
+
 /// Order `order_id`'s step requests in the outbox, and whom each is handed to.
 async fn requests_kept(app: &TestApp, order_id: Uuid) -> Vec<Option<String>> {
     sqlx::query_scalar("SELECT handed_to FROM outbox WHERE order_id = $1 AND kind = 'request'")
@@ -2060,6 +2071,15 @@ impl Beating {
             replies,
             replied,
         }
+    }
+
+    /// A test deployment's [`Beating`] (one-step orders), and a store of its
+    /// own for relays' passes.
+    async fn with_relays(queue: &str) -> (TestApp, Self, StateStore) {
+        let app = TestApp::new().await;
+        let b = Self::new(&app, queue).await;
+        let relays = StateStore::from_pool(pool(&app.db_url).await);
+        (app, b, relays)
     }
 
     /// A new order like [`Beating::order`], started: what it published.
@@ -2163,9 +2183,7 @@ async fn a_one_step_order_started_by_a_submission_that_beats_costs_three_stateme
 #[tokio::test]
 async fn a_handed_request_is_sent_again_only_once_its_publisher_stops_beating_or_hands_it_back_and_never_once_superseded()
  {
-    let app = TestApp::new().await;
-    let b = Beating::new(&app, "handed-again").await;
-    let relays = StateStore::from_pool(pool(&app.db_url).await);
+    let (app, b, relays) = Beating::with_relays("handed-again").await;
     let pass = async |ids: &[Uuid]| {
         let (busy, rows) = relay_pass(&relays, ids, false).await;
         assert!(busy.is_empty(), "no other relay runs");
@@ -2178,13 +2196,7 @@ async fn a_handed_request_is_sent_again_only_once_its_publisher_stops_beating_or
     assert!(!stale.contains(&id), "the sweep passes it by");
     assert_eq!(relays.outbox_backlog().await.expect("backlog"), 0);
     // Its publisher stopped beating: sent again, then deleted.
-    sqlx::query(
-        "UPDATE instances SET last_seen = now() - interval '1 minute' WHERE instance_id = $1",
-    )
-    .bind(&b.submission.name)
-    .execute(&app.db)
-    .await
-    .expect("silence");
+    silence(&app, &b.submission).await;
     assert_eq!(
         relays.outbox_stale_orders(0, 10).await.expect("stale"),
         [id]
@@ -2238,9 +2250,7 @@ async fn a_handed_request_is_sent_again_only_once_its_publisher_stops_beating_or
 #[tokio::test]
 async fn an_event_handed_to_a_publisher_holds_back_its_orders_later_messages_until_deleted_or_its_publisher_is_gone()
  {
-    let app = TestApp::new().await;
-    let b = Beating::new(&app, "handed-event").await;
-    let relays = StateStore::from_pool(pool(&app.db_url).await);
+    let (app, b, relays) = Beating::with_relays("handed-event").await;
     // An order ended, its terminal event handed to the scheduler, and a
     // later message of it (an operator's, say) left to the relays.
     let ended = async || {
@@ -2277,13 +2287,7 @@ async fn an_event_handed_to_a_publisher_holds_back_its_orders_later_messages_unt
     // Its publisher stopped beating: the event goes again, then the later one.
     let gone = ended().await;
     assert_eq!(pass(gone).await, (vec![gone], vec![]), "held back");
-    sqlx::query(
-        "UPDATE instances SET last_seen = now() - interval '1 minute' WHERE instance_id = $1",
-    )
-    .bind(&b.scheduler.name)
-    .execute(&app.db)
-    .await
-    .expect("silence");
+    silence(&app, &b.scheduler).await;
     let (busy, kinds) = pass(gone).await;
     assert!(busy.is_empty());
     assert_eq!(kinds.len(), 2, "{kinds:?}");
