@@ -490,3 +490,50 @@ async fn sigterm_to_each_service_while_orders_flow_exits_zero_and_every_order_co
     assert!(stats.keys.values().all(|k| k.applied == 1));
     assert_eq!(stats.total_applied as usize, ids.len() * 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_services_send_stays_handed_to_their_instance_until_its_reply_and_the_outbox_empties_once_the_order_ends()
+ {
+    // The submission and scheduler publish as the instances they beat as
+    // (#58): a request out stays in the outbox, handed to one of them, and
+    // nothing of the order is left once it has ended.
+    let app = TestApp::builder().step_timeout("30s").build().await;
+    app.knobs(
+        "a",
+        Knobs {
+            latency_ms: 1500,
+            ..Knobs::default()
+        },
+    );
+    app.start_all().await;
+    let status = app.status_queue("handed").await;
+    let id = app.submit("one", Some(&status)).await;
+    let handed = async || -> Vec<Option<String>> {
+        sqlx::query_scalar("SELECT handed_to FROM outbox WHERE order_id = $1")
+            .bind(id)
+            .fetch_all(&app.db)
+            .await
+            .expect("outbox")
+    };
+    app.eventually(
+        "its request handed to a service's instance",
+        Duration::from_secs(15),
+        || async {
+            handed().await.iter().any(|h| {
+                h.as_deref()
+                    .is_some_and(|h| h.starts_with("submission-") || h.starts_with("scheduler-"))
+            })
+        },
+    )
+    .await;
+    app.eventually("it ends processed", Duration::from_secs(30), || async {
+        app.order(id)
+            .await
+            .is_some_and(|(state, _)| state == "processed")
+    })
+    .await;
+    app.eventually("nothing of it left", Duration::from_secs(10), || async {
+        handed().await.is_empty()
+    })
+    .await;
+}
