@@ -25,6 +25,7 @@ pub mod cli;
 pub mod dashboard;
 pub mod hostile;
 pub use sas_testkit::otlp;
+pub mod postgres;
 pub mod proxy;
 pub mod raw_amqp;
 pub mod tls;

@@ -1,7 +1,9 @@
 //! What one order costs the state store, counted by Postgres itself: the
 //! transactions a batch of orders takes, and the rows each transition writes;
-//! and what consumed messages cost the broker in acknowledgements.
-//! These pin the levers that make sas fast (batches share a transaction; a
+//! and what consumed messages cost the broker in acknowledgements; what
+//! one order waits for the disk (Postgres's syncs of its log, counted on a
+//! server of the test's own) and which of its messages RabbitMQ keeps on
+//! disk. These pin the levers that make sas fast (batches share a transaction; a
 //! transition writes each order row once; deliveries finished together share
 //! an ack frame), whatever the timings.
 
@@ -2034,6 +2036,12 @@ impl Beating {
     /// keeping the orders that wait for its replies (as a service's does).
     async fn running(app: &TestApp, queue: &str, workflow: &str) -> Self {
         let (_, status, store, _) = one_connection(app, queue).await;
+        Self::on(app, status, workflow, store).await
+    }
+
+    /// As [`Beating::running`], over `store`, its orders' events going to
+    /// `status`.
+    async fn on(app: &TestApp, status: String, workflow: &str, store: StateStore) -> Self {
         let settings = Settings::load(Some(&app.config)).expect("settings");
         let wf = settings.workflow(workflow).expect("workflow");
         let (submission, scheduler) = (
@@ -2332,4 +2340,170 @@ async fn a_three_step_order_started_by_a_submission_that_beats_costs_five_statem
     }
     assert_eq!(costs[1], [1, 2, 1, 1], "five in all");
     b.store.close().await;
+}
+
+#[tokio::test]
+async fn a_one_step_order_puts_four_messages_through_the_broker_of_which_only_the_order_and_its_terminal_event_are_persistent()
+ {
+    // RabbitMQ writes to disk (and syncs) only persistent messages in
+    // durable queues: of a one-step order's four messages (the order, its
+    // request, the reply, its terminal event), two. The step messages are
+    // transient by default: Postgres holds every step, and a broker
+    // restart that drops them sends them again at once (#58). Each message
+    // is held in its queue on the way (the next service stopped) and
+    // looked at there; then the order goes on.
+    use sas_client::Order;
+    let app = TestApp::builder().step_timeout("60s").build().await;
+    app.start_all().await;
+    app.terminate("agent").await;
+    let status = app.status_queue("messages").await;
+    let mut order = Order::new("one", serde_json::Map::new());
+    order.reply_to = Some(status.clone());
+    order.events = Events::Terminal;
+    let id = app.client().submit_order(order).await.expect("submit").id();
+    let requests = app.queues.agent_requests("a");
+    let waiting = |queue: String| {
+        let app = &app;
+        async move {
+            app.eventually(
+                &format!("one message waits in {queue}"),
+                std::time::Duration::from_secs(20),
+                || async { app.ready(&queue).await == 1 },
+            )
+            .await;
+            let taken = app.take(&queue).await.expect("the message");
+            let persistent = taken.delivery.persistent();
+            taken.release().await.expect("put back");
+            persistent
+        }
+    };
+    assert!(
+        !waiting(requests.clone()).await,
+        "the step request is transient"
+    );
+    app.terminate("scheduler").await;
+    app.start("agent", "agent", &[]).await;
+    let replies = app.queues.replies().to_owned();
+    assert!(!waiting(replies.clone()).await, "the reply is transient");
+    app.start("scheduler", "scheduler", &[]).await;
+    app.eventually(
+        "it ends processed",
+        std::time::Duration::from_secs(30),
+        || async {
+            app.order(id)
+                .await
+                .is_some_and(|(state, _)| state == "processed")
+        },
+    )
+    .await;
+    app.eventually(
+        "its terminal event waits",
+        std::time::Duration::from_secs(20),
+        || async { app.ready(&status).await >= 1 },
+    )
+    .await;
+    let event = app.take(&status).await.expect("the event");
+    assert!(event.delivery.persistent(), "a status event is persistent");
+    let body: serde_json::Value = serde_json::from_slice(event.delivery.body()).expect("JSON");
+    assert_eq!(body["state"], "processed", "{body}");
+    event.ack().await.expect("ack");
+    // Nothing else went through: the terminal event alone, and no step
+    // message left behind.
+    for queue in [&status, &requests, &replies] {
+        assert_eq!(app.ready(queue).await, 0, "{queue}");
+    }
+}
+
+/// Syncs of the write-ahead log to disk so far on the server `admin` is
+/// connected to (`pg_stat_wal`, counted for the whole server), once the
+/// counts hold still.
+async fn wal_syncs(admin: &sqlx::PgPool) -> i64 {
+    settled(async || {
+        sqlx::query_scalar::<_, i64>("SELECT wal_sync FROM pg_stat_wal")
+            .fetch_one(admin)
+            .await
+            .expect("pg_stat_wal")
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_one_step_order_started_by_a_submission_that_beats_waits_for_postgres_to_sync_twice() {
+    // Counted by a server of the test's own, which syncs its disk and on
+    // which nothing else writes: its log-writer wakes too rarely to sync
+    // within the run, and no checkpoint, autovacuum or snapshot record
+    // comes in between. Of the order's three statements, the two
+    // write-backs wait for the disk; the reply's load writes nothing.
+    let app = TestApp::new().await;
+    let pg = tokio::task::spawn_blocking(|| {
+        sas_tests::postgres::OwnPostgres::start_with(
+            None,
+            "fsync = on\nsynchronous_commit = on\nwal_level = minimal\nmax_wal_senders = 0\n\
+             wal_writer_delay = 10000ms\nautovacuum = off\ncheckpoint_timeout = 1h\n",
+        )
+    })
+    .await
+    .expect("the test's own server");
+    let admin = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&pg.url("postgres", ""))
+        .await
+        .expect("the test's own server");
+    sqlx::query("CREATE DATABASE sas")
+        .execute(&admin)
+        .await
+        .expect("create database");
+    let url = pg.url("sas", "");
+    let mut database = Settings::load(Some(&app.config))
+        .expect("settings")
+        .database;
+    database.url = url.clone();
+    StateStore::connect_with(&database, "costs", Plans::Generic)
+        .await
+        .expect("migrate")
+        .close()
+        .await;
+    let conn = pool(&url).await;
+    let status = app.status_queue("synced").await;
+    let b = Beating::on(&app, status, "one", StateStore::from_pool(conn.clone())).await;
+    // The order's connection reports what it counted once idle: asked to
+    // now, rather than within a second.
+    let reported = async || {
+        sqlx::query("SELECT pg_stat_force_next_flush()")
+            .execute(&conn)
+            .await
+            .expect("flush statistics");
+    };
+    // One order first: the statements are prepared on their first use.
+    let run = async || {
+        let (_, published) = b.start().await;
+        let request = request_of(&published);
+        let applied = b
+            .replies
+            .apply_reply(&b.scheduler, &succeeded(&request, 0))
+            .await
+            .expect("reply");
+        assert!(
+            matches!(applied, ReplyOutcome::Applied { .. }),
+            "{applied:?}"
+        );
+        b.replied.take().await;
+    };
+    run().await;
+    reported().await;
+    let before = wal_syncs(&admin).await;
+    const ORDERS: i64 = 10;
+    for _ in 0..ORDERS {
+        run().await;
+    }
+    reported().await;
+    let syncs = wal_syncs(&admin).await - before;
+    // At most one more: the log-writer, had it woken for a record of no
+    // order's.
+    assert!(
+        (2 * ORDERS..=2 * ORDERS + 1).contains(&syncs),
+        "{syncs} syncs of the log for {ORDERS} orders: two each wanted"
+    );
+    b.store.close().await;
+    admin.close().await;
 }
