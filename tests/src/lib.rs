@@ -6,7 +6,9 @@
 //! The binaries come from the same target directory as the test binary, so
 //! run `cargo build --workspace` before the tests (`scripts/test.sh` does).
 //! [`browser`] drives a headless Chromium for the dashboard's test; [`tls`]
-//! starts the servers of the TLS tests (a Postgres of their own, stunnel).
+//! starts the servers of the TLS tests (stunnel, and a Postgres of their
+//! own from [`postgres`], which also serves the tests that count for a
+//! whole server).
 //!
 //! The Postgres and RabbitMQ the tests use are [`pg_admin`] and [`amqp`]:
 //! `SAS_TEST_DATABASE_URL` and `SAS_TEST_BROKER_URL`, which `scripts/test.sh`
