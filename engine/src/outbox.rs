@@ -30,7 +30,7 @@ use uuid::Uuid;
 use crate::broker::{BrokerError, Outgoing, PublishError, Publisher};
 use crate::config::{Durability, OutboxSettings};
 use crate::metrics::{Metrics, labels};
-use crate::state_store::{Committed, Held, OutboxRow, StateStore};
+use crate::state_store::{Committed, DeletedBy, Held, OutboxRow, StateStore};
 
 /// The relay of one process; transitions tell it which orders have new rows.
 pub struct Relay {
@@ -216,31 +216,25 @@ impl Relay {
         held: Option<Held>,
         rows: Vec<OutboxRow>,
     ) -> (Vec<i64>, Result<(), BrokerError>) {
-        let handed: Vec<i64> = rows.iter().filter(|r| r.handed).map(|r| r.id).collect();
-        // Handed over and seen by applications: deleted once confirmed.
-        let seen: Vec<i64> = rows
-            .iter()
-            .filter(|r| r.handed && r.kind != "request")
-            .map(|r| r.id)
-            .collect();
+        let deleted_by: std::collections::HashMap<i64, DeletedBy> =
+            rows.iter().map(|r| (r.id, r.deleted_by())).collect();
         let (done, outcome) = if rows.is_empty() {
             (Vec::new(), Ok(()))
         } else {
             publish_rows(publisher, &self.metrics, self.requests, path, rows).await
         };
         crate::crash::point("outbox.after_publish");
-        self.keep_published(
+        // Published (or dropped as unpublishable): each deleted by whoever
+        // its row says.
+        let by = |whom: DeletedBy| -> Vec<i64> {
             done.iter()
                 .copied()
-                .filter(|id| seen.contains(id))
-                .collect(),
-        );
+                .filter(|id| deleted_by.get(id).copied().unwrap_or(DeletedBy::Release) == whom)
+                .collect()
+        };
+        self.keep_published(by(DeletedBy::WriteBack));
         if let Some(held) = held {
-            let delete: Vec<i64> = done
-                .iter()
-                .copied()
-                .filter(|id| !handed.contains(id))
-                .collect();
+            let delete = by(DeletedBy::Release);
             if let Err(e) = held.release(&delete).await {
                 // Published all the same: the sweep sends them again, later.
                 tracing::warn!(error = %e, "could not delete published messages");

@@ -66,7 +66,7 @@ pub use database_url::{Hosts, HostsError, query_param};
 pub use events::{EventRow, Replay};
 pub use leases::Lease;
 pub use orders::{ClaimableNow, NewOrder, OrderRow};
-pub use outbox::{Committed, Held, OutboxLocks, OutboxRow, Taken};
+pub use outbox::{Committed, DeletedBy, Held, OutboxLocks, OutboxRow, Taken};
 pub use partitions::Partitions;
 pub use reads::ReadModels;
 pub use retention::{Archive, Policy, PruneBatch, PruneError, Pruned, Totals, archive_file_name};

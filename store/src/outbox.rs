@@ -27,6 +27,34 @@ pub struct OutboxRow {
     pub handed: bool,
 }
 
+/// Who deletes an outbox row once its publish is confirmed
+/// ([`OutboxRow::deleted_by`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeletedBy {
+    /// The publisher, as it lets the orders' outbox locks go
+    /// ([`Held::release`]).
+    Release,
+    /// The write-back of the step's reply ([`Unit::answered`](super::Unit::answered)):
+    /// a request handed to its publisher.
+    Reply,
+    /// The publishing process's next write-back, or its batch of deletes
+    /// ([`Unit::delete_published`](super::Unit::delete_published)): a
+    /// status event or alert handed to its publisher.
+    WriteBack,
+}
+
+impl OutboxRow {
+    /// Who deletes this row once published: what a relay and anything
+    /// standing in for one must do alike.
+    pub fn deleted_by(&self) -> DeletedBy {
+        match (self.handed, self.kind == "request") {
+            (false, _) => DeletedBy::Release,
+            (true, true) => DeletedBy::Reply,
+            (true, false) => DeletedBy::WriteBack,
+        }
+    }
+}
+
 /// Whether a transition's connection takes the outbox locks of the orders
 /// it loads and writes messages for, keeping them past its write-back so
 /// that whoever holds the connection publishes those messages at once and
@@ -377,5 +405,28 @@ mod tests {
             "both ways of taking"
         );
         assert!(super::RELEASE.contains(&super::lock_key("order_id")));
+    }
+
+    #[test]
+    fn a_row_handed_over_is_deleted_by_its_reply_or_the_next_write_back_and_any_other_by_its_publisher()
+     {
+        use super::{DeletedBy, OutboxRow};
+        let row = |kind: &str, handed: bool| OutboxRow {
+            id: 1,
+            order_id: uuid::Uuid::nil(),
+            kind: kind.into(),
+            routing_key: "q".into(),
+            correlation_id: None,
+            reply_to: None,
+            traceparent: None,
+            body: Vec::new(),
+            handed,
+        };
+        for kind in ["request", "status", "alert"] {
+            assert_eq!(row(kind, false).deleted_by(), DeletedBy::Release, "{kind}");
+        }
+        assert_eq!(row("request", true).deleted_by(), DeletedBy::Reply);
+        assert_eq!(row("status", true).deleted_by(), DeletedBy::WriteBack);
+        assert_eq!(row("alert", true).deleted_by(), DeletedBy::WriteBack);
     }
 }
