@@ -314,28 +314,34 @@ impl Transitions {
     /// ([`rules::submission::receive_and_start`]), so no scheduler is woken
     /// to read back and claim what was just written. The others wait,
     /// pending, for the schedulers, whose claims keep their bounds and
-    /// priorities under load.
+    /// priorities under load. Once the started orders' messages reach
+    /// `messages`, the rest wait too, as a claim stops at its bound
+    /// ([`ClaimBounds::messages`]): a burst of fan-out orders never holds
+    /// a batch times its fan-out in the submission's memory.
     pub async fn submit_and_start(
         &self,
         me: &Actor,
         room: u32,
+        messages: u32,
         batch: &[(&NewOrder, &Workflow)],
     ) -> Result<Vec<Submitted>, StoreError> {
-        self.store_new(batch, Some((me, room))).await
+        let messages = usize::try_from(messages).unwrap_or(usize::MAX);
+        self.store_new(batch, Some((me, room, messages))).await
     }
 
     async fn store_new(
         &self,
         batch: &[(&NewOrder, &Workflow)],
-        starter: Option<(&Actor, u32)>,
+        starter: Option<(&Actor, u32, usize)>,
     ) -> Result<Vec<Submitted>, StoreError> {
         let mut session = self.session().await?;
         // The starter, and how many more orders it may start. Only while
         // the outlet publishes at once: a busy one (under load) would leave
         // the started orders' requests to its passes, where the schedulers'
         // batched claims serve better.
+        let max_messages = starter.map_or(0, |(_, _, messages)| messages);
         let (mut unit, mut starter) = match starter {
-            Some((me, bound)) if session.locks() == OutboxLocks::Take => {
+            Some((me, bound, _)) if session.locks() == OutboxLocks::Take => {
                 let bound = i64::from(bound);
                 // The room the last start left, or read now.
                 let room = match self.room.fresh() {
@@ -363,7 +369,7 @@ impl Transitions {
             let definition = (workflow.definition_id, &workflow.definition);
             let i = unit.insert(order, definition, steps);
             let decision = match &mut starter {
-                Some((me, left)) if *left > 0 => {
+                Some((me, left)) if *left > 0 && unit.messages() < max_messages => {
                     let ctx = context(&unit, &me.name);
                     rules::submission::receive_and_start(&unit.get(i).order, ctx)?
                 }

@@ -28,13 +28,14 @@ type Batcher = sas::batch::Batcher<(NewOrder, Workflow), Result<Submitted, Arc<S
 
 /// Stores orders in batches: those that arrive while a transaction commits
 /// share the next one (and its single wake-up of the schedulers).
-/// With `starter` (an instance, and the orders held deployment-wide below
-/// which it starts new ones), the orders whose first steps may go now start
+/// With `starter` (an instance, the orders held deployment-wide below
+/// which it starts new ones, and the messages a batch's starts may send
+/// at most), the orders whose first steps may go now start
 /// in the same transaction ([`sas::engine::Transitions::submit_and_start`]).
 fn store_in_batches(
     pipeline: Pipeline,
     db: &sas::config::DatabaseSettings,
-    starter: Option<(Actor, u32)>,
+    starter: Option<(Actor, u32, u32)>,
 ) -> Batcher {
     let pipeline = Arc::new(pipeline);
     let starter = Arc::new(starter);
@@ -44,7 +45,9 @@ fn store_in_batches(
             let refs: Vec<(&NewOrder, &Workflow)> = items.iter().map(|(o, w)| (o, w)).collect();
             sas::batch::isolating(&refs, StoreError::is_refusal_of_input, |some| async {
                 match starter.as_ref() {
-                    Some((me, room)) => pipeline.submit_and_start(me, *room, some).await,
+                    Some((me, room, messages)) => {
+                        pipeline.submit_and_start(me, *room, *messages, some).await
+                    }
                     None => pipeline.submit_many(some).await,
                 }
             })
@@ -108,12 +111,14 @@ impl Intake {
             .collect::<anyhow::Result<_>>()?;
         // While the orders held number fewer than one scheduler may hold:
         // past that the schedulers' claims, bounded and by priority, decide.
+        // Bounded in messages as a scheduler's claim is.
         let room = ctx.settings.scheduler.max_in_flight;
+        let messages = ctx.settings.scheduler.claim_messages;
         let starter = ctx
             .settings
             .submission
             .start_orders
-            .then(|| (actor.clone(), room));
+            .then(|| (actor.clone(), room, messages));
         Ok(Arc::new(Self {
             batcher: store_in_batches(pipeline.clone(), &ctx.settings.database, starter),
             pipeline,

@@ -383,7 +383,7 @@ impl Handed {
         me: &Actor,
         b: &[(&NewOrder, &Workflow)],
     ) -> Result<Vec<Submitted>, StoreError> {
-        self.t.submit_and_start(me, 1000, b).await
+        self.t.submit_and_start(me, 1000, u32::MAX, b).await
     }
 
     async fn claim(&self, me: &Actor, limit: u32, max: u32) -> Result<Vec<Uuid>, StoreError> {
@@ -2520,4 +2520,64 @@ async fn a_one_step_order_started_by_a_submission_that_beats_waits_for_postgres_
     );
     b.store.close().await;
     admin.close().await;
+}
+
+#[tokio::test]
+async fn a_submissions_starts_stop_at_their_bound_of_messages_and_the_rest_wait_for_a_claim() {
+    // As a scheduler's claim stops at `scheduler.claim_messages`: a burst
+    // of fan-out orders (a request per item) never holds a batch times its
+    // fan-out in the submission's memory. Under the bound, each order of
+    // the batch starts; from it on, they are stored pending.
+    let app = TestApp::new().await;
+    let b = Beating::running(&app, "bounded", "fanout").await;
+    let orders: Vec<NewOrder> = (0..3)
+        .map(|_| NewOrder {
+            order_id: Uuid::new_v4(),
+            ..b.order.clone()
+        })
+        .collect();
+    let batch: Vec<(&NewOrder, &Workflow)> = orders.iter().map(|o| (o, &b.wf)).collect();
+    let submitted = b
+        .started
+        .t
+        .submit_and_start(&b.submission, 1000, 3, &batch)
+        .await
+        .expect("submit");
+    assert_eq!(
+        submitted,
+        [
+            Submitted::Created { started: true },
+            Submitted::Created { started: false },
+            Submitted::Created { started: false },
+        ],
+        "the first order's requests reach the bound"
+    );
+    let requests = b
+        .starts
+        .take()
+        .await
+        .iter()
+        .filter(|r| r.kind == "request")
+        .count();
+    assert!(
+        requests > 3,
+        "{requests} requests: the first order fans out"
+    );
+    assert_eq!(state_of(&app, orders[1].order_id).await, "pending");
+    // Unbounded, every order starts.
+    let more: Vec<NewOrder> = (0..2)
+        .map(|_| NewOrder {
+            order_id: Uuid::new_v4(),
+            ..b.order.clone()
+        })
+        .collect();
+    let batch: Vec<(&NewOrder, &Workflow)> = more.iter().map(|o| (o, &b.wf)).collect();
+    let submitted = b
+        .started
+        .t
+        .submit_and_start(&b.submission, 1000, u32::MAX, &batch)
+        .await
+        .expect("submit");
+    assert_eq!(submitted, [Submitted::Created { started: true }; 2]);
+    b.store.close().await;
 }
