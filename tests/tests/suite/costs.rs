@@ -2093,12 +2093,30 @@ impl Beating {
         (app, b, relays)
     }
 
+    /// `n` new orders like [`Beating::order`], each with an id of its own.
+    fn orders(&self, n: usize) -> Vec<NewOrder> {
+        (0..n)
+            .map(|_| NewOrder {
+                order_id: Uuid::new_v4(),
+                ..self.order.clone()
+            })
+            .collect()
+    }
+
+    /// Stores `orders` in one batch, starting them while their messages
+    /// stay under `messages`.
+    async fn start_under(&self, messages: u32, orders: &[NewOrder]) -> Vec<Submitted> {
+        let batch: Vec<(&NewOrder, &Workflow)> = orders.iter().map(|o| (o, &self.wf)).collect();
+        self.started
+            .t
+            .submit_and_start(&self.submission, 1000, messages, &batch)
+            .await
+            .expect("submit")
+    }
+
     /// A new order like [`Beating::order`], started: what it published.
     async fn start(&self) -> (NewOrder, Vec<OutboxRow>) {
-        let order = NewOrder {
-            order_id: Uuid::new_v4(),
-            ..self.order.clone()
-        };
+        let order = self.orders(1).remove(0);
         let submitted = self
             .started
             .submit_and_start(&self.submission, &[(&order, &self.wf)])
@@ -2530,21 +2548,9 @@ async fn a_submissions_starts_stop_at_their_bound_of_messages_and_the_rest_wait_
     // the batch starts; from it on, they are stored pending.
     let app = TestApp::new().await;
     let b = Beating::running(&app, "bounded", "fanout").await;
-    let orders: Vec<NewOrder> = (0..3)
-        .map(|_| NewOrder {
-            order_id: Uuid::new_v4(),
-            ..b.order.clone()
-        })
-        .collect();
-    let batch: Vec<(&NewOrder, &Workflow)> = orders.iter().map(|o| (o, &b.wf)).collect();
-    let submitted = b
-        .started
-        .t
-        .submit_and_start(&b.submission, 1000, 3, &batch)
-        .await
-        .expect("submit");
+    let orders = b.orders(3);
     assert_eq!(
-        submitted,
+        b.start_under(3, &orders).await,
         [
             Submitted::Created { started: true },
             Submitted::Created { started: false },
@@ -2565,19 +2571,9 @@ async fn a_submissions_starts_stop_at_their_bound_of_messages_and_the_rest_wait_
     );
     assert_eq!(state_of(&app, orders[1].order_id).await, "pending");
     // Unbounded, every order starts.
-    let more: Vec<NewOrder> = (0..2)
-        .map(|_| NewOrder {
-            order_id: Uuid::new_v4(),
-            ..b.order.clone()
-        })
-        .collect();
-    let batch: Vec<(&NewOrder, &Workflow)> = more.iter().map(|o| (o, &b.wf)).collect();
-    let submitted = b
-        .started
-        .t
-        .submit_and_start(&b.submission, 1000, u32::MAX, &batch)
-        .await
-        .expect("submit");
-    assert_eq!(submitted, [Submitted::Created { started: true }; 2]);
+    assert_eq!(
+        b.start_under(u32::MAX, &b.orders(2)).await,
+        [Submitted::Created { started: true }; 2]
+    );
     b.store.close().await;
 }
