@@ -310,6 +310,15 @@ impl StateStore {
             let current = retire.current(meta.age);
             Box::pin(async move { Ok(current) })
         });
+        // A connection's buffers grow to the largest statement it sent and
+        // the largest answer it read (a write-back of 256 fan-out orders:
+        // megabytes), and would keep that size in the pool: each of its
+        // connections would hold a peak's worth. Back in the pool they go
+        // back to their default size (nothing is done when they are at it).
+        pool = pool.after_release(|conn, _| {
+            conn.shrink_buffers();
+            Box::pin(async { Ok(true) })
+        });
         if hosts.watched() {
             let writable = hosts.writable();
             // A new connection to a server that stopped accepting writes is
