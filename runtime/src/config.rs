@@ -215,10 +215,10 @@ pub struct SchedulerSettings {
     /// a claim costs about the same round trips whatever its size.
     pub claim_batch: u32,
     /// A claim stops deciding once the orders it claimed have this many
-    /// messages to send, and claims the rest at once in another: a burst of
-    /// fan-out orders (many requests each) then never holds `claim_batch`
-    /// times its fan-out in memory. Orders of one or two messages never
-    /// reach it.
+    /// step requests to send, and claims the rest at once in another: a
+    /// burst of fan-out orders (many requests each) then never holds
+    /// `claim_batch` times its fan-out in memory. At the default, equal to
+    /// `claim_batch`, orders of one request each never reach it.
     pub claim_messages: u32,
     /// Most orders this instance holds at once (claimed and not yet ended).
     /// Beyond it, orders wait as `pending` in the state store rather than as
@@ -237,7 +237,7 @@ impl Default for SchedulerSettings {
             instance_id: None,
             poll_interval: Duration::from_millis(500),
             claim_batch: 256,
-            claim_messages: 1024,
+            claim_messages: 256,
             max_in_flight: 1000,
             keep_orders: 1000,
         }

@@ -405,9 +405,12 @@ impl Unit {
         self.orders.is_empty()
     }
 
-    /// How many messages the unit's decisions have produced so far.
-    pub fn messages(&self) -> usize {
-        self.messages.len()
+    /// How many step requests the unit's decisions have produced so far:
+    /// what a claim's and a start's bound counts, since a request carries
+    /// its order's payload (status events are small, and every order of an
+    /// every-event claim has one).
+    pub fn requests(&self) -> usize {
+        self.messages.iter().filter(|m| m.kind == "request").count()
     }
 
     /// The `i`-th order.

@@ -132,16 +132,17 @@ pub struct ClaimBounds {
     pub orders: u32,
     /// Most orders the claimer may hold once it has claimed.
     pub max_held: u32,
-    /// Once the claimed orders' messages reach this many, the claim stops
-    /// deciding: a burst of fan-out orders (many requests each) is then
-    /// claimed in several smaller write-backs, each holding fewer messages
-    /// in memory at once, rather than one of `orders` times their fan-out.
+    /// Once the claimed orders' step requests reach this many, the claim
+    /// stops deciding: a burst of fan-out orders (many requests each) is
+    /// then claimed in several smaller write-backs, each holding fewer
+    /// requests in memory at once, rather than one of `orders` times their
+    /// fan-out. (Status events do not count: they are small.)
     pub messages: u32,
 }
 
 impl ClaimBounds {
     /// Up to `orders` orders while holding at most `max_held`, with no
-    /// bound on the messages.
+    /// bound on their requests.
     pub fn orders(orders: u32, max_held: u32) -> Self {
         Self {
             orders,
@@ -314,7 +315,7 @@ impl Transitions {
     /// ([`rules::submission::receive_and_start`]), so no scheduler is woken
     /// to read back and claim what was just written. The others wait,
     /// pending, for the schedulers, whose claims keep their bounds and
-    /// priorities under load. Once the started orders' messages reach
+    /// priorities under load. Once the started orders' step requests reach
     /// `messages`, the rest wait too, as a claim stops at its bound
     /// ([`ClaimBounds::messages`]): a burst of fan-out orders never holds
     /// a batch times its fan-out in the submission's memory.
@@ -339,7 +340,7 @@ impl Transitions {
         // the outlet publishes at once: a busy one (under load) would leave
         // the started orders' requests to its passes, where the schedulers'
         // batched claims serve better.
-        let max_messages = starter.map_or(0, |(_, _, messages)| messages);
+        let max_requests = starter.map_or(0, |(_, _, messages)| messages);
         let (mut unit, mut starter) = match starter {
             Some((me, bound, _)) if session.locks() == OutboxLocks::Take => {
                 let bound = i64::from(bound);
@@ -369,7 +370,7 @@ impl Transitions {
             let definition = (workflow.definition_id, &workflow.definition);
             let i = unit.insert(order, definition, steps);
             let decision = match &mut starter {
-                Some((me, left)) if *left > 0 && unit.messages() < max_messages => {
+                Some((me, left)) if *left > 0 && unit.requests() < max_requests => {
                     let ctx = context(&unit, &me.name);
                     rules::submission::receive_and_start(&unit.get(i).order, ctx)?
                 }
@@ -413,7 +414,7 @@ impl Transitions {
     async fn claim_once(&self, me: &Actor, bounds: ClaimBounds) -> Result<Claimed, StoreError> {
         let mut session = self.session().await?;
         let (limit, max_held) = (i64::from(bounds.orders), i64::from(bounds.max_held));
-        let max_messages = usize::try_from(bounds.messages).unwrap_or(usize::MAX);
+        let max_requests = usize::try_from(bounds.messages).unwrap_or(usize::MAX);
         let mut unit = session.load_claimable(limit, &me.name, max_held).await?;
         let decided = {
             let mut claimed = Claimed {
@@ -421,7 +422,7 @@ impl Transitions {
                 more: false,
             };
             for i in 0..unit.len() {
-                if unit.messages() >= max_messages {
+                if unit.requests() >= max_requests {
                     // The rest stay as they were read, for the next claim.
                     claimed.more = true;
                     break;

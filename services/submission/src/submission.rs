@@ -111,7 +111,7 @@ impl Intake {
             .collect::<anyhow::Result<_>>()?;
         // While the orders held number fewer than one scheduler may hold:
         // past that the schedulers' claims, bounded and by priority, decide.
-        // Bounded in messages as a scheduler's claim is.
+        // Bounded in step requests as a scheduler's claim is.
         let room = ctx.settings.scheduler.max_in_flight;
         let messages = ctx.settings.scheduler.claim_messages;
         let starter = ctx

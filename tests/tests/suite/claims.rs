@@ -117,7 +117,7 @@ async fn the_claim_query_takes_exactly_the_orders_the_rule_says_are_claimable() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_stopped_by_its_bound_of_messages_is_followed_at_once_by_the_next() {
+async fn a_claim_stopped_by_its_bound_of_requests_is_followed_at_once_by_the_next() {
     // Slow polls: had the scheduler waited for a wake-up after a claim that
     // stopped at its bound, the orders stored before it started (whose
     // wake-ups it missed) would wait a minute.
@@ -139,7 +139,7 @@ async fn a_claim_stopped_by_its_bound_of_messages_is_followed_at_once_by_the_nex
         },
     )
     .await;
-    // One message per claim: every claim of more than one order stops at it.
+    // One request per claim: every claim of more than one order stops at it.
     app.start_with_env(
         "scheduler",
         "scheduler",

@@ -775,7 +775,7 @@ async fn a_batch_of_diamond_orders_runs_its_parallel_steps_in_one_transition_eac
 }
 
 #[tokio::test]
-async fn a_claim_stops_at_its_bound_of_messages_and_the_next_claims_the_rest() {
+async fn a_claim_stops_at_its_bound_of_requests_and_the_next_claims_the_rest() {
     // A burst of fan-out orders: a claim of `claim_batch` of them would hold
     // `claim_batch` times their fan-out in messages at once.
     let app = TestApp::builder()
@@ -791,11 +791,13 @@ steps = [{ name = "reserve", agent = "a", for_each = "payload.items" }]
     let status = app.status_queue("bound").await;
     let store = StateStore::from_pool(pool(&app.db_url).await);
     let t = Transitions::new(store.clone(), app.queues.clone());
-    // Five requests per order, and with terminal events nothing else.
+    // Five requests per order, and with every event a status event too:
+    // only the requests count (had the events, each order would weigh six
+    // and the claims would stop at two).
     let mut orders = sas_testkit::fixtures::new_orders("fan", 8, &status);
     for o in &mut orders {
         o.payload = json!({ "items": [1, 2, 3, 4, 5] });
-        o.events = Events::Terminal;
+        o.events = Events::All;
     }
     let batch: Vec<(&NewOrder, &Workflow)> = orders.iter().map(|o| (o, &wf)).collect();
     t.submit_many(&batch).await.expect("submit");
@@ -2541,7 +2543,7 @@ async fn a_one_step_order_started_by_a_submission_that_beats_waits_for_postgres_
 }
 
 #[tokio::test]
-async fn a_submissions_starts_stop_at_their_bound_of_messages_and_the_rest_wait_for_a_claim() {
+async fn a_submissions_starts_stop_at_their_bound_of_requests_and_the_rest_wait_for_a_claim() {
     // As a scheduler's claim stops at `scheduler.claim_messages`: a burst
     // of fan-out orders (a request per item) never holds a batch times its
     // fan-out in the submission's memory. Under the bound, each order of
