@@ -183,12 +183,11 @@ impl Scheduler {
     /// claim failed.
     async fn claim_all(&self, stop: &CancellationToken) -> bool {
         let settings = &self.ctx.settings.scheduler;
-        let full = ClaimBounds {
+        let bounds = ClaimBounds {
             orders: settings.claim_batch,
             max_held: settings.max_in_flight,
             messages: settings.claim_messages,
         };
-        let mut bounds = full;
         while !stop.is_cancelled() {
             match self.pipeline.claim(&self.me, bounds).await {
                 Ok(claimed) => {
@@ -199,13 +198,12 @@ impl Scheduler {
                         self.ctx.metrics.orders_claimed.inc_by(n as u64);
                         self.held.fetch_add(n, Ordering::Relaxed);
                     }
-                    // Fewer than a batch, and not stopped by its requests:
+                    // Fewer than a batch, and not stopped by its messages:
                     // caught up, others hold the rest, or this instance holds
                     // all it may.
                     if n < bounds.orders as usize && !claimed.more {
                         return true;
                     }
-                    bounds.orders = next_claim_orders(full.orders, n, claimed.more);
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "claim failed; will retry");
@@ -387,35 +385,8 @@ fn poll_interval(configured: Duration, rates: impl Iterator<Item = f64>) -> Dura
         .fold(configured, Duration::min)
 }
 
-/// How many orders the next claim of a run reads, after one that decided
-/// `decided` of them and stopped at its bound of requests (`more`) or not.
-/// Stopped, the orders are large (a fan-out burst): the next reads about
-/// twice as many as this one decided rather than `claim_batch`, since a
-/// claim leaves every order past its bound as it read it. Otherwise
-/// `claim_batch` again.
-fn next_claim_orders(claim_batch: u32, decided: usize, more: bool) -> u32 {
-    if more {
-        let twice = u32::try_from(decided.saturating_mul(2)).unwrap_or(u32::MAX);
-        twice.clamp(1, claim_batch.max(1))
-    } else {
-        claim_batch
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn a_claim_stopped_by_its_requests_is_followed_by_one_reading_twice_what_it_decided() {
-        use super::next_claim_orders;
-        // A fan-out burst: 26 of 256 decided, the next reads 52.
-        assert_eq!(next_claim_orders(256, 26, true), 52);
-        // Never more than the batch, never none.
-        assert_eq!(next_claim_orders(256, 200, true), 256);
-        assert_eq!(next_claim_orders(256, 0, true), 1);
-        // Not stopped by its requests: a whole batch again.
-        assert_eq!(next_claim_orders(256, 52, false), 256);
-    }
-
     use super::*;
     use sas::config::SchedulerSettings;
 
