@@ -120,7 +120,7 @@ pub enum Operated {
 pub struct Claimed {
     /// The orders claimed, in the order they were decided.
     pub ids: Vec<Uuid>,
-    /// The claim stopped at its bound of messages with orders it had read
+    /// The claim stopped at its bound of requests with orders it had read
     /// left undecided: claim again at once.
     pub more: bool,
 }
@@ -137,7 +137,7 @@ pub struct ClaimBounds {
     /// then claimed in several smaller write-backs, each holding fewer
     /// requests in memory at once, rather than one of `orders` times their
     /// fan-out. (Status events do not count: they are small.)
-    pub messages: u32,
+    pub requests: u32,
 }
 
 impl ClaimBounds {
@@ -147,7 +147,7 @@ impl ClaimBounds {
         Self {
             orders,
             max_held,
-            messages: u32::MAX,
+            requests: u32::MAX,
         }
     }
 }
@@ -316,18 +316,18 @@ impl Transitions {
     /// to read back and claim what was just written. The others wait,
     /// pending, for the schedulers, whose claims keep their bounds and
     /// priorities under load. Once the started orders' step requests reach
-    /// `messages`, the rest wait too, as a claim stops at its bound
-    /// ([`ClaimBounds::messages`]): a burst of fan-out orders never holds
+    /// `requests`, the rest wait too, as a claim stops at its bound
+    /// ([`ClaimBounds::requests`]): a burst of fan-out orders never holds
     /// a batch times its fan-out in the submission's memory.
     pub async fn submit_and_start(
         &self,
         me: &Actor,
         room: u32,
-        messages: u32,
+        requests: u32,
         batch: &[(&NewOrder, &Workflow)],
     ) -> Result<Vec<Submitted>, StoreError> {
-        let messages = usize::try_from(messages).unwrap_or(usize::MAX);
-        self.store_new(batch, Some((me, room, messages))).await
+        let requests = usize::try_from(requests).unwrap_or(usize::MAX);
+        self.store_new(batch, Some((me, room, requests))).await
     }
 
     async fn store_new(
@@ -340,7 +340,7 @@ impl Transitions {
         // the outlet publishes at once: a busy one (under load) would leave
         // the started orders' requests to its passes, where the schedulers'
         // batched claims serve better.
-        let max_requests = starter.map_or(0, |(_, _, messages)| messages);
+        let max_requests = starter.map_or(0, |(_, _, requests)| requests);
         let (mut unit, mut starter) = match starter {
             Some((me, bound, _)) if session.locks() == OutboxLocks::Take => {
                 let bound = i64::from(bound);
@@ -406,7 +406,7 @@ impl Transitions {
     /// Claims up to `bounds.orders` orders for `me`, as long as `me` then
     /// holds no more than `bounds.max_held`, and dispatches each one's next
     /// step ([`rules::scheduler::claim`]), stopping early once their
-    /// messages reach `bounds.messages`.
+    /// requests reach `bounds.requests`.
     pub async fn claim(&self, me: &Actor, bounds: ClaimBounds) -> Result<Claimed, StoreError> {
         again(|| self.claim_once(me, bounds)).await
     }
@@ -414,7 +414,7 @@ impl Transitions {
     async fn claim_once(&self, me: &Actor, bounds: ClaimBounds) -> Result<Claimed, StoreError> {
         let mut session = self.session().await?;
         let (limit, max_held) = (i64::from(bounds.orders), i64::from(bounds.max_held));
-        let max_requests = usize::try_from(bounds.messages).unwrap_or(usize::MAX);
+        let max_requests = usize::try_from(bounds.requests).unwrap_or(usize::MAX);
         let mut unit = session.load_claimable(limit, &me.name, max_held).await?;
         let decided = {
             let mut claimed = Claimed {

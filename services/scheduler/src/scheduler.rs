@@ -186,7 +186,7 @@ impl Scheduler {
         let bounds = ClaimBounds {
             orders: settings.claim_batch,
             max_held: settings.max_in_flight,
-            messages: settings.claim_messages,
+            requests: settings.claim_messages,
         };
         while !stop.is_cancelled() {
             match self.pipeline.claim(&self.me, bounds).await {

@@ -29,8 +29,8 @@ type Batcher = sas::batch::Batcher<(NewOrder, Workflow), Result<Submitted, Arc<S
 /// Stores orders in batches: those that arrive while a transaction commits
 /// share the next one (and its single wake-up of the schedulers).
 /// With `starter` (an instance, the orders held deployment-wide below
-/// which it starts new ones, and the messages a batch's starts may send
-/// at most), the orders whose first steps may go now start
+/// which it starts new ones, and the step requests a batch's starts may
+/// send at most), the orders whose first steps may go now start
 /// in the same transaction ([`sas::engine::Transitions::submit_and_start`]).
 fn store_in_batches(
     pipeline: Pipeline,
@@ -45,8 +45,8 @@ fn store_in_batches(
             let refs: Vec<(&NewOrder, &Workflow)> = items.iter().map(|(o, w)| (o, w)).collect();
             sas::batch::isolating(&refs, StoreError::is_refusal_of_input, |some| async {
                 match starter.as_ref() {
-                    Some((me, room, messages)) => {
-                        pipeline.submit_and_start(me, *room, *messages, some).await
+                    Some((me, room, requests)) => {
+                        pipeline.submit_and_start(me, *room, *requests, some).await
                     }
                     None => pipeline.submit_many(some).await,
                 }
@@ -113,12 +113,12 @@ impl Intake {
         // past that the schedulers' claims, bounded and by priority, decide.
         // Bounded in step requests as a scheduler's claim is.
         let room = ctx.settings.scheduler.max_in_flight;
-        let messages = ctx.settings.scheduler.claim_messages;
+        let requests = ctx.settings.scheduler.claim_messages;
         let starter = ctx
             .settings
             .submission
             .start_orders
-            .then(|| (actor.clone(), room, messages));
+            .then(|| (actor.clone(), room, requests));
         Ok(Arc::new(Self {
             batcher: store_in_batches(pipeline.clone(), &ctx.settings.database, starter),
             pipeline,

@@ -809,7 +809,7 @@ steps = [{ name = "reserve", agent = "a", for_each = "payload.items" }]
     };
     let me = Actor::new_instance("scheduler");
     let bounds = ClaimBounds {
-        messages: 12,
+        requests: 12,
         ..ClaimBounds::orders(8, 8)
     };
     let mut seen = std::collections::BTreeSet::new();
@@ -836,7 +836,7 @@ steps = [{ name = "reserve", agent = "a", for_each = "payload.items" }]
     let batch: Vec<(&NewOrder, &Workflow)> = more.iter().map(|o| (o, &wf)).collect();
     t.submit_many(&batch).await.expect("submit");
     let tight = ClaimBounds {
-        messages: 1,
+        requests: 1,
         ..bounds
     };
     let me = Actor::new_instance("scheduler");
@@ -2105,13 +2105,13 @@ impl Beating {
             .collect()
     }
 
-    /// Stores `orders` in one batch, starting them while their messages
-    /// stay under `messages`.
-    async fn start_under(&self, messages: u32, orders: &[NewOrder]) -> Vec<Submitted> {
+    /// Stores `orders` in one batch, starting them while their step
+    /// requests stay under `requests`.
+    async fn start_under(&self, requests: u32, orders: &[NewOrder]) -> Vec<Submitted> {
         let batch: Vec<(&NewOrder, &Workflow)> = orders.iter().map(|o| (o, &self.wf)).collect();
         self.started
             .t
-            .submit_and_start(&self.submission, 1000, messages, &batch)
+            .submit_and_start(&self.submission, 1000, requests, &batch)
             .await
             .expect("submit")
     }
