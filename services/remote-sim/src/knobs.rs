@@ -20,8 +20,8 @@ pub const CONTROL_PREFIX: &str = "/_sim";
 /// `fencing` → `permanent` → `status` → `hang` / `hang_first` →
 /// `fail_first` → `transient_rate` → replay when already applied (if
 /// `idempotent`) → `permanent_rate` → `long_ms` (202 Accepted) →
-/// `latency_ms` → apply → `late_answer_ms` (the effect stands, the answer
-/// comes late).
+/// `latency_ms` → `together` → apply → `late_answer_ms` (the effect
+/// stands, the answer comes late).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Knobs {
@@ -78,6 +78,11 @@ pub struct Knobs {
     /// (and a fan-out's `item` and `index`): what the remote was sent, for
     /// tests of the payload sas builds.
     pub echo: bool,
+    /// Calls of the endpoint that are to be applied wait, after
+    /// `latency_ms`, until this many are waiting, then all go on at once
+    /// (a call that waits `hang_ms` goes on alone): answers that come back
+    /// together, whatever the spread of the calls. 0 or 1: off.
+    pub together: u32,
 }
 
 impl Default for Knobs {
@@ -99,6 +104,7 @@ impl Default for Knobs {
             long_ms: 0,
             late_answer_ms: 0,
             echo: false,
+            together: 0,
         }
     }
 }

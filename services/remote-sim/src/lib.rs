@@ -28,7 +28,8 @@
 //! `transient_rate` (503) → if `idempotent` and the key was already applied:
 //! replay the stored response (200, `Idempotent-Replayed: true`) →
 //! `permanent_rate` (422) → `long_ms` (202 Accepted with a `Location`, see
-//! below) → `latency_ms` → apply → `late_answer_ms` (sleep, then answer).
+//! below) → `latency_ms` → `together` (wait until that many calls wait) →
+//! apply → `late_answer_ms` (sleep, then answer).
 //! Only the apply step applies an effect; with `late_answer_ms` the effect
 //! is applied and stored first and the answer comes late (503 if the
 //! simulator shuts down meanwhile; the effect stands either way), as a

@@ -44,6 +44,9 @@ struct Inner {
     /// a repeat of the key (a redelivered or duplicated request) with the
     /// same refusal, and never applies it later.
     refused: std::collections::HashSet<String>,
+    /// Knob `together`: per endpoint, the calls waiting and the gate they
+    /// wait on (its value turns once they all go).
+    gathered: HashMap<String, (u32, watch::Sender<u64>)>,
 }
 
 /// A long-running operation (knob `long_ms`).
@@ -338,6 +341,9 @@ impl RemoteSim {
             record(Outcome::Transient);
             return self.shutting_down(endpoint, key);
         }
+        if knobs.together > 1 {
+            self.gather(endpoint, knobs.together, knobs.hang_ms).await;
+        }
         let body = parsed.unwrap_or_default();
         let mut response = applied_response(endpoint, key, &body);
         if knobs.pad_bytes > 0
@@ -443,6 +449,39 @@ impl RemoteSim {
     }
 
     /// Sleeps `ms` milliseconds; returns false early if [`Self::shutdown`] is called.
+    /// Waits until `count` calls of `endpoint` wait here (knob `together`),
+    /// or `limit_ms` has passed.
+    async fn gather(&self, endpoint: &str, count: u32, limit_ms: u64) {
+        let mut gate = {
+            let mut inner = self.lock_inner();
+            let (waiting, gate) = inner
+                .gathered
+                .entry(endpoint.to_owned())
+                .or_insert_with(|| (0, watch::channel(0).0));
+            *waiting += 1;
+            if *waiting >= count {
+                *waiting = 0;
+                gate.send_modify(|turn| *turn += 1);
+                return;
+            }
+            gate.subscribe()
+        };
+        let mut shutdown = self.shutdown.subscribe();
+        let turn = *gate.borrow_and_update();
+        tokio::select! {
+            _ = gate.changed() => return,
+            _ = shutdown.wait_for(|down| *down) => {}
+            () = tokio::time::sleep(Duration::from_millis(limit_ms)) => {}
+        }
+        // Gone alone: no longer counted among those waiting for this turn.
+        let mut inner = self.lock_inner();
+        if let Some((waiting, gate)) = inner.gathered.get_mut(endpoint)
+            && *gate.borrow() == turn
+        {
+            *waiting = waiting.saturating_sub(1);
+        }
+    }
+
     async fn sleep_unless_shutdown(&self, ms: u64) -> bool {
         let mut shutdown = self.shutdown.subscribe();
         tokio::select! {
@@ -541,6 +580,43 @@ mod tests {
         );
         assert_eq!(stats.keys["o:s"].applied, 1);
         assert_eq!(sim.poll("nope").await.status, StatusCode::NOT_FOUND);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_held_together_go_on_once_that_many_wait_and_a_lone_one_after_hang_ms() {
+        let knobs = Knobs {
+            together: 3,
+            hang_ms: 60_000,
+            ..Knobs::default()
+        };
+        let sim = Arc::new(sim_with([("/pay", knobs)]));
+        let call = |key: &'static str| {
+            let sim = Arc::clone(&sim);
+            tokio::spawn(async move { sim.call("/pay", Some(key), None, None, b"{}").await })
+        };
+        let (a, b) = (call("a"), call("b"));
+        tokio::time::advance(Duration::from_secs(30)).await;
+        assert!(!a.is_finished() && !b.is_finished(), "two of three wait");
+        let waiting = || sim.lock_inner().gathered["/pay"].0;
+        assert_eq!(waiting(), 2);
+        let c = call("c");
+        for held in [a, b, c] {
+            assert_eq!(held.await.expect("call").status, StatusCode::OK);
+        }
+        // A lone call goes on after hang_ms, and is no longer counted: the
+        // next three still wait for each other.
+        let lone = call("d");
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(lone.await.expect("call").status, StatusCode::OK);
+        let (e, f) = (call("e"), call("f"));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(!e.is_finished() && !f.is_finished(), "d left the count");
+        assert_eq!(waiting(), 2);
+        let g = call("g");
+        for held in [e, f, g] {
+            assert_eq!(held.await.expect("call").status, StatusCode::OK);
+        }
+        assert_eq!(sim.stats().endpoints["/pay"].applied, 7);
     }
 
     #[tokio::test]

@@ -126,11 +126,14 @@ async fn an_agent_stays_silent_once_complete_by_passes_mid_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_packs_the_replies_ready_together_into_few_messages_each_reply_once() {
     let app = TestApp::new().await;
-    // Every call takes as long, so the answers come back together.
+    // The remote answers the 40 calls at once, however their starts are
+    // spread: the replies are ready together whatever the machine's load
+    // (one CI run on a busy machine spread them so that each went alone).
     app.knobs(
         "a",
         Knobs {
-            latency_ms: 300,
+            together: 40,
+            hang_ms: 15_000,
             ..Knobs::default()
         },
     );
@@ -160,7 +163,8 @@ async fn an_agent_packs_the_replies_ready_together_into_few_messages_each_reply_
     let mut sent: Vec<Uuid> = requests.iter().map(|r| r.dispatch_id).collect();
     sent.sort_unstable();
     assert_eq!(dispatches, sent, "every request answered once");
-    // Seen: 3 to 15 messages (debug build); without packs, one each.
+    // Seen: 2 to 7 messages (debug build, both cores busy); without
+    // packs, one each.
     assert!(
         messages <= 30,
         "40 replies ready together went as {messages} messages"
