@@ -24,7 +24,7 @@ pub type Handling = std::pin::Pin<Box<dyn Future<Output = Result<(), BrokerError
 /// (returning the error, which ends the session). Concurrency is bounded by
 /// the consumer's prefetch; handlers settle their deliveries with [`ack`],
 /// [`requeue`] or [`dead_letter`], and acks go out several at a time
-/// ([`super::acks`]). On the way out the acks still waiting are sent and the
+/// (the `acks` module). On the way out the acks still waiting are sent and the
 /// subscription's channel is closed, so whatever was delivered but not
 /// acknowledged is redelivered.
 pub async fn consume<H, Fut>(

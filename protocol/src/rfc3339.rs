@@ -31,7 +31,7 @@ pub fn format(t: &DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Micros, true)
 }
 
-/// `#[serde(with = "rfc3339")]`: writes [`format`].
+/// `#[serde(with = "rfc3339")]`: writes [`format()`].
 pub fn serialize<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&format(t))
 }
@@ -46,7 +46,7 @@ pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::
 pub mod option {
     use super::*;
 
-    /// Writes [`format`](super::format), or null.
+    /// Writes [`super::format()`], or null.
     pub fn serialize<S: Serializer>(t: &Option<DateTime<Utc>>, s: S) -> Result<S::Ok, S::Error> {
         match t {
             Some(t) => super::serialize(t, s),
@@ -54,7 +54,7 @@ pub mod option {
         }
     }
 
-    /// Reads what [`parse`](super::parse) accepts, or null.
+    /// Reads what [`super::parse`] accepts, or null.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DateTime<Utc>>, D::Error> {
         match Option::<String>::deserialize(d)? {
             None => Ok(None),

@@ -92,11 +92,11 @@ pub struct FailedOrder {
     /// Whether some of its steps were undone (a retry is then refused).
     #[serde(skip)]
     pub undone: bool,
-    /// Whether [`super::Transitions::retry`] would accept it now (shown as an
+    /// Whether the engine's `Transitions::retry` would accept it now (shown as an
     /// enabled button; the transition checks again).
     #[sqlx(skip)]
     pub retryable: bool,
-    /// Whether [`super::Transitions::cancel`] would accept it now.
+    /// Whether the engine's `Transitions::cancel` would accept it now.
     #[sqlx(skip)]
     pub cancellable: bool,
     pub created_at: DateTime<Utc>,

@@ -78,7 +78,7 @@ pub(super) fn lock_key(column: &str) -> String {
 /// which passes it to whoever publishes (the engine's relay).
 /// Dropped unread, the connection it holds is closed (letting its outbox
 /// locks go) and the messages wait for a relay's sweep (a handed request:
-/// until its publisher stops beating, [`PUBLISHABLE`]).
+/// until its publisher stops beating, `PUBLISHABLE`).
 #[derive(Debug, Default)]
 pub struct Committed {
     /// Messages to publish at once, in order (several orders' messages);
@@ -312,7 +312,7 @@ pub async fn backlog(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
 
 impl StateStore {
     /// Takes the queued messages of these orders for publishing
-    /// ([`take`]): the orders no other publisher holds, or with
+    /// (`take`): the orders no other publisher holds, or with
     /// `wait` every order once its publisher lets it go. Publish the rows,
     /// then [`Held::release`] the ones published: nothing stays open in
     /// between but the outbox locks.
@@ -335,7 +335,7 @@ impl StateStore {
     }
 
     /// Hands these step requests back to the relays: their hand-over could
-    /// not send them, so any relay may now ([`PUBLISHABLE`]).
+    /// not send them, so any relay may now (`PUBLISHABLE`).
     pub async fn unhand_outbox(&self, ids: &[i64]) -> Result<(), StoreError> {
         self.outbox_rows("UPDATE outbox SET handed_to = NULL WHERE id = ANY($1)", ids)
             .await
@@ -371,7 +371,7 @@ impl StateStore {
     }
 
     /// Deletes step requests superseded for longer than `age_ms`
-    /// ([`drop_superseded`]).
+    /// (`drop_superseded`).
     pub async fn outbox_drop_superseded(&self, age_ms: i64) -> Result<u64, StoreError> {
         let mut conn = self.conn().await?;
         conn.run(|c| drop_superseded(c, age_ms)).await

@@ -203,7 +203,7 @@ pub struct SearchPage {
 /// Why a search failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SearchFailed {
-    /// Postgres gave up after [`SEARCH_TIMEOUT`]: the filters match too
+    /// Postgres gave up after `SEARCH_TIMEOUT`: the filters match too
     /// much of the table to be read in time.
     #[error(
         "the search ran longer than {:?}: narrow it (a time range, a state or a workflow)",

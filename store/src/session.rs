@@ -80,7 +80,7 @@ pub(super) fn room_columns(bound: &str) -> [String; 4] {
 impl StateStore {
     /// A session for one transition, whose write-back takes outbox locks
     /// as `locks` says, leaving the step requests it hands over handed to
-    /// `handed_to` ([`Unit::handed_to`]).
+    /// `handed_to` (`Unit::handed_to`).
     pub async fn session(
         &self,
         locks: OutboxLocks,
@@ -142,7 +142,7 @@ impl Session {
     }
 
     /// Up to `limit` orders claimable now, their claim locks taken for
-    /// `claimer`, who then holds at most `max_held` ([`orders::claimable`]).
+    /// `claimer`, who then holds at most `max_held` (`orders::claimable`).
     pub async fn load_claimable(
         &mut self,
         limit: i64,
@@ -157,7 +157,7 @@ impl Session {
     }
 
     /// Up to `limit` orders of `partitions` (out of `count`) past their
-    /// deadline or hold ([`orders::expired`]).
+    /// deadline or hold (`orders::expired`).
     pub async fn load_expired(
         &mut self,
         limit: i64,
@@ -172,14 +172,14 @@ impl Session {
     }
 
     /// Up to `limit` orders whose watched step passed a rung of `rungs`
-    /// ([`orders::warnable`]).
+    /// (`orders::warnable`).
     pub async fn load_warnable(&mut self, rungs: &[f64], limit: i64) -> Result<Unit, StoreError> {
         let loaded = self.conn.run(|c| orders::warnable(c, rungs, limit)).await?;
         self.unit(loaded, false).await
     }
 
     /// Up to `limit` orders with a step out by a message sent before
-    /// `before` ([`orders::unsent`]).
+    /// `before` (`orders::unsent`).
     pub async fn load_unsent(&mut self, before: Uuid, limit: i64) -> Result<Unit, StoreError> {
         let loaded = self.conn.run(|c| orders::unsent(c, before, limit)).await?;
         self.unit(loaded, false).await

@@ -85,7 +85,7 @@ pub const MASK: &str = "***";
 
 /// The URL (or list of URLs) with everything that may be a secret replaced
 /// by [`MASK`]: the userinfo's password and any parameter whose name says
-/// it is one (see [`secret_spans`]). The rest is kept, so an operator still
+/// it is one (see `secret_spans`). The rest is kept, so an operator still
 /// sees the user, hosts, ports, database and other parameters. A text
 /// that holds no such piece is returned unchanged.
 ///
@@ -252,7 +252,7 @@ fn passwords(url: &str) -> Vec<String> {
 
 /// `text` (an error message, a log line) with every word of it that may
 /// hold a secret shown as [`redact_url`] shows it, and every secret that
-/// the URLs of `urls` carry ([`passwords`]) masked wherever it appears:
+/// the URLs of `urls` carry (`passwords`) masked wherever it appears:
 /// for messages from libraries that may quote what they were given, whole
 /// or in pieces.
 pub fn redact<'a>(text: &str, urls: impl IntoIterator<Item = &'a str>) -> String {

@@ -2,7 +2,7 @@
 //! (contract §4a): count the failure, then try again after the stored
 //! retry schedule's wait, or give up once `supervisor.max_failures` is
 //! reached. An order that was being undone counts its compensation's
-//! failures instead and, out of tries, fails. Giving up ([`Deciding::give_up`])
+//! failures instead and, out of tries, fails. Giving up (`Deciding::give_up`)
 //! undoes the completed steps, newest first, or fails the order when there
 //! is nothing to undo; the scheduler gives up the same way when a step
 //! fails for good. Pure: no clock read, no I/O; the state store loads the

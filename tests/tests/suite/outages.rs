@@ -40,9 +40,19 @@ async fn a_hanging_step_is_warned_at_each_rung_once_before_it_is_reattempted() {
     );
     app.start_all().await;
     let (id, events) = app.run_one("one").await;
-    // The second dispatch answers at once: no rung of its ladder is reached.
+    // The second dispatch answers at once, so its ladder is seldom reached;
+    // on a busy machine (one CI run) its answer came after its first rung,
+    // which is then warned, once, for attempt 2.
+    let (second, again): (Vec<_>, Vec<_>) = events
+        .iter()
+        .cloned()
+        .partition(|e| e["state"] == "deadline_warning" && e["attempt"] == 2);
+    let rungs = story(&second);
+    let mut once = rungs.clone();
+    once.dedup();
+    assert_eq!(rungs, once, "each rung of attempt 2 warned once at most");
     assert_eq!(
-        story(&events),
+        story(&again),
         [
             "received",
             "processing",
