@@ -448,9 +448,9 @@ impl RemoteSim {
         Reply::error(status, endpoint, Some(key), "simulator is shutting down")
     }
 
-    /// Sleeps `ms` milliseconds; returns false early if [`Self::shutdown`] is called.
     /// Waits until `count` calls of `endpoint` wait here (knob `together`),
-    /// or `limit_ms` has passed.
+    /// or `limit_ms` has passed. (A call whose client hangs up meanwhile
+    /// stays counted until that turn goes: a test aid, not a remote.)
     async fn gather(&self, endpoint: &str, count: u32, limit_ms: u64) {
         let mut gate = {
             let mut inner = self.lock_inner();
@@ -482,6 +482,7 @@ impl RemoteSim {
         }
     }
 
+    /// Sleeps `ms` milliseconds; returns false early if [`Self::shutdown`] is called.
     async fn sleep_unless_shutdown(&self, ms: u64) -> bool {
         let mut shutdown = self.shutdown.subscribe();
         tokio::select! {
