@@ -81,7 +81,9 @@ pub struct Knobs {
     /// Calls of the endpoint that are to be applied wait, after
     /// `latency_ms`, until this many are waiting, then all go on at once
     /// (a call that waits `hang_ms` goes on alone): answers that come back
-    /// together, whatever the spread of the calls. 0 or 1: off.
+    /// together, whatever the spread of the calls. Calls on one key wait
+    /// one after another (the key's calls are serialised), so only calls
+    /// on distinct keys gather. 0 or 1: off.
     pub together: u32,
 }
 

@@ -198,7 +198,7 @@ impl Scheduler {
                         self.ctx.metrics.orders_claimed.inc_by(n as u64);
                         self.held.fetch_add(n, Ordering::Relaxed);
                     }
-                    // Fewer than a batch, and not stopped by its messages:
+                    // Fewer than a batch, and not stopped by its requests:
                     // caught up, others hold the rest, or this instance holds
                     // all it may.
                     if n < bounds.orders as usize && !claimed.more {
